@@ -1,0 +1,201 @@
+"""Datasets: read tables, map columns (or `{col}` templates) to chat turns, hold rows out, write chat files.
+
+A mapped row is TRL's conversational prompt-completion format:
+    {"prompt": [{"role": "system"|"user"|"assistant", "content": ...}, ...],
+     "completion": [{"role": "assistant", "content": ...}]}
+so the trainer computes loss on the final assistant turn only; earlier turns are context (dragon_conversations).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+
+class DataError(ValueError):
+    """The data cannot be used as asked: unreadable file, missing column, empty dataset, bad template."""
+
+
+FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+
+
+def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> pd.DataFrame:
+    """Read CSV, JSONL, JSON, Parquet, a saved `datasets` directory, or pass a data frame through."""
+    if isinstance(source, pd.DataFrame):
+        df = source.copy()
+    else:
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"dataset file not found: {path}")
+        if path.is_dir():
+            df = _read_datasets_dir(path)
+        else:
+            fmt = format or FORMATS.get(path.suffix.lower())
+            if fmt is None:
+                raise DataError(f"cannot tell the format of {path}: use one of {sorted(FORMATS)} or set format")
+            try:
+                df = {
+                    "csv": lambda: pd.read_csv(path, dtype=str, keep_default_na=False),
+                    "jsonl": lambda: pd.read_json(path, lines=True, dtype=False),
+                    "json": lambda: pd.read_json(path, dtype=False),
+                    "parquet": lambda: pd.read_parquet(path),
+                }[fmt]()
+            except (ValueError, OSError, UnicodeDecodeError) as exc:
+                raise DataError(f"cannot read {path} as {fmt}: {exc}") from exc
+    if len(df) == 0:
+        raise DataError(f"dataset {getattr(source, 'name', '') or source if not isinstance(source, pd.DataFrame) else 'data frame'} is empty (no rows)")
+    return df.reset_index(drop=True)
+
+
+def _read_datasets_dir(path: Path) -> pd.DataFrame:
+    import datasets
+
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (FileNotFoundError, ValueError) as exc:
+        raise DataError(f"{path} is not a saved `datasets` directory: {exc}") from exc
+    if isinstance(ds, datasets.DatasetDict):
+        split = "train" if "train" in ds else next(iter(ds))
+        ds = ds[split]
+    return ds.to_pandas()
+
+
+def template_fields(spec: str) -> list[str]:
+    """Column names a mapping spec uses: the `{col}` fields of a template, or the spec itself."""
+    if "{" not in spec and "}" not in spec:
+        return [spec]
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(spec) if name is not None]
+    except ValueError as exc:
+        raise DataError(f"bad template {spec!r}: {exc}") from exc
+    for name in fields:
+        if not name or any(c in name for c in ".[]!:"):
+            raise DataError(f"bad template {spec!r}: each {{field}} must name one column")
+    return fields
+
+
+def render(spec: str, row: dict[str, Any]) -> str:
+    if "{" not in spec and "}" not in spec:
+        return _text(row[spec])
+    return spec.format(**{name: _text(row[name]) for name in template_fields(spec)})
+
+
+def _text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    return str(value)
+
+
+def check_columns(df: pd.DataFrame, specs: dict[str, str | None]) -> None:
+    columns = list(df.columns)
+    for role, spec in specs.items():
+        if spec is None:
+            continue
+        missing = [f for f in template_fields(spec) if f not in columns]
+        if missing:
+            raise DataError(f"{role} mapping {spec!r} names missing column(s) {missing}; the dataset has {columns}")
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Which columns (or templates) become the turns. Either prompt+response, or a conversations column."""
+
+    prompt: str | None = None
+    response: str | None = None
+    system: str | None = None
+    conversations: str | None = None
+
+    def validate(self) -> "Mapping":
+        if self.conversations is None and not (self.prompt and self.response):
+            raise DataError("a mapping needs prompt and response (column names or templates), or conversations")
+        return self
+
+
+def map_rows(df: pd.DataFrame, mapping: Mapping) -> list[dict]:
+    """Render every row into a prompt-completion chat example."""
+    mapping.validate()
+    if mapping.conversations is not None:
+        check_columns(df, {"conversations": mapping.conversations})
+        return [conversation_row(_parse_messages(m), i) for i, m in enumerate(df[mapping.conversations])]
+    check_columns(df, {"prompt": mapping.prompt, "response": mapping.response, "system": mapping.system})
+    rows = []
+    for record in df.to_dict(orient="records"):
+        prompt = [{"role": "user", "content": render(mapping.prompt, record)}]
+        if mapping.system:
+            prompt.insert(0, {"role": "system", "content": render(mapping.system, record)})
+        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": render(mapping.response, record)}]})
+    return rows
+
+
+def _parse_messages(value: Any) -> list[dict]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"conversation is not a JSON list of messages: {exc}") from exc
+    return [dict(m) for m in list(value)]
+
+
+def conversation_row(messages: list[dict], index: int = 0) -> dict:
+    """A conversation (role/content messages ending in an assistant turn) as a prompt-completion row."""
+    roles = [m.get("role") for m in messages]
+    bad = [r for r in roles if r not in ("system", "user", "assistant")]
+    if bad:
+        raise DataError(f"conversation {index}: unknown role(s) {bad}; use system, user, assistant")
+    if "user" not in roles:
+        raise DataError(f"conversation {index} has no user turn")
+    if roles[-1] != "assistant":
+        raise DataError(f"conversation {index} must end with an assistant turn, ends with {roles[-1]!r}")
+    clean = [{"role": m["role"], "content": str(m.get("content", ""))} for m in messages]
+    return {"prompt": clean[:-1], "completion": clean[-1:]}
+
+
+def split_rows(rows: list[dict], eval_frac: float = 0.05, seed: int = 42) -> tuple[list[dict], list[dict]]:
+    """Hold out eval_frac of the rows (none under 20 rows, at least one otherwise), shuffled by seed."""
+    if not 0 <= eval_frac < 1:
+        raise DataError(f"eval_frac must be in [0, 1), got {eval_frac!r}")
+    if not rows:
+        raise DataError("dataset is empty: no rows to train on")
+    n_eval = 0 if len(rows) < 20 or eval_frac == 0 else max(1, round(len(rows) * eval_frac))
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    held = set(order[:n_eval])
+    train = [r for i, r in enumerate(rows) if i not in held]
+    evals = [r for i, r in enumerate(rows) if i in held]
+    return train, evals
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with Path(path).open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def user_text(row: dict) -> str:
+    """The last user turn of a chat row, for previews and reports."""
+    return next(m["content"] for m in reversed(row["prompt"]) if m["role"] == "user")
+
+
+def reply_text(row: dict) -> str:
+    return row["completion"][-1]["content"]
+
+
+def quality(rows: list[dict]) -> dict[str, Any]:
+    """Counts an asset check and the metadata show: empty turns and duplicate share."""
+    empty_prompt = sum(1 for r in rows if not user_text(r).strip())
+    empty_reply = sum(1 for r in rows if not reply_text(r).strip())
+    keys = [json.dumps(r, sort_keys=True) for r in rows]
+    duplicate_share = (1 - len(set(keys)) / len(keys)) if keys else 0.0
+    return {"rows": len(rows), "empty_prompts": empty_prompt, "empty_replies": empty_reply,
+            "duplicate_share": round(duplicate_share, 4)}

@@ -1,0 +1,90 @@
+"""Held-out evaluation: completion loss and perplexity, batched generation, task metrics.
+
+The same functions measure an adapter right after training, the base model and the merged model, so every
+stage's eval/loss is computed one way and the numbers line up in MLflow.
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import metrics as task_metrics
+from .data import reply_text, user_text
+
+
+def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
+    """Token ids of prompt+completion, and how many leading tokens are prompt (no loss there)."""
+    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    full = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+    if not full.startswith(prompt):  # templates that rewrite earlier turns: fall back to concatenation
+        full = prompt + reply_text(row) + (tokenizer.eos_token or "")
+    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
+    return full_ids[:max_len], min(len(prompt_ids), max_len)
+
+
+def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> dict:
+    """Mean next-token loss over the assistant reply tokens of the rows (token-weighted)."""
+    import torch
+
+    if not rows:
+        return {"eval_loss": float("nan"), "perplexity": float("nan"), "eval_tokens": 0}
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    total, count = 0.0, 0
+    for start in range(0, len(rows), batch_size):
+        encoded = [_encode(tokenizer, r, max_len) for r in rows[start:start + batch_size]]
+        width = max(len(ids) for ids, _ in encoded)
+        input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
+        labels = torch.full_like(input_ids, -100)
+        attention = torch.zeros_like(input_ids)
+        for i, (ids, n_prompt) in enumerate(encoded):
+            input_ids[i, :len(ids)] = torch.tensor(ids)
+            attention[i, :len(ids)] = 1
+            labels[i, n_prompt:len(ids)] = torch.tensor(ids[n_prompt:], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
+        shift_logits, shift_labels = logits[:, :-1], labels[:, 1:].to(device)
+        loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
+                                                 shift_labels.reshape(-1), ignore_index=-100, reduction="sum")
+        total += loss.item()
+        count += int((shift_labels != -100).sum())
+    mean_loss = total / max(1, count)
+    return {"eval_loss": mean_loss, "perplexity": math.exp(min(mean_loss, 50)), "eval_tokens": count}
+
+
+def generate(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int = 128, temperature: float = 0.0,
+             top_p: float = 1.0, batch_size: int = 8, seed: int = 42) -> list[str]:
+    """Replies to chat prompts (lists of messages), batched with left padding. temperature 0 is greedy."""
+    import torch
+
+    device = next(model.parameters()).device
+    tokenizer.padding_side = "left"
+    torch.manual_seed(seed)
+    replies = []
+    for start in range(0, len(prompts), batch_size):
+        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
+                 for p in prompts[start:start + batch_size]]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
+            "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        with torch.no_grad():
+            out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                 **sampling)
+        new = out[:, batch["input_ids"].shape[1]:]
+        replies += [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
+    return replies
+
+
+def evaluate_rows(model, tokenizer, rows: list[dict], n_samples: int | None = None, max_new_tokens: int = 128,
+                  max_len: int = 1024, metric_names: list[str] | None = None) -> dict:
+    """Loss and perplexity on all rows; replies and task metrics on the first n_samples rows."""
+    result = completion_loss(model, tokenizer, rows, max_len=max_len)
+    sample_rows = rows if n_samples is None else rows[:n_samples]
+    replies = generate(model, tokenizer, [r["prompt"] for r in sample_rows], max_new_tokens=max_new_tokens)
+    references = [reply_text(r) for r in sample_rows]
+    prompts = [user_text(r) for r in sample_rows]
+    result["metrics"] = task_metrics.score(replies, references, prompts, metric_names) if replies else {}
+    result["samples"] = [{"prompt": p, "reference": ref, "generated": g}
+                         for p, ref, g in zip(prompts, references, replies)]
+    return result
