@@ -1,0 +1,153 @@
+"""Turn a pipeline YAML into Dagster assets, checks and a job, keys prefixed by the pipeline name.
+
+Assets hand each other paths of immutable artifact directories; each directory holds a manifest.json
+saying what made it (settings, inputs, Dagster run, MLflow run) and the files that reproduce it.
+"""
+
+import shutil
+from pathlib import Path
+
+from dagster import (AssetIn, AssetKey, AssetSelection, MetadataValue, Output, asset, define_asset_job)
+
+from ..engine import data as data_lib
+from ..engine import models
+from ..engine.artifacts import read_manifest, sha256, write_manifest
+from ..engine.pipeline_spec import Pipeline, Stage
+from ..engine.settings import merged
+from ..resources import ArtifactStore, MLflowTracking, TrainingResource
+from .checks import build_checks
+from .config import DatasetConfig, EvaluateConfig, MergeConfig, SFTStageConfig
+from .metadata import finite, length_stats, md_table
+from .training_stage import run_training_stage
+
+TRAINING_POOL = "training"
+
+def key(pipeline: Pipeline, name: str) -> AssetKey:
+    return AssetKey([pipeline.name, name])
+
+def source_asset(pipeline: Pipeline, name: str, spec: dict):
+    @asset(key=key(pipeline, name), group_name=pipeline.name, kinds={"dataset"},
+           description=f"Source data read from {spec['path']}: a snapshot copy, so later edits of the file "
+                       "do not change what a run trained on.")
+    def _source(context, store: ArtifactStore) -> Output[str]:
+        df = data_lib.read_table(spec["path"], spec.get("format"))
+        src = Path(spec["path"])
+        with store.new_artifact(pipeline.name, name, context.run_id) as (tmp, final):
+            target = tmp / ("data" if src.is_dir() else f"data{src.suffix}")
+            shutil.copytree(src, target) if src.is_dir() else shutil.copyfile(src, target)
+            write_manifest(tmp, kind="source", source=str(src), file=target.name, rows=len(df),
+                           columns=list(df.columns), sha256=None if src.is_dir() else sha256(target),
+                           dagster_run_id=context.run_id)
+        return Output(str(final), metadata={
+            "artifact_dir": MetadataValue.path(str(final)), "rows": len(df), "columns": ", ".join(map(str, df.columns)),
+            "preview": md_table(df.head(5).to_dict(orient="records"))})
+    return _source
+
+def chat_dataset_asset(pipeline: Pipeline, stage: Stage):
+    source_name = stage.upstream[0]
+
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset"},
+           ins={"source": AssetIn(key=key(pipeline, source_name))},
+           description=f"Chat rows mapped from {source_name} (prompt {stage.settings.get('prompt')!r}, response "
+                       f"{stage.settings.get('response')!r}), split into train and held-out files.")
+    def _dataset(context, config: DatasetConfig, store: ArtifactStore, source: str) -> Output[str]:
+        settings = merged(stage.settings, config.model_dump())
+        manifest = read_manifest(source)
+        df = data_lib.read_table(Path(source) / manifest["file"], pipeline.datasets[source_name].get("format"))
+        mapping = data_lib.Mapping(settings.get("prompt"), settings.get("response"), settings.get("system"),
+                                   settings.get("conversations"))
+        rows = data_lib.map_rows(df, mapping)
+        train, held = data_lib.split_rows(rows, settings.get("eval_frac", 0.05), settings.get("seed", 42))
+        tokenizer = models.load_tokenizer(models.resolve(pipeline.model))
+        lengths = [chat_tokens(tokenizer, r) for r in rows]
+        quality = data_lib.quality(rows)
+        with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
+            data_lib.write_jsonl(tmp / "train.jsonl", train)
+            data_lib.write_jsonl(tmp / "eval.jsonl", held)
+            write_manifest(tmp, kind="chat_dataset", source=source, mapping=mapping.__dict__,
+                           eval_frac=settings.get("eval_frac", 0.05), seed=settings.get("seed", 42),
+                           train_rows=len(train), eval_rows=len(held), quality=quality,
+                           dagster_run_id=context.run_id)
+        preview = [{"prompt": data_lib.user_text(r), "response": data_lib.reply_text(r)} for r in train[:5]]
+        return Output(str(final), metadata={
+            "artifact_dir": MetadataValue.path(str(final)), "train_rows": len(train), "eval_rows": len(held),
+            "preview": md_table(preview), "tokens": MetadataValue.json(length_stats(lengths)),
+            "duplicate_share": quality["duplicate_share"]})
+    return _dataset
+
+def sft_asset(pipeline: Pipeline, stage: Stage):
+    ins = {"dataset": AssetIn(key=key(pipeline, stage.upstream[0]))}
+    if len(stage.upstream) > 1:
+        ins["previous"] = AssetIn(key=key(pipeline, stage.upstream[1]))
+
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"}, ins=ins,
+           pool=TRAINING_POOL,
+           description=f"LoRA adapter trained with TRL's SFTTrainer on {stage.upstream[0]}"
+                       + (f", continuing from {stage.upstream[1]}" if len(stage.upstream) > 1 else "") + ".")
+    def _sft(context, config: SFTStageConfig, store: ArtifactStore, tracking: MLflowTracking,
+             training: TrainingResource, **inputs) -> Output[str]:
+        settings = {
+            "lora": merged(stage.settings.get("lora"), config.lora()),
+            "args": merged(stage.settings.get("args"), config.args()),
+            "n_samples": config.n_samples or stage.settings.get("n_samples", 10),
+            "max_new_tokens": config.max_new_tokens or stage.settings.get("max_new_tokens", 128),
+        }
+        return run_training_stage(context, pipeline, stage, "sft", settings, inputs["dataset"],
+                                  inputs.get("previous"), config.resume,
+                                  store, tracking, training)
+    return _sft
+
+def merge_asset(pipeline: Pipeline, stage: Stage):
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch"}, pool=TRAINING_POOL,
+           ins={"adapter": AssetIn(key=key(pipeline, stage.upstream[0]))},
+           description="The adapter chain folded into the base model: a standalone model directory that "
+                       "plain transformers loads.")
+    def _merge(context, config: MergeConfig, store: ArtifactStore, training: TrainingResource,
+               adapter: str) -> Output[str]:
+        adapter_manifest = read_manifest(adapter)
+        job = {"kind": "merge", "model": adapter_manifest["resolved_model"], "adapters": adapter_manifest["chain"]}
+        if config.sample_prompt or stage.settings.get("sample_prompt"):
+            job["sample_prompt"] = config.sample_prompt or stage.settings["sample_prompt"]
+        with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
+            job["output_dir"] = str(tmp)
+            info = training.run_job(context, job, tmp)
+            info["model_dir"] = str(final / "model")
+            write_manifest(tmp, kind="merged_model", base_model=adapter_manifest["base_model"],
+                           resolved_model=adapter_manifest["resolved_model"], adapters=adapter_manifest["chain"],
+                           upstream_mlflow_run_id=adapter_manifest.get("mlflow_run_id"), info=info,
+                           dagster_run_id=context.run_id)
+        return Output(str(final), metadata={
+            "artifact_dir": MetadataValue.path(str(final)), "model_dir": MetadataValue.path(info["model_dir"]),
+            "size_mb": info["size_mb"], "parameters": info["parameters"],
+            "sample": MetadataValue.md(f"**{info['sample_prompt']}**\n\n{info['sample_reply']}")})
+    return _merge
+
+def evaluate_asset(pipeline: Pipeline, stage: Stage):
+    from .report_stage import run_report_stage
+
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"mlflow"}, pool=TRAINING_POOL,
+           ins={"merged": AssetIn(key=key(pipeline, stage.upstream[0])),
+                "dataset": AssetIn(key=key(pipeline, stage.upstream[1]))},
+           description="Base model against the merged model on the same held-out rows: loss, perplexity, "
+                       "task metrics and sample replies side by side.")
+    def _evaluate(context, config: EvaluateConfig, store: ArtifactStore, tracking: MLflowTracking,
+                  training: TrainingResource, merged: str, dataset: str) -> Output[str]:
+        settings = {"n_samples": config.n_samples or stage.settings.get("n_samples", 5),
+                    "max_eval_rows": config.max_eval_rows or stage.settings.get("max_eval_rows", 50),
+                    "max_new_tokens": config.max_new_tokens or stage.settings.get("max_new_tokens", 128)}
+        return run_report_stage(context, pipeline, stage, settings, merged, dataset, store, tracking, training)
+    return _evaluate
+
+def chat_tokens(tokenizer, row: dict) -> int:
+    text = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+BUILDERS = {"chat_dataset": chat_dataset_asset, "sft": sft_asset, "merge": merge_asset, "evaluate": evaluate_asset}
+
+def build_pipeline_defs(pipeline: Pipeline) -> dict:
+    """Assets, asset checks and a job for one pipeline."""
+    assets = [source_asset(pipeline, name, spec) for name, spec in pipeline.datasets.items()]
+    assets += [BUILDERS[stage.kind](pipeline, stage) for stage in pipeline.stages]
+    job = define_asset_job(f"{pipeline.name}_pipeline", selection=AssetSelection.groups(pipeline.name),
+                           description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.")
+    return {"assets": assets, "asset_checks": build_checks(pipeline), "jobs": [job]}

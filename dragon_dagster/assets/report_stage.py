@@ -1,0 +1,51 @@
+"""The evaluation report asset's work: run the report job, log base and merged figures to MLflow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import MetadataValue, Output
+
+from ..engine.artifacts import read_manifest, write_manifest
+from ..engine.pipeline_spec import Pipeline, Stage
+from .metadata import finite
+
+
+def eval_metrics(figures: dict) -> dict:
+    """The shared metric names every stage logs: eval/loss, eval/perplexity, eval/<task metric>."""
+    out = {"eval/loss": figures.get("eval_loss"), "eval/perplexity": figures.get("perplexity")}
+    out.update({f"eval/{k}": v for k, v in figures.get("metrics", {}).items()})
+    return finite(out)
+
+
+def run_report_stage(context, pipeline: Pipeline, stage: Stage, settings: dict, merged: str, dataset: str,
+                     store, tracking, training) -> Output[str]:
+    merged_manifest = read_manifest(merged)
+    stages = [{"name": read_manifest(Path(a).parent).get("stage", Path(a).parent.parent.name),
+               "dir": str(Path(a).parent)} for a in merged_manifest["adapters"]]
+    with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
+        job = {"kind": "evaluate", "base_model": merged_manifest["resolved_model"],
+               "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
+               "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp), **settings}
+        report = training.run_job(context, job, tmp, env=tracking.env())
+        tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
+                "dagster_run_id": context.run_id, "base_model": pipeline.model}
+        base_run = tracking.start_run(pipeline.name, "base", {**tags, "stage": "base"},
+                                      {"model": pipeline.model, "rows": report["rows"]})
+        tracking.log_metrics(base_run, eval_metrics(report["base"]))
+        tracking.end_run(base_run)
+        report_run = tracking.start_run(
+            pipeline.name, stage.name,
+            {**tags, "stage": stage.name, "upstream_mlflow_run_id": merged_manifest.get("upstream_mlflow_run_id"),
+             "base_mlflow_run_id": base_run}, {"model": pipeline.model, "merged": merged, **settings})
+        tracking.log_metrics(report_run, eval_metrics(report["merged"]))
+        tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
+        tracking.end_run(report_run)
+        write_manifest(tmp, kind="evaluation_report", merged=merged, dataset=dataset, settings=settings,
+                       mlflow_run_id=report_run, base_mlflow_run_id=base_run, dagster_run_id=context.run_id)
+    return Output(str(final), metadata={
+        "artifact_dir": MetadataValue.path(str(final)), "report": MetadataValue.md((final / "report.md").read_text()),
+        "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, report_run)),
+        "base_eval_loss": report["base"]["eval_loss"], "merged_eval_loss": report["merged"]["eval_loss"],
+        "merged_not_worse": report["merged_not_worse"],
+        **{f"merged/{k}": v for k, v in eval_metrics(report["merged"]).items()}})

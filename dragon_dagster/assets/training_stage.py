@@ -1,0 +1,81 @@
+"""What every training asset does around its trainer: fail fast, track in MLflow, stage the artifact."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dagster import Failure, MetadataValue, Output
+
+from ..engine import models
+from ..engine.artifacts import read_manifest, write_manifest
+from ..engine.data import DataError
+from ..engine.models import ModelError
+from ..engine.pipeline_spec import Pipeline, Stage
+from ..engine.settings import LoraSettings, SettingsError, TrainArgs, build
+from .metadata import finite
+
+ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.jsonl", "loss.png",
+                       "adapter/adapter_config.json")
+
+
+def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, settings: dict, dataset: str,
+                       previous: str | None, resume: bool, store, tracking, training) -> Output[str]:
+    previous_manifest = read_manifest(previous) if previous else {}
+    try:  # everything that can be checked before a model loads fails here, with the problem named
+        build(LoraSettings, settings["lora"], "lora")
+        build(TrainArgs, settings["args"], "args")
+        resolved = previous_manifest.get("resolved_model") or models.check_loadable(pipeline.model)
+    except (SettingsError, ModelError, DataError) as exc:
+        raise Failure(description=f"{stage.name}: {exc}") from exc
+    train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
+    resume_from = None
+    if resume:
+        checkpoint = store.latest_checkpoint(pipeline.name, stage.name)
+        if checkpoint is None:
+            raise Failure(description=f"{stage.name}: resume is true but no checkpoint was found under "
+                                      f"{store.root / 'checkpoints' / pipeline.name / stage.name}")
+        resume_from = str(checkpoint)
+    checkpoint_dir = store.checkpoint_dir(pipeline.name, stage.name, context.run_id)
+    tags = {"pipeline": pipeline.name, "stage": stage.name, "method": method,
+            "asset_key": context.asset_key.to_user_string(), "dagster_run_id": context.run_id,
+            "base_model": pipeline.model, "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
+            "resumed_from": resume_from}
+    run_id = tracking.start_run(pipeline.name, stage.name, tags,
+                                {"model": pipeline.model, "method": method, **settings, "dataset": dataset})
+    context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
+    status = "FAILED"
+    try:
+        with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
+            (tmp / "data").mkdir()
+            for source in (train_file, eval_file):  # the artifact holds the data that reproduces it
+                if source.exists():
+                    shutil.copyfile(source, tmp / "data" / source.name)
+            job = {"kind": method, "model": resolved, "adapters": previous_manifest.get("chain", []),
+                   "train_file": str(tmp / "data" / "train.jsonl"),
+                   "eval_file": str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
+                   "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from,
+                   "lora": settings["lora"], "args": settings["args"], "n_samples": settings["n_samples"],
+                   "max_new_tokens": settings["max_new_tokens"],
+                   "tracking": {"tracking_uri": tracking.uri, "run_id": run_id}}
+            result = training.run_job(context, job, tmp, env=tracking.env())
+            write_manifest(tmp, kind="adapter", stage=stage.name, method=method, base_model=pipeline.model,
+                           resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],
+                           dataset=dataset, previous=previous, settings=settings, mlflow_run_id=run_id,
+                           upstream_mlflow_run_id=previous_manifest.get("mlflow_run_id"),
+                           dagster_run_id=context.run_id, result=result)
+            tracking.log_artifacts(run_id, [tmp / name for name in ARTIFACTS_TO_MLFLOW])
+        status = "FINISHED"
+    except BaseException as exc:
+        status = "FAILED" if isinstance(exc, Exception) else "KILLED"  # run termination is a BaseException
+        raise
+    finally:
+        tracking.end_run(run_id, status)
+    shutil.rmtree(checkpoint_dir.parent, ignore_errors=True)  # the adapter is saved; old checkpoints are moot
+    headline = finite({k: result.get(k) for k in ("train_loss", "first_loss", "last_loss", "eval_loss", "perplexity")})
+    return Output(str(final), metadata={
+        "artifact_dir": MetadataValue.path(str(final)), "mlflow_run_id": run_id,
+        "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
+        "global_step": result.get("global_step", 0), **headline,
+        **{f"eval/{k}": v for k, v in finite(result.get("metrics", {})).items()},
+    })

@@ -1,0 +1,41 @@
+"""Fold a chain of adapters into their base model: a standalone directory plain transformers loads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .artifacts import dir_size
+from .evaluate import generate
+from .models import load_model, load_tokenizer
+from .reporting import Reporter
+from .settings import Hardware, build
+
+
+@dataclass
+class MergeJob:
+    model: str
+    adapters: list[str]
+    output_dir: str
+    hardware: dict = field(default_factory=dict)
+    sample_prompt: str = "Hello! What can you help me with?"
+
+
+def merge_chain(job: MergeJob, reporter: Reporter) -> dict:
+    if not job.adapters:
+        raise ValueError("nothing to merge: the pipeline has no adapter stage before the merge")
+    hardware = build(Hardware, job.hardware, "hardware")
+    if hardware.load_in_4bit:  # a merged model must hold full weights
+        hardware = Hardware(device=hardware.device, dtype=hardware.dtype, load_in_4bit=False)
+    reporter.log(f"merging {len(job.adapters)} adapter(s) into {job.model}")
+    tokenizer = load_tokenizer(job.model)
+    model = load_model(job.model, hardware, adapters=job.adapters)
+    out = Path(job.output_dir) / "model"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    sample = generate(model, tokenizer, [[{"role": "user", "content": job.sample_prompt}]], max_new_tokens=48)[0]
+    info = {"model_dir": str(out), "size_mb": round(dir_size(out) / 1e6, 1),
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "sample_prompt": job.sample_prompt, "sample_reply": sample}
+    reporter.log(f"merged model: {info['parameters']:,} parameters, {info['size_mb']} MB")
+    return info

@@ -1,0 +1,110 @@
+"""Child-process entry point: `python -m dragon_dagster.engine.worker JOB.json`.
+
+The training resource launches this through Dagster Pipes, so GPU memory is freed when it exits and the
+same command can run in a container or on a cluster. It speaks only the Pipes protocol (dagster_pipes, no
+dagster): log lines and a final result go back to the run; step metrics go straight to MLflow; SIGINT or
+SIGTERM (a terminated Dagster run) asks the trainer to save a checkpoint and stop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from pathlib import Path
+
+from .reporting import Reporter
+
+EXIT_FAILED, EXIT_CANCELLED = 2, 3
+
+
+class PipesReporter(Reporter):
+    def __init__(self, pipes=None, tracking: dict | None = None):
+        super().__init__()
+        self.pipes = pipes
+        self.client, self.run_id = None, None
+        if tracking and tracking.get("run_id"):
+            from mlflow import MlflowClient
+
+            self.client, self.run_id = MlflowClient(tracking["tracking_uri"]), tracking["run_id"]
+
+    def log(self, message: str) -> None:
+        print(message, flush=True)
+        if self.pipes is not None:
+            self.pipes.log.info(message)
+
+    def metrics(self, step: int, values: dict[str, float]) -> None:
+        if self.client is None or not values:
+            return
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(key=k, value=float(v), timestamp=now, step=int(step)) for k, v in values.items()]
+        self.client.log_batch(self.run_id, metrics=batch)
+
+    def send(self, payload: dict, status_file: Path) -> None:
+        """The outcome, as a Pipes message and as a file beside the job (readable even after a crash exit)."""
+        status_file.write_text(json.dumps(payload, default=str))
+        if self.pipes is not None:
+            self.pipes.report_custom_message({k: v for k, v in payload.items() if k != "result"})
+
+
+def run_job(job: dict, reporter: Reporter) -> dict:
+    kind = job.pop("kind")
+    if kind == "sft":
+        from .sft import SFTJob, train_sft
+
+        return train_sft(SFTJob(**job), reporter)
+    if kind == "merge":
+        from .merge import MergeJob, merge_chain
+
+        return merge_chain(MergeJob(**job), reporter)
+    if kind == "evaluate":
+        from .report import ReportJob, evaluate_report
+
+        return evaluate_report(ReportJob(**job), reporter)
+    raise ValueError(f"unknown job kind {kind!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = argv if argv is not None else sys.argv[1:]
+    job_file = Path(argv[0])
+    job = json.loads(job_file.read_text())
+    status_file = job_file.parent / "status.json"
+    tracking = job.pop("tracking", None)
+    under_pipes = bool(os.environ.get("DAGSTER_PIPES_CONTEXT"))
+    if under_pipes:
+        from dagster_pipes import open_dagster_pipes
+
+        pipes_cm = open_dagster_pipes()
+    else:
+        pipes_cm = nullcontext(None)
+    with pipes_cm as pipes:
+        reporter = PipesReporter(pipes, tracking)
+
+        def request_stop(signum, frame):
+            reporter.stop_requested = True
+            reporter.log(f"received signal {signum}: saving a checkpoint and stopping at the end of this step")
+
+        signal.signal(signal.SIGINT, request_stop)
+        signal.signal(signal.SIGTERM, request_stop)
+        try:
+            result = run_job(job, reporter)
+        except Exception as exc:  # reported to the parent as a clean message; traceback stays in stdout
+            from .sft import Cancelled
+
+            traceback.print_exc()
+            cancelled = isinstance(exc, Cancelled)
+            reporter.send({"event": "cancelled" if cancelled else "error",
+                           "error": f"{type(exc).__name__}: {exc}"}, status_file)
+            return EXIT_CANCELLED if cancelled else EXIT_FAILED
+        reporter.send({"event": "result", "result": result}, status_file)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
