@@ -81,8 +81,10 @@ def template_fields(spec: str) -> list[str]:
 
 
 def render(spec: str, row: dict[str, Any]) -> str:
-    if "{" not in spec and "}" not in spec:
+    if spec in row:
         return _text(row[spec])
+    if "{" not in spec and "}" not in spec:  # a constant text, e.g. one system prompt for every row
+        return spec
     return spec.format(**{name: _text(row[name]) for name in template_fields(spec)})
 
 
@@ -95,7 +97,7 @@ def _text(value: Any) -> str:
 def check_columns(df: pd.DataFrame, specs: dict[str, str | None]) -> None:
     columns = list(df.columns)
     for role, spec in specs.items():
-        if spec is None:
+        if spec is None or spec in columns or (role == "system" and "{" not in spec and "}" not in spec):
             continue
         missing = [f for f in template_fields(spec) if f not in columns]
         if missing:

@@ -217,3 +217,26 @@ def build_tiny_model(out_dir: str | Path, tokenizer_from: str | None = None, see
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+def load_artifact_model(directory: str | Path, base: bool = False, hardware: Hardware | None = None):
+    """(model, tokenizer, description) for an adapter or merged-model artifact, or the base it came from."""
+    from .artifacts import read_manifest
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    hardware = hardware or Hardware()
+    kind = manifest.get("kind")
+    if kind not in ("adapter", "merged_model"):
+        if (directory / "config.json").exists():  # a plain model directory
+            return load_model(str(directory), hardware), load_tokenizer(str(directory)), f"model {directory}"
+        raise ModelError(f"{directory} is not an adapter or merged-model artifact (manifest kind {kind!r})")
+    resolved = manifest["resolved_model"]
+    if base:
+        return load_model(resolved, hardware), load_tokenizer(resolved), f"base model {manifest['base_model']}"
+    if kind == "merged_model":
+        path = str(directory / "model")
+        return load_model(path, hardware), load_tokenizer(path), f"merged model {path}"
+    chain = manifest["chain"]
+    return (load_model(resolved, hardware, adapters=chain), load_tokenizer(resolved),
+            f"{manifest['base_model']} + {len(chain)} adapter(s), last {chain[-1]}")

@@ -76,7 +76,7 @@ def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str) -> dic
         learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,
         logging_steps=args.logging_steps, logging_first_step=True, save_strategy="steps",
         save_steps=args.save_steps, save_total_limit=2, gradient_checkpointing=args.gradient_checkpointing,
-        seed=args.seed, report_to="none", **trainer_precision(hardware),
+        seed=args.seed, report_to="none", logging_nan_inf_filter=False, **trainer_precision(hardware),
     )
 
 
@@ -93,7 +93,8 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train"):
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = dict(logs or {})
             loss = logs.get("loss")
-            if loss is not None and not math.isfinite(loss):
+            # logging_nan_inf_filter is off, so a NaN loss shows here; a NaN gradient norm is the same failure.
+            if any(v is not None and not math.isfinite(v) for v in (loss, logs.get("grad_norm"))):
                 self.nan_step = state.global_step
                 control.should_training_stop = True
             elapsed = time.time() - self.started

@@ -33,8 +33,9 @@ class PipesReporter(Reporter):
             self.client, self.run_id = MlflowClient(tracking["tracking_uri"]), tracking["run_id"]
 
     def log(self, message: str) -> None:
-        print(message, flush=True)
-        if self.pipes is not None:
+        if self.pipes is None:
+            print(message, flush=True)
+        else:  # the run's console logger prints it too
             self.pipes.log.info(message)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:

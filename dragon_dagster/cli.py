@@ -1,0 +1,162 @@
+"""`dragon`: what people do outside the Dagster UI: the demo, generating, comparing and listing runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+PROJECT_DAGSTER_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"
+
+
+def ensure_dagster_home() -> Path:
+    """Use $DAGSTER_HOME, else ./.dagster_home, with the project's instance settings in it."""
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path.cwd() / ".dagster_home"))).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists() and PROJECT_DAGSTER_YAML.exists():
+        shutil.copyfile(PROJECT_DAGSTER_YAML, home / "dagster.yaml")
+    return home
+
+
+@click.group()
+def main():
+    """Post-train small language models as Dagster assets tracked in MLflow."""
+
+
+@main.command()
+@click.option("--pipeline", default="support", show_default=True, help="Pipeline name (a YAML file's name:).")
+@click.option("--profile", default="quick", show_default=True, help="Profile of overrides from the YAML; '' for none.")
+def demo(pipeline: str, profile: str):
+    """Materialize a whole pipeline end to end and print stage times and artifact paths."""
+    ensure_dagster_home()
+    from .assets.launch import materialize_pipeline
+
+    started = time.time()
+    outcome = materialize_pipeline(pipeline, profile or None)
+    table = Table(title=f"{pipeline} pipeline, profile {profile or 'none'}")
+    for column in ("asset", "seconds", "status"):
+        table.add_column(column)
+    for row in outcome["stages"]:
+        table.add_row(row["asset"], f"{row['seconds']:.1f}", row["status"])
+    console.print(table)
+    for row in outcome["stages"]:
+        if row.get("artifact"):
+            console.print(f"{row['asset']}: {row['artifact']}", soft_wrap=True)
+    console.print(f"total {time.time() - started:.1f} s; Dagster run {outcome['run_id']}")
+    for check in outcome["checks"]:
+        console.print(f"check {check['name']}: {'passed' if check['passed'] else 'FAILED'}")
+    if outcome.get("report"):
+        console.print(f"evaluation report: {outcome['report']}/report.md")
+    console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")
+    if not outcome["success"]:
+        raise SystemExit(1)
+
+
+@main.command()
+@click.argument("target")
+@click.argument("prompts", nargs=-1, required=True)
+@click.option("--base", is_flag=True, help="Use the base model the target was trained from.")
+@click.option("--max-new-tokens", default=128, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--system", default=None, help="System prompt.")
+def generate(target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: int, temperature: float,
+             system: str | None):
+    """Reply to PROMPTS with TARGET: an adapter or merged-model artifact dir, or an asset like support/sft_adapter."""
+    from .engine.evaluate import generate as generate_replies
+    from .engine.models import load_artifact_model
+
+    model, tokenizer, described = load_artifact_model(resolve_target(target), base=base)
+    console.print(f"[dim]{described}[/dim]")
+    messages = [([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}]
+                for p in prompts]
+    for prompt, reply in zip(prompts, generate_replies(model, tokenizer, messages, max_new_tokens=max_new_tokens,
+                                                       temperature=temperature)):
+        console.print(f"[bold]> {prompt}[/bold]\n{reply}\n")
+
+
+def resolve_target(target: str) -> Path:
+    path = Path(target)
+    if path.exists():
+        return path
+    from .engine.runs import latest_artifact
+
+    found = latest_artifact(runs_dir(), target)
+    if found is None:
+        raise click.BadParameter(f"{target!r} is neither a directory nor a materialized asset under {runs_dir()}")
+    return found
+
+
+def runs_dir() -> Path:
+    from .resources.storage import default_runs_dir
+
+    return default_runs_dir()
+
+
+@main.command()
+@click.option("--pipeline", default=None, help="Only this pipeline's experiment.")
+@click.option("--tracking-uri", default=None, help="MLflow tracking URI (default: the runs dir's sqlite store).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def compare(pipeline: str | None, tracking_uri: str | None, as_json: bool):
+    """Every run's figures, read from MLflow: base, each stage and each report side by side."""
+    from .resources.tracking import MLflowTracking
+
+    tracking = MLflowTracking(tracking_uri=tracking_uri or "")
+    from .engine.runs import comparison
+
+    rows = comparison(tracking.uri, pipeline)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    columns = ["experiment", "run", "stage", "status", "eval/loss", "eval/perplexity", "eval/token_f1",
+               "eval/exact", "eval/length_ratio", "upstream", "started"]
+    table = Table(title="runs in MLflow")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[_fmt(row.get(c)) for c in columns])
+    console.print(table)
+
+
+@main.command()
+@click.option("--pipeline", default=None)
+def runs(pipeline: str | None):
+    """Materialized artifacts, newest first, with their directories."""
+    from .engine.runs import list_artifacts
+
+    table = Table(title=f"artifacts under {runs_dir()}")
+    for column in ("asset", "kind", "created", "mlflow run", "directory"):
+        table.add_column(column)
+    for row in list_artifacts(runs_dir(), pipeline):
+        table.add_row(row["asset"], row["kind"], row["created"], row.get("mlflow_run_id") or "", row["dir"])
+    console.print(table)
+
+
+@main.command()
+def presets():
+    """Small instruct models that work well with LoRA."""
+    from .engine.models import presets_table
+
+    table = Table(title="model presets")
+    rows = presets_table()
+    for column in rows[0]:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*[str(v) for v in row.values()])
+    console.print(table)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+if __name__ == "__main__":
+    main()

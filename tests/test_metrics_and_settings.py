@@ -1,0 +1,48 @@
+import math
+
+import pytest
+
+from dragon_dagster.engine import metrics
+from dragon_dagster.engine.settings import Hardware, LoraSettings, SettingsError, TrainArgs, build
+
+
+def test_task_metrics_follow_dragon_metrics():
+    assert metrics.exact("  The answer is Paris. ", "the answer is paris") == 1.0
+    assert metrics.exact("Paris", "Lyon") == 0.0
+    assert metrics.contains("I think it is Paris!", "paris") == 1.0
+    assert metrics.contains("anything", "") == 0.0
+    assert metrics.token_f1("the cat sat", "the cat sat") == 1.0
+    assert math.isclose(metrics.token_f1("the cat", "the cat sat down"), 2 * (1 * 0.5) / 1.5)
+    assert metrics.json_valid('```json\n{"a": 1}\n```') == 1.0
+    assert metrics.json_valid("{a: 1}") == 0.0
+    assert metrics.numeric("so it is 1,000", "1000") == 1.0
+    assert metrics.numeric("half: 1/2", "0.5") == 1.0
+    assert metrics.numeric("12 then 13", "12") == 0.0
+    assert metrics.numeric("no number", "3") == 0.0
+    assert metrics.length_ratio("abcd", "ab") == 2.0
+    assert metrics.metric_regex(r"^T-\d{4}")("t-1234 done") == 1.0
+    scored = metrics.score(["4", "five"], ["4", "5"], names=["exact", "numeric"])
+    assert scored == {"exact": 0.5, "numeric": 0.5}
+    with pytest.raises(ValueError, match="unknown metric"):
+        metrics.score(["a"], ["a"], names=["bleu"])
+
+
+@pytest.mark.parametrize("cls,values,field", [
+    (TrainArgs, {"learning_rate": -1e-4}, "learning_rate"),
+    (TrainArgs, {"batch_size": 0}, "batch_size"),
+    (TrainArgs, {"warmup_ratio": 1.5}, "warmup_ratio"),
+    (TrainArgs, {"max_steps": -3}, "max_steps"),
+    (LoraSettings, {"r": 0}, "lora.r"),
+    (LoraSettings, {"dropout": 1.0}, "lora.dropout"),
+    (Hardware, {"device": "tpu"}, "hardware.device"),
+    (Hardware, {"dtype": "int8"}, "hardware.dtype"),
+])
+def test_out_of_range_settings_name_the_field(cls, values, field):
+    with pytest.raises(SettingsError, match=field):
+        build(cls, values, cls.__name__)
+
+
+def test_unknown_settings_are_named_not_ignored():
+    with pytest.raises(SettingsError, match="learning_rat"):
+        build(TrainArgs, {"learning_rat": 1e-4}, "args")
+    assert build(TrainArgs, {"epochs": 1}, "args").learning_rate == 2e-4  # dragon_train_args defaults
