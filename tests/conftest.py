@@ -72,6 +72,7 @@ def materialized(tiny_model, tmp_path_factory):
     runs = root / "runs"
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
+    (root / "dagster_home").mkdir()
     instance = DagsterInstance.local_temp(str(root / "dagster_home"))
     outcome = materialize_pipeline("tiny", dirs=[pipelines], resources=resources, instance=instance)
     return {"outcome": outcome, "runs": runs, "instance": instance, "tracking": resources["tracking"],

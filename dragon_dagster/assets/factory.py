@@ -7,7 +7,9 @@ saying what made it (settings, inputs, Dagster run, MLflow run) and the files th
 import shutil
 from pathlib import Path
 
-from dagster import (AssetIn, AssetKey, AssetSelection, MetadataValue, Output, asset, define_asset_job)
+from contextlib import contextmanager
+
+from dagster import (AssetIn, AssetKey, AssetSelection, Failure, MetadataValue, Output, asset, define_asset_job)
 
 from ..engine import data as data_lib
 from ..engine import models
@@ -21,6 +23,16 @@ from .metadata import finite, length_stats, md_table
 from .training_stage import run_training_stage
 
 TRAINING_POOL = "training"
+USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
+
+
+@contextmanager
+def named_failure(what: str):
+    """Bad input becomes a Dagster Failure whose description names the problem, not a stack trace."""
+    try:
+        yield
+    except USER_ERRORS as exc:
+        raise Failure(description=f"{what}: {exc}") from exc
 
 def key(pipeline: Pipeline, name: str) -> AssetKey:
     return AssetKey([pipeline.name, name])
@@ -30,7 +42,8 @@ def source_asset(pipeline: Pipeline, name: str, spec: dict):
            description=f"Source data read from {spec['path']}: a snapshot copy, so later edits of the file "
                        "do not change what a run trained on.")
     def _source(context, store: ArtifactStore) -> Output[str]:
-        df = data_lib.read_table(spec["path"], spec.get("format"))
+        with named_failure(f"{pipeline.name}/{name}"):
+            df = data_lib.read_table(spec["path"], spec.get("format"))
         src = Path(spec["path"])
         with store.new_artifact(pipeline.name, name, context.run_id) as (tmp, final):
             target = tmp / ("data" if src.is_dir() else f"data{src.suffix}")
@@ -53,12 +66,13 @@ def chat_dataset_asset(pipeline: Pipeline, stage: Stage):
     def _dataset(context, config: DatasetConfig, store: ArtifactStore, source: str) -> Output[str]:
         settings = merged(stage.settings, config.model_dump())
         manifest = read_manifest(source)
-        df = data_lib.read_table(Path(source) / manifest["file"], pipeline.datasets[source_name].get("format"))
-        mapping = data_lib.Mapping(settings.get("prompt"), settings.get("response"), settings.get("system"),
-                                   settings.get("conversations"))
-        rows = data_lib.map_rows(df, mapping)
-        train, held = data_lib.split_rows(rows, settings.get("eval_frac", 0.05), settings.get("seed", 42))
-        tokenizer = models.load_tokenizer(models.resolve(pipeline.model))
+        with named_failure(f"{pipeline.name}/{stage.name}"):
+            df = data_lib.read_table(Path(source) / manifest["file"], pipeline.datasets[source_name].get("format"))
+            mapping = data_lib.Mapping(settings.get("prompt"), settings.get("response"), settings.get("system"),
+                                       settings.get("conversations"))
+            rows = data_lib.map_rows(df, mapping)
+            train, held = data_lib.split_rows(rows, settings.get("eval_frac", 0.05), settings.get("seed", 42))
+            tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         lengths = [chat_tokens(tokenizer, r) for r in rows]
         quality = data_lib.quality(rows)
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):

@@ -12,7 +12,7 @@ from ..engine.artifacts import read_manifest, write_manifest
 from ..engine.data import DataError
 from ..engine.models import ModelError
 from ..engine.pipeline_spec import Pipeline, Stage
-from ..engine.settings import LoraSettings, SettingsError, TrainArgs, build
+from ..engine.settings import LoraSettings, SettingsError, TrainArgs, as_dict, build
 from .metadata import finite
 
 ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.jsonl", "loss.png",
@@ -23,8 +23,9 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
                        previous: str | None, resume: bool, store, tracking, training) -> Output[str]:
     previous_manifest = read_manifest(previous) if previous else {}
     try:  # everything that can be checked before a model loads fails here, with the problem named
-        build(LoraSettings, settings["lora"], "lora")
-        build(TrainArgs, settings["args"], "args")
+        # the full effective settings, defaults included, go to the job file and to MLflow params
+        settings = {**settings, "lora": as_dict(build(LoraSettings, settings["lora"], "lora")),
+                    "args": as_dict(build(TrainArgs, settings["args"], "args"))}
         resolved = previous_manifest.get("resolved_model") or models.check_loadable(pipeline.model)
     except (SettingsError, ModelError, DataError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
@@ -42,7 +43,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
             "base_model": pipeline.model, "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
             "resumed_from": resume_from}
     run_id = tracking.start_run(pipeline.name, stage.name, tags,
-                                {"model": pipeline.model, "method": method, **settings, "dataset": dataset})
+                                {"model": pipeline.model, "method": method, **settings, "dataset": dataset,
+                                 "hardware": training.hardware()})
     context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
     status = "FAILED"
     try:
