@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+# Wide enough that tables of paths and metrics are not cut when piped or captured.
+console = Console(width=None if sys.stdout.isatty() else 220)
 PROJECT_DAGSTER_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"
 
 
@@ -130,12 +132,10 @@ def runs(pipeline: str | None):
     """Materialized artifacts, newest first, with their directories."""
     from .engine.runs import list_artifacts
 
-    table = Table(title=f"artifacts under {runs_dir()}")
-    for column in ("asset", "kind", "created", "mlflow run", "directory"):
-        table.add_column(column)
+    # plain lines rather than a table, so that directories are never cut and can be copied
     for row in list_artifacts(runs_dir(), pipeline):
-        table.add_row(row["asset"], row["kind"], row["created"], row.get("mlflow_run_id") or "", row["dir"])
-    console.print(table)
+        click.echo(f"{row['asset']:<32} {row['kind']:<18} {row['created']:<25} "
+                   f"{(row.get('mlflow_run_id') or '-'):<34} {row['dir']}")
 
 
 @main.command()

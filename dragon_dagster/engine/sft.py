@@ -120,6 +120,18 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train"):
     return ProgressCallback()
 
 
+def quiet_progress_bar(trainer) -> None:
+    """Keep transformers' tqdm bar but drop its printed log dicts: our callback reports each step once."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            pass
+
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(BarOnly())
+
+
 def finish_training(trainer, callback, checkpoint_dir: str, reporter: Reporter) -> None:
     """Raise for a NaN loss or a cancel; both keep the checkpoints already on disk."""
     if callback.nan_step is not None:
@@ -151,6 +163,7 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
     callback = progress_callback(reporter, out)
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(train_rows),
                          processing_class=tokenizer, peft_config=lora_config(lora), callbacks=[callback])
+    quiet_progress_bar(trainer)
     reporter.log(f"training {len(train_rows)} rows for {trainer.args.max_steps if args.max_steps else args.epochs} "
                  f"{'steps' if args.max_steps else 'epochs'} on {model.device}"
                  + (f", resuming from {job.resume_from}" if job.resume_from else ""))
