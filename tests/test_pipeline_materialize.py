@@ -3,7 +3,6 @@
 import json
 from pathlib import Path
 
-import pytest
 from dagster import DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline

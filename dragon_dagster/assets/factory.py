@@ -19,7 +19,7 @@ from ..engine.settings import merged
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .checks import build_checks
 from .config import DatasetConfig, EvaluateConfig, MergeConfig, SFTStageConfig
-from .metadata import finite, length_stats, md_table
+from .metadata import length_stats, md_table
 from .training_stage import run_training_stage
 
 TRAINING_POOL = "training"

@@ -85,7 +85,7 @@ def _fmt(value) -> str:
 def markdown(report: dict) -> str:
     base, merged = report["base"], report["merged"]
     names = ["eval_loss", "perplexity"] + list(base.get("metrics", {}))
-    lines = [f"# Evaluation report", "",
+    lines = ["# Evaluation report", "",
              f"{report['rows']} {'held-out' if report['held_out'] else 'training'} rows, base model against merged model.",
              "", "| metric | base | merged |", "|---|---|---|"]
     for name in names:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run_job(job, reporter)
         except Exception as exc:  # reported to the parent as a clean message; traceback stays in stdout
-            from .sft import Cancelled
+            from .training import Cancelled
 
             traceback.print_exc()
             cancelled = isinstance(exc, Cancelled)

@@ -1,0 +1,178 @@
+"""What every trainer stage shares: TRL arguments from our settings, LoRA, progress, NaN and cancel handling.
+
+sft.py, preference.py and grpo.py each build their TRL trainer and summarize it; the rest lives here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import progress
+from .data import read_jsonl
+from .models import load_model, load_tokenizer, pick_device, pick_dtype
+from .reporting import Reporter
+from .settings import Hardware, LoraSettings, TrainArgs, build
+
+
+@dataclass
+class StageJob:
+    """What a training stage's worker gets: paths, settings, and where it continues from."""
+
+    model: str                       # resolved base model (directory or hub id)
+    train_file: str
+    output_dir: str                  # the adapter's artifact directory (staged)
+    checkpoint_dir: str              # survives a cancel; resume reads it
+    eval_file: str | None = None
+    adapters: list[str] = field(default_factory=list)  # earlier stages, folded in first
+    lora: dict = field(default_factory=dict)
+    args: dict = field(default_factory=dict)
+    hardware: dict = field(default_factory=dict)
+    resume_from: str | None = None
+    n_samples: int = 10
+    max_new_tokens: int = 128
+
+
+@dataclass
+class Prepared:
+    lora: LoraSettings
+    args: TrainArgs
+    hardware: Hardware
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    tokenizer: object
+    model: object
+
+
+def prepare(job: StageJob) -> Prepared:
+    """Validate settings, read the rows, load the starting model with earlier adapters folded in."""
+    lora, args = build(LoraSettings, job.lora, "lora"), build(TrainArgs, job.args, "args")
+    hardware = build(Hardware, job.hardware, "hardware")
+    train_rows = read_jsonl(job.train_file)
+    eval_rows = read_jsonl(job.eval_file) if job.eval_file and Path(job.eval_file).exists() else []
+    if not train_rows:
+        raise TrainingError(f"no training rows in {job.train_file}")
+    tokenizer = load_tokenizer(job.model)
+    model = load_model(job.model, hardware, adapters=job.adapters, trainable=True)
+    return Prepared(lora, args, hardware, train_rows, eval_rows, tokenizer, model)
+
+
+def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
+    """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput."""
+    quiet_progress_bar(trainer)
+    reporter.log(f"training {len(trainer.train_dataset)} rows for {trainer.args.max_steps if trainer.args.max_steps > 0 else trainer.args.num_train_epochs} "
+                 f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
+                 + (f", resuming from {job.resume_from}" if job.resume_from else ""))
+    result = trainer.train(resume_from_checkpoint=job.resume_from)
+    finish_training(trainer, callback, job.checkpoint_dir, reporter)
+    adapter_dir = Path(job.output_dir) / "adapter"
+    trainer.model.save_pretrained(adapter_dir)
+    trainer.processing_class.save_pretrained(adapter_dir)
+    return result
+
+
+class TrainingError(RuntimeError):
+    """Training could not go on: NaN loss, no data, a broken model."""
+
+
+class Cancelled(RuntimeError):
+    """Training stopped on request after saving a checkpoint."""
+
+
+def last_checkpoint(checkpoint_dir: str | Path) -> Path | None:
+    candidates = [p for p in Path(checkpoint_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return max(candidates, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
+def trainer_precision(hardware: Hardware) -> dict:
+    """bf16/fp16 flags for the trainer; TRL defaults to bf16 even on a CPU, which we do not want there."""
+    import torch
+
+    device = pick_device(hardware)
+    dtype = pick_dtype(hardware, device)
+    return {"use_cpu": device == "cpu", "bf16": dtype == torch.bfloat16 and device != "cpu",
+            "fp16": dtype == torch.float16 and device != "cpu"}
+
+
+def lora_config(lora: LoraSettings):
+    from peft import LoraConfig
+
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=lora.peft_target_modules(), task_type="CAUSAL_LM")
+
+
+def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str) -> dict:
+    """Trainer arguments every stage shares, from dragon_train_args-style settings."""
+    return dict(
+        output_dir=checkpoint_dir, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+        learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,
+        logging_steps=args.logging_steps, logging_first_step=True, save_strategy="steps",
+        save_steps=args.save_steps, save_total_limit=2, gradient_checkpointing=args.gradient_checkpointing,
+        seed=args.seed, report_to="none", logging_nan_inf_filter=False, **trainer_precision(hardware),
+    )
+
+
+def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train"):
+    """A TrainerCallback that streams step metrics, stops on NaN loss and honours cancel requests."""
+    from transformers import TrainerCallback
+
+    class ProgressCallback(TrainerCallback):
+        def __init__(self):
+            self.started = time.time()
+            self.nan_step: int | None = None
+            self.cancelled = False
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = dict(logs or {})
+            loss = logs.get("loss")
+            # logging_nan_inf_filter is off, so a NaN loss shows here; a NaN gradient norm is the same failure.
+            if any(v is not None and not math.isfinite(v) for v in (loss, logs.get("grad_norm"))):
+                self.nan_step = state.global_step
+                control.should_training_stop = True
+            elapsed = time.time() - self.started
+            done = max(state.global_step, 1)
+            eta = elapsed / done * max(state.max_steps - state.global_step, 0)
+            row = {"step": state.global_step, "epoch": logs.get("epoch"), "loss": loss,
+                   "lr": logs.get("learning_rate"), "grad_norm": logs.get("grad_norm"),
+                   "elapsed_s": round(elapsed, 2), "eta_s": round(eta, 1)}
+            row.update({k: v for k, v in logs.items() if k not in ("loss", "learning_rate", "grad_norm", "epoch")
+                        and isinstance(v, (int, float))})
+            progress.append(out_dir, row)
+            metrics = {f"{prefix}/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
+            reporter.metrics(state.global_step, metrics)
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "epoch")
+            reporter.log(f"step {state.global_step}/{state.max_steps} {shown} | elapsed {elapsed:.0f}s eta {eta:.0f}s")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if reporter.should_stop():
+                self.cancelled = True
+                control.should_save = True
+                control.should_training_stop = True
+
+    return ProgressCallback()
+
+
+def quiet_progress_bar(trainer) -> None:
+    """Keep transformers' tqdm bar but drop its printed log dicts: our callback reports each step once."""
+    from transformers.trainer_callback import ProgressCallback
+
+    class BarOnly(ProgressCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            pass
+
+    if trainer.pop_callback(ProgressCallback) is not None:
+        trainer.add_callback(BarOnly())
+
+
+def finish_training(trainer, callback, checkpoint_dir: str, reporter: Reporter) -> None:
+    """Raise for a NaN loss or a cancel; both keep the checkpoints already on disk."""
+    if callback.nan_step is not None:
+        raise TrainingError(f"loss became NaN or infinite at step {callback.nan_step}: lower the learning rate "
+                            f"or check the data; checkpoints so far are kept in {checkpoint_dir}")
+    if callback.cancelled:
+        ckpt = last_checkpoint(checkpoint_dir)
+        reporter.log(f"cancelled: checkpoint saved at {ckpt}; materialize again with resume: true to continue")
+        raise Cancelled(f"training cancelled at step {trainer.state.global_step}; checkpoint {ckpt}")
