@@ -56,8 +56,68 @@ def report_check(key: AssetKey):
     return _check
 
 
-CHECKS = {"chat_dataset": dataset_check, "sft": adapter_check, "evaluate": report_check}
+ACCURACY_TYPES = {"exact", "contains", "numeric", "command", "custom"}
+FORMAT_TYPES = {"regex", "json", "length", "keyword"}
+
+
+def thirds(rows: list[dict], column: str) -> tuple[float, float] | None:
+    """Mean of a progress column over the first and the last third of the logged steps."""
+    values = [r[column] for r in rows if isinstance(r.get(column), (int, float))]
+    if len(values) < 3:
+        return None
+    n = max(1, len(values) // 3)
+    return sum(values[:n]) / n, sum(values[-n:]) / n
+
+
+def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float):
+    """Reward hacking guards (grpo-rlvr notes): format up while accuracy down, runaway KL, no signal."""
+    def rows_and_kinds(context):
+        path = latest_path(context, key)
+        manifest = json.loads((path / "manifest.json").read_text())
+        return progress.read(path), manifest["result"].get("reward_kinds", {})
+
+    @asset_check(asset=key, name="format_not_rising_while_accuracy_falls",
+                 description="Flags a format or length reward that rises while an accuracy reward falls.")
+    def _hacking(context) -> AssetCheckResult:
+        rows, kinds = rows_and_kinds(context)
+        trends = {name: thirds(rows, f"reward_{name}") for name in kinds}
+        rising = [n for n, t in trends.items() if t and kinds[n] in FORMAT_TYPES and t[1] > t[0] + 0.05]
+        falling = [n for n, t in trends.items() if t and kinds[n] in ACCURACY_TYPES and t[1] < t[0] - 0.05]
+        return AssetCheckResult(passed=not (rising and falling), severity=AssetCheckSeverity.WARN,
+                                metadata={"format_rising": ", ".join(rising) or "-",
+                                          "accuracy_falling": ", ".join(falling) or "-"})
+
+    @asset_check(asset=key, name="kl_within_bound", description=f"KL to the starting model stays under {kl_bound}.")
+    def _kl(context) -> AssetCheckResult:
+        rows, _ = rows_and_kinds(context)
+        kls = [r["kl"] for r in rows if isinstance(r.get("kl"), (int, float))]
+        peak = max(kls, default=0.0)
+        return AssetCheckResult(passed=peak <= kl_bound, severity=AssetCheckSeverity.WARN,
+                                metadata={"max_kl": float(peak), "bound": kl_bound, "logged_steps": len(kls)})
+
+    @asset_check(asset=key, name="groups_have_reward_variance",
+                 description=f"Share of groups whose completions all scored the same stays under {zero_std_limit}.")
+    def _variance(context) -> AssetCheckResult:
+        rows, _ = rows_and_kinds(context)
+        shares = [r["zero_std_frac"] for r in rows if isinstance(r.get("zero_std_frac"), (int, float))]
+        share = sum(shares) / len(shares) if shares else 1.0
+        return AssetCheckResult(passed=share < zero_std_limit, severity=AssetCheckSeverity.WARN,
+                                metadata={"mean_zero_std_frac": float(share), "limit": zero_std_limit})
+
+    return [_hacking, _kl, _variance]
 
 
 def build_checks(pipeline: Pipeline) -> list:
-    return [CHECKS[s.kind](AssetKey([pipeline.name, s.name])) for s in pipeline.stages if s.kind in CHECKS]
+    checks = []
+    for stage in pipeline.stages:
+        key = AssetKey([pipeline.name, stage.name])
+        if stage.kind in ("chat_dataset", "pairs_dataset", "prompt_dataset"):
+            checks.append(dataset_check(key))
+        elif stage.kind in ("sft", "preference"):
+            checks.append(adapter_check(key))
+        elif stage.kind == "grpo":
+            checks += grpo_checks(key, float(stage.settings.get("kl_bound", 1.0)),
+                                  float(stage.settings.get("zero_std_limit", 0.9)))
+        elif stage.kind == "evaluate":
+            checks.append(report_check(key))
+    return checks

@@ -52,3 +52,15 @@ class EvaluateConfig(Config):
     n_samples: Optional[int] = Field(None, description="Sample replies shown side by side." + _KEEP)
     max_eval_rows: Optional[int] = Field(None, description="Held-out rows measured (at most)." + _KEEP)
     max_new_tokens: Optional[int] = Field(None, description="Length limit of generated replies." + _KEEP)
+
+
+class PreferenceStageConfig(SFTStageConfig):
+    method: Optional[str] = Field(None, description="dpo or orpo." + _KEEP)
+    beta: Optional[float] = Field(None, description="Strength of the preference (DPO: KL to the start)." + _KEEP)
+
+
+class GRPOStageConfig(SFTStageConfig):
+    group_size: Optional[int] = Field(None, description="Completions per prompt, 2..64." + _KEEP)
+    beta: Optional[float] = Field(None, description="KL penalty to the starting model, 0..10." + _KEEP)
+    temperature: Optional[float] = Field(None, description="Sampling temperature, 0.05..3." + _KEEP)
+    max_eval_prompts: Optional[int] = Field(None, description="Held-out prompts scored before/after." + _KEEP)

@@ -18,7 +18,8 @@ from ..engine.pipeline_spec import Pipeline, Stage
 from ..engine.settings import merged
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .checks import build_checks
-from .config import DatasetConfig, EvaluateConfig, MergeConfig, SFTStageConfig
+from .config import (DatasetConfig, EvaluateConfig, GRPOStageConfig, MergeConfig, PreferenceStageConfig,
+                     SFTStageConfig)
 from .metadata import length_stats, md_table
 from .training_stage import run_training_stage
 
@@ -56,21 +57,44 @@ def source_asset(pipeline: Pipeline, name: str, spec: dict):
             "preview": md_table(df.head(5).to_dict(orient="records"))})
     return _source
 
-def chat_dataset_asset(pipeline: Pipeline, stage: Stage):
+def map_dataset(kind: str, df, settings: dict) -> tuple[list[dict], dict]:
+    """Rows for a dataset stage and what was dropped, by the stage's kind."""
+    if kind == "pairs_dataset":
+        return data_lib.map_pairs(df, data_lib.PairsMapping(settings.get("prompt"), settings.get("chosen"),
+                                                            settings.get("rejected"), settings.get("system")))
+    if kind == "prompt_dataset":
+        return data_lib.map_prompts(df, data_lib.PromptsMapping(settings.get("prompt"), settings.get("reference"),
+                                                                settings.get("system"))), {}
+    mapping = data_lib.Mapping(settings.get("prompt"), settings.get("response"), settings.get("system"),
+                               settings.get("conversations"))
+    return data_lib.map_rows(df, mapping), {}
+
+
+def preview_row(row: dict) -> dict:
+    out = {"prompt": data_lib.user_text(row)}
+    for column in ("completion", "chosen", "rejected"):
+        if column in row:
+            out[column] = row[column][-1]["content"]
+    if "reference" in row:
+        out["reference"] = row["reference"]
+    return out
+
+
+def dataset_asset(pipeline: Pipeline, stage: Stage):
     source_name = stage.upstream[0]
+    mapped = ", ".join(f"{k} {stage.settings[k]!r}" for k in ("prompt", "response", "chosen", "rejected", "reference",
+                                                               "conversations") if k in stage.settings)
 
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset"},
            ins={"source": AssetIn(key=key(pipeline, source_name))},
-           description=f"Chat rows mapped from {source_name} (prompt {stage.settings.get('prompt')!r}, response "
-                       f"{stage.settings.get('response')!r}), split into train and held-out files.")
+           description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {source_name} ({mapped}), "
+                       "split into train and held-out files.")
     def _dataset(context, config: DatasetConfig, store: ArtifactStore, source: str) -> Output[str]:
         settings = merged(stage.settings, config.model_dump())
         manifest = read_manifest(source)
         with named_failure(f"{pipeline.name}/{stage.name}"):
             df = data_lib.read_table(Path(source) / manifest["file"], pipeline.datasets[source_name].get("format"))
-            mapping = data_lib.Mapping(settings.get("prompt"), settings.get("response"), settings.get("system"),
-                                       settings.get("conversations"))
-            rows = data_lib.map_rows(df, mapping)
+            rows, dropped = map_dataset(stage.kind, df, settings)
             train, held = data_lib.split_rows(rows, settings.get("eval_frac", 0.05), settings.get("seed", 42))
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         lengths = [chat_tokens(tokenizer, r) for r in rows]
@@ -78,38 +102,55 @@ def chat_dataset_asset(pipeline: Pipeline, stage: Stage):
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)
             data_lib.write_jsonl(tmp / "eval.jsonl", held)
-            write_manifest(tmp, kind="chat_dataset", source=source, mapping=mapping.__dict__,
-                           eval_frac=settings.get("eval_frac", 0.05), seed=settings.get("seed", 42),
-                           train_rows=len(train), eval_rows=len(held), quality=quality,
-                           dagster_run_id=context.run_id)
-        preview = [{"prompt": data_lib.user_text(r), "response": data_lib.reply_text(r)} for r in train[:5]]
+            write_manifest(tmp, kind=stage.kind, source=source, settings=settings, train_rows=len(train),
+                           eval_rows=len(held), dropped=dropped, quality=quality, dagster_run_id=context.run_id)
         return Output(str(final), metadata={
             "artifact_dir": MetadataValue.path(str(final)), "train_rows": len(train), "eval_rows": len(held),
-            "preview": md_table(preview), "tokens": MetadataValue.json(length_stats(lengths)),
-            "duplicate_share": quality["duplicate_share"]})
+            "preview": md_table([preview_row(r) for r in train[:5]]), "tokens": MetadataValue.json(length_stats(lengths)),
+            "duplicate_share": quality["duplicate_share"], **{f"dropped_{k}": v for k, v in dropped.items()}})
     return _dataset
 
-def sft_asset(pipeline: Pipeline, stage: Stage):
+
+STAGE_CONFIGS = {"sft": SFTStageConfig, "preference": PreferenceStageConfig, "grpo": GRPOStageConfig}
+STAGE_DEFAULTS = {  # dragonfarm's defaults per stage (dragon_train_args / dragon_prefer / dragon_reinforce)
+    "sft": {},
+    "preference": {"args": {"learning_rate": 5e-5, "epochs": 2}},
+    "grpo": {"args": {"learning_rate": 1e-5, "epochs": 1, "batch_size": 4, "grad_accum": 1, "save_steps": 20}},
+}
+EXTRAS = {"preference": {"method": "dpo", "beta": 0.1},
+          "grpo": {"group_size": 4, "beta": 0.04, "temperature": 1.0, "max_eval_prompts": 64}}
+
+
+def training_asset(pipeline: Pipeline, stage: Stage):
     ins = {"dataset": AssetIn(key=key(pipeline, stage.upstream[0]))}
     if len(stage.upstream) > 1:
         ins["previous"] = AssetIn(key=key(pipeline, stage.upstream[1]))
+    method = stage.settings.get("method", "dpo") if stage.kind == "preference" else stage.kind
+    config_class = STAGE_CONFIGS[stage.kind]
 
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"}, ins=ins,
            pool=TRAINING_POOL,
-           description=f"LoRA adapter trained with TRL's SFTTrainer on {stage.upstream[0]}"
+           description=f"LoRA adapter trained with TRL ({method.upper()}) on {stage.upstream[0]}"
                        + (f", continuing from {stage.upstream[1]}" if len(stage.upstream) > 1 else "") + ".")
-    def _sft(context, config: SFTStageConfig, store: ArtifactStore, tracking: MLflowTracking,
-             training: TrainingResource, **inputs) -> Output[str]:
+    def _train(context, config: config_class, store: ArtifactStore, tracking: MLflowTracking,
+               training: TrainingResource, **inputs) -> Output[str]:
+        defaults = STAGE_DEFAULTS[stage.kind]
+        overrides = config.model_dump()
         settings = {
             "lora": merged(stage.settings.get("lora"), config.lora()),
-            "args": merged(stage.settings.get("args"), config.args()),
+            "args": merged(merged(defaults.get("args"), stage.settings.get("args")), config.args()),
             "n_samples": config.n_samples or stage.settings.get("n_samples", 10),
             "max_new_tokens": config.max_new_tokens or stage.settings.get("max_new_tokens", 128),
         }
-        return run_training_stage(context, pipeline, stage, "sft", settings, inputs["dataset"],
-                                  inputs.get("previous"), config.resume,
-                                  store, tracking, training)
-    return _sft
+        for name, default in EXTRAS.get(stage.kind, {}).items():
+            settings[name] = overrides.get(name) if overrides.get(name) is not None else stage.settings.get(name, default)
+        if stage.kind == "grpo":
+            settings["rewards"] = stage.settings.get("rewards") or []
+        kind = settings.pop("method", None) or stage.kind
+        return run_training_stage(context, pipeline, stage, kind, settings, inputs["dataset"], inputs.get("previous"),
+                                  config.resume, store, tracking, training)
+    return _train
+
 
 def merge_asset(pipeline: Pipeline, stage: Stage):
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch"}, pool=TRAINING_POOL,
@@ -153,10 +194,13 @@ def evaluate_asset(pipeline: Pipeline, stage: Stage):
     return _evaluate
 
 def chat_tokens(tokenizer, row: dict) -> int:
-    text = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+    reply = row.get("completion") or row.get("chosen") or []  # a bare prompt row has no reply
+    text = tokenizer.apply_chat_template(row["prompt"] + reply, tokenize=False, add_generation_prompt=not reply)
     return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-BUILDERS = {"chat_dataset": chat_dataset_asset, "sft": sft_asset, "merge": merge_asset, "evaluate": evaluate_asset}
+BUILDERS = {"chat_dataset": dataset_asset, "pairs_dataset": dataset_asset, "prompt_dataset": dataset_asset,
+            "sft": training_asset, "preference": training_asset, "grpo": training_asset,
+            "merge": merge_asset, "evaluate": evaluate_asset}
 
 def build_pipeline_defs(pipeline: Pipeline) -> dict:
     """Assets, asset checks and a job for one pipeline."""

@@ -15,8 +15,29 @@ from ..engine.pipeline_spec import Pipeline, Stage
 from ..engine.settings import LoraSettings, SettingsError, TrainArgs, as_dict, build
 from .metadata import finite
 
+JOB_BASE_KEYS = ("lora", "args", "n_samples", "max_new_tokens", "rewards")
 ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.jsonl", "loss.png",
                        "adapter/adapter_config.json")
+
+
+def check_stage_settings(pipeline: Pipeline, method: str, settings: dict):
+    """Stage-specific settings, checked before anything loads; returns the GRPO reward set if any."""
+    if method in ("dpo", "orpo"):
+        from ..engine.preference import validate
+
+        validate(method, settings.get("beta"))
+    if method == "grpo":
+        from ..engine.grpo import LIMITS
+        from ..engine.rewards import RewardSet
+
+        for name, (low, high) in LIMITS.items():
+            if not low <= settings[name] <= high:
+                raise ValueError(f"{name} must be in [{low}, {high}], got {settings[name]!r}")
+        if not settings.get("rewards"):
+            raise ValueError("a grpo stage needs rewards, e.g. rewards: [{type: numeric}]")
+        base = Path(pipeline.source_file).parent if pipeline.source_file else None
+        return RewardSet.from_list(settings["rewards"], base_dir=base)
+    return None
 
 
 def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, settings: dict, dataset: str,
@@ -27,7 +48,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
         settings = {**settings, "lora": as_dict(build(LoraSettings, settings["lora"], "lora")),
                     "args": as_dict(build(TrainArgs, settings["args"], "args"))}
         resolved = previous_manifest.get("resolved_model") or models.check_loadable(pipeline.model)
-    except (SettingsError, ModelError, DataError) as exc:
+        rewards = check_stage_settings(pipeline, method, settings)
+    except (SettingsError, ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
     resume_from = None
@@ -59,7 +81,10 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
                    "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from,
                    "lora": settings["lora"], "args": settings["args"], "n_samples": settings["n_samples"],
                    "max_new_tokens": settings["max_new_tokens"],
-                   "tracking": {"tracking_uri": tracking.uri, "run_id": run_id}}
+                   "tracking": {"tracking_uri": tracking.uri, "run_id": run_id},
+                   **{k: v for k, v in settings.items() if k not in JOB_BASE_KEYS}}
+            if rewards is not None:  # custom reward files travel with the run, so it is self-contained
+                job["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
             result = training.run_job(context, job, tmp, env=tracking.env())
             write_manifest(tmp, kind="adapter", stage=stage.name, method=method, base_model=pipeline.model,
                            resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],
@@ -74,7 +99,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
     finally:
         tracking.end_run(run_id, status)
     shutil.rmtree(checkpoint_dir.parent, ignore_errors=True)  # the adapter is saved; old checkpoints are moot
-    headline = finite({k: result.get(k) for k in ("train_loss", "first_loss", "last_loss", "eval_loss", "perplexity")})
+    headline = finite({k: result.get(k) for k in ("train_loss", "first_loss", "last_loss", "eval_loss", "perplexity",
+                                                  "pref_accuracy", "reward_margin", "reward_before", "reward_after")})
     return Output(str(final), metadata={
         "artifact_dir": MetadataValue.path(str(final)), "mlflow_run_id": run_id,
         "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),

@@ -190,14 +190,75 @@ def user_text(row: dict) -> str:
 
 
 def reply_text(row: dict) -> str:
-    return row["completion"][-1]["content"]
+    """The reply a row teaches: the completion, or the chosen reply of a pair ("" for a bare prompt)."""
+    for column in ("completion", "chosen"):
+        if column in row:
+            return row[column][-1]["content"]
+    return ""
 
 
 def quality(rows: list[dict]) -> dict[str, Any]:
     """Counts an asset check and the metadata show: empty turns and duplicate share."""
     empty_prompt = sum(1 for r in rows if not user_text(r).strip())
-    empty_reply = sum(1 for r in rows if not reply_text(r).strip())
+    empty_reply = sum(1 for r in rows if ("completion" in r or "chosen" in r) and not reply_text(r).strip())
     keys = [json.dumps(r, sort_keys=True) for r in rows]
     duplicate_share = (1 - len(set(keys)) / len(keys)) if keys else 0.0
     return {"rows": len(rows), "empty_prompts": empty_prompt, "empty_replies": empty_reply,
             "duplicate_share": round(duplicate_share, 4)}
+
+
+@dataclass(frozen=True)
+class PairsMapping:
+    """Preference pairs (dragon_map_pairs): a prompt and a chosen and a rejected reply, columns or templates."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    system: str | None = None
+
+
+def map_pairs(df: pd.DataFrame, mapping: PairsMapping) -> tuple[list[dict], dict[str, int]]:
+    """Rows in TRL's conversational preference format, and counts of pairs dropped by reason."""
+    check_columns(df, {"prompt": mapping.prompt, "chosen": mapping.chosen, "rejected": mapping.rejected,
+                       "system": mapping.system})
+    rows, dropped = [], {"chosen_equals_rejected": 0, "empty": 0}
+    for record in df.to_dict(orient="records"):
+        prompt, chosen, rejected = (render(s, record) for s in (mapping.prompt, mapping.chosen, mapping.rejected))
+        if not prompt.strip() or not chosen.strip() or not rejected.strip():
+            dropped["empty"] += 1
+            continue
+        if chosen.strip() == rejected.strip():  # no preference signal; DPO would learn nothing from it
+            dropped["chosen_equals_rejected"] += 1
+            continue
+        turns = [{"role": "user", "content": prompt}]
+        if mapping.system:
+            turns.insert(0, {"role": "system", "content": render(mapping.system, record)})
+        rows.append({"prompt": turns, "chosen": [{"role": "assistant", "content": chosen}],
+                     "rejected": [{"role": "assistant", "content": rejected}]})
+    if not rows:
+        raise DataError(f"no usable preference pairs: every row was dropped ({dropped})")
+    return rows, dropped
+
+
+@dataclass(frozen=True)
+class PromptsMapping:
+    """Prompts to practise on (dragon_map_prompts): an optional reference; other columns travel along."""
+
+    prompt: str
+    reference: str | None = None
+    system: str | None = None
+
+
+def map_prompts(df: pd.DataFrame, mapping: PromptsMapping) -> list[dict]:
+    check_columns(df, {"prompt": mapping.prompt, "reference": mapping.reference, "system": mapping.system})
+    rows = []
+    for record in df.to_dict(orient="records"):
+        turns = [{"role": "user", "content": render(mapping.prompt, record)}]
+        if mapping.system:
+            turns.insert(0, {"role": "system", "content": render(mapping.system, record)})
+        fields = {k: _text(v) for k, v in record.items() if k not in ("prompt", "reference")}
+        row = {**fields, "prompt": turns}
+        if mapping.reference:
+            row["reference"] = render(mapping.reference, record)
+        rows.append(row)
+    return rows

@@ -170,7 +170,7 @@ def parse_score(text: str) -> tuple[float | None, str]:
 
 _FIRST = {"1", "response 1", "response_1", "reply 1", "first", "a", "assistant 1", "[1]"}
 _SECOND = {"2", "response 2", "response_2", "reply 2", "second", "b", "assistant 2", "[2]"}
-_TIE = {"tie", "draw", "equal", "both", "neither", "none", "same", "0"}
+_TIE = {"tie", "draw", "equal", "both", "neither", "none", "same"}
 
 
 def parse_winner(text: str) -> tuple[str | None, str]:

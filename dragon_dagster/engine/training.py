@@ -115,8 +115,11 @@ def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str) -> dic
     )
 
 
-def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train"):
-    """A TrainerCallback that streams step metrics, stops on NaN loss and honours cancel requests."""
+def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", columns: dict | None = None):
+    """A TrainerCallback that streams step metrics, stops on NaN loss and honours cancel requests.
+
+    columns renames trainer log keys into progress columns (GRPO's rewards/<name>/mean -> reward_<name>).
+    """
     from transformers import TrainerCallback
 
     class ProgressCallback(TrainerCallback):
@@ -138,8 +141,8 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train"):
             row = {"step": state.global_step, "epoch": logs.get("epoch"), "loss": loss,
                    "lr": logs.get("learning_rate"), "grad_norm": logs.get("grad_norm"),
                    "elapsed_s": round(elapsed, 2), "eta_s": round(eta, 1)}
-            row.update({k: v for k, v in logs.items() if k not in ("loss", "learning_rate", "grad_norm", "epoch")
-                        and isinstance(v, (int, float))})
+            row.update({(columns or {}).get(k, k): v for k, v in logs.items()
+                        if k not in ("loss", "learning_rate", "grad_norm", "epoch") and isinstance(v, (int, float))})
             progress.append(out_dir, row)
             metrics = {f"{prefix}/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
             reporter.metrics(state.global_step, metrics)

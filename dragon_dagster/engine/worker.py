@@ -60,6 +60,14 @@ def run_job(job: dict, reporter: Reporter) -> dict:
         from .sft import SFTJob, train_sft
 
         return train_sft(SFTJob(**job), reporter)
+    if kind in ("dpo", "orpo"):
+        from .preference import PreferenceJob, train_preference
+
+        return train_preference(PreferenceJob(**job, method=kind), reporter)
+    if kind == "grpo":
+        from .grpo import GRPOJob, train_grpo
+
+        return train_grpo(GRPOJob(**job), reporter)
     if kind == "merge":
         from .merge import MergeJob, merge_chain
 
