@@ -4,14 +4,8 @@ a tiny model loaded in this process."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -20,71 +14,7 @@ from dragon_dagster.engine import backends
 from dragon_dagster.engine.backends import (BackendError, LocalBackend, ServerBackend, as_backend,
                                             backend_from_dict, cache_stats, clear_cache)
 
-
-def completion(content, model="stub") -> dict:
-    return {"id": "x", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
-
-
-class StubServer:
-    """A real threaded HTTP server on 127.0.0.1 speaking /v1/chat/completions; `respond(n, body)` scripts it
-    and returns (status, dict-or-raw-text). It records every request and the peak number in flight."""
-
-    def __init__(self, respond):
-        self.respond, self.requests, self.lock = respond, [], threading.Lock()
-        self.in_flight = self.max_in_flight = 0
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                with stub.lock:
-                    stub.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
-                    n = len(stub.requests)
-                    stub.in_flight += 1
-                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
-                try:
-                    status, payload = stub.respond(n, body)
-                finally:
-                    with stub.lock:
-                        stub.in_flight -= 1
-                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json" if isinstance(payload, dict) else "text/html")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture()
-def stub():
-    servers = []
-
-    def start(respond) -> StubServer:
-        servers.append(StubServer(respond))
-        return servers[-1]
-    yield start
-    for server in servers:
-        server.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .conftest import closed_port, completion
 
 
 def last_user(body) -> str:
@@ -208,26 +138,6 @@ def test_chat_validates_conversations():
 
 # ------------------------------------------------------------------------------------------ local backend
 
-@pytest.fixture(scope="module")
-def chatty_model(tiny_model, tmp_path_factory) -> Path:
-    """The tiny model with an untied random output head, so greedy replies are visible text, not newlines."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from dragon_dagster.engine import models
-
-    out = tmp_path_factory.mktemp("models") / "chatty"
-    config = AutoConfig.from_pretrained(tiny_model)
-    config.tie_word_embeddings = False
-    torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        model.lm_head.weight.normal_(0, 1.0)
-    model.save_pretrained(out)
-    models.load_tokenizer(str(tiny_model)).save_pretrained(out)
-    return out
-
-
 CONVERSATIONS = [[{"role": "user", "content": "What is 2+2?"}], [{"role": "user", "content": "Hi"}],
                  [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]]
 
@@ -278,47 +188,6 @@ def test_local_backend_bad_model_is_a_backend_error(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ transformers serve
-
-@pytest.fixture(scope="module")
-def served(chatty_model, tmp_path_factory):
-    """`transformers serve` on a free loopback port with the chatty tiny model preloaded (offline)."""
-    from transformers.utils.import_utils import is_serve_available
-
-    if not is_serve_available():
-        pytest.skip("transformers serve needs its serving extras (pip install openai; fastapi, uvicorn)")
-    exe = Path(sys.executable).with_name("transformers")
-    exe = str(exe) if exe.exists() else shutil.which("transformers")
-    port = closed_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    with log.open("w") as out:
-        proc = subprocess.Popen([exe, "serve", str(chatty_model), "--host", "127.0.0.1", "--port", str(port),
-                                 "--device", "cpu"], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    import requests
-
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve did not come up:\n{log.read_text()[-3000:]}")
-            time.sleep(0.25)
-        yield {"url": f"http://127.0.0.1:{port}/v1", "model": str(chatty_model)}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 def test_transformers_serve_matches_local_generation(served, chatty_model):
     backend = ServerBackend(served["url"], served["model"], timeout=60, retries=1, backoff=0.1, concurrency=3)

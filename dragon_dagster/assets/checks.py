@@ -111,7 +111,7 @@ def build_checks(pipeline: Pipeline) -> list:
     checks = []
     for stage in pipeline.stages:
         key = AssetKey([pipeline.name, stage.name])
-        if stage.kind in ("chat_dataset", "pairs_dataset", "prompt_dataset"):
+        if stage.kind in ("chat_dataset", "pairs_dataset", "prompt_dataset", "preference_pairs", "synthetic_dataset"):
             checks.append(dataset_check(key))
         elif stage.kind in ("sft", "preference"):
             checks.append(adapter_check(key))

@@ -52,6 +52,8 @@ class EvaluateConfig(Config):
     n_samples: Optional[int] = Field(None, description="Sample replies shown side by side." + _KEEP)
     max_eval_rows: Optional[int] = Field(None, description="Held-out rows measured (at most)." + _KEEP)
     max_new_tokens: Optional[int] = Field(None, description="Length limit of generated replies." + _KEEP)
+    n_judge: Optional[int] = Field(None, description="Held-out prompts judged pairwise, both orders (0: none)."
+                                   + _KEEP)
 
 
 class PreferenceStageConfig(SFTStageConfig):
@@ -64,3 +66,19 @@ class GRPOStageConfig(SFTStageConfig):
     beta: Optional[float] = Field(None, description="KL penalty to the starting model, 0..10." + _KEEP)
     temperature: Optional[float] = Field(None, description="Sampling temperature, 0.05..3." + _KEEP)
     max_eval_prompts: Optional[int] = Field(None, description="Held-out prompts scored before/after." + _KEEP)
+
+
+class PairsConfig(Config):
+    mode: Optional[str] = Field(None, description="teacher (teacher chosen, student rejected) or judge." + _KEEP)
+    n: Optional[int] = Field(None, description="Prompts to make pairs from." + _KEEP)
+    n_samples_per_prompt: Optional[int] = Field(None, description="Judge mode: student samples per prompt." + _KEEP)
+    min_gap: Optional[float] = Field(None, description="Judge mode: least score gap between chosen and rejected."
+                                     + _KEEP)
+    temperature: Optional[float] = Field(None, description="Student sampling temperature." + _KEEP)
+    max_new_tokens: Optional[int] = Field(None, description="Length limit of sampled replies." + _KEEP)
+
+
+class SyntheticConfig(Config):
+    max_new_tokens: Optional[int] = Field(None, description="Length limit of teacher replies." + _KEEP)
+    temperature: Optional[float] = Field(None, description="Teacher sampling temperature." + _KEEP)
+    min_score: Optional[float] = Field(None, description="Judge gate: keep rows scored at least this." + _KEEP)

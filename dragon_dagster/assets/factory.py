@@ -18,8 +18,8 @@ from ..engine.pipeline_spec import Pipeline, Stage
 from ..engine.settings import merged
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .checks import build_checks
-from .config import (DatasetConfig, EvaluateConfig, GRPOStageConfig, MergeConfig, PreferenceStageConfig,
-                     SFTStageConfig)
+from .config import (DatasetConfig, EvaluateConfig, GRPOStageConfig, MergeConfig, PairsConfig,
+                     PreferenceStageConfig, SFTStageConfig, SyntheticConfig)
 from .metadata import length_stats, md_table
 from .training_stage import run_training_stage
 
@@ -80,20 +80,28 @@ def preview_row(row: dict) -> dict:
     return out
 
 
-def dataset_asset(pipeline: Pipeline, stage: Stage):
+def read_source(pipeline: Pipeline, stage: Stage, source: str | None):
+    """The stage's table: from its source asset's snapshot, or from its own path."""
+    if source is None:
+        return data_lib.read_table(stage.settings["path"], stage.settings.get("format"))
+    manifest = read_manifest(source)
     source_name = stage.upstream[0]
+    return data_lib.read_table(Path(source) / manifest["file"], pipeline.datasets[source_name].get("format"))
+
+
+def dataset_asset(pipeline: Pipeline, stage: Stage):
+    origin = stage.upstream[0] if stage.upstream else stage.settings["path"]
+    ins = {"source": AssetIn(key=key(pipeline, stage.upstream[0]))} if stage.upstream else {}
     mapped = ", ".join(f"{k} {stage.settings[k]!r}" for k in ("prompt", "response", "chosen", "rejected", "reference",
                                                                "conversations") if k in stage.settings)
 
-    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset"},
-           ins={"source": AssetIn(key=key(pipeline, source_name))},
-           description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {source_name} ({mapped}), "
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset"}, ins=ins,
+           description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {origin} ({mapped}), "
                        "split into train and held-out files.")
-    def _dataset(context, config: DatasetConfig, store: ArtifactStore, source: str) -> Output[str]:
+    def _dataset(context, config: DatasetConfig, store: ArtifactStore, **inputs) -> Output[str]:
         settings = merged(stage.settings, config.model_dump())
-        manifest = read_manifest(source)
         with named_failure(f"{pipeline.name}/{stage.name}"):
-            df = data_lib.read_table(Path(source) / manifest["file"], pipeline.datasets[source_name].get("format"))
+            df = read_source(pipeline, stage, inputs.get("source"))
             rows, dropped = map_dataset(stage.kind, df, settings)
             train, held = data_lib.split_rows(rows, settings.get("eval_frac", 0.05), settings.get("seed", 42))
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
@@ -102,8 +110,11 @@ def dataset_asset(pipeline: Pipeline, stage: Stage):
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)
             data_lib.write_jsonl(tmp / "eval.jsonl", held)
-            write_manifest(tmp, kind=stage.kind, source=source, settings=settings, train_rows=len(train),
-                           eval_rows=len(held), dropped=dropped, quality=quality, dagster_run_id=context.run_id)
+            if not inputs:  # keep the file it was read from, so the artifact reproduces itself
+                shutil.copyfile(settings["path"], tmp / f"source{Path(settings['path']).suffix}")
+            write_manifest(tmp, kind=stage.kind, source=inputs.get("source") or settings["path"], settings=settings,
+                           train_rows=len(train), eval_rows=len(held), dropped=dropped, quality=quality,
+                           dagster_run_id=context.run_id)
         return Output(str(final), metadata={
             "artifact_dir": MetadataValue.path(str(final)), "train_rows": len(train), "eval_rows": len(held),
             "preview": md_table([preview_row(r) for r in train[:5]]), "tokens": MetadataValue.json(length_stats(lengths)),
@@ -152,6 +163,47 @@ def training_asset(pipeline: Pipeline, stage: Stage):
     return _train
 
 
+SYNTHESIS = {  # stage kind -> (config class, worker job kind, settings the job takes)
+    "preference_pairs": (PairsConfig, "preference_pairs",
+                         ("mode", "teacher", "judge", "rubric", "n", "n_samples_per_prompt", "min_gap", "temperature",
+                          "max_new_tokens", "eval_frac", "seed")),
+    "synthetic_dataset": (SyntheticConfig, "synthetic_sft",
+                          ("teacher", "system", "max_new_tokens", "temperature", "judge", "min_score", "rubric",
+                           "dedupe", "near_dup_threshold", "min_chars", "max_chars", "min_alpha_ratio", "eval_frac",
+                           "seed")),
+}
+
+
+def synthesis_asset(pipeline: Pipeline, stage: Stage):
+    """Data made by models (a teacher, the student, a judge): generated in the worker, counted by reason."""
+    config_class, job_kind, keys = SYNTHESIS[stage.kind]
+    ins = {"dataset": AssetIn(key=key(pipeline, stage.upstream[0]))}
+    if len(stage.upstream) > 1:
+        ins["student"] = AssetIn(key=key(pipeline, stage.upstream[1]))
+
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset", "pytorch"}, ins=ins,
+           pool=TRAINING_POOL,
+           description=f"{stage.kind.replace('_', ' ').capitalize()} made from {stage.upstream[0]}'s prompts"
+                       + (f" with {stage.upstream[1]} as the student" if len(stage.upstream) > 1 else "") + ".")
+    def _synthesize(context, config: config_class, store: ArtifactStore, training: TrainingResource,
+                    **inputs) -> Output[str]:
+        settings = merged({k: v for k, v in stage.settings.items() if k in keys}, config.model_dump())
+        job = {"kind": job_kind, "prompts_file": str(Path(inputs["dataset"]) / "train.jsonl"), **settings}
+        if "student" in inputs:
+            student = read_manifest(inputs["student"])
+            job.update(model=student["resolved_model"], adapters=student["chain"])
+        with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
+            job["output_dir"] = str(tmp)
+            result = training.run_job(context, job, tmp)
+            write_manifest(tmp, kind=stage.kind, dataset=inputs["dataset"], student=inputs.get("student"),
+                           settings=settings, result=result, dagster_run_id=context.run_id)
+        return Output(str(final), metadata={
+            "artifact_dir": MetadataValue.path(str(final)), "kept": result["kept"],
+            "train_rows": result["train_rows"], "eval_rows": result["eval_rows"],
+            **{f"dropped_{k}": v for k, v in result["dropped"].items()}, "preview": md_table(result["preview"])})
+    return _synthesize
+
+
 def merge_asset(pipeline: Pipeline, stage: Stage):
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch"}, pool=TRAINING_POOL,
            ins={"adapter": AssetIn(key=key(pipeline, stage.upstream[0]))},
@@ -189,7 +241,9 @@ def evaluate_asset(pipeline: Pipeline, stage: Stage):
                   training: TrainingResource, merged: str, dataset: str) -> Output[str]:
         settings = {"n_samples": config.n_samples or stage.settings.get("n_samples", 5),
                     "max_eval_rows": config.max_eval_rows or stage.settings.get("max_eval_rows", 50),
-                    "max_new_tokens": config.max_new_tokens or stage.settings.get("max_new_tokens", 128)}
+                    "max_new_tokens": config.max_new_tokens or stage.settings.get("max_new_tokens", 128),
+                    "n_judge": config.n_judge if config.n_judge is not None else stage.settings.get("n_judge", 5),
+                    "judge": stage.settings.get("judge")}
         return run_report_stage(context, pipeline, stage, settings, merged, dataset, store, tracking, training)
     return _evaluate
 
@@ -200,6 +254,7 @@ def chat_tokens(tokenizer, row: dict) -> int:
 
 BUILDERS = {"chat_dataset": dataset_asset, "pairs_dataset": dataset_asset, "prompt_dataset": dataset_asset,
             "sft": training_asset, "preference": training_asset, "grpo": training_asset,
+            "preference_pairs": synthesis_asset, "synthetic_dataset": synthesis_asset,
             "merge": merge_asset, "evaluate": evaluate_asset}
 
 def build_pipeline_defs(pipeline: Pipeline) -> dict:

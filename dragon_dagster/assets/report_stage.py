@@ -18,15 +18,25 @@ def eval_metrics(figures: dict) -> dict:
     return finite(out)
 
 
+def judge_metrics(judged: dict) -> dict:
+    return finite({f"judge/{name}_win_rate": figures.get("win_rate") for name, figures in judged.items()
+                   if isinstance(figures, dict)})
+
+
 def run_report_stage(context, pipeline: Pipeline, stage: Stage, settings: dict, merged: str, dataset: str,
                      store, tracking, training) -> Output[str]:
     merged_manifest = read_manifest(merged)
-    stages = [{"name": read_manifest(Path(a).parent).get("stage", Path(a).parent.parent.name),
-               "dir": str(Path(a).parent)} for a in merged_manifest["adapters"]]
+    adapters = [read_manifest(Path(a).parent) for a in merged_manifest["adapters"]]
+    stages = [{"name": m.get("stage", Path(a).parent.parent.name), "dir": str(Path(a).parent)}
+              for m, a in zip(adapters, merged_manifest["adapters"])]
+    stage_results = [{"name": m.get("stage"), "method": m.get("method"), "result": m.get("result", {})}
+                     for m in adapters]
+    first_stage = merged_manifest["adapters"][:1] if len(merged_manifest["adapters"]) > 1 else []
     with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
         job = {"kind": "evaluate", "base_model": merged_manifest["resolved_model"],
                "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
-               "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp), **settings}
+               "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp),
+               "stage_results": stage_results, "first_stage_adapters": first_stage, **settings}
         report = training.run_job(context, job, tmp, env=tracking.env())
         tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
                 "dagster_run_id": context.run_id, "base_model": pipeline.model}
@@ -38,7 +48,7 @@ def run_report_stage(context, pipeline: Pipeline, stage: Stage, settings: dict, 
             pipeline.name, stage.name,
             {**tags, "stage": stage.name, "upstream_mlflow_run_id": merged_manifest.get("upstream_mlflow_run_id"),
              "base_mlflow_run_id": base_run}, {"model": pipeline.model, "merged": merged, **settings})
-        tracking.log_metrics(report_run, eval_metrics(report["merged"]))
+        tracking.log_metrics(report_run, {**eval_metrics(report["merged"]), **judge_metrics(report.get("judge", {}))})
         tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
         tracking.end_run(report_run)
         write_manifest(tmp, kind="evaluation_report", merged=merged, dataset=dataset, settings=settings,

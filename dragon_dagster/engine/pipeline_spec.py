@@ -30,7 +30,7 @@ EXAMPLE_DIR = Path(__file__).resolve().parent.parent / "example_data"
 BUNDLED_PIPELINES = Path(__file__).resolve().parent.parent / "pipelines"
 TRAINING_KINDS = {"sft", "preference", "grpo"}
 DATASET_KINDS = {"chat_dataset", "pairs_dataset", "prompt_dataset"}
-KINDS = DATASET_KINDS | TRAINING_KINDS | {"preference_pairs", "merge", "evaluate"}
+KINDS = DATASET_KINDS | TRAINING_KINDS | {"preference_pairs", "synthetic_dataset", "merge", "evaluate"}
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -99,13 +99,17 @@ def parse(data: dict, source_file: Path | None = None) -> Pipeline:
         if kind not in KINDS:
             raise PipelineError(f"{where}: stage {stage_name!r} has unknown kind {kind!r}; known: {sorted(KINDS)}")
         upstream = []
-        if kind in DATASET_KINDS:
+        if kind in DATASET_KINDS and "path" in settings:  # reads its own file: no separate source asset
+            settings["path"] = str(resolve_path(str(settings["path"]), base))
+        elif kind in DATASET_KINDS:
             upstream = [_ref(settings, "source", seen, where, stage_name)]
         elif kind == "preference_pairs":  # the latest adapter answers the dataset's prompts
             if not last_training:
                 raise PipelineError(f"{where}: preference_pairs stage {stage_name!r} needs a training stage "
                                     "before it: its samples are the student's replies")
             upstream = [_ref(settings, "dataset", seen, where, stage_name), last_training]
+        elif kind == "synthetic_dataset":  # a teacher answers an earlier dataset's prompts
+            upstream = [_ref(settings, "dataset", seen, where, stage_name)]
         elif kind == "preference" and not last_training:
             raise PipelineError(f"{where}: preference stage {stage_name!r} ({settings.get('method', 'dpo')}) has no "
                                 "training stage before it to continue from; put an sft stage first")

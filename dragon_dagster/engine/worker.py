@@ -68,6 +68,14 @@ def run_job(job: dict, reporter: Reporter) -> dict:
         from .grpo import GRPOJob, train_grpo
 
         return train_grpo(GRPOJob(**job), reporter)
+    if kind == "preference_pairs":
+        from .synthesis import PairsJob, synthesize_pairs
+
+        return synthesize_pairs(PairsJob(**job), reporter)
+    if kind == "synthetic_sft":
+        from .synthesis import SyntheticJob, synthesize_sft
+
+        return synthesize_sft(SyntheticJob(**job), reporter)
     if kind == "merge":
         from .merge import MergeJob, merge_chain
 
