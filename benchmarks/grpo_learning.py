@@ -98,6 +98,33 @@ class StderrReporter:
         return False
 
 
+def watch_numeric_groups(group_size: int) -> list[list[float]]:
+    """Record the numeric reward of every training group (TRL samples a prompt's group_size completions
+    consecutively). TRL's frac_reward_zero_std looks at the total reward, which a continuous length reward
+    almost always spreads, so it hides groups that carry no correctness signal; this counts those."""
+    from dragon_dagster.engine import grpo
+    from dragon_dagster.engine.rewards import trl_reward_funcs
+
+    groups: list[list[float]] = []
+
+    def instrumented(rewards, on_error="raise"):
+        funcs = trl_reward_funcs(rewards, on_error=on_error)
+        for i, func in enumerate(funcs):
+            if func.reward.type == "numeric":
+                def watched(prompts, completions, completion_ids=None, _inner=func, **kwargs):
+                    scores = _inner(prompts, completions, completion_ids, **kwargs)
+                    groups.extend(scores[j:j + group_size] for j in range(0, len(scores), group_size))
+                    return scores
+
+                watched.__name__ = watched.__qualname__ = func.__name__
+                watched.reward = func.reward
+                funcs[i] = watched
+        return funcs
+
+    grpo.trl_reward_funcs = instrumented
+    return groups
+
+
 def accuracy(completions: list[str], rows: list[dict]) -> list[float]:
     from dragon_dagster.engine.metrics import numeric
 
@@ -153,6 +180,7 @@ def main(argv=None) -> dict:
         rewards=rewards, group_size=s["group_size"], beta=s["beta"], temperature=s["temperature"],
         max_eval_prompts=len(held),
     )
+    groups = watch_numeric_groups(s["group_size"])
     started = time.time()
     summary = train_grpo(job, StderrReporter())
     train_wall = time.time() - started
@@ -181,6 +209,9 @@ def main(argv=None) -> dict:
         "mean_chars_after": round(mean(len(x["after"]) for x in samples), 1),
         "steps": summary["global_step"], "train_wall_s": round(train_wall, 1),
         "zero_std_frac_mean": column("zero_std_frac"),
+        "numeric_zero_std_frac": round(mean(min(g) == max(g) for g in groups), 4) if groups else None,
+        "numeric_groups_all_wrong": round(mean(max(g) == 0 for g in groups), 4) if groups else None,
+        "numeric_groups_all_right": round(mean(min(g) == 1 for g in groups), 4) if groups else None,
         "train_reward_first_third": column("reward", logged[:third]),
         "train_reward_last_third": column("reward", logged[-third:]),
         "train_numeric_first_third": column("reward_numeric", logged[:third]),

@@ -9,7 +9,7 @@ from dagster import Failure, MetadataValue, Output
 
 from ..engine import models
 from ..engine.artifacts import read_manifest, write_manifest
-from ..engine.data import DataError
+from ..engine.data import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.pipeline_spec import Pipeline, Stage
 from ..engine.settings import LoraSettings, SettingsError, TrainArgs, as_dict, build
@@ -20,7 +20,7 @@ ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.js
                        "adapter/adapter_config.json")
 
 
-def check_stage_settings(pipeline: Pipeline, method: str, settings: dict):
+def check_stage_settings(pipeline: Pipeline, method: str, settings: dict, dataset: str):
     """Stage-specific settings, checked before anything loads; returns the GRPO reward set if any."""
     if method in ("dpo", "orpo"):
         from ..engine.preference import validate
@@ -36,7 +36,9 @@ def check_stage_settings(pipeline: Pipeline, method: str, settings: dict):
         if not settings.get("rewards"):
             raise ValueError("a grpo stage needs rewards, e.g. rewards: [{type: numeric}]")
         base = Path(pipeline.source_file).parent if pipeline.source_file else None
-        return RewardSet.from_list(settings["rewards"], base_dir=base)
+        rewards = RewardSet.from_list(settings["rewards"], base_dir=base)
+        rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"))  # e.g. numeric without a reference column
+        return rewards
     return None
 
 
@@ -48,7 +50,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
         settings = {**settings, "lora": as_dict(build(LoraSettings, settings["lora"], "lora")),
                     "args": as_dict(build(TrainArgs, settings["args"], "args"))}
         resolved = previous_manifest.get("resolved_model") or models.check_loadable(pipeline.model)
-        rewards = check_stage_settings(pipeline, method, settings)
+        rewards = check_stage_settings(pipeline, method, settings, dataset)
     except (SettingsError, ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"

@@ -1,0 +1,190 @@
+"""Every stage kind chained through Dagster on the tiny model: SFT -> synthesized pairs -> DPO -> GRPO (with a
+custom reward file) -> merge -> report; ORPO on pairs from a file; bad preference and reward input."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from dagster import AssetKey, DagsterInstance
+
+from dragon_dagster.assets.launch import materialize_pipeline
+from dragon_dagster.engine.artifacts import read_manifest
+
+from .test_pipeline_materialize import failed_message
+
+STEPS = "{max_steps: 3, batch_size: 2, grad_accum: 1, logging_steps: 1, max_seq_len: 128, learning_rate: 1.0e-3}"
+
+
+def chain_yaml(directory: Path, model: Path, extra_reward: str = "") -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "short_reward.py").write_text(
+        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion) < 12 else 0.0\n")
+    (directory / "chain.yaml").write_text(textwrap.dedent(f"""\
+        name: chain
+        model: {model}
+        datasets:
+          tickets: {{path: "example:tickets.csv"}}
+        stages:
+          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{{subject}}", response: reply}}
+          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {STEPS}, n_samples: 2, max_new_tokens: 4}}
+          - {{name: preference_pairs, kind: preference_pairs, dataset: sft_dataset, n: 25, max_new_tokens: 6,
+              eval_frac: 0.2}}
+          - {{name: dpo_adapter, kind: preference, dataset: preference_pairs, args: {STEPS}, n_samples: 2,
+              max_new_tokens: 4}}
+          - {{name: arithmetic_prompts, kind: prompt_dataset, path: "example:arithmetic.csv", prompt: question,
+              reference: answer}}
+          - name: grpo_adapter
+            kind: grpo
+            dataset: arithmetic_prompts
+            rewards: [{{type: numeric}}, {{type: length, max_chars: 16, weight: 0.2}},
+                      {{type: custom, file: short_reward.py, name: short, weight: 0.1}}{extra_reward}]
+            args: {STEPS}
+            n_samples: 2
+            max_new_tokens: 6
+            max_eval_prompts: 6
+          - {{name: merged_model, kind: merge}}
+          - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 4, n_samples: 2,
+              n_judge: 2}}
+        """))
+
+
+@pytest.fixture(scope="module")
+def chain(tiny_model, tmp_path_factory):
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+
+    root = tmp_path_factory.mktemp("stages")
+    chain_yaml(root / "pipelines", tiny_model)
+    runs = root / "runs"
+    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
+                 "training": TrainingResource(device="cpu")}
+    instance = DagsterInstance.ephemeral()
+    outcome = materialize_pipeline("chain", dirs=[root / "pipelines"], resources=resources, instance=instance)
+    return {"outcome": outcome, "runs": runs, "tracking": resources["tracking"], "instance": instance}
+
+
+def test_every_stage_materializes_and_chains(chain):
+    outcome = chain["outcome"]
+    assert outcome["success"], [s for s in outcome["stages"] if s["status"] != "SUCCESS"]
+    art = {k: Path(v) for k, v in outcome["artifacts"].items()}
+    sft, dpo, grpo = (read_manifest(art[n]) for n in ("sft_adapter", "dpo_adapter", "grpo_adapter"))
+    assert dpo["method"] == "dpo" and dpo["chain"] == sft["chain"] + [str(art["dpo_adapter"] / "adapter")]
+    assert grpo["chain"] == dpo["chain"] + [str(art["grpo_adapter"] / "adapter")]
+    assert read_manifest(art["merged_model"])["adapters"] == grpo["chain"]
+    assert dpo["upstream_mlflow_run_id"] == sft["mlflow_run_id"] and grpo["upstream_mlflow_run_id"] == dpo["mlflow_run_id"]
+    checks = {c["name"] for c in outcome["checks"]}
+    assert {"kl_within_bound", "groups_have_reward_variance", "format_not_rising_while_accuracy_falls"} <= checks
+
+
+def test_preference_pairs_come_from_the_students_samples(chain):
+    art = Path(chain["outcome"]["artifacts"]["preference_pairs"])
+    result = read_manifest(art)["result"]
+    pairs = [json.loads(line) for line in (art / "pairs.jsonl").read_text().splitlines()]
+    assert result["kept"] == len(pairs) > 0 and result["kept"] + sum(result["dropped"].values()) == 25
+    assert all(p["chosen"][0]["content"] != p["rejected"][0]["content"] for p in pairs)
+    assert len((art / "eval.jsonl").read_text().splitlines()) >= 1
+
+
+def test_dpo_reports_preference_accuracy_and_logs_reward_metrics(chain):
+    from mlflow import MlflowClient
+
+    dpo = read_manifest(chain["outcome"]["artifacts"]["dpo_adapter"])
+    assert 0.0 <= dpo["result"]["pref_accuracy"] <= 1.0 and "reward_margin" in dpo["result"]
+    client = MlflowClient(chain["tracking"].uri)
+    run = client.get_run(dpo["mlflow_run_id"])
+    assert {"train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins", "train/rewards/accuracies",
+            "eval/pref_accuracy"} <= set(run.data.metrics)
+    assert run.data.params["beta"] == "0.1" and run.data.tags["upstream_mlflow_run_id"]
+
+
+def test_grpo_logs_progress_columns_and_measures_before_and_after(chain):
+    from mlflow import MlflowClient
+
+    art = Path(chain["outcome"]["artifacts"]["grpo_adapter"])
+    manifest = read_manifest(art)
+    rows = [json.loads(line) for line in (art / "progress.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "reward" in r]
+    assert len(trained) == 3
+    for column in ("reward", "reward_std", "kl", "completion_len", "reward_numeric", "reward_length", "reward_short"):
+        assert column in trained[0], column
+    result = manifest["result"]
+    assert set(result["per_reward_before"]) == {"numeric", "length", "short"} and result["eval_prompts"] == 6
+    assert (art / "rewards" / "short_reward.py").exists(), "the custom reward file travels with the run"
+    job = json.loads((art / "job.json").read_text())
+    assert job["group_size"] == 4 and job["rewards"][2]["file"] == "rewards/short_reward.py"
+    run = MlflowClient(chain["tracking"].uri).get_run(manifest["mlflow_run_id"])
+    assert {"train/reward", "train/kl", "train/rewards/numeric/mean", "eval/reward_before", "eval/reward"} <= set(
+        run.data.metrics)
+
+
+def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
+    report = json.loads((Path(chain["outcome"]["artifacts"]["evaluation_report"]) / "report.json").read_text())
+    assert [s["stage"] for s in report["stages"]] == ["sft_adapter", "dpo_adapter", "grpo_adapter"]
+    assert "pref_accuracy" in report["stages"][1] and "reward_after" in report["stages"][2]
+    for against in ("vs_base", "vs_first_stage"):
+        figures = report["judge"][against]
+        assert figures["n"] == 2 and figures["wins"] + figures["ties"] + figures["losses"] + figures["unparsed"] == 2
+
+
+def run_small(tmp_path, tiny_model, resources_for, yaml_text: str):
+    (tmp_path / "p").mkdir(exist_ok=True)
+    (tmp_path / "p" / "small.yaml").write_text(textwrap.dedent(yaml_text).replace("MODEL", str(tiny_model)))
+    instance = DagsterInstance.ephemeral()
+    outcome = materialize_pipeline("small", dirs=[tmp_path / "p"], resources=resources_for(tmp_path / "runs"),
+                                   instance=instance)
+    return outcome, instance
+
+
+def test_orpo_on_pairs_from_a_file_continues_from_sft(tiny_model, tmp_path, resources_for):
+    import pandas as pd
+
+    df = pd.read_csv(Path(__file__).parent.parent / "dragon_dagster" / "example_data" / "tickets.csv").head(30)
+    df.assign(bad=df["product"] + " is not supported.").to_parquet(tmp_path / "pairs.parquet")
+    outcome, instance = run_small(tmp_path, tiny_model, resources_for, f"""\
+        name: small
+        model: MODEL
+        datasets:
+          tickets: {{path: "example:tickets.csv"}}
+          pairs_file: {{path: "{tmp_path / 'pairs.parquet'}"}}
+        stages:
+          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: subject, response: reply}}
+          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {STEPS}, n_samples: 1, max_new_tokens: 2}}
+          - {{name: pairs, kind: pairs_dataset, source: pairs_file, prompt: "{{subject}}", chosen: reply,
+              rejected: bad, eval_frac: 0.2}}
+          - {{name: orpo_adapter, kind: preference, method: orpo, dataset: pairs, args: {STEPS}, n_samples: 1,
+              max_new_tokens: 2}}
+        """)
+    assert outcome["success"]
+    manifest = read_manifest(outcome["artifacts"]["orpo_adapter"])
+    assert manifest["method"] == "orpo" and len(manifest["chain"]) == 2 and manifest["result"]["eval_pairs"] == 6
+    event = instance.get_latest_materialization_event(AssetKey(["small", "pairs"]))
+    assert event.asset_materialization.metadata["train_rows"].value == 24
+
+
+def test_a_reward_that_needs_a_reference_fails_before_training(tiny_model, tmp_path, resources_for):
+    outcome, instance = run_small(tmp_path, tiny_model, resources_for, f"""\
+        name: small
+        model: MODEL
+        stages:
+          - {{name: prompts, kind: prompt_dataset, path: "example:arithmetic.csv", prompt: question}}
+          - {{name: grpo_adapter, kind: grpo, dataset: prompts, rewards: [{{type: numeric}}], args: {STEPS}}}
+        """)
+    assert not outcome["success"]
+    assert "lacks a reference" in failed_message(instance, outcome["run_id"])
+    assert not list((tmp_path / "runs" / "artifacts" / "small").glob("grpo_adapter/*"))
+
+
+def test_a_reward_file_without_the_function_is_named(tiny_model, tmp_path, resources_for):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "nothing.py").write_text("def score(x):\n    return 1\n")
+    outcome, instance = run_small(tmp_path, tiny_model, resources_for, f"""\
+        name: small
+        model: MODEL
+        stages:
+          - {{name: prompts, kind: prompt_dataset, path: "example:arithmetic.csv", prompt: question, reference: answer}}
+          - {{name: grpo_adapter, kind: grpo, dataset: prompts, rewards: [{{type: custom, file: nothing.py}}],
+              args: {STEPS}}}
+        """)
+    assert not outcome["success"]
+    message = failed_message(instance, outcome["run_id"])
+    assert "nothing.py" in message and "reward" in message
