@@ -102,6 +102,30 @@ def runs_dir() -> Path:
 
 
 @main.command()
+@click.argument("target")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True)
+@click.option("--device", default="auto", show_default=True, help="auto, cuda, mps or cpu.")
+def serve(target: str, host: str, port: int, device: str):
+    """Serve TARGET over the OpenAI protocol with `transformers serve`.
+
+    TARGET: a merged-model or adapter artifact dir, an asset like support/merged_model, or a model dir.
+    Adapters are merged once into a cached directory first.
+    """
+    import subprocess
+
+    from .engine.models import servable_dir
+
+    model_dir = servable_dir(resolve_target(target))
+    exe = Path(sys.executable).with_name("transformers")
+    console.print(f"serving {model_dir}\nOpenAI base URL: http://{host}:{port}/v1  (model name: {model_dir})\n"
+                  f"as a backend: {{type: server, base_url: http://{host}:{port}/v1, model: {model_dir}}}")
+    command = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", host,
+               "--port", str(port)] + ([] if device == "auto" else ["--device", device])
+    raise SystemExit(subprocess.call(command))
+
+
+@main.command()
 @click.option("--pipeline", default=None, help="Only this pipeline's experiment.")
 @click.option("--tracking-uri", default=None, help="MLflow tracking URI (default: the runs dir's sqlite store).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")

@@ -47,3 +47,40 @@ def test_generate_from_an_asset_an_artifact_dir_and_the_base(materialized, monke
 def test_presets_and_help_run_as_a_console_script():
     out = subprocess.run([sys.executable, "-m", "dragon_dagster.cli", "presets"], capture_output=True, text=True)
     assert out.returncode == 0 and "smollm2-135m" in out.stdout
+
+
+def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
+    import os
+    import signal
+    import time
+
+    import requests
+
+    from dragon_dagster.engine.backends import ServerBackend
+
+    from .conftest import closed_port
+
+    port = closed_port()
+    adapter = materialized["outcome"]["artifacts"]["sft_adapter"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "DRAGON_MODEL_CACHE": str(tmp_path / "cache")}
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "dragon_dagster.cli", "serve", adapter, "--port", str(port),
+                             "--device", "cpu"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
+                    break
+            except requests.RequestException:
+                time.sleep(0.5)
+        served = next((tmp_path / "cache" / "served").iterdir())
+        assert (served / "config.json").exists(), "the adapter was merged into a cached model dir"
+        replies = ServerBackend(f"http://127.0.0.1:{port}/v1", str(served), timeout=60).chat(
+            [[{"role": "user", "content": "My plug is offline"}]], max_new_tokens=3)
+        assert len(replies) == 1 and isinstance(replies[0], str)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()

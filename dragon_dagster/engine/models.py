@@ -240,3 +240,29 @@ def load_artifact_model(directory: str | Path, base: bool = False, hardware: Har
     chain = manifest["chain"]
     return (load_model(resolved, hardware, adapters=chain), load_tokenizer(resolved),
             f"{manifest['base_model']} + {len(chain)} adapter(s), last {chain[-1]}")
+
+
+def servable_dir(directory: str | Path, cache: Path | None = None) -> Path:
+    """A plain model directory for a server: a merged model as is; an adapter chain merged once and cached."""
+    import hashlib
+
+    from .artifacts import read_manifest
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest.get("kind") == "merged_model":
+        return directory / "model"
+    if manifest.get("kind") != "adapter":
+        if (directory / "config.json").exists():
+            return directory
+        raise ModelError(f"{directory} is not a model directory, merged model or adapter artifact")
+    key = hashlib.sha256("|".join(manifest["chain"]).encode()).hexdigest()[:16]
+    target = (cache or cache_dir() / "served") / key
+    if not (target / "config.json").exists():
+        model, tokenizer, _ = load_artifact_model(directory, hardware=Hardware(device="cpu"))
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:6]}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(target)
+    return target

@@ -1,0 +1,305 @@
+"""A chat session with any Backend (dragonfarm's dragon_chat / dragon_chat_load), with feedback.
+
+`Chat` keeps the message history and sends it on every turn, so the model has context; `context_turns=N`
+sends only the last N earlier exchanges (user turn + reply) with the new message, and `last_dropped` says how
+many were left out. Ratings (`rate`) and edits (`edit`) go to a `FeedbackStore` as training data
+(`feedback.sft_conversations` / `feedback.preference_pairs`); an edit also replaces the reply in the history,
+so the conversation continues from the better one. Transcripts use the training data's message format:
+`save("x.json")` writes a list of role/content messages, `save("x.jsonl")` one conversations row
+{"messages": [...]}; `Chat.load` reads both. `run_terminal` is the interactive loop with slash commands,
+with input and output injectable for tests. Framework-free: nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from .backends import Backend, BackendError, as_backend
+from .data import DataError, conversation_row
+from .feedback import FeedbackError, FeedbackStore
+
+ROLES = ("system", "user", "assistant")
+
+
+class ChatError(ValueError):
+    """A chat operation that cannot be done (nothing to rate, undo or regenerate; a bad transcript)."""
+
+
+def _messages(items: Any, where: str = "transcript") -> list[dict]:
+    if not isinstance(items, list):
+        raise ChatError(f"{where}: expected a list of chat messages, got {type(items).__name__}")
+    out = []
+    for i, m in enumerate(items):
+        if not isinstance(m, dict) or m.get("role") not in ROLES or "content" not in m:
+            raise ChatError(f"{where}: message {i} must be a dict with a role in {ROLES} and a content, got {m!r:.200}")
+        out.append({"role": m["role"], "content": str(m["content"])})
+    return out
+
+
+def _exchanges(messages: list[dict]) -> list[list[dict]]:
+    """Messages grouped into exchanges: each user turn starts one (anything before the first stays with it)."""
+    groups: list[list[dict]] = []
+    for m in messages:
+        if m["role"] == "user" or not groups:
+            groups.append([])
+        groups[-1].append(m)
+    return groups
+
+
+class Chat:
+    """A multi-turn conversation with `backend` (a Backend, a config mapping or a model spec)."""
+
+    def __init__(self, backend: Backend | dict | str, system: str | None = None, context_turns: int | None = None,
+                 model_label: str = "", store: FeedbackStore | None = None, conversation_id: str | None = None,
+                 max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9):
+        if context_turns is not None and (not isinstance(context_turns, int) or context_turns < 0):
+            raise ChatError(f"context_turns must be an integer >= 0 or None, got {context_turns!r}")
+        self.backend = as_backend(backend)
+        self.system = system or None
+        self.context_turns = context_turns
+        self.model_label = str(model_label or self.backend.identity)
+        self.store = store
+        self.conversation_id = conversation_id or uuid.uuid4().hex
+        self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.messages: list[dict] = []   # user and assistant turns; the system prompt is kept apart
+        self.last_dropped = 0            # earlier exchanges left out of the last request (context_turns)
+        self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
+        self.feedback: list[dict] = []   # the feedback events of this session, with their store id (or None)
+
+    def __repr__(self) -> str:
+        return f"<Chat {self.conversation_id} with {self.model_label}: {len(self.messages)} message(s)>"
+
+    # ------------------------------------------------------------------------------------- talking
+
+    def _ask(self, messages: list[dict]) -> str:
+        earlier = _exchanges(messages[:-1])
+        keep = len(earlier) if self.context_turns is None else min(self.context_turns, len(earlier))
+        sent = [m for group in earlier[len(earlier) - keep:] for m in group] + messages[-1:]
+        (reply,) = self.backend.chat([sent], max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                                     top_p=self.top_p, system=self.system)
+        self.last_dropped, self.last_sent = len(earlier) - keep, sent
+        return reply
+
+    def say(self, text: str) -> str:
+        """Send a user turn with the conversation so far and return the reply (kept in the history)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ChatError("say() needs a non-empty message")
+        self.messages.append({"role": "user", "content": text})
+        try:
+            reply = self._ask(self.messages)
+        except BaseException:
+            self.messages.pop()  # a failed turn leaves the history as it was
+            raise
+        self.messages.append({"role": "assistant", "content": reply})
+        return reply
+
+    def regenerate(self) -> str:
+        """Ask again for the last reply and replace it with the new one."""
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise ChatError("there is no reply to regenerate")
+        reply = self._ask(self.messages[:-1])
+        self.messages[-1] = {"role": "assistant", "content": reply}
+        return reply
+
+    def undo(self) -> list[dict]:
+        """Drop the last exchange (the last user turn and what followed it); returns the removed messages."""
+        if not self.messages:
+            raise ChatError("there is nothing to undo")
+        starts = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
+        cut = starts[-1] if starts else 0
+        removed, self.messages = self.messages[cut:], self.messages[:cut]
+        return removed
+
+    def reset(self) -> None:
+        """Clear the history and start a new conversation (new conversation_id)."""
+        self.messages, self.last_sent, self.last_dropped = [], [], 0
+        self.conversation_id = uuid.uuid4().hex
+
+    def history(self) -> list[dict]:
+        """The conversation as role/content messages, the system prompt first when there is one."""
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        return system + [dict(m) for m in self.messages]
+
+    def context_usage(self) -> dict:
+        """Exchanges in the history, how many the last request sent and dropped, and the context_turns limit."""
+        return {"exchanges": len(_exchanges(self.messages)), "sent": len(_exchanges(self.last_sent)),
+                "dropped": self.last_dropped, "context_turns": self.context_turns}
+
+    # ------------------------------------------------------------------------------------ feedback
+
+    def _reply_position(self, index: int) -> int:
+        replies = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        if not replies:
+            raise ChatError("there is no reply yet")
+        try:
+            return replies[index]
+        except (IndexError, TypeError):
+            raise ChatError(f"no reply {index!r}: the conversation has {len(replies)} reply(ies)") from None
+
+    def _record(self, position: int, verdict: str, edited: str | None = None) -> int | None:
+        system = [{"role": "system", "content": self.system}] if self.system else []
+        event = {"conversation_id": self.conversation_id, "turns": system + [dict(m) for m in self.messages[:position]],
+                 "reply": self.messages[position]["content"], "verdict": verdict, "edited": edited,
+                 "model": self.model_label}
+        if not any(m["role"] == "user" for m in event["turns"]):
+            raise ChatError("that reply has no user turn before it; there is nothing to learn from it")
+        event["id"] = self.store.record(**event) if self.store is not None else None
+        self.feedback.append(event)
+        return event["id"]
+
+    def rate(self, up: bool | str, index: int = -1) -> int | None:
+        """Record a verdict on a reply (index over the replies; -1 is the last). Returns the feedback id, or
+        None when the chat has no store (the event is still kept in `feedback`)."""
+        if isinstance(up, str):
+            if up not in ("up", "down"):
+                raise ChatError(f"rate() takes True/False or 'up'/'down', got {up!r}")
+            up = up == "up"
+        return self._record(self._reply_position(index), "up" if up else "down")
+
+    def edit(self, text: str, index: int = -1) -> int | None:
+        """Replace a reply with better text: recorded as an 'edit' (with the original reply) and kept in the
+        history, so the conversation continues from the better reply. Returns the feedback id (or None)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ChatError("edit() needs the improved reply text")
+        position = self._reply_position(index)
+        feedback_id = self._record(position, "edit", edited=text)
+        self.messages[position] = {"role": "assistant", "content": text}
+        return feedback_id
+
+    # ---------------------------------------------------------------------------------- transcripts
+
+    def as_example(self) -> dict:
+        """The conversation as one prompt-completion training row (it must end with a reply)."""
+        try:
+            return conversation_row(self.history())
+        except DataError as exc:
+            raise ChatError(str(exc)) from exc
+
+    def save(self, path: str | Path) -> Path:
+        """Write the transcript: .jsonl as one {"messages": [...]} row (a conversations dataset), anything
+        else as a JSON list of messages. Returns the path."""
+        path = Path(path).expanduser()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".jsonl":
+            text = json.dumps({"messages": self.history()}, ensure_ascii=False) + "\n"
+        else:
+            text = json.dumps(self.history(), ensure_ascii=False, indent=2) + "\n"
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    @staticmethod
+    def read_transcript(path: str | Path) -> list[dict]:
+        """The messages of a transcript: a JSON list of messages or {"messages": [...]}, or JSONL with one
+        message per line or one {"messages": [...]} row."""
+        path = Path(path).expanduser()
+        text = path.read_text(encoding="utf-8")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            try:
+                value = [json.loads(line) for line in text.splitlines() if line.strip()]
+            except json.JSONDecodeError as exc:
+                raise ChatError(f"{path} is neither JSON nor JSONL: {exc}") from None
+            if value and all(isinstance(v, dict) and "messages" in v for v in value):
+                if len(value) != 1:
+                    raise ChatError(f"{path} holds {len(value)} conversations; a transcript is one")
+                value = value[0]
+        if isinstance(value, dict) and "messages" in value:
+            value = value["messages"]
+        return _messages(value, where=str(path))
+
+    @classmethod
+    def load(cls, path: str | Path, backend: Backend | dict | str, **kwargs) -> "Chat":
+        """A Chat that continues a saved transcript; a leading system message becomes the system prompt
+        unless `system` is given."""
+        messages = cls.read_transcript(path)
+        if messages and messages[0]["role"] == "system":
+            kwargs.setdefault("system", messages[0]["content"])
+            messages = messages[1:]
+        if any(m["role"] == "system" for m in messages):
+            raise ChatError(f"{path}: a system message may only come first")
+        chat = cls(backend, **kwargs)
+        chat.messages = messages
+        return chat
+
+
+# ------------------------------------------------------------------------------------------- terminal
+
+HELP = """commands:
+  /up  /down       rate the last reply (saved as feedback)
+  /edit <text>     replace the last reply with better text (saved as feedback)
+  /undo            drop the last exchange
+  /regen           ask again for the last reply
+  /reset           start a new conversation
+  /save <path>     write the transcript (.json, or .jsonl as a conversations row)
+  /history         show the conversation
+  /help            this list
+  /quit            leave
+anything else is sent to the model (start with // to send a message that begins with /)"""
+
+
+def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
+    return (f"recorded {verdict} (feedback #{feedback_id})" if feedback_id is not None
+            else f"noted {verdict} (no feedback store: not saved)")
+
+
+def run_terminal(chat: Chat, input_fn: Callable[[str], str] = input, print_fn: Callable[..., Any] = print,
+                 prompt: str = "you> ") -> Chat:
+    """Read lines from input_fn until /quit or end of input: slash commands act on the chat, anything else
+    is a message whose reply is printed. Errors (backend, bad command) are printed and the loop goes on."""
+    print_fn(f"chatting with {chat.model_label} (/help lists commands)")
+    while True:
+        try:
+            line = input_fn(prompt)
+        except (EOFError, KeyboardInterrupt):
+            print_fn("")
+            return chat
+        line = (line or "").strip()
+        if not line:
+            continue
+        try:
+            if line.startswith("/") and not line.startswith("//"):
+                command, _, arg = line.partition(" ")
+                arg = arg.strip()
+                if command in ("/quit", "/exit", "/q"):
+                    return chat
+                if command == "/help":
+                    print_fn(HELP)
+                elif command in ("/up", "/down"):
+                    print_fn(_saved(chat, command[1:], chat.rate(command == "/up")))
+                elif command == "/edit":
+                    if not arg:
+                        print_fn("usage: /edit <better reply text>")
+                        continue
+                    print_fn(_saved(chat, "edit", chat.edit(arg)))
+                elif command == "/undo":
+                    removed = chat.undo()
+                    print_fn(f"removed {len(removed)} message(s)")
+                elif command in ("/regen", "/regenerate"):
+                    print_fn(chat.regenerate())
+                elif command == "/reset":
+                    chat.reset()
+                    print_fn("conversation cleared")
+                elif command == "/save":
+                    if not arg:
+                        print_fn("usage: /save <path.json|path.jsonl>")
+                        continue
+                    print_fn(f"saved to {chat.save(arg)}")
+                elif command == "/history":
+                    history = chat.history()
+                    for m in history:
+                        print_fn(f"[{m['role']}] {m['content']}")
+                    if not history:
+                        print_fn("(empty)")
+                else:
+                    print_fn(f"unknown command {command}; /help lists commands")
+            else:
+                print_fn(chat.say(line[1:] if line.startswith("//") else line))
+                if chat.last_dropped:
+                    print_fn(f"({chat.last_dropped} earlier exchange(s) not sent: context_turns="
+                             f"{chat.context_turns})")
+        except (ChatError, FeedbackError, BackendError, OSError) as exc:
+            print_fn(f"error: {exc}")
