@@ -1,0 +1,201 @@
+"""The append-only feedback store (real SQLite files, real writer processes) and the datasets it yields."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dragon_dagster.engine.data import conversation_row
+from dragon_dagster.engine.feedback import FeedbackError, FeedbackStore, preference_pairs, sft_conversations
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def turns(*texts: str) -> list[dict]:
+    roles = ["user", "assistant"]
+    return [{"role": roles[i % 2], "content": t} for i, t in enumerate(texts)]
+
+
+def test_schema_wal_and_round_trip(tmp_path):
+    store = FeedbackStore(tmp_path / "feedback" / "feedback.sqlite")
+    assert store.count() == 0 and store.max_id() == 0 and store.records() == []
+    assert store.journal_mode() == "wal"
+    with sqlite3.connect(store.path) as conn:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert columns == {"id", "conversation_id", "turns", "reply", "verdict", "edited", "model", "created"}
+    conn = store._connect()
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    conn.close()
+
+    history = [{"role": "system", "content": "Be brief."}] + turns("hi", "hello", "what's 2+2? ü")
+    a = store.record("c1", history, "5", "down", model="runs/artifacts/x/merged_model/1")
+    b = store.record("c1", history, "5", "edit", edited="4", model="runs/artifacts/x/merged_model/1")
+    c = store.record("c2", turns("yo"), "hey", "up")
+    assert a < b < c and store.count() == 3 and store.count(after_id=a) == 2 and store.max_id() == c
+    rows = store.records()
+    assert [r["id"] for r in rows] == [a, b, c]
+    assert rows[0]["turns"] == history and rows[0]["reply"] == "5" and rows[0]["verdict"] == "down"
+    assert rows[0]["edited"] is None and rows[0]["model"] == "runs/artifacts/x/merged_model/1"
+    assert rows[1]["edited"] == "4" and rows[1]["conversation_id"] == "c1" and rows[2]["model"] == ""
+    assert rows[0]["created"] <= rows[2]["created"] and rows[0]["created"].startswith("20")
+    assert [r["id"] for r in store.records(after_id=a, up_to_id=b)] == [b]
+    assert not hasattr(store, "delete") and not hasattr(store, "update")
+    # another store object on the same file sees the same data
+    assert FeedbackStore(store.path).records() == rows
+
+
+def test_invalid_feedback_is_refused(tmp_path):
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    for kwargs in ({"verdict": "meh"}, {"verdict": "edit"}, {"verdict": "edit", "edited": "  "},
+                   {"verdict": "up", "edited": "x"}, {"verdict": "up", "turns": []},
+                   {"verdict": "up", "turns": [{"role": "assistant", "content": "only"}]},
+                   {"verdict": "up", "turns": [{"role": "robot", "content": "x"}]}):
+        kwargs = {"conversation_id": "c", "turns": turns("q"), "reply": "r", **kwargs}
+        with pytest.raises(ValueError):
+            store.record(**kwargs)
+    assert isinstance(FeedbackError("x"), ValueError)
+    assert store.count() == 0
+
+
+def _writer(path, worker, n, start):
+    start.wait(30)
+    store = FeedbackStore(path)
+    for i in range(n):
+        store.record(f"p{worker}", turns(f"q{worker}-{i}"), f"r{i}", "up", model="m")
+
+
+def test_concurrent_writers_lose_nothing(tmp_path):
+    path = tmp_path / "f.sqlite"
+    store = FeedbackStore(path)  # the file is created by the writers themselves: no store._ensure() here
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    procs = [ctx.Process(target=_writer, args=(path, w, 4, start)) for w in range(10)]
+    ids, errors = [], []
+
+    def thread_writer(t):
+        start.wait(30)
+        try:
+            ids.append(store.record(f"t{t}", turns(f"thread {t}"), "r", "down"))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=thread_writer, args=(t,)) for t in range(10)]
+    for p in procs:
+        p.start()
+    for t in threads:
+        t.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    for t in threads:
+        t.join(60)
+    assert [p.exitcode for p in procs] == [0] * 10 and not errors
+    rows = store.records()
+    assert store.count() == 50 and len({r["id"] for r in rows}) == 50
+    assert set(ids) <= {r["id"] for r in rows} and len(ids) == 10
+    assert sorted(r["turns"][0]["content"] for r in rows if r["conversation_id"].startswith("p")) == sorted(
+        f"q{w}-{i}" for w in range(10) for i in range(4))
+
+
+CHILD = """
+import sys
+from dragon_dagster.engine.feedback import FeedbackStore
+store = FeedbackStore(sys.argv[1])
+for i in range(100000):
+    fid = store.record("kill", [{"role": "user", "content": f"q{i}"}], "r" * 2000, "up")
+    print(fid, flush=True)
+"""
+
+
+def test_acknowledged_writes_survive_sigkill(tmp_path):
+    path = tmp_path / "f.sqlite"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True, env=env,
+                            cwd=ROOT)
+    printed = []
+    deadline = time.monotonic() + 60
+    try:
+        while len(printed) < 25 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            printed.append(int(line))
+        proc.send_signal(signal.SIGKILL)  # mid-stream: the child is busy writing the next records
+        rest = proc.stdout.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    printed += [int(x) for x in rest.split()]
+    assert proc.returncode == -signal.SIGKILL and len(printed) >= 25
+    stored = {r["id"] for r in FeedbackStore(path).records()}
+    assert set(printed) <= stored
+    assert FeedbackStore(path).record("after", turns("q"), "r", "up") > max(printed)  # still writable
+
+
+def record(i, conversation, history, reply, verdict, edited=None):
+    return {"id": i, "conversation_id": conversation, "turns": history, "reply": reply, "verdict": verdict,
+            "edited": edited, "model": "m", "created": "2026-01-01T00:00:00+00:00"}
+
+
+P1, P2, P3 = turns("reset my password?"), turns("hi", "hello", "refund?"), turns("lonely prompt")
+CRAFTED = [
+    record(1, "a", P1, "Click 'forgot password'.", "up"),
+    record(2, "b", P1, "No idea.", "down"),
+    record(3, "c", P2, "Refunds take 5 days.", "edit", edited="Refunds take 5 business days."),
+    record(4, "d", P3, "meh", "down"),                  # a bad reply with no good one: no pair
+    record(5, "e", P1, "Click 'forgot password'.", "up"),  # duplicate of 1
+    record(6, "f", P3, "changed my mind", "up"),
+    record(7, "f", P3, "changed my mind", "down"),      # same reply, same conversation: the later vote wins
+]
+
+
+def test_sft_conversations_from_crafted_records():
+    expected = [
+        {"messages": P1 + [{"role": "assistant", "content": "Click 'forgot password'."}]},
+        {"messages": P2 + [{"role": "assistant", "content": "Refunds take 5 business days."}]},
+    ]
+    shuffled = [CRAFTED[i] for i in (4, 2, 6, 0, 3, 1, 5)]
+    assert sft_conversations(CRAFTED) == expected
+    assert sft_conversations(shuffled) == expected  # ordered by id, whatever the input order
+    assert conversation_row(expected[1]["messages"]) == {
+        "prompt": P2, "completion": [{"role": "assistant", "content": "Refunds take 5 business days."}]}
+    assert sft_conversations([]) == []
+
+
+def test_preference_pairs_from_crafted_records():
+    pairs = preference_pairs(CRAFTED)
+    assert pairs == [
+        {"prompt": P1, "chosen": [{"role": "assistant", "content": "Click 'forgot password'."}],
+         "rejected": [{"role": "assistant", "content": "No idea."}]},
+        {"prompt": P2, "chosen": [{"role": "assistant", "content": "Refunds take 5 business days."}],
+         "rejected": [{"role": "assistant", "content": "Refunds take 5 days."}]},
+        # P3: "changed my mind" ends up disliked and "meh" too: no good reply, no pair
+    ]
+    # an edit plus a separate dislike on the same prompt: every good x bad combination, deduplicated
+    more = CRAFTED + [record(8, "g", P2, "Ask someone else.", "down"),
+                      record(9, "h", P2, "Refunds take 5 days.", "down")]
+    rejected = [p["rejected"][0]["content"] for p in preference_pairs(more) if p["prompt"] == P2]
+    assert rejected == ["Refunds take 5 days.", "Ask someone else."]
+    assert preference_pairs(list(reversed(more))) == preference_pairs(more)
+
+
+def test_store_records_feed_the_datasets(tmp_path):
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    for r in CRAFTED:
+        store.record(r["conversation_id"], r["turns"], r["reply"], r["verdict"], edited=r["edited"], model="m")
+    records = store.records()
+    assert sft_conversations(records) == sft_conversations(CRAFTED)
+    assert preference_pairs(records) == preference_pairs(CRAFTED)
+    watermark = records[2]["id"]
+    assert len(preference_pairs(store.records(up_to_id=watermark))) == 2
+    assert preference_pairs(store.records(after_id=watermark)) == []
