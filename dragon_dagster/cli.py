@@ -101,6 +101,74 @@ def runs_dir() -> Path:
     return default_runs_dir()
 
 
+def deployed(pipeline: str) -> Path:
+    """The model people chat with: the last promoted retrained model, else the latest merged model."""
+    from .engine.runs import latest_artifact
+
+    pointer = runs_dir() / "deployed" / f"{pipeline}.json"
+    if pointer.exists():
+        return Path(json.loads(pointer.read_text())["model_dir"])
+    found = latest_artifact(runs_dir(), f"{pipeline}/merged_model")
+    if found is None:
+        raise click.ClickException(f"no merged model for pipeline {pipeline!r} yet: run `make demo` first, "
+                                   "or pass --model")
+    return found / "model"
+
+
+def chat_options(f):
+    for option in reversed([
+        click.option("--pipeline", default="support", show_default=True, help="Whose deployed model and feedback."),
+        click.option("--model", default=None, help="A model dir, artifact, preset, or server URL (with --server-model)."),
+        click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
+        click.option("--system", default=None, help="System prompt."),
+        click.option("--context-turns", type=int, default=None, help="Send only the last N exchanges."),
+    ]):
+        f = option(f)
+    return f
+
+
+def chat_target(pipeline: str, model: str | None, server_model: str | None):
+    """(backend spec, label recorded with feedback, feedback store path)."""
+    from .resources.storage import ArtifactStore
+
+    store_path = ArtifactStore().feedback_path(pipeline)
+    if model and model.startswith(("http://", "https://")):
+        return {"type": "server", "base_url": model, "model": server_model or "default"}, model, store_path
+    if model is None:
+        target = str(deployed(pipeline))
+    elif Path(model).exists() or (runs_dir() / "artifacts" / model).exists():  # a directory or an asset name
+        target = str(resolve_target(model))
+    else:  # a preset or a hub id
+        target = model
+    return {"type": "local", "model": target}, target, store_path
+
+
+@main.command()
+@chat_options
+def chat(pipeline, model, server_model, system, context_turns):
+    """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
+    from .engine.chat import Chat, run_terminal
+    from .engine.feedback import FeedbackStore
+
+    spec, label, store_path = chat_target(pipeline, model, server_model)
+    console.print(f"[dim]chatting with {label}; feedback goes to {store_path}. /help lists commands.[/dim]")
+    run_terminal(Chat(spec, system=system, context_turns=context_turns, model_label=label,
+                      store=FeedbackStore(store_path)))
+
+
+@main.command("chat-ui")
+@chat_options
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=7860, show_default=True)
+def chat_ui(pipeline, model, server_model, system, context_turns, host, port):
+    """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
+    from .chat_ui import launch
+
+    spec, label, store_path = chat_target(pipeline, model, server_model)
+    console.print(f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path})")
+    launch(spec, store_path, host=host, port=port, system=system, context_turns=context_turns, model_label=label)
+
+
 @main.command()
 @click.argument("target")
 @click.option("--host", default="127.0.0.1", show_default=True)

@@ -1,4 +1,5 @@
-"""The one Definitions object: every pipeline YAML's assets, checks and jobs, with resources from the env."""
+"""The one Definitions object: every pipeline YAML's assets, checks, jobs, sensors and schedules, with
+resources from the environment."""
 
 from __future__ import annotations
 
@@ -16,13 +17,11 @@ def default_resources() -> dict:
 
 
 def build_definitions(pipeline_dirs: list[Path] | None = None, resources: dict | None = None) -> Definitions:
-    assets, checks, jobs = [], [], []
+    parts = {"assets": [], "asset_checks": [], "jobs": [], "sensors": [], "schedules": []}
     for pipeline in discover(pipeline_dirs):
-        parts = build_pipeline_defs(pipeline)
-        assets += parts["assets"]
-        checks += parts["asset_checks"]
-        jobs += parts["jobs"]
-    return Definitions(assets=assets, asset_checks=checks, jobs=jobs, resources=resources or default_resources())
+        for name, values in build_pipeline_defs(pipeline).items():
+            parts[name] += values
+    return Definitions(**parts, resources=resources or default_resources())
 
 
 defs = build_definitions()

@@ -52,6 +52,11 @@ def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str =
           - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 2, max_new_tokens: 8}}
           - {{name: merged_model, kind: merge}}
           - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 8, n_samples: 2}}
+        feedback:
+          min_new_records: 3
+          sft: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
+          dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
+          evaluate: {{max_new_tokens: 4, n_samples: 1}}
         """))
     return path
 

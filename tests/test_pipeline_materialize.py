@@ -56,7 +56,8 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
 
     client = MlflowClient(materialized["tracking"].uri)
     experiment = client.get_experiment_by_name("tiny")
-    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    runs = {r.info.run_name: r for r in client.search_runs(  # this chain's runs (feedback tests add others)
+        [experiment.experiment_id], f"tags.dagster_run_id = '{materialized['outcome']['run_id']}'")}
     assert set(runs) == {"sft_adapter", "base", "evaluation_report"}
     sft = runs["sft_adapter"]
     assert sft.info.status == "FINISHED"
@@ -138,7 +139,8 @@ def test_bad_settings_fail_before_training_and_keep_earlier_artifacts(materializ
 
     client = MlflowClient(materialized["tracking"].uri)
     experiment = client.get_experiment_by_name("tiny")
-    assert len(client.search_runs([experiment.experiment_id], "attributes.run_name = 'sft_adapter'")) == 1
+    assert len(client.search_runs([experiment.experiment_id], f"attributes.run_name = 'sft_adapter' and "
+                                                            f"tags.dagster_run_id = '{result.run_id}'")) == 0
 
 
 def test_an_unloadable_model_fails_fast_with_the_fix_named(tmp_path, resources_for):

@@ -261,6 +261,14 @@ def build_pipeline_defs(pipeline: Pipeline) -> dict:
     """Assets, asset checks and a job for one pipeline."""
     assets = [source_asset(pipeline, name, spec) for name, spec in pipeline.datasets.items()]
     assets += [BUILDERS[stage.kind](pipeline, stage) for stage in pipeline.stages]
-    job = define_asset_job(f"{pipeline.name}_pipeline", selection=AssetSelection.groups(pipeline.name),
-                           description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.")
-    return {"assets": assets, "asset_checks": build_checks(pipeline), "jobs": [job]}
+    names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
+    job = define_asset_job(f"{pipeline.name}_pipeline", selection=AssetSelection.assets(
+        *[key(pipeline, n) for n in names]),
+        description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.")
+    parts = {"assets": assets, "asset_checks": build_checks(pipeline), "jobs": [job], "sensors": [], "schedules": []}
+    if pipeline.feedback is not None:
+        from .feedback import build_feedback_defs
+
+        for name, values in build_feedback_defs(pipeline, merge_asset, evaluate_asset).items():
+            parts[name] += values
+    return parts

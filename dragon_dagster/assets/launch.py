@@ -34,8 +34,10 @@ def materialize_pipeline(name: str, profile: str | None = None, dirs: list[Path]
     for op, values in (extra_config or {}).items():
         ops.setdefault(op, {"config": {}})["config"].update(values)
     instance = instance or DagsterInstance.get()
+    names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
+    selection = AssetSelection.assets(*[[pipeline.name, n] for n in names])
     result = materialize(parts["assets"] + parts["asset_checks"], instance=instance,
-                         resources=resources or default_resources(), selection=AssetSelection.groups(pipeline.name),
+                         resources=resources or default_resources(), selection=selection,
                          run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
                          raise_on_error=False)
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}

@@ -43,13 +43,16 @@ def check_stage_settings(pipeline: Pipeline, method: str, settings: dict, datase
 
 
 def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, settings: dict, dataset: str,
-                       previous: str | None, resume: bool, store, tracking, training) -> Output[str]:
+                       previous: str | None, resume: bool, store, tracking, training,
+                       start_model: str | None = None, tags: dict | None = None) -> Output[str]:
+    """start_model: a model directory to start from instead of the pipeline's model (feedback retraining)."""
     previous_manifest = read_manifest(previous) if previous else {}
     try:  # everything that can be checked before a model loads fails here, with the problem named
         # the full effective settings, defaults included, go to the job file and to MLflow params
         settings = {**settings, "lora": as_dict(build(LoraSettings, settings["lora"], "lora")),
                     "args": as_dict(build(TrainArgs, settings["args"], "args"))}
-        resolved = previous_manifest.get("resolved_model") or models.check_loadable(pipeline.model)
+        resolved = (previous_manifest.get("resolved_model") or start_model
+                    or models.check_loadable(pipeline.model))
         rewards = check_stage_settings(pipeline, method, settings, dataset)
     except (SettingsError, ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
@@ -65,7 +68,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
     tags = {"pipeline": pipeline.name, "stage": stage.name, "method": method,
             "asset_key": context.asset_key.to_user_string(), "dagster_run_id": context.run_id,
             "base_model": pipeline.model, "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
-            "resumed_from": resume_from}
+            "resumed_from": resume_from, "started_from": start_model, **(tags or {})}
     run_id = tracking.start_run(pipeline.name, stage.name, tags,
                                 {"model": pipeline.model, "method": method, **settings, "dataset": dataset,
                                  "hardware": training.hardware()})
@@ -88,7 +91,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
             if rewards is not None:  # custom reward files travel with the run, so it is self-contained
                 job["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
             result = training.run_job(context, job, tmp, env=tracking.env())
-            write_manifest(tmp, kind="adapter", stage=stage.name, method=method, base_model=pipeline.model,
+            write_manifest(tmp, kind="adapter", stage=stage.name, method=method,
+                           base_model=start_model or pipeline.model,
                            resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],
                            dataset=dataset, previous=previous, settings=settings, mlflow_run_id=run_id,
                            upstream_mlflow_run_id=previous_manifest.get("mlflow_run_id"),

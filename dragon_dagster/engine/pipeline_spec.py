@@ -55,6 +55,10 @@ class Pipeline:
     description: str = ""
     profiles: dict[str, dict[str, dict]] = field(default_factory=dict)
     source_file: str | None = None
+    feedback: dict[str, Any] | None = None   # retraining from chat feedback: thresholds, schedule, settings
+
+    def first(self, kind: str) -> Stage | None:
+        return next((s for s in self.stages if s.kind == kind), None)
 
     def stage(self, name: str) -> Stage:
         return next(s for s in self.stages if s.name == name)
@@ -132,7 +136,19 @@ def parse(data: dict, source_file: Path | None = None) -> Pipeline:
         raise PipelineError(f"{where}: no stages")
     return Pipeline(name=name, model=str(data.get("model", "smollm2-135m")), datasets=datasets, stages=stages,
                     description=str(data.get("description", "")), profiles=data.get("profiles") or {},
-                    source_file=str(source_file) if source_file else None)
+                    source_file=str(source_file) if source_file else None, feedback=_feedback(data, stages, where))
+
+
+def _feedback(data: dict, stages: list[Stage], where: str) -> dict | None:
+    feedback = data.get("feedback")
+    if feedback is None:
+        return None
+    if not isinstance(feedback, dict):
+        raise PipelineError(f"{where}: feedback must be a mapping")
+    if not any(s.kind == "merge" for s in stages) or not any(s.kind == "chat_dataset" for s in stages):
+        raise PipelineError(f"{where}: feedback retraining needs a merge stage (the deployed model) and a "
+                            "chat_dataset (held-out rows to compare on)")
+    return feedback
 
 
 def _ref(settings: dict, key: str, seen: set[str], where: str, stage: str) -> str:

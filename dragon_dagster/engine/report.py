@@ -87,7 +87,7 @@ def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware: Hardware
 
     backend = as_backend(job.judge) if job.judge else LocalBackend(job.base_model, device=hardware.device,
                                                                    dtype=hardware.dtype)
-    judge = Judge(backend, cache_path=Path(job.output_dir) / "judge_cache.sqlite")
+    judge = Judge(backend, cache_path=Path(job.output_dir) / "judge_cache.sqlite", max_new_tokens=96)
     sample = rows[: job.n_judge]
     n = len(sample)
     prompts = [r["prompt"] for r in sample]

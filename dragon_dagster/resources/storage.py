@@ -34,6 +34,14 @@ class ArtifactStore(ConfigurableResource):
         with staged_dir(final) as tmp:
             yield tmp, final
 
+    def feedback_path(self, pipeline: str) -> Path:
+        """The pipeline's chat feedback store (append-only SQLite, WAL)."""
+        return self.root / "feedback" / f"{pipeline}.sqlite"
+
+    def deployed_pointer(self, pipeline: str) -> Path:
+        """Written when a retrained model passes its promotion check; chat and retraining start from it."""
+        return self.root / "deployed" / f"{pipeline}.json"
+
     def checkpoint_dir(self, pipeline: str, stage: str, run_id: str) -> Path:
         path = self.root / "checkpoints" / pipeline / stage / run_id
         path.mkdir(parents=True, exist_ok=True)

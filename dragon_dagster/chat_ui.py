@@ -1,0 +1,305 @@
+"""A web chat page (Gradio) over any inference Backend, with every rating and edit kept as training data.
+
+The page is a thin skin over `engine.chat.Chat`: one Chat per browser session (a `gr.State`), so context
+handling, feedback records and transcripts behave exactly as in `dragon chat` on the terminal. Features:
+multi-turn context with an optional context window (the status line says how many of the oldest exchanges
+were dropped), a system prompt box, replies streamed onto the page, thumbs up / down and in-place editing
+of a reply (both recorded in the `FeedbackStore` with the model that answered), regenerate, undo, reset,
+and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
+.json: a list of messages).
+
+`build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, ...)` serves it; `launch(model,
+store_path, ...)` does both from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+# Before gradio is imported: the page must not phone home (offline machines, privacy of a local model).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+
+from .engine.backends import Backend, BackendError, as_backend  # noqa: E402
+from .engine.chat import Chat, ChatError  # noqa: E402
+from .engine.feedback import FeedbackError, FeedbackStore  # noqa: E402
+
+# Errors a user can cause or a backend can raise: shown on the page, never crash the session.
+ERRORS = (ChatError, BackendError, FeedbackError, OSError, ValueError)
+FORMATS = (".jsonl", ".json")
+# System fonts only: the default theme fetches Google Fonts, which fails (slowly) on offline machines.
+# (Texts avoid emoji too: minimal systems have no emoji font.)
+THEME = gr.themes.Soft(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
+CSS = "#status {min-height: 2.5em} footer {display: none !important}"
+
+
+def _display(messages: list[dict]) -> list[dict]:
+    """The Chatbot value for Chat.messages (the system prompt lives in its own box, not in the list)."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
+def _text(value: Any) -> str:
+    """Plain text from what the Chatbot sends back: a string, or content parts ({"type": "text", ...})."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        return str(value.get("text", value.get("content", "")))
+    if isinstance(value, (list, tuple)):
+        return "".join(_text(v) for v in value)
+    return "" if value is None else str(value)
+
+
+def _prefixes(text: str, steps: int = 24) -> Iterator[str]:
+    """Growing prefixes of text at word boundaries, at most `steps` of them: how a finished reply is streamed
+    onto the page when the backend returns it whole (every Backend does today)."""
+    words = text.split(" ")
+    step = max(1, -(-len(words) // steps))
+    for end in range(step, len(words) + step, step):
+        yield " ".join(words[:end])
+
+
+def _reply_index(chat: Chat, position: int) -> int:
+    """Which reply (counting assistant turns only, as Chat.rate/edit do) sits at a Chatbot message index."""
+    if not isinstance(position, int) or not 0 <= position < len(chat.messages) \
+            or chat.messages[position]["role"] != "assistant":
+        raise ChatError(f"message {position!r} is not a reply of this conversation")
+    return sum(1 for m in chat.messages[:position] if m["role"] == "assistant")
+
+
+def context_note(chat: Chat) -> str:
+    """The status line after a turn: how much of the history the model saw, and what the window dropped."""
+    usage = chat.context_usage()
+    earlier = max(usage["sent"] - 1, 0)
+    if usage["dropped"]:
+        return (f"Context window {usage['context_turns']}: sent the last {earlier} earlier exchange(s); "
+                f"**dropped the {usage['dropped']} oldest**.")
+    return f"Context: all {earlier} earlier exchange(s) sent."
+
+
+class ChatHandlers:
+    """The page's event handlers, independent of the layout so they can be tested without a browser. Every
+    handler takes the session's Chat (None before the first event) plus the settings boxes, and returns the
+    Chat back for the gr.State."""
+
+    def __init__(self, backend: Backend, store: FeedbackStore | None, model_label: str = "",
+                 stream_delay: float = 0.02):
+        self.backend, self.store = backend, store
+        self.model_label = model_label or backend.identity
+        self.stream_delay = stream_delay
+
+    # ------------------------------------------------------------------------------------- sessions
+
+    def session(self, chat: Chat | None, system: str | None = None, context_turns: Any = None,
+                temperature: float = 0.7, max_new_tokens: int = 256) -> Chat:
+        """The session's Chat (created on first use) with the current settings boxes applied: the boxes are
+        read on every event, so a changed system prompt or window applies from the next turn on."""
+        if chat is None:
+            chat = Chat(self.backend, model_label=self.model_label, store=self.store)
+        turns = None if context_turns in (None, "") else int(context_turns)
+        if turns is not None and turns < 0:
+            raise ChatError("the context window must be empty (everything) or a number >= 0")
+        chat.system, chat.context_turns = (system or "").strip() or None, turns
+        chat.temperature, chat.max_new_tokens = float(temperature), int(max_new_tokens)
+        return chat
+
+    def _stream(self, chat: Chat, note: str) -> Iterator[tuple]:
+        """Show the last reply growing word by word, then the whole conversation with the status note."""
+        before, reply = _display(chat.messages[:-1]), chat.messages[-1]["content"]
+        for prefix in _prefixes(reply):
+            yield before + [{"role": "assistant", "content": prefix}], chat, "_answering…_"
+            time.sleep(self.stream_delay)
+        yield _display(chat.messages), chat, note
+
+    # --------------------------------------------------------------------------------------- turns
+
+    def send(self, text: str, chat: Chat | None, *settings) -> Iterator[tuple]:
+        """Outputs (textbox, chatbot, chat, status): the user turn shows at once, then the streamed reply."""
+        try:
+            chat = self.session(chat, *settings)
+        except ERRORS as exc:
+            yield text, gr.skip(), chat, f"**error:** {exc}"
+            return
+        text = (text or "").strip()
+        if not text:
+            yield "", _display(chat.messages), chat, "Type a message first."
+            return
+        yield "", _display(chat.messages) + [{"role": "user", "content": text}], chat, "_waiting for the model…_"
+        try:
+            chat.say(text)
+        except ERRORS as exc:  # the turn failed: history unchanged, the text goes back into the box
+            yield text, _display(chat.messages), chat, f"**error:** {exc}"
+            return
+        for shown, chat, status in self._stream(chat, context_note(chat)):
+            yield "", shown, chat, status
+
+    def regenerate(self, chat: Chat | None, *settings) -> Iterator[tuple]:
+        """Outputs (chatbot, chat, status): a new answer replaces the last reply."""
+        try:
+            chat = self.session(chat, *settings)
+            chat.regenerate()
+        except ERRORS as exc:
+            yield gr.skip(), chat, f"**error:** {exc}"
+            return
+        yield from self._stream(chat, "Regenerated. " + context_note(chat))
+
+    def undo(self, chat: Chat | None) -> tuple:
+        """Outputs (textbox, chatbot, chat, status): drop the last exchange; its user text returns to the box
+        so it can be changed and sent again."""
+        if chat is None or not chat.messages:
+            return gr.skip(), gr.skip(), chat, "Nothing to undo."
+        removed = chat.undo()
+        text = next((m["content"] for m in removed if m["role"] == "user"), "")
+        return text, _display(chat.messages), chat, f"Removed {len(removed)} message(s)."
+
+    def reset(self, chat: Chat | None) -> tuple:
+        """Outputs (textbox, chatbot, chat, status): an empty conversation with a new conversation id."""
+        if chat is not None:
+            chat.reset()
+        return "", [], chat, "New conversation."
+
+    # ------------------------------------------------------------------------------------ feedback
+
+    def _saved(self, chat: Chat, what: str, feedback_id: int | None) -> str:
+        where = f"feedback #{feedback_id}" if feedback_id is not None else "no feedback store: not saved"
+        return f"Recorded {what} ({where}, model `{chat.model_label}`)."
+
+    def like(self, chat: Chat | None, data: gr.LikeData) -> tuple:
+        """Outputs (chat, status): a thumbs up or down on a reply goes to the feedback store."""
+        verdict = {True: "up", False: "down", "Like": "up", "Dislike": "down"}.get(data.liked)
+        if chat is None or verdict is None:  # un-clicking a thumb: records are append-only, so say so
+            return chat, "Rating removed on the page; recorded ratings stay (a new one supersedes them)."
+        try:
+            reply = _reply_index(chat, data.index)
+            feedback_id = chat.rate(verdict == "up", index=reply)
+        except ERRORS as exc:
+            return chat, f"**error:** {exc}"
+        return chat, self._saved(chat, f"thumbs {verdict} on reply {reply + 1}", feedback_id)
+
+    def edit(self, chat: Chat | None, system: str | None, context_turns: Any, temperature: float,
+             max_new_tokens: int, data: gr.EditData) -> Iterator[tuple]:
+        """Outputs (chatbot, chat, status). An edited reply is recorded as a better answer and kept, so the
+        conversation continues from it; an edited user turn is asked again (later turns are dropped).
+        (Settings are named, not *settings: gradio passes the EditData positionally.)"""
+        try:
+            chat = self.session(chat, system, context_turns, temperature, max_new_tokens)
+            text = _text(data.value).strip()
+            if not text:
+                raise ChatError("an edit needs some text")
+            if chat.messages[data.index]["role"] == "assistant":
+                reply = _reply_index(chat, data.index)
+                feedback_id = chat.edit(text, index=reply)
+                yield _display(chat.messages), chat, self._saved(chat, f"edit of reply {reply + 1}", feedback_id)
+                return
+            chat.messages = chat.messages[:data.index]  # a changed question: ask it again from there
+            chat.say(text)
+        except (*ERRORS, IndexError, TypeError) as exc:
+            yield _display(chat.messages) if chat else gr.skip(), chat, f"**error:** {exc}"
+            return
+        yield from self._stream(chat, "Asked again. " + context_note(chat))
+
+    # --------------------------------------------------------------------------------- transcripts
+
+    def save(self, chat: Chat | None, fmt: str) -> tuple:
+        """Outputs (file, status): the transcript as a download (.jsonl conversations row or .json list)."""
+        if chat is None or not chat.messages:
+            return gr.update(value=None, visible=False), "Nothing to save yet."
+        folder = Path(tempfile.mkdtemp(prefix="dragon-chat-"))  # gradio serves files from the temp dir
+        path = chat.save(folder / f"transcript-{chat.conversation_id[:8]}{fmt if fmt in FORMATS else '.jsonl'}")
+        return gr.update(value=str(path), visible=True), f"Saved {len(chat.messages)} message(s) as {path.name}."
+
+    def load(self, path: str | None, chat: Chat | None, *settings) -> tuple:
+        """Outputs (chatbot, chat, system box, status): continue a saved transcript; its leading system
+        message, when it has one, replaces the system prompt."""
+        if not path:
+            return gr.skip(), chat, gr.skip(), "No file."
+        try:
+            current = self.session(chat, *settings)
+            loaded = Chat.load(path, self.backend, model_label=self.model_label, store=self.store)
+            loaded = self.session(loaded, loaded.system or current.system, *settings[1:])
+        except ERRORS as exc:
+            return gr.skip(), chat, gr.skip(), f"**error:** cannot load {Path(path).name}: {exc}"
+        return (_display(loaded.messages), loaded, loaded.system or "",
+                f"Loaded {len(loaded.messages)} message(s) from {Path(path).name}.")
+
+
+def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path | None, model_label: str = "",
+              system: str | None = None, context_turns: int | None = None, temperature: float = 0.7,
+              max_new_tokens: int = 256, stream_delay: float = 0.02) -> gr.Blocks:
+    """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None)."""
+    backend = as_backend(backend)
+    if store is not None and not isinstance(store, FeedbackStore):
+        store = FeedbackStore(store)
+    h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay)
+    where = f"`{store.path}`" if store is not None else "nowhere (no feedback store)"
+    with gr.Blocks(title=f"dragon chat: {h.model_label}", analytics_enabled=False) as app:
+        gr.Markdown(f"### Chat with `{h.model_label}`\nRate a reply with the thumbs under it, or edit it (pencil) "
+                    f"into a better answer: both are recorded as training data in {where}.")
+        chat = gr.State(None)  # one Chat per browser session
+        with gr.Row():
+            with gr.Column(scale=3):
+                chatbot = gr.Chatbot(label="Conversation", height=460, editable="all", elem_id="chatbot",
+                                     buttons=["copy"], placeholder="Say something to start.")
+                with gr.Row():
+                    box = gr.Textbox(placeholder="Message (Enter sends)", show_label=False, scale=5,
+                                     elem_id="message", autofocus=True)
+                    send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+                with gr.Row():
+                    regen = gr.Button("↻ Regenerate", size="sm", elem_id="regenerate")
+                    undo = gr.Button("↶ Undo", size="sm", elem_id="undo")
+                    reset = gr.Button("⟲ Reset", size="sm", elem_id="reset")
+                status = gr.Markdown("", elem_id="status")
+            with gr.Column(scale=2):
+                system_box = gr.Textbox(value=system or "", label="System prompt", lines=4, elem_id="system")
+                window = gr.Number(value=context_turns, precision=0, minimum=0, elem_id="context",
+                                   label="Context window: earlier exchanges sent (empty = all)")
+                with gr.Accordion("Generation", open=False):
+                    temp = gr.Slider(0.0, 2.0, value=temperature, step=0.05, label="Temperature")
+                    tokens = gr.Slider(16, 4096, value=max_new_tokens, step=16, label="Max new tokens")
+                fmt = gr.Radio(list(FORMATS), value=".jsonl", label="Transcript format")
+                with gr.Row():
+                    save = gr.Button("Save transcript", size="sm", elem_id="save")
+                    upload = gr.UploadButton("Load transcript", size="sm", file_types=list(FORMATS),
+                                             type="filepath", elem_id="load")
+                saved = gr.File(label="Transcript", visible=False, interactive=False, elem_id="transcript")
+        settings = [system_box, window, temp, tokens]
+        turn_out = [chatbot, chat, status]
+        for trigger in (send.click, box.submit):
+            trigger(h.send, [box, chat, *settings], [box, *turn_out])
+        for trigger in (regen.click, chatbot.retry):
+            trigger(h.regenerate, [chat, *settings], turn_out)
+        for trigger in (undo.click, chatbot.undo):
+            trigger(h.undo, [chat], [box, *turn_out])
+        for trigger in (reset.click, chatbot.clear):
+            trigger(h.reset, [chat], [box, *turn_out])
+        chatbot.like(h.like, [chat], [chat, status])
+        chatbot.edit(h.edit, [chat, *settings], turn_out)
+        save.click(h.save, [chat, fmt], [saved, status])
+        upload.upload(h.load, [upload, chat, *settings], [chatbot, chat, system_box, status])
+    return app
+
+
+def start(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True, share: bool = False,
+          inbrowser: bool = False, quiet: bool = False) -> str:
+    """Serve the page (with the offline theme) and return its URL; block=True serves until interrupted."""
+    app.queue()  # streaming replies need the queue
+    app.launch(server_name=host, server_port=port, share=share, inbrowser=inbrowser, quiet=quiet,
+               prevent_thread_lock=not block, theme=THEME, css=CSS, footer_links=[])
+    return app.local_url or f"http://{host}:{port}/"
+
+
+def launch(model: Backend | dict | str, store_path: str | Path | None, host: str = "127.0.0.1", port: int = 7860,
+           system: str | None = None, context_turns: int | None = None, model_label: str = "",
+           block: bool = True, share: bool = False, inbrowser: bool = False, **options) -> gr.Blocks:
+    """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
+    recording feedback into the SQLite store at `store_path`. `options` go to build_app (temperature,
+    max_new_tokens, stream_delay). Returns the app (serving in the background when block=False)."""
+    backend = as_backend(model)
+    store = FeedbackStore(store_path) if store_path else None
+    app = build_app(backend, store, model_label, system=system, context_turns=context_turns, **options)
+    start(app, host=host, port=port, block=block, share=share, inbrowser=inbrowser)
+    return app
