@@ -110,6 +110,9 @@ def test_grpo_logs_progress_columns_and_measures_before_and_after(chain):
     result = manifest["result"]
     assert set(result["per_reward_before"]) == {"numeric", "length", "short"} and result["eval_prompts"] == 6
     assert (art / "rewards" / "short_reward.py").exists(), "the custom reward file travels with the run"
+    groups = [json.loads(line) for line in (art / "groups.jsonl").read_text().splitlines()]
+    assert {g["reward"] for g in groups} == {"numeric", "length", "short"}  # per-reward group variance
+    assert all(0.0 <= g["zero_std_frac"] <= 1.0 for g in groups)
     job = json.loads((art / "job.json").read_text())
     assert job["group_size"] == 4 and job["rewards"][2]["file"] == "rewards/short_reward.py"
     run = MlflowClient(chain["tracking"].uri).get_run(manifest["mlflow_run_id"])

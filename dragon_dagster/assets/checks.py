@@ -96,13 +96,20 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float):
                                 metadata={"max_kl": float(peak), "bound": kl_bound, "logged_steps": len(kls)})
 
     @asset_check(asset=key, name="groups_have_reward_variance",
-                 description=f"Share of groups whose completions all scored the same stays under {zero_std_limit}.")
+                 description=f"Share of groups whose completions all scored the same on the accuracy rewards "
+                             f"(no learning signal) stays under {zero_std_limit}.")
     def _variance(context) -> AssetCheckResult:
-        rows, _ = rows_and_kinds(context)
-        shares = [r["zero_std_frac"] for r in rows if isinstance(r.get("zero_std_frac"), (int, float))]
+        rows, kinds = rows_and_kinds(context)
+        groups_file = latest_path(context, key) / "groups.jsonl"
+        records = [json.loads(line) for line in groups_file.read_text().splitlines()] if groups_file.exists() else []
+        accuracy = {n for n, kind in kinds.items() if kind in ACCURACY_TYPES} or set(kinds)
+        shares = [r["zero_std_frac"] for r in records if r["reward"] in accuracy]
+        if not shares:  # older artifacts: TRL's figure on the total reward
+            shares = [r["zero_std_frac"] for r in rows if isinstance(r.get("zero_std_frac"), (int, float))]
         share = sum(shares) / len(shares) if shares else 1.0
         return AssetCheckResult(passed=share < zero_std_limit, severity=AssetCheckSeverity.WARN,
-                                metadata={"mean_zero_std_frac": float(share), "limit": zero_std_limit})
+                                metadata={"mean_zero_std_frac": float(share), "limit": zero_std_limit,
+                                          "rewards": ", ".join(sorted(accuracy))})
 
     return [_hacking, _kl, _variance]
 

@@ -48,6 +48,25 @@ def progress_columns(rewards: RewardSet) -> dict[str, str]:
     return columns
 
 
+def watch_groups(funcs: list, group_size: int, out: Path) -> list:
+    """Wrap TRL reward functions to record, per reward, the share of groups whose samples all scored the same.
+
+    TRL's frac_reward_zero_std is taken on the weighted total, which a continuous reward such as length
+    keeps near 0 even when no group disagrees on correctness; per reward is what shows a missing signal.
+    """
+    def wrap(func):
+        def watched(prompts, completions, completion_ids=None, **kwargs):
+            scores = func(prompts, completions, completion_ids, **kwargs)
+            groups = [scores[i:i + group_size] for i in range(0, len(scores), group_size)]
+            frac = mean(max(g) == min(g) for g in groups) if groups else 1.0
+            with (out / "groups.jsonl").open("a") as f:
+                f.write(json.dumps({"reward": func.__name__, "zero_std_frac": frac}) + "\n")
+            return scores
+        watched.__name__ = func.__name__
+        return watched
+    return [wrap(f) for f in funcs]
+
+
 def score_prompts(model, tokenizer, rows: list[dict], rewards: RewardSet, max_new_tokens: int) -> dict:
     """Greedy completions for the rows, scored: mean total reward and mean per reward."""
     completions = generate(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens)
@@ -70,7 +89,8 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
                         temperature=job.temperature, beta=job.beta, reward_weights=rewards.weights(),
                         log_completions=False)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
-    trainer = GRPOTrainer(model=p.model, reward_funcs=trl_reward_funcs(rewards, on_error="zero"), args=config,
+    funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.group_size, out)
+    trainer = GRPOTrainer(model=p.model, reward_funcs=funcs, args=config,
                           train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
                           peft_config=lora_config(p.lora), callbacks=[callback])
     held = (p.eval_rows or p.train_rows)[: job.max_eval_prompts]
