@@ -119,6 +119,14 @@ class Mapping:
         return self
 
 
+def user_turns(prompt: str, system: str | None, record: dict) -> list[dict]:
+    """The rendered user turn of a row, after the rendered system turn when there is one."""
+    turns = [{"role": "user", "content": render(prompt, record)}]
+    if system:
+        turns.insert(0, {"role": "system", "content": render(system, record)})
+    return turns
+
+
 def map_rows(df: pd.DataFrame, mapping: Mapping) -> list[dict]:
     """Render every row into a prompt-completion chat example."""
     mapping.validate()
@@ -128,10 +136,8 @@ def map_rows(df: pd.DataFrame, mapping: Mapping) -> list[dict]:
     check_columns(df, {"prompt": mapping.prompt, "response": mapping.response, "system": mapping.system})
     rows = []
     for record in df.to_dict(orient="records"):
-        prompt = [{"role": "user", "content": render(mapping.prompt, record)}]
-        if mapping.system:
-            prompt.insert(0, {"role": "system", "content": render(mapping.system, record)})
-        rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": render(mapping.response, record)}]})
+        rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
+                     "completion": [{"role": "assistant", "content": render(mapping.response, record)}]})
     return rows
 
 
@@ -230,10 +236,8 @@ def map_pairs(df: pd.DataFrame, mapping: PairsMapping) -> tuple[list[dict], dict
         if chosen.strip() == rejected.strip():  # no preference signal; DPO would learn nothing from it
             dropped["chosen_equals_rejected"] += 1
             continue
-        turns = [{"role": "user", "content": prompt}]
-        if mapping.system:
-            turns.insert(0, {"role": "system", "content": render(mapping.system, record)})
-        rows.append({"prompt": turns, "chosen": [{"role": "assistant", "content": chosen}],
+        rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
+                     "chosen": [{"role": "assistant", "content": chosen}],
                      "rejected": [{"role": "assistant", "content": rejected}]})
     if not rows:
         raise DataError(f"no usable preference pairs: every row was dropped ({dropped})")
@@ -253,11 +257,8 @@ def map_prompts(df: pd.DataFrame, mapping: PromptsMapping) -> list[dict]:
     check_columns(df, {"prompt": mapping.prompt, "reference": mapping.reference, "system": mapping.system})
     rows = []
     for record in df.to_dict(orient="records"):
-        turns = [{"role": "user", "content": render(mapping.prompt, record)}]
-        if mapping.system:
-            turns.insert(0, {"role": "system", "content": render(mapping.system, record)})
         fields = {k: _text(v) for k, v in record.items() if k not in ("prompt", "reference")}
-        row = {**fields, "prompt": turns}
+        row = {**fields, "prompt": user_turns(mapping.prompt, mapping.system, record)}
         if mapping.reference:
             row["reference"] = render(mapping.reference, record)
         rows.append(row)
