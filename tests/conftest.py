@@ -186,7 +186,7 @@ def served(chatty_model, tmp_path_factory):
     from transformers.utils.import_utils import is_serve_available
 
     if not is_serve_available():
-        pytest.skip("transformers serve needs its serving extras (pip install openai; fastapi, uvicorn)")
+        pytest.fail("transformers serve needs its serving extras: the dev extra installs openai (make test does)")
     exe = Path(sys.executable).with_name("transformers")
     exe = str(exe) if exe.exists() else shutil.which("transformers")
     port = closed_port()
