@@ -7,15 +7,9 @@ from pathlib import Path
 from dagster import MetadataValue, Output
 
 from ..engine.artifacts import read_manifest, write_manifest
+from ..engine.evaluate import eval_metrics
 from ..engine.pipeline_spec import Pipeline, Stage
 from .metadata import finite
-
-
-def eval_metrics(figures: dict) -> dict:
-    """The shared metric names every stage logs: eval/loss, eval/perplexity, eval/<task metric>."""
-    out = {"eval/loss": figures.get("eval_loss"), "eval/perplexity": figures.get("perplexity")}
-    out.update({f"eval/{k}": v for k, v in figures.get("metrics", {}).items()})
-    return finite(out)
 
 
 def judge_metrics(judged: dict) -> dict:

@@ -12,6 +12,14 @@ from . import metrics as task_metrics
 from .data import reply_text, user_text
 
 
+def eval_metrics(figures: dict) -> dict[str, float]:
+    """The metric names every stage and the report log, so MLflow lines them up: eval/loss,
+    eval/perplexity, eval/<task metric>. Only finite numbers."""
+    out = {"eval/loss": figures.get("eval_loss"), "eval/perplexity": figures.get("perplexity")}
+    out.update({f"eval/{k}": v for k, v in (figures.get("metrics") or {}).items()})
+    return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+
+
 def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
     """Token ids of prompt+completion, and how many leading tokens are prompt (no loss there)."""
     prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import progress
-from .evaluate import evaluate_rows
+from .evaluate import eval_metrics, evaluate_rows
 from .reporting import Reporter
 from .settings import Hardware, TrainArgs
 from .training import (Cancelled, StageJob, TrainingError, common_args, last_checkpoint, lora_config, prepare,
@@ -69,7 +69,5 @@ def summarize(trainer, result, tokenizer, rows, held_out: bool, job, args: Train
             f.write(json.dumps(sample, ensure_ascii=False) + "\n")
     (out / "metrics.json").write_text(json.dumps(summary, indent=2))
     progress.plot_loss(rows_logged, out / "loss.png", title="SFT training loss")
-    final = {"eval/loss": summary["eval_loss"], "eval/perplexity": summary["perplexity"]}
-    final.update({f"eval/{k}": v for k, v in summary["metrics"].items()})
-    reporter.metrics(trainer.state.global_step, {k: v for k, v in final.items() if v is not None})
+    reporter.metrics(trainer.state.global_step, eval_metrics(summary))
     return summary
