@@ -71,7 +71,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
             "resumed_from": resume_from, "started_from": start_model, **(tags or {})}
     run_id = tracking.start_run(pipeline.name, stage.name, tags,
                                 {"model": pipeline.model, "method": method, **settings, "dataset": dataset,
-                                 "hardware": training.hardware()})
+                                 "hardware": training.hardware(), "speed": training.speed()})
     context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
     status = "FAILED"
     try:
@@ -86,11 +86,11 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
                    "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from,
                    "lora": settings["lora"], "args": settings["args"], "n_samples": settings["n_samples"],
                    "max_new_tokens": settings["max_new_tokens"],
-                   "tracking": {"tracking_uri": tracking.uri, "run_id": run_id},
                    **{k: v for k, v in settings.items() if k not in JOB_BASE_KEYS}}
             if rewards is not None:  # custom reward files travel with the run, so it is self-contained
                 job["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
-            result = training.run_job(context, job, tmp, env=tracking.env())
+            result = training.run_job(context, job, tmp, env=tracking.env(),
+                                      on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step))
             write_manifest(tmp, kind="adapter", stage=stage.name, method=method,
                            base_model=start_model or pipeline.model,
                            resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],

@@ -8,6 +8,7 @@ prompts sit where the model is right about half the time). Held-out prompts are 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,14 +84,21 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     p = prepare(job)
     rewards.check_rows(p.train_rows + p.eval_rows)  # a reward that needs a reference fails here, not mid-run
     out = Path(job.output_dir)
-    args = common_args(p.args, p.hardware, job.checkpoint_dir)
+    args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed)
     args["per_device_train_batch_size"] = p.args.batch_size * job.group_size  # batch_size counts prompts
+    if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
+        args["generation_batch_size"] = p.speed.generation_batch_size
     config = GRPOConfig(**args, num_generations=job.group_size, max_completion_length=job.max_new_tokens,
                         temperature=job.temperature, beta=job.beta, reward_weights=rewards.weights(),
                         log_completions=False)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.group_size, out)
-    trainer = GRPOTrainer(model=p.model, reward_funcs=funcs, args=config,
+    from . import lm_head
+
+    chunked = p.speed.loss_kernel == "chunked" and lm_head.supported(p.model)
+    reporter.log(f"speed: log-prob kernel {'chunked' if chunked else 'trl'}, "
+                 f"{config.generation_batch_size} completions per generation round")
+    trainer = (chunked_logprob_trainer() if chunked else GRPOTrainer)(model=p.model, reward_funcs=funcs, args=config,
                           train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
                           peft_config=lora_config(p.lora), callbacks=[callback])
     held = (p.eval_rows or p.train_rows)[: job.max_eval_prompts]
@@ -103,6 +111,36 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.max_new_tokens)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
     return summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter)
+
+
+@functools.cache
+def chunked_logprob_trainer():
+    """GRPOTrainer scoring completions with lm_head.completion_logprobs (text-only models; built on first use)."""
+    import torch
+    from trl import GRPOTrainer
+
+    from . import lm_head
+
+    class ChunkedLogProbGRPOTrainer(GRPOTrainer):
+        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
+                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
+                                               **multimodal):
+            if compute_aux_loss or any(v is not None for v in multimodal.values()):
+                return super()._get_per_token_logps_and_entropies(
+                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                    compute_aux_loss, **multimodal)
+            batch_size = batch_size or input_ids.size(0)
+            logps, entropies = [], []
+            for start in range(0, input_ids.size(0), batch_size):
+                rows = slice(start, start + batch_size)
+                with self.accelerator.autocast():
+                    lp, ent = lm_head.completion_logprobs(self.accelerator.unwrap_model(model), input_ids[rows],
+                                                          attention_mask[rows], logits_to_keep, self.temperature)
+                logps.append(lp)
+                entropies.append(ent)
+            return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
+
+    return ChunkedLogProbGRPOTrainer
 
 
 def summarize(job, trainer, result, rewards, held, held_out, before, after, out: Path, reporter) -> dict:

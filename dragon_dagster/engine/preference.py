@@ -35,7 +35,7 @@ def validate(method: str, beta: float) -> None:
 def build_trainer(job: PreferenceJob, p, callback):
     from datasets import Dataset
 
-    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir), beta=job.beta, max_length=p.args.max_seq_len)
+    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed), beta=job.beta, max_length=p.args.max_seq_len)
     train = Dataset.from_list(p.train_rows)
     evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
     if job.method == "orpo":

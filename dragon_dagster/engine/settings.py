@@ -83,6 +83,38 @@ class Hardware:
         return self
 
 
+SWITCHES = ("auto", "on", "off")
+LOSS_KERNELS = ("auto", "chunked", "trl")
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How a trainer runs fast: same learning, different cost. "auto" picks per device (see resolve)."""
+
+    packing: str = "auto"             # SFT: pack rows into max_seq_len rows (padding-free, isolated attention)
+    loss_kernel: str = "auto"         # chunked: ours, trained positions only; trl: TRL's fused head
+    generation_batch_size: int | None = None  # GRPO: completions sampled per generation round (None: one step's)
+    torch_compile: bool = False
+
+    def validate(self) -> "Speed":
+        _check(self.packing in SWITCHES, f"speed.packing must be one of {SWITCHES}, got {self.packing!r}")
+        _check(self.loss_kernel in LOSS_KERNELS,
+               f"speed.loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
+        _check(self.generation_batch_size is None or (isinstance(self.generation_batch_size, int)
+                                                      and self.generation_batch_size > 0),
+               f"speed.generation_batch_size must be a positive integer or null, got {self.generation_batch_size!r}")
+        return self
+
+    def resolve(self, device: str) -> "Speed":
+        """Concrete choices for a device. On CUDA, packing fills the GPU and TRL's Triton head is used; elsewhere
+        the chunked head wins (3-4x faster than TRL's torch fallback on a CPU) and rows stay unpacked, so a step
+        holds batch_size examples as the user set it."""
+        gpu = device == "cuda"
+        packing = self.packing if self.packing != "auto" else ("on" if gpu else "off")
+        kernel = self.loss_kernel if self.loss_kernel != "auto" else ("trl" if gpu else "chunked")
+        return dataclasses.replace(self, packing=packing, loss_kernel=kernel)
+
+
 def build(cls: type, values: dict[str, Any] | None, where: str):
     """Make a settings object from a mapping, naming unknown keys instead of ignoring them."""
     values = dict(values or {})
@@ -103,4 +135,4 @@ def as_dict(obj) -> dict[str, Any]:
     return dataclasses.asdict(obj)
 
 
-__all__ = ["LoraSettings", "TrainArgs", "Hardware", "SettingsError", "build", "merged", "as_dict"]
+__all__ = ["LoraSettings", "TrainArgs", "Hardware", "Speed", "SettingsError", "build", "merged", "as_dict"]

@@ -7,6 +7,7 @@ Rows are conversational prompt-completion examples, so TRL computes loss on the 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,16 +32,52 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
+    from . import lm_head
+
     p = prepare(job)
-    config = SFTConfig(**common_args(p.args, p.hardware, job.checkpoint_dir), max_length=p.args.max_seq_len,
-                       completion_only_loss=True)
+    config = SFTConfig(**common_args(p.args, p.hardware, job.checkpoint_dir, p.speed), max_length=p.args.max_seq_len,
+                       completion_only_loss=True, packing=p.speed.packing == "on", packing_strategy="bfd")
     callback = progress_callback(reporter, Path(job.output_dir))
-    trainer = SFTTrainer(model=p.model, args=config, train_dataset=Dataset.from_list(p.train_rows),
-                         processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
+    chunked = p.speed.loss_kernel == "chunked" and lm_head.supported(p.model)
+    reporter.log(f"speed: packing {p.speed.packing}, loss kernel {'chunked' if chunked else 'trl'}"
+                 + (", torch.compile" if p.speed.torch_compile else ""))
+    trainer = (chunked_loss_trainer() if chunked else SFTTrainer)(
+        model=p.model, args=config, train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
+        peft_config=lora_config(p.lora), callbacks=[callback])
     result = run_trainer(trainer, callback, job, reporter)
     rows = p.eval_rows or p.train_rows[: job.n_samples]
     return summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
                      reporter)
+
+
+@functools.cache
+def chunked_loss_trainer():
+    """The class, built on first use so that importing this module does not import TRL or torch."""
+    from trl import SFTTrainer
+
+    from . import lm_head
+
+    class ChunkedLossSFTTrainer(SFTTrainer):
+        """SFTTrainer whose training loss comes from lm_head: the same loss, a fraction of the head's cost.
+
+        It logs what TRL logs (num_tokens, mean_token_accuracy) except entropy, which would cost another pass
+        over the vocabulary.
+        """
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if return_outputs or not model.training:
+                return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            labels = inputs["labels"]
+            loss, counts = lm_head.causal_lm_loss(model, inputs, labels, num_items_in_batch)
+            if self.args.average_tokens_across_devices and num_items_in_batch is not None:
+                loss = loss * self.accelerator.num_processes
+            self._metrics["train"]["mean_token_accuracy"].append(counts["correct"] / max(counts["tokens"], 1))
+            seen = inputs["attention_mask"].sum() if "attention_mask" in inputs else inputs["position_ids"].size(1)
+            self._total_train_tokens += int(seen)
+            self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+            return loss
+
+    return ChunkedLossSFTTrainer
 
 
 def summarize(trainer, result, tokenizer, rows, held_out: bool, job, args: TrainArgs, out: Path, reporter) -> dict:

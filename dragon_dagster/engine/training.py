@@ -14,7 +14,7 @@ from . import progress
 from .data import read_jsonl
 from .models import load_model, load_tokenizer, pick_device, pick_dtype
 from .reporting import Reporter
-from .settings import Hardware, LoraSettings, TrainArgs, build
+from .settings import Hardware, LoraSettings, Speed, TrainArgs, build
 
 
 @dataclass
@@ -30,6 +30,7 @@ class StageJob:
     lora: dict = field(default_factory=dict)
     args: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)
+    speed: dict = field(default_factory=dict)
     resume_from: str | None = None
     n_samples: int = 10
     max_new_tokens: int = 128
@@ -40,6 +41,7 @@ class Prepared:
     lora: LoraSettings
     args: TrainArgs
     hardware: Hardware
+    speed: Speed                     # resolved for the device: no "auto" left
     train_rows: list[dict]
     eval_rows: list[dict]
     tokenizer: object
@@ -50,13 +52,14 @@ def prepare(job: StageJob) -> Prepared:
     """Validate settings, read the rows, load the starting model with earlier adapters folded in."""
     lora, args = build(LoraSettings, job.lora, "lora"), build(TrainArgs, job.args, "args")
     hardware = build(Hardware, job.hardware, "hardware")
+    speed = build(Speed, job.speed, "speed").resolve(pick_device(hardware))
     train_rows = read_jsonl(job.train_file)
     eval_rows = read_jsonl(job.eval_file) if job.eval_file and Path(job.eval_file).exists() else []
     if not train_rows:
         raise TrainingError(f"no training rows in {job.train_file}")
     tokenizer = load_tokenizer(job.model)
     model = load_model(job.model, hardware, adapters=job.adapters, trainable=True)
-    return Prepared(lora, args, hardware, train_rows, eval_rows, tokenizer, model)
+    return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model)
 
 
 def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
@@ -103,9 +106,10 @@ def lora_config(lora: LoraSettings):
                       target_modules=lora.peft_target_modules(), task_type="CAUSAL_LM")
 
 
-def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str) -> dict:
+def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed: Speed | None = None) -> dict:
     """Trainer arguments every stage shares, from dragon_train_args-style settings."""
     return dict(
+        torch_compile=bool(speed and speed.torch_compile),
         output_dir=checkpoint_dir, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
         per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,

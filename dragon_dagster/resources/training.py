@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -17,7 +19,10 @@ from dagster import ConfigurableResource, Failure, PipesSubprocessClient
 from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import Field
 
-from ..engine.settings import Hardware
+from ..engine.settings import Hardware, Speed
+
+
+TRAINER_KINDS = ("sft", "dpo", "orpo", "grpo")
 
 
 class TrainingResource(ConfigurableResource):
@@ -27,6 +32,16 @@ class TrainingResource(ConfigurableResource):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         default="auto", description="auto: bfloat16 on GPUs that support it, float32 on CPU/MPS.")
     load_in_4bit: bool = Field(default=False, description="QLoRA: load the base model in 4-bit (CUDA only).")
+    packing: Literal["auto", "on", "off"] = Field(
+        default="auto", description="SFT: pack rows into max_seq_len rows, each sequence attending only to itself. "
+                                    "auto: on for CUDA (fills the GPU), off elsewhere (a step keeps batch_size rows).")
+    loss_kernel: Literal["auto", "chunked", "trl"] = Field(
+        default="auto", description="SFT loss head. chunked: projects only trained positions, gradient formed in "
+                                    "forward; trl: TRL's fused head (Triton on GPUs). auto: trl on CUDA, else chunked.")
+    generation_batch_size: int = Field(
+        default=0, description="GRPO: completions sampled per generation round, reused over several optimizer "
+                               "steps (TRL generation_batch_size). 0: one step's worth.")
+    torch_compile: bool = Field(default=False, description="Compile the model with torch.compile before training.")
     launcher: Literal["subprocess"] = Field(default="subprocess", description="How the worker is started.")
     python: str = Field(default="", description="Python interpreter for the worker. Empty: this one.")
     termination_timeout_s: float = Field(default=600, description="How long a cancelled trainer may take "
@@ -35,28 +50,75 @@ class TrainingResource(ConfigurableResource):
     def hardware(self) -> dict:
         return Hardware(self.device, self.dtype, self.load_in_4bit).validate().__dict__
 
-    def run_job(self, context, job: dict, workdir: Path, env: dict[str, str] | None = None) -> dict:
-        """Write the job file into workdir (it stays with the artifact), run the worker, return its result."""
+    def speed(self) -> dict:
+        return Speed(self.packing, self.loss_kernel, self.generation_batch_size or None,
+                     self.torch_compile).validate().__dict__
+
+    def run_job(self, context, job: dict, workdir: Path, env: dict[str, str] | None = None,
+                on_metrics: Callable[[int, dict], None] | None = None) -> dict:
+        """Write the job file into workdir (it stays with the artifact), run the worker, return its result.
+
+        on_metrics(step, values) gets the worker's step metrics while it runs (the stages log them to MLflow).
+        """
         job = {**job, "hardware": self.hardware()}
+        if job["kind"] in TRAINER_KINDS:
+            job["speed"] = self.speed()
         job_file = Path(workdir) / "job.json"
-        job_file.write_text(json.dumps({k: v for k, v in job.items() if k != "tracking"}, indent=2))
-        run_file = Path(workdir) / ".job-run.json"  # with tracking details; removed after the run
-        run_file.write_text(json.dumps(job))
+        job_file.write_text(json.dumps(job, indent=2))
+        run_file = Path(workdir) / ".job-run.json"  # with the metrics stream; removed after the run
+        stream = Path(workdir) / ".metrics-stream.jsonl"
+        run_file.write_text(json.dumps({**job, "metrics_stream": str(stream) if on_metrics else None}))
         status_file = Path(workdir) / "status.json"
         client = PipesSubprocessClient(termination_timeout_seconds=self.termination_timeout_s)
         command = [self.python or sys.executable, "-m", "dragon_dagster.engine.worker", str(run_file)]
+        forwarder = MetricsForwarder(stream, on_metrics) if on_metrics else None
         try:
             client.run(context=context, command=command, env=env or {})
         except DagsterPipesExecutionError as exc:
             status = _read_status(status_file)
             raise Failure(description=status.get("error") or f"{exc}: see the run's stdout for the traceback") from exc
         finally:
+            if forwarder:
+                forwarder.close()
             run_file.unlink(missing_ok=True)
+            stream.unlink(missing_ok=True)
         status = _read_status(status_file)
         status_file.unlink(missing_ok=True)
         if status.get("event") != "result":
             raise Failure(description=f"the {job['kind']} worker finished without a result")
         return status["result"]
+
+
+class MetricsForwarder:
+    """Follows the worker's metrics stream on a thread and hands each whole line to a callback, then drains it."""
+
+    def __init__(self, path: Path, on_metrics: Callable[[int, dict], None], interval_s: float = 1.0):
+        self.path, self.on_metrics, self.interval_s = path, on_metrics, interval_s
+        self.offset = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True, name="metrics-forwarder")
+        self.thread.start()
+
+    def _follow(self) -> None:
+        while not self.done.wait(self.interval_s):
+            self.forward()
+
+    def forward(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next pass
+        self.offset += len(complete.encode())
+        for line in complete.splitlines():
+            record = json.loads(line)
+            self.on_metrics(record["step"], record["values"])
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join()
+        self.forward()
 
 
 def _read_status(path: Path) -> dict:

@@ -1,0 +1,145 @@
+"""The output head in chunks: losses and log-probabilities that never build all the (tokens, vocabulary) logits.
+
+For a LoRA run on a small model the output head is most of the work: SmolLM2's 49,152-word vocabulary
+makes every scored position cost a 49,152-wide softmax, and on a CPU the tiny test model spends over 90% of
+a step there. TRL's own fused head (trl.kernels.ChunkedLogProbFunction) is a Triton kernel on GPUs; on
+other devices it falls back to per-tile torch ops, scores every position (prompt and padding included) and
+recomputes the tiles in backward. This module does the cheaper thing where Triton is absent:
+
+- only positions whose next-token label is not -100 are projected (prompt and padding cost nothing);
+- each chunk of positions is projected once, and its gradient is formed right there (softmax minus
+  one-hot, the trick of Liger's fused linear cross-entropy), so backward only scales stored gradients;
+- the head's weight gradient is skipped when the head is frozen, as it is under LoRA.
+
+GRPO needs per-token log-probabilities with any upstream gradient (advantage-weighted ratios), so
+ChunkedLogProbs keeps the log-sum-exp and recomputes each chunk in backward instead; it scores only the
+completion positions, which is most of the saving there.
+
+The loss is the same number as transformers' ForCausalLMLoss (sum over trained tokens divided by their
+count, or by num_items_in_batch under gradient accumulation); tests compare the two, and their gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_TOKENS = 1024  # positions projected at once: 1024 x 49,152 fp32 logits is 200 MB
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """sum(-log softmax(hidden @ weight.T)[target]) * scale, with gradients computed in forward.
+
+    Returns (loss, number of targets that are the argmax); the second has no gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, scale: float, chunk: int):
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight.requires_grad else None
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            h, y = hidden[start:start + chunk], targets[start:start + chunk]
+            logits = (h @ weight.t()).float()
+            target_logit = logits.gather(1, y[:, None]).squeeze(1)
+            correct += (target_logit >= logits.max(dim=1).values).sum()
+            log_z = torch.logsumexp(logits, dim=1)
+            total += (log_z - target_logit).sum()
+            probs = logits.sub_(log_z[:, None]).exp_()           # softmax, in place
+            probs[torch.arange(y.shape[0], device=y.device), y] -= 1.0  # d(-log p_y)/d logits
+            probs.mul_(scale)
+            grad_logits = probs.to(h.dtype)
+            grad_hidden[start:start + chunk] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t().float(), h.float())
+        ctx.save_for_backward(grad_hidden, grad_weight if grad_weight is not None else torch.empty(0))
+        ctx.weight_grad, ctx.weight_dtype = grad_weight is not None, weight.dtype
+        ctx.mark_non_differentiable(correct)
+        return total * scale, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_correct):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        grad_hidden = grad_hidden * grad_loss.to(grad_hidden.dtype)
+        grad_weight = (grad_weight * grad_loss).to(ctx.weight_dtype) if ctx.weight_grad else None
+        return grad_hidden, grad_weight, None, None, None
+
+
+def supported(model) -> bool:
+    """Plain causal LMs only: heads with logit scaling, soft-capping or a bias keep TRL's path."""
+    config = model.config.get_text_config()
+    head = model.get_output_embeddings()
+    odd = any(getattr(config, key, None) not in (None, 1.0) for key in
+              ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"))
+    return head is not None and getattr(head, "bias", None) is None and not odd
+
+
+def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None) -> tuple[torch.Tensor, dict]:
+    """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+    passed = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    hidden = backbone(**passed, use_cache=False).last_hidden_state[:, :-1]
+    targets = labels[:, 1:].to(hidden.device)
+    mask = targets != -100
+    count = mask.sum()
+    denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
+    scale = 1.0 / float(denominator)
+    head = causal_lm.get_output_embeddings()
+    loss, correct = ChunkedCrossEntropy.apply(hidden[mask], head.weight, targets[mask], scale, CHUNK_TOKENS)
+    return loss, {"tokens": int(count), "correct": int(correct)}
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """(log softmax(hidden @ weight.T / temperature)[target], entropy) per row; entropy carries no gradient."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+        n = hidden.shape[0]
+        logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy, log_z = torch.empty_like(logps), torch.empty_like(logps)
+        for start in range(0, n, chunk):
+            rows = slice(start, start + chunk)
+            logits = (hidden[rows] @ weight.t()).float().div_(temperature)
+            log_z[rows] = torch.logsumexp(logits, dim=1)
+            logps[rows] = logits.gather(1, targets[rows, None]).squeeze(1) - log_z[rows]
+            probs = (logits - log_z[rows, None]).exp_()
+            entropy[rows] = log_z[rows] - (probs * logits).sum(dim=1)
+        ctx.save_for_backward(hidden, weight, targets, log_z)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logps, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logps, _grad_entropy):
+        hidden, weight, targets, log_z = ctx.saved_tensors
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            h, g = hidden[rows], grad_logps[rows].float()
+            # d logp_y / d logits = onehot(y) - softmax; times the upstream gradient, over the temperature
+            grad_logits = (h @ weight.t()).float().div_(ctx.temperature).sub_(log_z[rows, None]).exp_()
+            grad_logits.mul_(-g[:, None])
+            grad_logits[torch.arange(h.shape[0], device=h.device), targets[rows]] += g
+            grad_logits = grad_logits.div_(ctx.temperature).to(h.dtype)
+            grad_hidden[rows] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad_logits.t().float(), h.float())
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+
+
+def completion_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
+                        chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities and entropies of the last n_completion tokens of each row, (rows, n_completion) each;
+    zero where attention_mask is 0, as TRL returns them."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    hidden = hidden[:, -n_completion - 1:-1]
+    targets = input_ids[:, -n_completion:]
+    weight = causal_lm.get_output_embeddings().weight
+    logps, entropy = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
+                                           temperature, chunk)
+    keep = attention_mask[:, -n_completion:] != 0
+    return logps.view(targets.shape) * keep, entropy.view(targets.shape) * keep

@@ -1,0 +1,208 @@
+"""The fast paths learn what the plain path learns: same loss, same gradients, same log-probabilities.
+
+Packing must keep sequences from attending to each other; the chunked head must give transformers' loss and
+TRL's log-probabilities; and the speed settings reach the trainers per device.
+"""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dragon_dagster.engine import lm_head, sft
+from dragon_dagster.engine.reporting import Reporter
+from dragon_dagster.engine.settings import SettingsError, Speed, build
+from tests.test_engine_training import job, ticket_files
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def small_lora_model(vocab=300, seed=0):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                                lora_dropout=0.0))
+    for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)
+    return model
+
+
+def examples(vocab=300, lengths=(9, 14, 6, 11), prompt=4, seed=1):
+    """Prompt-completion rows as TRL's dataset preparation leaves them: labels are -100 on the prompt."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    return rows
+
+
+def collate(rows, padding_free: bool):
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    return DataCollatorForLanguageModeling(pad_token_id=0, padding_free=padding_free)(rows)
+
+
+def lora_grads(model) -> dict:
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad}
+    model.zero_grad()
+    return grads
+
+
+def assert_same_grads(a: dict, b: dict, tol=1e-5):
+    assert a.keys() == b.keys() and a
+    for name in a:
+        assert torch.allclose(a[name], b[name], atol=tol, rtol=1e-4), name
+
+
+def test_chunked_loss_equals_transformers_loss_and_gradients():
+    model = small_lora_model()
+    padded = collate(examples(), padding_free=False)
+    plain = model(**padded).loss  # transformers' ForCausalLMLoss on the same labels
+    plain.backward()
+    expected = lora_grads(model)
+    for chunk in (3, 1024):  # several chunks, and one
+        lm_head.CHUNK_TOKENS = chunk
+        try:
+            loss, counts = lm_head.causal_lm_loss(model, padded, padded["labels"])
+        finally:
+            lm_head.CHUNK_TOKENS = 1024
+        assert loss.item() == pytest.approx(plain.item(), rel=1e-5)
+        loss.backward()
+        assert_same_grads(lora_grads(model), expected)
+    assert counts["tokens"] == int((padded["labels"][:, 1:] != -100).sum()) > 0
+    # under gradient accumulation the trainer divides by the tokens of all micro-batches
+    halved, _ = lm_head.causal_lm_loss(model, padded, padded["labels"], num_items_in_batch=2 * counts["tokens"])
+    assert halved.item() == pytest.approx(plain.item() / 2, rel=1e-5)
+
+
+def test_packed_rows_give_the_padded_loss_because_sequences_do_not_attend_to_each_other():
+    model = small_lora_model()
+    rows = examples()
+    padded, packed = collate(rows, padding_free=False), collate(rows, padding_free=True)
+    assert packed["input_ids"].shape[0] == 1 and "attention_mask" not in packed  # one row, no padding
+    plain = model(**padded).loss
+    plain.backward()
+    expected = lora_grads(model)
+    fast, _ = lm_head.causal_lm_loss(model, packed, packed["labels"])
+    assert fast.item() == pytest.approx(plain.item(), rel=1e-5)
+    fast.backward()
+    assert_same_grads(lora_grads(model), expected)
+    # the control: one long sequence (positions running on) lets later rows see earlier ones, and the loss moves
+    leaky = {"input_ids": packed["input_ids"], "position_ids": torch.arange(packed["input_ids"].shape[1])[None]}
+    wrong, _ = lm_head.causal_lm_loss(model, leaky, packed["labels"])
+    assert abs(wrong.item() - plain.item()) > 1e-3
+
+
+def test_completion_logprobs_match_trl_fused_head_values_and_gradients():
+    from trl.trainer.utils import add_fused_lm_head
+
+    model = small_lora_model()
+    ids = torch.randint(0, 300, (3, 12), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # a left-padded prompt
+    mask[2, -2:] = 0  # a completion that ended early
+    n, temperature = 5, 0.7
+    weights = torch.randn(3, n)
+    logps, entropy = lm_head.completion_logprobs(model, ids, mask, n, temperature, chunk=4)
+    (logps * weights).sum().backward()
+    ours = lora_grads(model)
+    add_fused_lm_head(model.get_base_model(), temperature=temperature, outputs=("log_probs", "entropy"))
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-n] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    trl_logps, trl_entropy = out.log_probs[:, -n:], out.entropy[:, -n:]
+    assert torch.allclose(logps, trl_logps, atol=1e-5)
+    assert torch.allclose(entropy, trl_entropy, atol=1e-4)
+    (trl_logps * weights).sum().backward()
+    assert_same_grads(ours, lora_grads(model))
+
+
+def first_losses(tmp_path, tiny_model, train, held, kernel: str, packing: str = "off") -> list[float]:
+    run = job(tmp_path / kernel, tiny_model, train, held, max_steps=4, grad_accum=2, learning_rate=5e-2)
+    run.speed = {"loss_kernel": kernel, "packing": packing}
+    sft.train_sft(run, Reporter())
+    rows = [json.loads(line) for line in (tmp_path / kernel / "out" / "progress.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in rows if r.get("loss") is not None]
+
+
+def test_sft_with_the_chunked_head_trains_exactly_like_trl(tiny_model, tmp_path):
+    train, held = ticket_files(tmp_path, n=40)
+    for kernel in ("trl", "chunked"):
+        (tmp_path / kernel).mkdir()
+    trl_losses = first_losses(tmp_path, tiny_model, train, held, "trl")
+    chunked_losses = first_losses(tmp_path, tiny_model, train, held, "chunked")
+    assert len(trl_losses) >= 3
+    assert chunked_losses == pytest.approx(trl_losses, rel=1e-4)  # same loss, same updates, step after step
+
+
+def test_sft_packing_trains_and_says_so(tiny_model, tmp_path):
+    train, held = ticket_files(tmp_path, n=40)
+    run = job(tmp_path, tiny_model, train, held, max_steps=2)
+    run.speed = {"packing": "on"}
+
+    class Lines(Reporter):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def log(self, message):
+            self.lines.append(message)
+
+    reporter = Lines()
+    result = sft.train_sft(run, reporter)
+    assert result["global_step"] == 2 and (tmp_path / "out" / "adapter" / "adapter_config.json").exists()
+    assert any("packing on" in line for line in reporter.lines)
+
+
+def test_speed_settings_resolve_per_device_and_name_bad_values():
+    assert Speed().resolve("cuda") == Speed(packing="on", loss_kernel="trl")
+    assert Speed().resolve("cpu") == Speed(packing="off", loss_kernel="chunked")
+    assert Speed(packing="off", loss_kernel="chunked").resolve("cuda").packing == "off"  # overrides win
+    with pytest.raises(SettingsError, match="speed.packing"):
+        build(Speed, {"packing": "yes"}, "speed")
+    with pytest.raises(SettingsError, match="speed.generation_batch_size"):
+        build(Speed, {"generation_batch_size": 0}, "speed")
+    with pytest.raises(SettingsError, match="unknown setting"):
+        build(Speed, {"pack": "on"}, "speed")
+
+
+def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
+    from dagster import build_asset_context
+
+    from dragon_dagster.resources import TrainingResource
+
+    resource = TrainingResource(device="cpu", loss_kernel="trl", generation_batch_size=64,
+                                python=sys.executable)
+    assert resource.speed() == {"packing": "auto", "loss_kernel": "trl", "generation_batch_size": 64,
+                                "torch_compile": False}
+    seen = {}
+    for kind in ("sft", "merge"):
+        (tmp_path / kind).mkdir()
+        with pytest.raises(Exception):  # the jobs are empty: the worker fails, but the job file stays
+            resource.run_job(build_asset_context(), {"kind": kind}, tmp_path / kind)
+        seen[kind] = json.loads((tmp_path / kind / "job.json").read_text())
+    assert seen["sft"]["speed"]["loss_kernel"] == "trl" and "speed" not in seen["merge"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (ROOT.parent / "shared" / "bench" / "anchor_trl.py").exists(),
+                    reason="the peer script ../shared/bench/anchor_trl.py is not beside this checkout")
+def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_trl.py"), "--only", "sft,grpo",
+                          "--steps", "4", "--bs", "4", "--gen-bs", "8", "--comp", "8",
+                          "--json", str(tmp_path / "bench.json")], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    measured = json.loads((tmp_path / "bench.json").read_text())["measured"]
+    for side in ("trl_sft", "ours_sft", "trl_grpo", "ours_grpo"):
+        assert measured[side]["peak_gib"] > 0
+    assert measured["ours_sft"]["tokens_per_s"] > 0 and measured["ours_grpo"]["completions_per_s"] > 0
+    assert "| sft trained tokens/s |" in out.stdout and "x |" in out.stdout
