@@ -12,11 +12,10 @@ BENCH=.bench
 
 prepare() {
   mkdir -p "$BENCH/whl"
-  grep -qx '/.bench/' .git/info/exclude 2>/dev/null || echo '/.bench/' >> .git/info/exclude
   # What the GPU image lacks for the engine and TRL (it has torch, transformers, peft, accelerate, pandas).
   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$BENCH/whl" trl==1.16.0 datasets==4.5.0 dill==0.4.0 multiprocess==0.70.18 peft==0.21.2 \
+    -d "$BENCH/whl" trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 peft==0.21.2 \
     transformers==5.24.0 huggingface-hub==1.33.0
   .venv/bin/python - <<'EOF'
 from transformers import AutoTokenizer
