@@ -161,7 +161,7 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
 def ours_sft(a, model: Path, work: Path, packing: str) -> dict:
     train = write_jsonl(work.parent / "sft.jsonl", sft_rows(a.bs * (a.steps + 2), random.Random(0)))
     job = engine_job("sft", model, train, work, {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4},
-                     {"packing": packing, "loss_kernel": a.loss_kernel})
+                     {"packing": packing, "loss_kernel": a.loss_kernel, "torch_compile": a.torch_compile})
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
     step_s, tps, _ = steady(read_progress(work / "out"), skip=3)
     return {"what": "sft_packed" if packing == "on" else "sft", "step_s": step_s, "tokens_per_s": tps,
@@ -298,6 +298,7 @@ def main() -> None:
     p.add_argument("--gen-rounds", dest="gen_rounds", type=int, default=1,
                    help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs)")
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])
+    p.add_argument("--torch-compile", dest="torch_compile", action="store_true", help="ours: torch.compile the model")
     p.add_argument("--anchor-gc", dest="anchor_gc", type=int, default=1, help="the peer's gradient checkpointing")
     p.add_argument("--only", default="sft,sft_packed,grpo,dagster_overhead")
     p.add_argument("--repeats", type=int, default=2, help="Dagster overhead: materializations to take the best of")

@@ -206,3 +206,17 @@ def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
         assert measured[side]["peak_gib"] > 0
     assert measured["ours_sft"]["tokens_per_s"] > 0 and measured["ours_grpo"]["completions_per_s"] > 0
     assert "| sft trained tokens/s |" in out.stdout and "x |" in out.stdout
+
+
+def test_metrics_forwarder_hands_on_whole_lines_only(tmp_path):
+    from dragon_dagster.resources.training import MetricsForwarder
+
+    stream, seen = tmp_path / "stream.jsonl", []
+    forwarder = MetricsForwarder(stream, lambda step, values: seen.append((step, values)), interval_s=60)
+    stream.write_text('{"step": 1, "values": {"train/loss": 2.5}}\n{"step": 2, "val')
+    forwarder.forward()
+    assert seen == [(1, {"train/loss": 2.5})]  # the half-written line waits
+    with stream.open("a") as f:
+        f.write('ues": {"train/loss": 2.0}}\n')
+    forwarder.close()  # drains what is left
+    assert seen == [(1, {"train/loss": 2.5}), (2, {"train/loss": 2.0})]

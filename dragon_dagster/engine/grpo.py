@@ -110,7 +110,9 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     trainer.model.eval()
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.max_new_tokens)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
-    return summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter)
+    summary = summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter)
+    return {**summary, "speed": {"loss_kernel": "chunked" if chunked else "trl",
+                                 "generation_batch_size": config.generation_batch_size}}
 
 
 @functools.cache

@@ -46,8 +46,9 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
         peft_config=lora_config(p.lora), callbacks=[callback])
     result = run_trainer(trainer, callback, job, reporter)
     rows = p.eval_rows or p.train_rows[: job.n_samples]
-    return summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
-                     reporter)
+    summary = summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
+                        reporter)
+    return {**summary, "speed": {"packing": p.speed.packing, "loss_kernel": "chunked" if chunked else "trl"}}
 
 
 @functools.cache
