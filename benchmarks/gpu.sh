@@ -35,10 +35,11 @@ run() {
   bench() { python3 benchmarks/compare_trl.py --tok "$BENCH/tok" --anchor "$BENCH/anchor_trl.py" --arch smol "$@" 2>&1 \
               | grep -v -i warn | tee -a "$OUT/gpu.log"; }
   # 1. The peer's own shapes, side by side: SFT batch 16 (unpacked and packed 16 x 1024), GRPO 64 x 128 tokens.
-  bench --steps 12 --bs 16 --gen-bs 64 --comp 128 --only sft,sft_packed,grpo --json "$OUT/peer_shapes.json"
+  bench --steps 10 --bs 16 --gen-bs 64 --comp 128 --only sft,sft_packed,grpo --json "$OUT/peer_shapes.json"
   # 2. Ours at the sizes the targets name: packed batch 64 x 1024 without checkpointing (where the peer runs out
   #    of memory); GRPO sampling 512 completions per round (8 per prompt) for 8 optimizer steps of 64.
   bench --steps 8 --bs 64 --only sft_packed --skip-peer --json "$OUT/sft_bs64.json" || true
+  bench --steps 8 --bs 64 --only sft_packed --skip-peer --loss-kernel chunked --json "$OUT/sft_bs64_chunked.json" || true
   bench --steps 16 --gen-bs 64 --gen-rounds 8 --comp 128 --only grpo --skip-peer --json "$OUT/grpo_512.json" || true
 }
 

@@ -126,22 +126,69 @@ def test_completion_logprobs_match_trl_fused_head_values_and_gradients():
     assert_same_grads(ours, lora_grads(model))
 
 
-def first_losses(tmp_path, tiny_model, train, held, kernel: str, packing: str = "off") -> list[float]:
+def progress_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
+
+
+def sft_losses(tmp_path, tiny_model, train, held, kernel: str) -> list[float]:
+    (tmp_path / kernel).mkdir()
     run = job(tmp_path / kernel, tiny_model, train, held, max_steps=4, grad_accum=2, learning_rate=5e-2)
-    run.speed = {"loss_kernel": kernel, "packing": packing}
-    sft.train_sft(run, Reporter())
-    rows = [json.loads(line) for line in (tmp_path / kernel / "out" / "progress.jsonl").read_text().splitlines()]
-    return [r["loss"] for r in rows if r.get("loss") is not None]
+    run.speed = {"loss_kernel": kernel, "packing": "off"}
+    assert sft.train_sft(run, Reporter())["speed"]["loss_kernel"] == kernel  # the path asked for is the one taken
+    return [r["loss"] for r in progress_rows(tmp_path / kernel / "out") if r.get("loss") is not None]
 
 
 def test_sft_with_the_chunked_head_trains_exactly_like_trl(tiny_model, tmp_path):
     train, held = ticket_files(tmp_path, n=40)
-    for kernel in ("trl", "chunked"):
-        (tmp_path / kernel).mkdir()
-    trl_losses = first_losses(tmp_path, tiny_model, train, held, "trl")
-    chunked_losses = first_losses(tmp_path, tiny_model, train, held, "chunked")
+    trl_losses = sft_losses(tmp_path, tiny_model, train, held, "trl")
+    chunked_losses = sft_losses(tmp_path, tiny_model, train, held, "chunked")
     assert len(trl_losses) >= 3
     assert chunked_losses == pytest.approx(trl_losses, rel=1e-4)  # same loss, same updates, step after step
+
+
+def grpo_rows_logged(tmp_path, tiny_model, kernel: str) -> list[dict]:
+    from dragon_dagster.engine import data
+    from dragon_dagster.engine.grpo import GRPOJob, train_grpo
+    from dragon_dagster.engine.pipeline_spec import EXAMPLE_DIR
+
+    work = tmp_path / kernel
+    (work / "out").mkdir(parents=True)
+    prompts = data.map_prompts(data.read_table(EXAMPLE_DIR / "arithmetic.csv"),
+                               data.PromptsMapping(prompt="question", reference="answer"))[:16]
+    data.write_jsonl(work / "prompts.jsonl", prompts)
+    run = GRPOJob(model=str(tiny_model), train_file=str(work / "prompts.jsonl"), output_dir=str(work / "out"),
+                  checkpoint_dir=str(work / "ckpt"), hardware={"device": "cpu"},
+                  args={"max_steps": 2, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
+                        "learning_rate": 5e-2, "warmup_ratio": 0.0},
+                  # one sampling round for both steps: step 2 weighs the same samples against step 1's update
+                  speed={"loss_kernel": kernel, "generation_batch_size": 32},
+                  rewards=[{"type": "length", "max_chars": 24}], group_size=8, beta=0.04, temperature=0.7,
+                  max_new_tokens=6, max_eval_prompts=2, n_samples=1)
+    result = train_grpo(run, Reporter())
+    assert result["speed"] == {"loss_kernel": kernel, "generation_batch_size": 32}
+    return [r for r in progress_rows(work / "out") if r.get("grad_norm") is not None]
+
+
+def test_grpo_with_chunked_log_probs_trains_exactly_like_trl(tiny_model, tmp_path):
+    trl_rows = grpo_rows_logged(tmp_path, tiny_model, "trl")
+    chunked_rows = grpo_rows_logged(tmp_path, tiny_model, "chunked")
+    assert [r["step"] for r in trl_rows] == [1, 2]
+    assert trl_rows[0]["reward_std"] > 0 and trl_rows[0]["grad_norm"] > 0  # the rewards disagree: a real gradient
+    assert trl_rows[1]["kl"] > 0 and trl_rows[1]["loss"] != 0  # step 2 is off its sampling policy
+    assert chunked_rows[0]["reward"] == trl_rows[0]["reward"]  # the same samples
+    for key in ("grad_norm", "loss", "kl", "entropy"):
+        assert [r.get(key) for r in chunked_rows] == pytest.approx([r.get(key) for r in trl_rows], rel=1e-3,
+                                                                    abs=1e-6), key
+
+
+def test_grpo_generation_batch_must_hold_whole_steps(tiny_model, tmp_path):
+    from dragon_dagster.engine.grpo import GRPOJob, train_grpo
+
+    run = GRPOJob(model=str(tiny_model), train_file=str(tmp_path / "none.jsonl"), output_dir=str(tmp_path),
+                  checkpoint_dir=str(tmp_path / "ckpt"), args={"batch_size": 2}, group_size=4,
+                  speed={"generation_batch_size": 12}, rewards=[{"type": "length", "max_chars": 5}])
+    with pytest.raises(ValueError, match=r"generation_batch_size \(12\) must be a multiple .* = 8"):
+        train_grpo(run, Reporter())
 
 
 def test_sft_packing_trains_and_says_so(tiny_model, tmp_path):
@@ -220,3 +267,20 @@ def test_metrics_forwarder_hands_on_whole_lines_only(tmp_path):
         f.write('ues": {"train/loss": 2.0}}\n')
     forwarder.close()  # drains what is left
     assert seen == [(1, {"train/loss": 2.5}), (2, {"train/loss": 2.0})]
+
+
+def test_metrics_forwarder_skips_what_it_cannot_log_and_keeps_going(tmp_path):
+    from dragon_dagster.resources.training import MetricsForwarder
+
+    stream, seen, warnings = tmp_path / "stream.jsonl", [], []
+
+    def log(step, values):
+        if step == 2:
+            raise ConnectionError("tracking server unreachable")
+        seen.append(step)
+
+    forwarder = MetricsForwarder(stream, log, interval_s=60, warn=warnings.append)
+    stream.write_text('{"step": 1, "values": {}}\nnot json\n{"step": 2, "values": {}}\n{"step": 3, "values": {}}\n')
+    forwarder.close()
+    assert seen == [1, 3] and forwarder.failures == 2
+    assert len(warnings) == 1 and "could not forward" in warnings[0]  # said once, not per line

@@ -90,7 +90,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
             if rewards is not None:  # custom reward files travel with the run, so it is self-contained
                 job["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
             result = training.run_job(context, job, tmp, env=tracking.env(),
-                                      on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step))
+                                      on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step,
+                                                                                         finite_only=False))
             write_manifest(tmp, kind="adapter", stage=stage.name, method=method,
                            base_model=start_model or pipeline.model,
                            resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],

@@ -17,6 +17,7 @@ from statistics import mean
 from . import progress
 from .evaluate import generate
 from .reporting import Reporter
+from .settings import TrainArgs
 from .rewards import RewardSet, trl_reward_funcs
 from .training import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
 
@@ -39,6 +40,11 @@ def validate(job: GRPOJob) -> RewardSet:
             raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
     if not isinstance(job.group_size, int):
         raise ValueError(f"group_size must be an integer, got {job.group_size!r}")
+    generation = (job.speed or {}).get("generation_batch_size")
+    step = (job.args or {}).get("batch_size", TrainArgs.batch_size) * job.group_size
+    if generation and generation % step:  # checked before a model loads
+        raise ValueError(f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
+                         f"completions, batch_size x group_size = {step}")
     return RewardSet.from_list(job.rewards, base_dir=job.output_dir)  # custom files were copied in there
 
 
@@ -80,11 +86,14 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
+    from . import lm_head
+
     rewards = validate(job)
     p = prepare(job)
     rewards.check_rows(p.train_rows + p.eval_rows)  # a reward that needs a reference fails here, not mid-run
     out = Path(job.output_dir)
-    args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed)
+    chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
+    args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
     args["per_device_train_batch_size"] = p.args.batch_size * job.group_size  # batch_size counts prompts
     if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
         args["generation_batch_size"] = p.speed.generation_batch_size
@@ -93,14 +102,11 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
                         log_completions=False)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.group_size, out)
-    from . import lm_head
-
-    chunked = p.speed.loss_kernel == "chunked" and lm_head.supported(p.model)
     reporter.log(f"speed: log-prob kernel {'chunked' if chunked else 'trl'}, "
                  f"{config.generation_batch_size} completions per generation round")
-    trainer = (chunked_logprob_trainer() if chunked else GRPOTrainer)(model=p.model, reward_funcs=funcs, args=config,
-                          train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
-                          peft_config=lora_config(p.lora), callbacks=[callback])
+    trainer = (chunked_logprob_trainer() if chunked else GRPOTrainer)(
+        model=p.model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(p.train_rows),
+        processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
     held = (p.eval_rows or p.train_rows)[: job.max_eval_prompts]
     trainer.model.eval()
     with trainer.model.disable_adapter():  # the model this stage started from

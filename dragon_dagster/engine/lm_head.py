@@ -65,20 +65,48 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
-def supported(model) -> bool:
-    """Plain causal LMs only: heads with logit scaling, soft-capping or a bias keep TRL's path."""
+def supported(model, lora_targets: str | list[str] = "all-linear") -> str | None:
+    """Why the chunked head cannot serve this model, or None when it can.
+
+    Plain causal LMs only: heads with logit scaling, soft-capping or a bias keep TRL's path, and so does an
+    adapter on the head itself (the chunked head reads the base weight). float16 does too: the gradient is
+    formed in forward, before the loss scaler multiplies it, and its small entries would flush to zero.
+    """
     config = model.config.get_text_config()
     head = model.get_output_embeddings()
-    odd = any(getattr(config, key, None) not in (None, 1.0) for key in
-              ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"))
-    return head is not None and getattr(head, "bias", None) is None and not odd
+    odd = [key for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                           "logits_scaling") if getattr(config, key, None) not in (None, 1.0)]
+    if head is None or getattr(head, "bias", None) is not None or odd:
+        return f"the output head has a bias or scaling ({', '.join(odd) or 'bias'})"
+    if not isinstance(lora_targets, str) and any(t.split(".")[-1] in ("lm_head", "embed_out") for t in lora_targets):
+        return "the LoRA adapter targets the output head"
+    if head.weight.dtype == torch.float16:
+        return "float16 training (its loss scaler needs the gradient formed in backward)"
+    return None
+
+
+def use_chunked(speed, model, lora_targets, reporter) -> bool:
+    """Whether a trainer takes the chunked head; says why not when it was asked for and cannot.
+
+    With torch_compile on, the backbone is compiled in place here: the chunked path calls it directly, past
+    the compiled wrapper that the trainer would build.
+    """
+    if speed.loss_kernel != "chunked":
+        return False
+    reason = supported(model, lora_targets)
+    if reason:
+        reporter.log(f"loss kernel: using TRL's head, since the chunked one does not support {reason}")
+        return False
+    if speed.torch_compile:
+        getattr(model, model.base_model_prefix).compile()
+    return True
 
 
 def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None) -> tuple[torch.Tensor, dict]:
     """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
     causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
     backbone = getattr(causal_lm, causal_lm.base_model_prefix)
-    passed = {k: v for k, v in inputs.items() if k in ("input_ids", "attention_mask", "position_ids")}
+    passed = {k: v for k, v in inputs.items() if k != "labels"}  # packed batches carry cu_seq_lens and the like
     hidden = backbone(**passed, use_cache=False).last_hidden_state[:, :-1]
     targets = labels[:, 1:].to(hidden.device)
     mask = targets != -100

@@ -35,10 +35,11 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
     from . import lm_head
 
     p = prepare(job)
-    config = SFTConfig(**common_args(p.args, p.hardware, job.checkpoint_dir, p.speed), max_length=p.args.max_seq_len,
-                       completion_only_loss=True, packing=p.speed.packing == "on", packing_strategy="bfd")
+    chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
+    args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
+    config = SFTConfig(**args, max_length=p.args.max_seq_len, completion_only_loss=True,
+                       packing=p.speed.packing == "on", packing_strategy="bfd")
     callback = progress_callback(reporter, Path(job.output_dir))
-    chunked = p.speed.loss_kernel == "chunked" and lm_head.supported(p.model)
     reporter.log(f"speed: packing {p.speed.packing}, loss kernel {'chunked' if chunked else 'trl'}"
                  + (", torch.compile" if p.speed.torch_compile else ""))
     trainer = (chunked_loss_trainer() if chunked else SFTTrainer)(
@@ -66,7 +67,9 @@ def chunked_loss_trainer():
         """
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            if return_outputs or not model.training:
+            plain_nll = (self.args.loss_type == "nll" and self.compute_loss_func is None
+                         and self.label_smoother is None and not self.aux_loss_enabled)
+            if return_outputs or not model.training or not plain_nll:
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             labels = inputs["labels"]
             loss, counts = lm_head.causal_lm_loss(model, inputs, labels, num_items_in_batch)

@@ -106,10 +106,14 @@ def lora_config(lora: LoraSettings):
                       target_modules=lora.peft_target_modules(), task_type="CAUSAL_LM")
 
 
-def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed: Speed | None = None) -> dict:
-    """Trainer arguments every stage shares, from dragon_train_args-style settings."""
+def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed: Speed | None = None,
+                compiled_here: bool = False) -> dict:
+    """Trainer arguments every stage shares, from dragon_train_args-style settings.
+
+    compiled_here: the stage compiled its model itself (lm_head.use_chunked), so the trainer must not again.
+    """
     return dict(
-        torch_compile=bool(speed and speed.torch_compile),
+        torch_compile=bool(speed and speed.torch_compile and not compiled_here),
         output_dir=checkpoint_dir, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
         per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,

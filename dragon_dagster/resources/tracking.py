@@ -71,14 +71,15 @@ class MLflowTracking(ConfigurableResource):
             client.log_batch(run.info.run_id, params=items[start:start + 90])
         return run.info.run_id
 
-    def log_metrics(self, run_id: str, values: dict, step: int = 0) -> None:
+    def log_metrics(self, run_id: str, values: dict, step: int = 0, finite_only: bool = True) -> None:
+        """finite_only=False keeps NaN and inf: a training step's NaN loss is worth seeing on the chart."""
         import time
 
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(k, float(v), now, step) for k, v in values.items()
-                   if isinstance(v, (int, float)) and math.isfinite(v)]
+                   if isinstance(v, (int, float)) and (math.isfinite(v) or not finite_only)]
         if metrics:
             self.client().log_batch(run_id, metrics=metrics)
 

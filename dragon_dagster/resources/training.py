@@ -71,7 +71,7 @@ class TrainingResource(ConfigurableResource):
         status_file = Path(workdir) / "status.json"
         client = PipesSubprocessClient(termination_timeout_seconds=self.termination_timeout_s)
         command = [self.python or sys.executable, "-m", "dragon_dagster.engine.worker", str(run_file)]
-        forwarder = MetricsForwarder(stream, on_metrics) if on_metrics else None
+        forwarder = MetricsForwarder(stream, on_metrics, warn=context.log.warning) if on_metrics else None
         try:
             client.run(context=context, command=command, env=env or {})
         except DagsterPipesExecutionError as exc:
@@ -90,11 +90,16 @@ class TrainingResource(ConfigurableResource):
 
 
 class MetricsForwarder:
-    """Follows the worker's metrics stream on a thread and hands each whole line to a callback, then drains it."""
+    """Follows the worker's metrics stream on a thread and hands each whole line to a callback, then drains it.
 
-    def __init__(self, path: Path, on_metrics: Callable[[int, dict], None], interval_s: float = 1.0):
-        self.path, self.on_metrics, self.interval_s = path, on_metrics, interval_s
-        self.offset = 0
+    Metrics are a view of the run, not its result: a line that fails to parse or to log is reported once and
+    skipped, and never fails or blocks the training it describes.
+    """
+
+    def __init__(self, path: Path, on_metrics: Callable[[int, dict], None], interval_s: float = 1.0,
+                 warn: Callable[[str], None] = print):
+        self.path, self.on_metrics, self.interval_s, self.warn = path, on_metrics, interval_s, warn
+        self.offset, self.failures = 0, 0
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True, name="metrics-forwarder")
         self.thread.start()
@@ -104,21 +109,30 @@ class MetricsForwarder:
             self.forward()
 
     def forward(self) -> None:
-        if not self.path.exists():
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
             return
-        with self.path.open() as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind("\n") + 1]  # a line still being written waits for the next pass
-        self.offset += len(complete.encode())
-        for line in complete.splitlines():
-            record = json.loads(line)
-            self.on_metrics(record["step"], record["values"])
+        for line in chunk.splitlines(keepends=True):
+            if not line.endswith(b"\n"):
+                break  # still being written: the next pass takes it whole
+            self.offset += len(line)
+            try:
+                record = json.loads(line)
+                self.on_metrics(record["step"], record["values"])
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                self.failures += 1
+                if self.failures == 1:
+                    self.warn(f"could not forward step metrics to tracking ({type(exc).__name__}: {exc}); "
+                              "training goes on, the metrics stay in the artifact's progress.jsonl")
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 30) -> None:
         self.done.set()
-        self.thread.join()
-        self.forward()
+        self.thread.join(timeout_s)
+        if not self.thread.is_alive():
+            self.forward()
 
 
 def _read_status(path: Path) -> dict:
