@@ -17,8 +17,8 @@ from statistics import mean
 from . import progress
 from .evaluate import generate
 from .reporting import Reporter
-from .settings import TrainArgs
 from .rewards import RewardSet, trl_reward_funcs
+from .settings import TrainArgs
 from .training import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
 
 LIMITS = {"group_size": (2, 64), "beta": (0.0, 10.0), "temperature": (0.05, 3.0)}
