@@ -85,6 +85,12 @@ def supported(model, lora_targets: str | list[str] = "all-linear") -> str | None
     return None
 
 
+def backbone_and_head(model):
+    """The transformer body and the output head of a causal LM, under a PEFT wrapper or not."""
+    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(causal_lm, causal_lm.base_model_prefix), causal_lm.get_output_embeddings()
+
+
 def use_chunked(speed, model, lora_targets, reporter) -> bool:
     """Whether a trainer takes the chunked head; says why not when it was asked for and cannot.
 
@@ -98,14 +104,13 @@ def use_chunked(speed, model, lora_targets, reporter) -> bool:
         reporter.log(f"loss kernel: using TRL's head, since the chunked one does not support {reason}")
         return False
     if speed.torch_compile:
-        getattr(model, model.base_model_prefix).compile()
+        backbone_and_head(model)[0].compile()
     return True
 
 
 def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None) -> tuple[torch.Tensor, dict]:
     """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+    backbone, head = backbone_and_head(model)
     passed = {k: v for k, v in inputs.items() if k != "labels"}  # packed batches carry cu_seq_lens and the like
     hidden = backbone(**passed, use_cache=False).last_hidden_state[:, :-1]
     targets = labels[:, 1:].to(hidden.device)
@@ -113,7 +118,6 @@ def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch
     count = mask.sum()
     denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
     scale = 1.0 / float(denominator)
-    head = causal_lm.get_output_embeddings()
     loss, correct = ChunkedCrossEntropy.apply(hidden[mask], head.weight, targets[mask], scale, CHUNK_TOKENS)
     return loss, {"tokens": int(count), "correct": int(correct)}
 
@@ -161,13 +165,11 @@ def completion_logprobs(model, input_ids, attention_mask, n_completion: int, tem
                         chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities and entropies of the last n_completion tokens of each row, (rows, n_completion) each;
     zero where attention_mask is 0, as TRL returns them."""
-    causal_lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    backbone = getattr(causal_lm, causal_lm.base_model_prefix)
+    backbone, head = backbone_and_head(model)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     hidden = hidden[:, -n_completion - 1:-1]
     targets = input_ids[:, -n_completion:]
-    weight = causal_lm.get_output_embeddings().weight
-    logps, entropy = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets.reshape(-1),
+    logps, entropy = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
                                            temperature, chunk)
     keep = attention_mask[:, -n_completion:] != 0
     return logps.view(targets.shape) * keep, entropy.view(targets.shape) * keep
