@@ -146,13 +146,15 @@ def steady(rows: list[dict], skip: int) -> tuple[float, float, int]:
 
 
 def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, speed: dict, **extra) -> Path:
+    """A worker job file: the stage's settings (its kind's model in engine/spec/stages.py) and the paths."""
     out, ckpt = work / "out", work / "ckpt"
     out.mkdir(parents=True)
-    job = {"kind": kind, "model": str(model), "train_file": str(train), "output_dir": str(out),
-           "checkpoint_dir": str(ckpt), "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
-           "args": {"logging_steps": 1, "save_steps": 10_000, "grad_accum": 1, "max_seq_len": 1024,
-                    "warmup_ratio": 0.0, **args},
-           "speed": speed, "n_samples": 1, "max_new_tokens": 8, **extra}
+    settings = {"name": kind, "kind": kind, "dataset": "bench", "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
+                "args": {"logging_steps": 1, "save_steps": 10_000, "grad_accum": 1, "max_seq_len": 1024,
+                         "warmup_ratio": 0.0, **args},
+                "n_samples": 1, "max_new_tokens": 8, **extra}
+    job = {"settings": settings, "model": str(model), "train_file": str(train), "output_dir": str(out),
+           "checkpoint_dir": str(ckpt), "speed": speed}
     path = work / "job.json"
     path.write_text(json.dumps(job))
     return path
@@ -196,7 +198,7 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
     from dagster import AssetSelection, DagsterInstance, materialize
 
     from dragon_dagster.assets.factory import build_pipeline_defs
-    from dragon_dagster.engine.pipeline_spec import load as load_pipeline
+    from dragon_dagster.engine.spec.pipeline import load as load_pipeline
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     csv = work / "rows.csv"

@@ -106,7 +106,7 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
     """Record the numeric reward of every training group (TRL samples a prompt's group_size completions
     consecutively). TRL's frac_reward_zero_std looks at the total reward, which a continuous length reward
     almost always spreads, so it hides groups that carry no correctness signal; this counts those."""
-    from dragon_dagster.engine import grpo
+    from dragon_dagster.engine.train import grpo
     from dragon_dagster.engine.rewards import trl_reward_funcs
 
     groups: list[list[float]] = []
@@ -130,16 +130,16 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
 
 
 def accuracy(completions: list[str], rows: list[dict]) -> list[float]:
-    from dragon_dagster.engine.metrics import numeric
+    from dragon_dagster.engine.evaluate.metrics import numeric
 
     return [numeric(c, r["reference"]) for c, r in zip(completions, rows)]
 
 
 def long_eval(model_dir: str, adapter_dir: Path, rows: list[dict], device: str, max_new_tokens: int) -> dict:
     """Held-out numeric accuracy with a longer budget, base model and adapter, greedy."""
-    from dragon_dagster.engine.evaluate import generate
+    from dragon_dagster.engine.evaluate.replies import generate
     from dragon_dagster.engine.models import load_model, load_tokenizer
-    from dragon_dagster.engine.settings import Hardware
+    from dragon_dagster.engine.spec.settings import Hardware
     from peft import PeftModel
 
     tokenizer = load_tokenizer(model_dir)
@@ -158,9 +158,11 @@ def main(argv=None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from dragon_dagster.engine import models, progress
-    from dragon_dagster.engine.data import PromptsMapping, map_prompts, read_table, split_rows, write_jsonl
-    from dragon_dagster.engine.grpo import GRPOJob, train_grpo
+    from dragon_dagster.engine import models
+    from dragon_dagster.engine.train import progress
+    from dragon_dagster.engine.data.tables import PromptsMapping, map_prompts, read_table, split_rows, write_jsonl
+    from dragon_dagster.engine.spec.stages import GRPO
+    from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
 
     train_seed = args.seed if args.train_seed is None else args.train_seed
     rows = map_prompts(read_table(DATA), PromptsMapping(prompt="question", reference="answer"))
@@ -174,17 +176,17 @@ def main(argv=None) -> dict:
     if s["length_weight"] > 0:
         rewards.append({"type": "length", "max_chars": s["length_max_chars"], "weight": s["length_weight"]})
     model_dir = str(models.embedded_model_dir())
-    job = GRPOJob(
-        model=model_dir, train_file=str(out / "train.jsonl"), eval_file=str(out / "eval.jsonl"),
-        output_dir=str(out), checkpoint_dir=str(out / "checkpoints"),
+    settings = GRPO(
+        name="grpo_adapter", kind="grpo", dataset="arithmetic",
         lora={"r": s["lora_r"], "alpha": s["lora_alpha"], "dropout": 0.05, "target_modules": "auto"},
         args={"epochs": 1, "learning_rate": s["lr"], "batch_size": s["batch_size"], "grad_accum": 1,
               "max_seq_len": 256, "max_steps": s["steps"], "warmup_ratio": 0.0, "logging_steps": 1,
               "save_steps": 10_000, "seed": train_seed},
-        hardware={"device": args.device}, n_samples=len(held), max_new_tokens=s["max_new_tokens"],
-        rewards=rewards, group_size=s["group_size"], beta=s["beta"], temperature=s["temperature"],
-        max_eval_prompts=len(held),
-    )
+        n_samples=len(held), max_new_tokens=s["max_new_tokens"], rewards=rewards, group_size=s["group_size"],
+        beta=s["beta"], temperature=s["temperature"], max_eval_prompts=len(held))
+    job = GRPOJob(settings=settings, model=model_dir, train_file=str(out / "train.jsonl"),
+                  eval_file=str(out / "eval.jsonl"), output_dir=str(out), checkpoint_dir=str(out / "checkpoints"),
+                  hardware={"device": args.device})
     groups = watch_numeric_groups(s["group_size"])
     started = time.time()
     summary = train_grpo(job, StderrReporter())

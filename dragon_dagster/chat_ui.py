@@ -25,8 +25,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from .engine.backends import Backend, BackendError, as_backend  # noqa: E402
-from .engine.chat import Chat, ChatError  # noqa: E402
+from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
+from .engine.infer.chat import Chat, ChatError  # noqa: E402
 from .engine.feedback import FeedbackError, FeedbackStore  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.

@@ -33,15 +33,22 @@ def main():
 
 
 @main.command()
-@click.option("--pipeline", default="support", show_default=True, help="Pipeline name (a YAML file's name:).")
+@click.option("--pipeline", default="support", show_default=True, help="Pipeline name (its attributes' name:).")
 @click.option("--profile", default="quick", show_default=True, help="Profile of overrides from the YAML; '' for none.")
-def demo(pipeline: str, profile: str):
+@click.option("--defs-module", default=None,
+              help="Definitions module to find the pipeline in. Default: the Dagster project in the current "
+                   "directory (pyproject.toml), else dragon_dagster.definitions.")
+def demo(pipeline: str, profile: str, defs_module: str | None):
     """Materialize a whole pipeline end to end and print stage times and artifact paths."""
     ensure_dagster_home()
-    from .assets.launch import materialize_pipeline
+    from .assets.launch import find_pipeline, load_definitions, materialize_pipeline
 
     started = time.time()
-    outcome = materialize_pipeline(pipeline, profile or None)
+    try:
+        found = find_pipeline(pipeline, load_definitions(defs_module))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    outcome = materialize_pipeline(found, profile or None)
     table = Table(title=f"{pipeline} pipeline, profile {profile or 'none'}")
     for column in ("asset", "seconds", "status"):
         table.add_column(column)
@@ -71,7 +78,7 @@ def demo(pipeline: str, profile: str):
 def generate(target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: int, temperature: float,
              system: str | None):
     """Reply to PROMPTS with TARGET: an adapter or merged-model artifact dir, or an asset like support/sft_adapter."""
-    from .engine.evaluate import generate as generate_replies
+    from .engine.evaluate.replies import generate as generate_replies
     from .engine.models import load_artifact_model
 
     model, tokenizer, described = load_artifact_model(resolve_target(target), base=base)
@@ -147,7 +154,7 @@ def chat_target(pipeline: str, model: str | None, server_model: str | None):
 @chat_options
 def chat(pipeline, model, server_model, system, context_turns):
     """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
-    from .engine.chat import Chat, run_terminal
+    from .engine.infer.chat import Chat, run_terminal
     from .engine.feedback import FeedbackStore
 
     spec, label, store_path = chat_target(pipeline, model, server_model)

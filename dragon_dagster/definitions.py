@@ -1,27 +1,10 @@
-"""The one Definitions object: every pipeline YAML's assets, checks, jobs, sensors and schedules, with
-resources from the environment."""
-
-from __future__ import annotations
+"""The code location: every pipeline component under defs/, with resources from the environment."""
 
 from pathlib import Path
 
-from dagster import Definitions
+from dagster import Definitions, load_from_defs_folder
 
-from .assets import build_pipeline_defs
-from .engine.pipeline_spec import discover
-from .resources import ArtifactStore, MLflowTracking, TrainingResource
+from .resources import default_resources
 
-
-def default_resources() -> dict:
-    return {"store": ArtifactStore(), "tracking": MLflowTracking(), "training": TrainingResource()}
-
-
-def build_definitions(pipeline_dirs: list[Path] | None = None, resources: dict | None = None) -> Definitions:
-    parts = {"assets": [], "asset_checks": [], "jobs": [], "sensors": [], "schedules": []}
-    for pipeline in discover(pipeline_dirs):
-        for name, values in build_pipeline_defs(pipeline).items():
-            parts[name] += values
-    return Definitions(**parts, resources=resources or default_resources())
-
-
-defs = build_definitions()
+defs = Definitions.merge(load_from_defs_folder(path_within_project=Path(__file__).parent),
+                         Definitions(resources=default_resources()))

@@ -38,11 +38,17 @@ def tiny_model(embedded_dir, tmp_path_factory) -> Path:
     return models.build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", tokenizer_from=str(embedded_dir))
 
 
+def component_yaml(attributes: str) -> str:
+    """A pipeline component's defs.yaml around a pipeline's YAML (its attributes)."""
+    return "type: dragon_dagster.PostTrainingPipeline\nattributes:\n" + textwrap.indent(attributes, "  ")
+
+
 def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str = TINY_ARGS,
                    prompt: str = "{subject}\\n\\n{body}", data: str = "example:tickets.csv") -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{name}.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    """defs.yaml of a tiny pipeline component in directory/name; returns its path."""
+    path = directory / name / "defs.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(component_yaml(textwrap.dedent(f"""\
         name: {name}
         model: {model}
         datasets:
@@ -57,8 +63,49 @@ def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str =
           sft: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           evaluate: {{max_new_tokens: 4, n_samples: 1}}
-        """))
+        """)))
     return path
+
+
+PROJECT_PYPROJECT = """\
+[project]
+name = "{name}"
+version = "0.1.0"
+dependencies = ["dragon-dagster"]
+
+[tool.dg]
+directory_type = "project"
+
+[tool.dg.project]
+root_module = "{name}"
+defs_module = "{name}.defs"
+code_location_target_module = "{name}.definitions"
+code_location_name = "{name}"
+
+[tool.dagster]
+module_name = "{name}.definitions"
+code_location_name = "{name}"
+"""
+PROJECT_DEFINITIONS = """\
+from pathlib import Path
+
+import dagster as dg
+
+from dragon_dagster.resources import default_resources
+
+defs = dg.Definitions.merge(dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
+                            dg.Definitions(resources=default_resources()))
+"""
+
+
+def user_project(root: Path, name: str = "trainlab") -> Path:
+    """A Dagster project of a user's, as the README sets one up: pyproject, definitions.py, an empty defs/.
+    Returns its defs folder; the project imports with root on PYTHONPATH."""
+    (root / name / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PROJECT_PYPROJECT.format(name=name))
+    (root / name / "__init__.py").write_text("")
+    (root / name / "definitions.py").write_text(PROJECT_DEFINITIONS)
+    return root / name / "defs"
 
 
 @pytest.fixture()
@@ -77,19 +124,19 @@ def materialized(tiny_model, tmp_path_factory):
     from dagster import DagsterInstance
 
     from dragon_dagster.assets.launch import materialize_pipeline
+    from dragon_dagster.engine.spec.pipeline import load
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     root = tmp_path_factory.mktemp("chain")
-    pipelines = root / "pipelines"
-    write_pipeline(pipelines, tiny_model)
+    pipeline = load(write_pipeline(root / "defs", tiny_model))
     runs = root / "runs"
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
     (root / "dagster_home").mkdir()
     instance = DagsterInstance.local_temp(str(root / "dagster_home"))
-    outcome = materialize_pipeline("tiny", dirs=[pipelines], resources=resources, instance=instance)
+    outcome = materialize_pipeline(pipeline, resources=resources, instance=instance)
     return {"outcome": outcome, "runs": runs, "instance": instance, "tracking": resources["tracking"],
-            "pipelines": pipelines}
+            "pipeline": pipeline}
 
 
 # ---------------------------------------------------------------- OpenAI-compatible servers on loopback

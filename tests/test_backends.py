@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dragon_dagster.engine import backends
-from dragon_dagster.engine.backends import (BackendError, LocalBackend, ServerBackend, as_backend,
+from dragon_dagster.engine.infer import backends
+from dragon_dagster.engine.infer.backends import (BackendError, LocalBackend, ServerBackend, as_backend,
                                             backend_from_dict, cache_stats, clear_cache)
 
 from .conftest import closed_port, completion
@@ -201,7 +201,7 @@ def test_transformers_serve_matches_local_generation(served, chatty_model):
 # ------------------------------------------------------------------------------------------ judge over HTTP
 
 def test_judge_over_a_server_backend(stub, tmp_path):
-    from dragon_dagster.engine.judge import Judge
+    from dragon_dagster.engine.evaluate.judge import Judge
 
     server = stub(lambda n, body: (200, completion('Sure!\n```json\n{"score": "8", "reason": "fine"}\n```')))
     judge = Judge(ServerBackend(server.url, "judge-model", concurrency=2), cache_path=tmp_path / "judge.sqlite")
@@ -216,5 +216,7 @@ def test_judge_over_a_server_backend(stub, tmp_path):
 
 
 def test_module_is_framework_free():
-    source = Path(backends.__file__).read_text() + Path(backends.__file__).with_name("judge.py").read_text()
+    from dragon_dagster.engine.evaluate import judge
+
+    source = Path(backends.__file__).read_text() + Path(judge.__file__).read_text()
     assert "import dagster" not in source and "from dagster" not in source

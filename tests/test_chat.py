@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from dragon_dagster.engine.backends import Backend, BackendError, ServerBackend
-from dragon_dagster.engine.chat import Chat, ChatError, run_terminal
-from dragon_dagster.engine.data import read_jsonl
+from dragon_dagster.engine.infer.backends import Backend, BackendError, ServerBackend
+from dragon_dagster.engine.infer.chat import Chat, ChatError, run_terminal
+from dragon_dagster.engine.data.tables import read_jsonl
 from dragon_dagster.engine.feedback import FeedbackStore, preference_pairs, sft_conversations
 
 from .conftest import completion

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dragon_dagster import chat_ui
-from dragon_dagster.engine.backends import Backend
-from dragon_dagster.engine.chat import Chat
+from dragon_dagster.engine.infer.backends import Backend
+from dragon_dagster.engine.infer.chat import Chat
 from dragon_dagster.engine.feedback import FeedbackStore
 
 CHROMIUM = Path("/usr/bin/chromium")

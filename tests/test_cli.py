@@ -56,7 +56,7 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
 
     import requests
 
-    from dragon_dagster.engine.backends import ServerBackend
+    from dragon_dagster.engine.infer.backends import ServerBackend
 
     from .conftest import closed_port
 

@@ -3,9 +3,9 @@ import json
 import pandas as pd
 import pytest
 
-from dragon_dagster.engine import data
-from dragon_dagster.engine.data import DataError, Mapping
-from dragon_dagster.engine.pipeline_spec import EXAMPLE_DIR
+from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data.tables import DataError, Mapping
+from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
 
 TICKETS = EXAMPLE_DIR / "tickets.csv"
 

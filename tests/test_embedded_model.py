@@ -2,8 +2,10 @@
 
 import pytest
 
-from dragon_dagster.engine import evaluate, models, sft
-from dragon_dagster.engine.reporting import Reporter
+from dragon_dagster.engine import models
+from dragon_dagster.engine.evaluate import replies as evaluate
+from dragon_dagster.engine.train import sft
+from dragon_dagster.engine.reporter import Reporter
 
 from .test_engine_training import job, ticket_files
 

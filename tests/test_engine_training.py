@@ -7,15 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from dragon_dagster.engine import data, models, sft
-from dragon_dagster.engine.merge import MergeJob, merge_chain
-from dragon_dagster.engine.pipeline_spec import EXAMPLE_DIR
-from dragon_dagster.engine.reporting import Reporter
+from dragon_dagster.engine import models
+from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.train import sft
+from dragon_dagster.engine.train.merge import MergeJob, merge_chain
+from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
+from dragon_dagster.engine.spec.stages import SFT, Merge
+from dragon_dagster.engine.reporter import Reporter
 
 
 def test_engine_imports_no_dagster():
-    code = ("import sys; import dragon_dagster.engine.sft, dragon_dagster.engine.worker, "
-            "dragon_dagster.engine.report, dragon_dagster.engine.merge, dragon_dagster.engine.runs; "
+    code = ("import sys; import dragon_dagster.engine.train.sft, dragon_dagster.engine.worker, "
+            "dragon_dagster.engine.evaluate.report, dragon_dagster.engine.train.merge, dragon_dagster.engine.runs; "
             "bad = [m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')]; print(bad); assert not bad")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -35,9 +38,9 @@ def job(tmp_path, model, train, held, **args) -> sft.SFTJob:
     out.mkdir(exist_ok=True)
     settings = {"max_steps": 4, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 2,
                 "max_seq_len": 128, "learning_rate": 5e-3, **args}
-    return sft.SFTJob(model=str(model), train_file=str(train), eval_file=str(held), output_dir=str(out),
-                      checkpoint_dir=str(tmp_path / "ckpt"), args=settings, hardware={"device": "cpu"},
-                      n_samples=2, max_new_tokens=4)
+    stage = SFT(name="sft_adapter", kind="sft", dataset="tickets", args=settings, n_samples=2, max_new_tokens=4)
+    return sft.SFTJob(settings=stage, model=str(model), train_file=str(train), eval_file=str(held),
+                      output_dir=str(out), checkpoint_dir=str(tmp_path / "ckpt"), hardware={"device": "cpu"})
 
 
 def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
@@ -115,7 +118,8 @@ def test_merge_folds_the_adapter_into_a_plain_transformers_model(tiny_model, tmp
     sft.train_sft(job(tmp_path, tiny_model, train, held), Reporter())
     merged = tmp_path / "merged"
     merged.mkdir()
-    info = merge_chain(MergeJob(model=str(tiny_model), adapters=[str(tmp_path / "out" / "adapter")],
+    info = merge_chain(MergeJob(settings=Merge(name="merged_model", kind="merge"), model=str(tiny_model),
+                                adapters=[str(tmp_path / "out" / "adapter")],
                                 output_dir=str(merged), hardware={"device": "cpu"}), Reporter())
     plain = AutoModelForCausalLM.from_pretrained(merged / "model")
     with_adapter = models.load_model(str(tiny_model), models.Hardware(device="cpu"),

@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dragon_dagster.engine import lm_head, sft
-from dragon_dagster.engine.reporting import Reporter
-from dragon_dagster.engine.settings import SettingsError, Speed, build
+from dragon_dagster.engine.spec.stages import GRPO
+from dragon_dagster.engine.train import lm_head, sft
+from dragon_dagster.engine.reporter import Reporter
+from dragon_dagster.engine.spec.settings import SettingsError, Speed, build
 from tests.test_engine_training import job, ticket_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,23 +148,24 @@ def test_sft_with_the_chunked_head_trains_exactly_like_trl(tiny_model, tmp_path)
 
 
 def grpo_rows_logged(tmp_path, tiny_model, kernel: str) -> list[dict]:
-    from dragon_dagster.engine import data
-    from dragon_dagster.engine.grpo import GRPOJob, train_grpo
-    from dragon_dagster.engine.pipeline_spec import EXAMPLE_DIR
+    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
+    from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
 
     work = tmp_path / kernel
     (work / "out").mkdir(parents=True)
     prompts = data.map_prompts(data.read_table(EXAMPLE_DIR / "arithmetic.csv"),
                                data.PromptsMapping(prompt="question", reference="answer"))[:16]
     data.write_jsonl(work / "prompts.jsonl", prompts)
-    run = GRPOJob(model=str(tiny_model), train_file=str(work / "prompts.jsonl"), output_dir=str(work / "out"),
-                  checkpoint_dir=str(work / "ckpt"), hardware={"device": "cpu"},
-                  args={"max_steps": 2, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
-                        "learning_rate": 5e-2, "warmup_ratio": 0.0},
+    settings = GRPO(name="grpo_adapter", kind="grpo", dataset="prompts",
+                    args={"max_steps": 2, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
+                          "learning_rate": 5e-2, "warmup_ratio": 0.0},
+                    rewards=[{"type": "length", "max_chars": 24}], group_size=8, beta=0.04, temperature=0.7,
+                    max_new_tokens=6, max_eval_prompts=2, n_samples=1)
+    run = GRPOJob(settings=settings, model=str(tiny_model), train_file=str(work / "prompts.jsonl"),
+                  output_dir=str(work / "out"), checkpoint_dir=str(work / "ckpt"), hardware={"device": "cpu"},
                   # one sampling round for both steps: step 2 weighs the same samples against step 1's update
-                  speed={"loss_kernel": kernel, "generation_batch_size": 32},
-                  rewards=[{"type": "length", "max_chars": 24}], group_size=8, beta=0.04, temperature=0.7,
-                  max_new_tokens=6, max_eval_prompts=2, n_samples=1)
+                  speed={"loss_kernel": kernel, "generation_batch_size": 32})
     result = train_grpo(run, Reporter())
     assert result["speed"] == {"loss_kernel": kernel, "generation_batch_size": 32}
     return [r for r in progress_rows(work / "out") if r.get("grad_norm") is not None]
@@ -182,11 +184,12 @@ def test_grpo_with_chunked_log_probs_trains_exactly_like_trl(tiny_model, tmp_pat
 
 
 def test_grpo_generation_batch_must_hold_whole_steps(tiny_model, tmp_path):
-    from dragon_dagster.engine.grpo import GRPOJob, train_grpo
+    from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
 
-    run = GRPOJob(model=str(tiny_model), train_file=str(tmp_path / "none.jsonl"), output_dir=str(tmp_path),
-                  checkpoint_dir=str(tmp_path / "ckpt"), args={"batch_size": 2}, group_size=4,
-                  speed={"generation_batch_size": 12}, rewards=[{"type": "length", "max_chars": 5}])
+    settings = GRPO(name="grpo_adapter", kind="grpo", dataset="prompts", args={"batch_size": 2}, group_size=4,
+                    rewards=[{"type": "length", "max_chars": 5}])
+    run = GRPOJob(settings=settings, model=str(tiny_model), train_file=str(tmp_path / "none.jsonl"),
+                  output_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ckpt"), speed={"generation_batch_size": 12})
     with pytest.raises(ValueError, match=r"generation_batch_size \(12\) must be a multiple .* = 8"):
         train_grpo(run, Reporter())
 
@@ -235,7 +238,7 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
     for kind in ("sft", "merge"):
         (tmp_path / kind).mkdir()
         with pytest.raises(Exception):  # the jobs are empty: the worker fails, but the job file stays
-            resource.run_job(build_asset_context(), {"kind": kind}, tmp_path / kind)
+            resource.run_job(build_asset_context(), {"settings": {"kind": kind}}, tmp_path / kind)
         seen[kind] = json.loads((tmp_path / kind / "job.json").read_text())
     assert seen["sft"]["speed"]["loss_kernel"] == "trl" and "speed" not in seen["merge"]
 
@@ -256,7 +259,7 @@ def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
 
 
 def test_metrics_forwarder_hands_on_whole_lines_only(tmp_path):
-    from dragon_dagster.resources.training import MetricsForwarder
+    from dragon_dagster.resources.launcher import MetricsForwarder
 
     stream, seen = tmp_path / "stream.jsonl", []
     forwarder = MetricsForwarder(stream, lambda step, values: seen.append((step, values)), interval_s=60)
@@ -270,7 +273,7 @@ def test_metrics_forwarder_hands_on_whole_lines_only(tmp_path):
 
 
 def test_metrics_forwarder_skips_what_it_cannot_log_and_keeps_going(tmp_path):
-    from dragon_dagster.resources.training import MetricsForwarder
+    from dragon_dagster.resources.launcher import MetricsForwarder
 
     stream, seen, warnings = tmp_path / "stream.jsonl", [], []
 

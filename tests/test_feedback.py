@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dragon_dagster.engine.data import conversation_row
+from dragon_dagster.engine.data.tables import conversation_row
 from dragon_dagster.engine.feedback import FeedbackError, FeedbackStore, preference_pairs, sft_conversations
 
 ROOT = Path(__file__).resolve().parents[1]

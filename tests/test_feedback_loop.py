@@ -7,8 +7,7 @@ from pathlib import Path
 from dagster import AssetKey, AssetSelection, build_schedule_context, build_sensor_context, materialize
 
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.assets.feedback import RANGE_TAG
-from dragon_dagster.assets.launch import find_pipeline
+from dragon_dagster.assets.automation import RANGE_TAG
 from dragon_dagster.engine.feedback import FeedbackStore
 
 
@@ -16,7 +15,7 @@ def parts_and_resources(materialized):
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     runs = materialized["runs"]
-    parts = build_pipeline_defs(find_pipeline("tiny", [materialized["pipelines"]]))
+    parts = build_pipeline_defs(materialized["pipeline"])
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
     return parts, resources

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from dragon_dagster.engine.backends import Backend
-from dragon_dagster.engine.judge import (Judge, PairwiseResult, Score, combine, parse_json_answer, parse_score,
+from dragon_dagster.engine.infer.backends import Backend
+from dragon_dagster.engine.evaluate.judge import (Judge, PairwiseResult, Score, combine, parse_json_answer, parse_score,
                                          parse_winner, score_summary)
 
 

@@ -2,8 +2,11 @@ import math
 
 import pytest
 
-from dragon_dagster.engine import metrics
-from dragon_dagster.engine.settings import Hardware, LoraSettings, SettingsError, TrainArgs, build
+from dragon_dagster.engine.evaluate import metrics
+from pydantic import ValidationError
+
+from dragon_dagster.engine.spec.settings import Hardware, SettingsError, build
+from dragon_dagster.engine.spec.stages import Lora, TrainArgs
 
 
 def test_task_metrics_follow_dragon_metrics():
@@ -32,17 +35,25 @@ def test_task_metrics_follow_dragon_metrics():
     (TrainArgs, {"batch_size": 0}, "batch_size"),
     (TrainArgs, {"warmup_ratio": 1.5}, "warmup_ratio"),
     (TrainArgs, {"max_steps": -3}, "max_steps"),
-    (LoraSettings, {"r": 0}, "lora.r"),
-    (LoraSettings, {"dropout": 1.0}, "lora.dropout"),
-    (Hardware, {"device": "tpu"}, "hardware.device"),
-    (Hardware, {"dtype": "int8"}, "hardware.dtype"),
+    (TrainArgs, {"learning_rate": float("nan")}, "learning_rate"),
+    (Lora, {"r": 0}, "r"),
+    (Lora, {"dropout": 1.0}, "dropout"),
 ])
-def test_out_of_range_settings_name_the_field(cls, values, field):
+def test_out_of_range_stage_settings_name_the_field(cls, values, field):
+    with pytest.raises(ValidationError) as raised:
+        cls(**values)
+    assert [e["loc"] for e in raised.value.errors()] == [(field,)]
+
+
+@pytest.mark.parametrize("values,field", [({"device": "tpu"}, "hardware.device"), ({"dtype": "int8"}, "hardware.dtype")])
+def test_out_of_range_hardware_names_the_field(values, field):
     with pytest.raises(SettingsError, match=field):
-        build(cls, values, cls.__name__)
+        build(Hardware, values, "hardware")
 
 
 def test_unknown_settings_are_named_not_ignored():
-    with pytest.raises(SettingsError, match="learning_rat"):
-        build(TrainArgs, {"learning_rat": 1e-4}, "args")
-    assert build(TrainArgs, {"epochs": 1}, "args").learning_rate == 2e-4  # dragon_train_args defaults
+    with pytest.raises(ValidationError, match="learning_rat"):
+        TrainArgs(learning_rat=1e-4)
+    with pytest.raises(SettingsError, match="devise"):
+        build(Hardware, {"devise": "cpu"}, "hardware")
+    assert TrainArgs(epochs=1).learning_rate == 2e-4  # dragon_train_args defaults

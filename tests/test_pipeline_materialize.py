@@ -7,6 +7,7 @@ from dagster import DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.engine.artifacts import read_manifest
+from dragon_dagster.engine.spec.pipeline import load
 
 from .conftest import write_pipeline
 
@@ -32,7 +33,7 @@ def test_artifact_dirs_are_immutable_and_hold_what_reproduces_them(materialized)
     for name in ("job.json", "data/train.jsonl", "data/eval.jsonl", "adapter/adapter_model.safetensors",
                  "progress.jsonl", "samples.jsonl", "loss.png"):
         assert (art["sft_adapter"] / name).exists(), name
-    assert json.loads((art["sft_adapter"] / "job.json").read_text())["args"]["learning_rate"] == 5e-3
+    assert json.loads((art["sft_adapter"] / "job.json").read_text())["settings"]["args"]["learning_rate"] == 5e-3
     report = json.loads((art["evaluation_report"] / "report.json").read_text())
     assert report["rows"] == 10 and report["base"]["eval_loss"] > report["merged"]["eval_loss"]
     assert set(report["merged"]["metrics"]) == {"exact", "contains", "token_f1", "json_valid", "numeric", "length_ratio"}
@@ -40,6 +41,20 @@ def test_artifact_dirs_are_immutable_and_hold_what_reproduces_them(materialized)
     runs_dir = materialized["runs"] / "artifacts" / "tiny"
     assert not list(runs_dir.glob("*/.tmp-*")), "no half-written artifact directories are left"
     assert not list((materialized["runs"] / "checkpoints").rglob("checkpoint-*")), "checkpoints cleaned on success"
+
+
+def test_each_job_file_is_what_the_worker_reads_and_the_stage_s_settings(materialized):
+    from dragon_dagster.engine.worker import load_job
+
+    art = {k: Path(v) for k, v in materialized["outcome"]["artifacts"].items()}
+    pipeline = materialized["pipeline"]
+    for name in ("sft_adapter", "merged_model", "evaluation_report"):
+        written = json.loads((art[name] / "job.json").read_text())
+        job, run = load_job(written)
+        assert job.settings == pipeline.stage(name), name  # YAML + defaults, unchanged on the way
+        assert written["settings"] == read_manifest(art[name])["settings"] == job.settings.model_dump()
+        assert run.__name__ == {"sft_adapter": "train_sft", "merged_model": "merge_chain",
+                                "evaluation_report": "evaluate_report"}[name]
 
 
 def test_merged_model_loads_with_plain_transformers(materialized):
@@ -104,10 +119,9 @@ def failed_message(outcome_instance, run_id) -> str:
 
 
 def test_missing_column_fails_fast_naming_the_columns_and_writes_nothing(tiny_model, tmp_path, resources_for):
-    write_pipeline(tmp_path / "p", tiny_model, prompt="{subject}\\n\\n{message}")
+    path = write_pipeline(tmp_path / "p", tiny_model, prompt="{subject}\\n\\n{message}")
     instance = DagsterInstance.ephemeral()
-    outcome = materialize_pipeline("tiny", dirs=[tmp_path / "p"], resources=resources_for(tmp_path / "runs"),
-                                   instance=instance)
+    outcome = materialize_pipeline(load(path), resources=resources_for(tmp_path / "runs"), instance=instance)
     assert not outcome["success"]
     statuses = {s["asset"]: s["status"] for s in outcome["stages"]}
     assert statuses["tiny/tickets"] == "SUCCESS" and statuses["tiny/sft_dataset"] == "FAILURE"
@@ -122,20 +136,19 @@ def test_bad_settings_fail_before_training_and_keep_earlier_artifacts(materializ
     from dagster import AssetSelection, materialize
 
     from dragon_dagster.assets.factory import build_pipeline_defs
-    from dragon_dagster.assets.launch import find_pipeline
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     runs = materialized["runs"]
     before = sorted(p for p in (runs / "artifacts").rglob("*") if p.is_file())
-    parts = build_pipeline_defs(find_pipeline("tiny", [materialized["pipelines"]]))
+    parts = build_pipeline_defs(materialized["pipeline"])
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
     result = materialize(parts["assets"], instance=materialized["instance"], resources=resources,
                          selection=AssetSelection.keys(["tiny", "sft_adapter"]), raise_on_error=False,
-                         run_config={"ops": {"tiny__sft_adapter": {"config": {"learning_rate": -1e-4}}}})
+                         run_config={"ops": {"tiny__sft_adapter": {"config": {"args": {"learning_rate": -1e-4}}}}})
     assert not result.success
     message = failed_message(materialized["instance"], result.run_id)
-    assert "learning_rate must be positive" in message
+    assert "args.learning_rate: Input should be greater than 0 (got -0.0001)" in message
     after = sorted(p for p in (runs / "artifacts").rglob("*") if p.is_file())
     assert after == before
     from mlflow import MlflowClient
@@ -147,10 +160,9 @@ def test_bad_settings_fail_before_training_and_keep_earlier_artifacts(materializ
 
 
 def test_an_unloadable_model_fails_fast_with_the_fix_named(tmp_path, resources_for):
-    write_pipeline(tmp_path / "p", "someone/unreachable-model")
+    path = write_pipeline(tmp_path / "p", "someone/unreachable-model")
     instance = DagsterInstance.ephemeral()
-    outcome = materialize_pipeline("tiny", dirs=[tmp_path / "p"], resources=resources_for(tmp_path / "runs"),
-                                   instance=instance)
+    outcome = materialize_pipeline(load(path), resources=resources_for(tmp_path / "runs"), instance=instance)
     assert not outcome["success"]
     message = failed_message(instance, outcome["run_id"])
     assert "someone/unreachable-model" in message and "preset" in message

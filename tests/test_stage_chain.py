@@ -9,6 +9,8 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline
+from dragon_dagster.engine.spec.pipeline import load
+from dragon_dagster.engine.worker import load_job
 from dragon_dagster.engine.artifacts import read_manifest
 
 from .test_pipeline_materialize import failed_message
@@ -59,7 +61,7 @@ def chain(tiny_model, tmp_path_factory):
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
     instance = DagsterInstance.ephemeral()
-    outcome = materialize_pipeline("chain", dirs=[root / "pipelines"], resources=resources, instance=instance)
+    outcome = materialize_pipeline(load(root / "pipelines" / "chain.yaml"), resources=resources, instance=instance)
     return {"outcome": outcome, "runs": runs, "tracking": resources["tracking"], "instance": instance}
 
 
@@ -114,7 +116,10 @@ def test_grpo_logs_progress_columns_and_measures_before_and_after(chain):
     assert {g["reward"] for g in groups} == {"numeric", "length", "short"}  # per-reward group variance
     assert all(0.0 <= g["zero_std_frac"] <= 1.0 for g in groups)
     job = json.loads((art / "job.json").read_text())
-    assert job["group_size"] == 4 and job["rewards"][2]["file"] == "rewards/short_reward.py"
+    assert job["settings"]["group_size"] == 4 and job["settings"]["rewards"][2]["file"] == "rewards/short_reward.py"
+    for name in ("preference_pairs", "dpo_adapter", "grpo_adapter"):  # each job file is what the worker reads
+        written = json.loads((Path(chain["outcome"]["artifacts"][name]) / "job.json").read_text())
+        assert load_job(written)[0].settings.model_dump() == written["settings"]
     run = MlflowClient(chain["tracking"].uri).get_run(manifest["mlflow_run_id"])
     assert {"train/reward", "train/kl", "train/rewards/numeric/mean", "eval/reward_before", "eval/reward"} <= set(
         run.data.metrics)
@@ -133,7 +138,7 @@ def run_small(tmp_path, tiny_model, resources_for, yaml_text: str):
     (tmp_path / "p").mkdir(exist_ok=True)
     (tmp_path / "p" / "small.yaml").write_text(textwrap.dedent(yaml_text).replace("MODEL", str(tiny_model)))
     instance = DagsterInstance.ephemeral()
-    outcome = materialize_pipeline("small", dirs=[tmp_path / "p"], resources=resources_for(tmp_path / "runs"),
+    outcome = materialize_pipeline(load(tmp_path / "p" / "small.yaml"), resources=resources_for(tmp_path / "runs"),
                                    instance=instance)
     return outcome, instance
 

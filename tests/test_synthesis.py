@@ -5,13 +5,22 @@ import re
 
 import pytest
 
-from dragon_dagster.engine import data
-from dragon_dagster.engine.backends import LocalBackend
-from dragon_dagster.engine.reporting import Reporter
-from dragon_dagster.engine.synthesis import (PairsJob, SyntheticJob, quality_pass, synthesize_pairs,
-                                             synthesize_sft)
+from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.infer.backends import LocalBackend
+from dragon_dagster.engine.reporter import Reporter
+from dragon_dagster.engine.data.synthesis import (PairsJob, SyntheticJob, quality_pass, synthesize_pairs,
+                                                  synthesize_sft)
+from dragon_dagster.engine.spec.stages import PreferencePairs, SyntheticDataset
 
 from .conftest import completion
+
+
+def pairs_settings(**settings) -> PreferencePairs:
+    return PreferencePairs(name="preference_pairs", kind="preference_pairs", dataset="prompts", **settings)
+
+
+def synthetic(**settings) -> SyntheticDataset:
+    return SyntheticDataset(name="synthetic", kind="synthetic_dataset", dataset="prompts", **settings)
 
 
 def chat_rows(n=6):
@@ -40,9 +49,9 @@ def test_teacher_through_transformers_serve_writes_sft_rows(served, tmp_path):
     data.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(6))
     (tmp_path / "out").mkdir()
     teacher = {"type": "server", "base_url": served["url"], "model": served["model"], "timeout": 60}
-    result = synthesize_sft(SyntheticJob(prompts_file=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"),
-                                         teacher=teacher, max_new_tokens=6, temperature=0.0, dedupe=False),
-                            Reporter())
+    settings = synthetic(teacher=teacher, max_new_tokens=6, temperature=0.0, dedupe=False)
+    result = synthesize_sft(SyntheticJob(settings=settings, prompts_file=str(tmp_path / "prompts.jsonl"),
+                                         output_dir=str(tmp_path / "out")), Reporter())
     rows = data.read_jsonl(tmp_path / "out" / "train.jsonl") + data.read_jsonl(tmp_path / "out" / "eval.jsonl")
     assert result["kept"] == len(rows) == 6 - sum(result["dropped"].values())
     local = LocalBackend(served["model"], device="cpu", batch_size=1).chat(
@@ -53,10 +62,11 @@ def test_teacher_through_transformers_serve_writes_sft_rows(served, tmp_path):
 def test_a_judge_that_never_returns_json_drops_every_prompt_with_a_count(served, chatty_model, tmp_path):
     data.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(3))
     (tmp_path / "out").mkdir()
-    job = PairsJob(model=str(chatty_model), adapters=adapter_artifact(tmp_path, chatty_model),
-                   prompts_file=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"), mode="judge",
-                   judge={"type": "server", "base_url": served["url"], "model": served["model"]},
-                   n_samples_per_prompt=2, max_new_tokens=4, hardware={"device": "cpu"})
+    settings = pairs_settings(mode="judge", judge={"type": "server", "base_url": served["url"], "model": served["model"]},
+                     n_samples_per_prompt=2, max_new_tokens=4)
+    job = PairsJob(settings=settings, model=str(chatty_model), adapters=adapter_artifact(tmp_path, chatty_model),
+                   prompts_file=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"),
+                   hardware={"device": "cpu"})
     with pytest.raises(ValueError, match=r"no preference pairs were kept.*judge_unparsed': 3"):
         synthesize_pairs(job, Reporter())
 
@@ -68,10 +78,11 @@ def test_judge_mode_keeps_best_and_worst_and_drops_small_gaps(stub, chatty_model
     judge = stub(by_length)
     data.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(4))
     (tmp_path / "out").mkdir()
-    job = PairsJob(model=str(chatty_model), adapters=adapter_artifact(tmp_path, chatty_model),
-                   prompts_file=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"), mode="judge",
-                   judge={"type": "server", "base_url": judge.url, "model": "judge"}, n_samples_per_prompt=4,
-                   min_gap=0, temperature=1.5, max_new_tokens=6, hardware={"device": "cpu"})
+    settings = pairs_settings(mode="judge", judge={"type": "server", "base_url": judge.url, "model": "judge"},
+                     n_samples_per_prompt=4, min_gap=0, temperature=1.5, max_new_tokens=6)
+    job = PairsJob(settings=settings, model=str(chatty_model), adapters=adapter_artifact(tmp_path, chatty_model),
+                   prompts_file=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"),
+                   hardware={"device": "cpu"})
     result = synthesize_pairs(job, Reporter())
     pairs = data.read_jsonl(tmp_path / "out" / "pairs.jsonl")
     assert result["kept"] == len(pairs) and result["kept"] + sum(result["dropped"].values()) == 4
@@ -79,7 +90,7 @@ def test_judge_mode_keeps_best_and_worst_and_drops_small_gaps(stub, chatty_model
         assert pair["chosen_score"] == min(10, 1 + len(pair["chosen"][0]["content"]))
         assert pair["chosen_score"] >= pair["rejected_score"]
         assert pair["chosen"][0]["content"] != pair["rejected"][0]["content"]
-    job.min_gap, job.output_dir = 11, str(tmp_path / "out2")  # no gap can reach 11 on a 1-10 scale
+    job.settings.min_gap, job.output_dir = 11, str(tmp_path / "out2")  # no gap can reach 11 on a 1-10 scale
     (tmp_path / "out2").mkdir()
     with pytest.raises(ValueError, match="gap_under_min_gap|identical_samples"):
         synthesize_pairs(job, Reporter())
@@ -90,9 +101,9 @@ def test_teacher_mode_with_the_reference_reply(chatty_model, tmp_path):
     rows[1]["completion"][0]["content"] = ""  # an empty reference is dropped, not trained on
     data.write_jsonl(tmp_path / "prompts.jsonl", rows)
     (tmp_path / "out").mkdir()
-    job = PairsJob(model=str(chatty_model), adapters=adapter_artifact(tmp_path, chatty_model),
-                   prompts_file=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"),
-                   max_new_tokens=4, hardware={"device": "cpu"})
+    job = PairsJob(settings=pairs_settings(max_new_tokens=4), model=str(chatty_model),
+                   adapters=adapter_artifact(tmp_path, chatty_model), prompts_file=str(tmp_path / "prompts.jsonl"),
+                   output_dir=str(tmp_path / "out"), hardware={"device": "cpu"})
     result = synthesize_pairs(job, Reporter())
     pairs = data.read_jsonl(tmp_path / "out" / "pairs.jsonl")
     assert result["dropped"] == {"empty_reply": 1} and len(pairs) == 3
@@ -106,7 +117,8 @@ def test_quality_pass_counts_each_reason():
     rows = [row("a", "A fine answer about routers."), row("b", "x"), row("c", "%%%% #### 1234 !!!!"),
             row("a", "Another answer entirely."), row("d", "A fine answer about routers."),
             row("e", "A fine answer about routers!"), row("f", "y" * 500), row("g", "Something new and useful.")]
-    job = SyntheticJob(prompts_file="-", output_dir="-", teacher="-", min_chars=3, max_chars=400, min_alpha_ratio=0.5)
+    job = SyntheticJob(settings=synthetic(teacher="-", min_chars=3, max_chars=400, min_alpha_ratio=0.5),
+                       prompts_file="-", output_dir="-")
     kept, dropped = quality_pass(rows, job)
     assert [data.user_text(r) for r in kept] == ["a", "g"]
     assert dropped == {"too_short": 1, "garbled": 1, "repeated_prompt": 1, "repeated_response": 1,

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from .conftest import write_pipeline
+from .conftest import user_project, write_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -40,18 +40,18 @@ def free_port() -> int:
 
 
 class Webserver:
-    def __init__(self, root: Path, pipelines: Path):
+    def __init__(self, root: Path, project: Path, module: str):
         self.port = free_port()
         home = root / "dagster_home"
         home.mkdir()
         (home / "dagster.yaml").write_text((Path(__file__).parent.parent / "dagster.yaml").read_text())
-        env = {**os.environ, "DAGSTER_HOME": str(home), "DRAGON_PIPELINES_DIR": str(pipelines),
+        env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(project),
                "DRAGON_RUNS_DIR": str(root / "runs"), "HF_HUB_OFFLINE": "1"}
         self.log = open(root / "webserver.log", "w")
         # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
-             "-m", "dragon_dagster.definitions"], env=env, stdout=self.log, stderr=subprocess.STDOUT,
+             "-m", module], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=project,
             start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}/graphql"
         deadline = time.time() + 120
@@ -105,8 +105,9 @@ class Webserver:
 def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
     long_args = ("{max_steps: 400, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
                  "max_seq_len: 128, learning_rate: 1.0e-3}")
-    write_pipeline(tmp_path / "pipelines", tiny_model, args=long_args)
-    server = Webserver(tmp_path, tmp_path / "pipelines")
+    defs = user_project(tmp_path / "project")
+    write_pipeline(defs, tiny_model, args=long_args)
+    server = Webserver(tmp_path, tmp_path / "project", "trainlab.definitions")
     runs = tmp_path / "runs"
     try:
         run_id = server.launch("tiny_pipeline", [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]],
@@ -130,7 +131,8 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
         assert 3 <= stopped_at < 400
         assert not list(runs.glob("artifacts/tiny/sft_adapter/*")), "no artifact for a cancelled stage"
 
-        resume_config = {"ops": {"tiny__sft_adapter": {"config": {"resume": True, "max_steps": stopped_at + 3}}}}
+        resume_config = {"ops": {"tiny__sft_adapter": {"config": {"resume": True,
+                                                                "args": {"max_steps": stopped_at + 3}}}}}
         run_id = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], resume_config)
         assert server.wait(run_id, timeout=300) == "SUCCESS"
         [adapter] = list(runs.glob("artifacts/tiny/sft_adapter/*"))

@@ -7,9 +7,10 @@ from pathlib import Path
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, asset_check
 
-from ..engine import data as data_lib
-from ..engine import progress
-from ..engine.pipeline_spec import Pipeline
+from ..engine.data import tables as data_lib
+from ..engine.train import progress
+from ..engine.spec.pipeline import Pipeline
+from ..engine.spec.registry import KINDS
 
 MAX_DUPLICATE_SHARE = 0.2
 
@@ -114,17 +115,17 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float):
     return [_hacking, _kl, _variance]
 
 
+CHECKS = {  # check family (registry.StageKind.checks) -> the checks it attaches to a stage's asset
+    "dataset_quality": lambda key, stage: [dataset_check(key)],
+    "adapter_learned": lambda key, stage: [adapter_check(key)],
+    "reward_hacking": lambda key, stage: grpo_checks(key, stage.kl_bound, stage.zero_std_limit),
+    "report_not_worse": lambda key, stage: [report_check(key)],
+}
+
+
 def build_checks(pipeline: Pipeline) -> list:
     checks = []
     for stage in pipeline.stages:
-        key = AssetKey([pipeline.name, stage.name])
-        if stage.kind in ("chat_dataset", "pairs_dataset", "prompt_dataset", "preference_pairs", "synthetic_dataset"):
-            checks.append(dataset_check(key))
-        elif stage.kind in ("sft", "preference"):
-            checks.append(adapter_check(key))
-        elif stage.kind == "grpo":
-            checks += grpo_checks(key, float(stage.settings.get("kl_bound", 1.0)),
-                                  float(stage.settings.get("zero_std_limit", 0.9)))
-        elif stage.kind == "evaluate":
-            checks.append(report_check(key))
+        for family in KINDS[stage.kind].checks:
+            checks += CHECKS[family](AssetKey([pipeline.name, stage.name]), stage)
     return checks

@@ -1,27 +1,27 @@
 """Retraining from chat feedback: the feedback store as an observable source, datasets made from it, a job
-that continues from the deployed model (SFT, then DPO when there are pairs, merge, report), a sensor and a
-schedule that request it, and the asset check that gates promotion of the retrained model.
+that continues from the deployed model (SFT, then DPO when there are pairs, merge, report), and the asset check
+that gates promotion of the retrained model. The sensor and schedule that request it are in automation.py.
 """
 
 import json
 import time
 from pathlib import Path
 
-from dagster import (AssetCheckResult, AssetCheckSeverity, AssetIn, AssetKey, AssetSelection, DataVersion,
-                     DefaultScheduleStatus, DefaultSensorStatus, Failure, MetadataValue, Output, RunRequest,
-                     SkipReason, asset, asset_check, define_asset_job, observable_source_asset, schedule, sensor)
+from dagster import (AssetCheckResult, AssetCheckSeverity, AssetIn, AssetKey, AssetSelection, DataVersion, Failure,
+                     MetadataValue, Output, asset, asset_check, define_asset_job, observable_source_asset)
 
-from ..engine import data as data_lib
+from ..engine.data import tables as data_lib
 from ..engine.artifacts import write_manifest
 from ..engine.feedback import FeedbackStore, preference_pairs, sft_conversations
-from ..engine.pipeline_spec import Pipeline, Stage
+from ..engine.spec.pipeline import FeedbackDPO, FeedbackSFT, Pipeline
+from ..engine.spec.stages import Merge
 from ..engine.runs import latest_artifact
-from ..engine.settings import merged
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
+from .automation import RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
 from .metadata import md_table
-from .training_stage import run_training_stage
+from .adapter_stage import run_training_stage
+from .launchpad import effective, launchpad_config
 
-RANGE_TAG = "dragon/feedback_range"   # "first_id-last_id": the records a retraining run used
 TRAINING_POOL = "training"
 TOLERANCE = {"eval_loss": 0.02, "token_f1": 0.02, "exact": 0.0, "contains": 0.0, "numeric": 0.0}
 
@@ -90,41 +90,33 @@ def feedback_dataset(pipeline: Pipeline, name: str, pairs: bool):
     return _dataset
 
 
-def retrain_sft(pipeline: Pipeline, settings: dict):
-    @asset(key=key(pipeline, "feedback_sft_adapter"), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
-           ins={"dataset": AssetIn(key=key(pipeline, "feedback_sft_dataset"))}, pool=TRAINING_POOL,
+def retrain_sft(pipeline: Pipeline, stage: FeedbackSFT):
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
+           ins={"dataset": AssetIn(key=key(pipeline, stage.dataset))}, pool=TRAINING_POOL,
            description="SFT on the feedback conversations, starting from the deployed model.")
-    def _sft(context, store: ArtifactStore, tracking: MLflowTracking, training: TrainingResource,
-             dataset: str) -> Output[str]:
-        stage = Stage("feedback_sft_adapter", "sft", settings)
+    def _sft(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
+             training: TrainingResource, dataset: str) -> Output[str]:
         start = deployed_model(store, pipeline)
-        return run_training_stage(context, pipeline, stage, "sft", stage_settings(settings), dataset, None, False,
-                                  store, tracking, training, start_model=str(start),
+        return run_training_stage(context, pipeline, effective(stage, config), dataset, None, False, store,
+                                  tracking, training, start_model=str(start),
                                   tags={"feedback_range": context.run.tags.get(RANGE_TAG)})
     return _sft
 
 
-def retrain_dpo(pipeline: Pipeline, settings: dict):
-    @asset(key=key(pipeline, "feedback_dpo_adapter"), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
-           ins={"pairs": AssetIn(key=key(pipeline, "feedback_pairs")),
-                "previous": AssetIn(key=key(pipeline, "feedback_sft_adapter"))}, pool=TRAINING_POOL,
+def retrain_dpo(pipeline: Pipeline, stage: FeedbackDPO, after: str):
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
+           ins={"pairs": AssetIn(key=key(pipeline, stage.dataset)), "previous": AssetIn(key=key(pipeline, after))},
+           pool=TRAINING_POOL,
            description="DPO on the feedback pairs after the feedback SFT; passes the SFT adapter on when there "
                        "are no pairs.")
-    def _dpo(context, store: ArtifactStore, tracking: MLflowTracking, training: TrainingResource, pairs: str,
-             previous: str) -> Output[str]:
+    def _dpo(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
+             training: TrainingResource, pairs: str, previous: str) -> Output[str]:
         if not (Path(pairs) / "train.jsonl").read_text().strip():
             context.log.info("no feedback pairs: the feedback SFT adapter goes on unchanged")
             return Output(previous, metadata={"artifact_dir": MetadataValue.path(previous), "skipped": True})
-        stage = Stage("feedback_dpo_adapter", "preference", settings)
-        full = {**stage_settings(settings), "beta": settings.get("beta", 0.1)}
-        return run_training_stage(context, pipeline, stage, "dpo", full, pairs, previous, False, store, tracking,
-                                  training, tags={"feedback_range": context.run.tags.get(RANGE_TAG)})
+        return run_training_stage(context, pipeline, effective(stage, config), pairs, previous, False, store,
+                                  tracking, training, tags={"feedback_range": context.run.tags.get(RANGE_TAG)})
     return _dpo
-
-
-def stage_settings(settings: dict) -> dict:
-    return {"lora": settings.get("lora") or {}, "args": settings.get("args") or {},
-            "n_samples": settings.get("n_samples", 3), "max_new_tokens": settings.get("max_new_tokens", 64)}
 
 
 def promotion_check(pipeline: Pipeline, report_key: AssetKey):
@@ -160,58 +152,21 @@ def regressions(start: dict, retrained: dict) -> list[str]:
     return worse
 
 
-def retrain_job_name(pipeline: Pipeline) -> str:
-    return f"{pipeline.name}_retrain_from_feedback"
-
-
-def feedback_sensor(pipeline: Pipeline, min_new: int, job):
-    @sensor(name=f"{pipeline.name}_feedback_sensor", job=job, minimum_interval_seconds=60,
-            default_status=DefaultSensorStatus.RUNNING,
-            description=f"Requests retraining when at least {min_new} new feedback records exist.")
-    def _sensor(context, store: ArtifactStore):
-        last_used = int(context.cursor or 0)
-        newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
-        if newest - last_used < min_new:
-            return SkipReason(f"{newest - last_used} new feedback records; waiting for {min_new}")
-        context.update_cursor(str(newest))
-        feedback_range = f"{last_used + 1}-{newest}"
-        return RunRequest(run_key=f"feedback-{feedback_range}", tags={RANGE_TAG: feedback_range})
-    return _sensor
-
-
-def feedback_schedule(pipeline: Pipeline, cron: str, job):
-    used_key = key(pipeline, "feedback_sft_dataset")
-
-    @schedule(name=f"{pipeline.name}_retrain_schedule", cron_schedule=cron, job=job,
-              default_status=DefaultScheduleStatus.RUNNING,
-              description="Retrains on the feedback collected since the last retraining; skips when there is none.")
-    def _schedule(context, store: ArtifactStore):
-        newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
-        event = context.instance.get_latest_materialization_event(used_key)
-        used = int(event.asset_materialization.metadata["feedback_up_to"].value) if event else 0
-        if newest <= used:
-            return SkipReason(f"no new feedback since the last retraining (records up to {used})")
-        feedback_range = f"{used + 1}-{newest}"
-        return RunRequest(run_key=f"scheduled-{feedback_range}", tags={RANGE_TAG: feedback_range})
-    return _schedule
-
-
-def build_feedback_defs(pipeline: Pipeline, merge_asset, evaluate_asset) -> dict:
+def build_feedback_defs(pipeline: Pipeline) -> dict:
     """Everything the feedback loop adds to a pipeline with a `feedback:` section."""
-    settings = pipeline.feedback or {}
-    held_out = pipeline.first("chat_dataset")
-    report = Stage("retrained_report", "evaluate", {**(settings.get("evaluate") or {}), "n_judge": 0},
-                   upstream=["retrained_model", held_out.name])
-    assets = [feedback_source(pipeline), feedback_dataset(pipeline, "feedback_sft_dataset", pairs=False),
-              feedback_dataset(pipeline, "feedback_pairs", pairs=True),
-              retrain_sft(pipeline, merged({"args": {"epochs": 1}}, settings.get("sft"))),
-              retrain_dpo(pipeline, merged({"args": {"epochs": 1, "learning_rate": 5e-5}}, settings.get("dpo"))),
-              merge_asset(pipeline, Stage("retrained_model", "merge", {}, upstream=["feedback_dpo_adapter"])),
-              evaluate_asset(pipeline, report)]
+    from .factory import evaluate_asset, merge_asset
+
+    settings = pipeline.feedback
+    merge = Merge(name="retrained_model", kind="merge")
+    assets = [feedback_source(pipeline), feedback_dataset(pipeline, settings.sft.dataset, pairs=False),
+              feedback_dataset(pipeline, settings.dpo.dataset, pairs=True),
+              retrain_sft(pipeline, settings.sft), retrain_dpo(pipeline, settings.dpo, after=settings.sft.name),
+              merge_asset(pipeline, merge, upstream=[settings.dpo.name]),
+              evaluate_asset(pipeline, settings.evaluate, upstream=[merge.name, settings.evaluate.dataset])]
     names = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter",
              "retrained_model", "retrained_report"]
     job = define_asset_job(retrain_job_name(pipeline), selection=AssetSelection.assets(
         *[key(pipeline, n) for n in names]), description="Retrain the deployed model on chat feedback.")
     return {"assets": assets, "asset_checks": [promotion_check(pipeline, key(pipeline, "retrained_report"))],
-            "jobs": [job], "sensors": [feedback_sensor(pipeline, int(settings.get("min_new_records", 20)), job)],
-            "schedules": [feedback_schedule(pipeline, str(settings.get("cron", "0 2 * * *")), job)]}
+            "jobs": [job], "sensors": [feedback_sensor(pipeline, settings.min_new_records, job)],
+            "schedules": [feedback_schedule(pipeline, settings.cron, job)]}

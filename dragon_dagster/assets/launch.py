@@ -1,13 +1,18 @@
-"""Materialize a whole pipeline in-process on the current Dagster instance (the demo, and tests)."""
+"""Materialize a whole pipeline in-process on the current Dagster instance (the demo, and tests), and find a
+pipeline among the loaded definitions by name."""
 
 from __future__ import annotations
 
+import importlib
+import tomllib
 from pathlib import Path
 
-from dagster import AssetSelection, DagsterInstance, RunConfig, materialize
+from dagster import AssetSelection, DagsterInstance, Definitions, RunConfig, materialize
 
-from ..engine.pipeline_spec import Pipeline, discover
-from .factory import build_pipeline_defs
+from ..engine.spec.pipeline import Pipeline
+from .factory import PIPELINE_METADATA, build_pipeline_defs
+
+DEFAULT_MODULE = "dragon_dagster.definitions"
 
 
 def profile_run_config(pipeline: Pipeline, profile: str | None) -> RunConfig:
@@ -15,19 +20,51 @@ def profile_run_config(pipeline: Pipeline, profile: str | None) -> RunConfig:
     return RunConfig(ops={f"{pipeline.name}__{stage}": values for stage, values in overrides.items()})
 
 
-def find_pipeline(name: str, dirs: list[Path] | None = None) -> Pipeline:
-    pipelines = {p.name: p for p in discover(dirs)}
+def project_module(cwd: Path | None = None) -> str:
+    """The definitions module of the Dagster project in cwd (pyproject's [tool.dagster] module_name or
+    [tool.dg.project] root_module + .definitions), else this package's."""
+    pyproject = (cwd or Path.cwd()) / "pyproject.toml"
+    if pyproject.exists():
+        tool = tomllib.loads(pyproject.read_text()).get("tool", {})
+        if tool.get("dagster", {}).get("module_name"):
+            return tool["dagster"]["module_name"]
+        root = tool.get("dg", {}).get("project", {}).get("root_module")
+        if root:
+            return f"{root}.definitions"
+    return DEFAULT_MODULE
+
+
+def load_definitions(module: str | None = None) -> Definitions:
+    loaded = importlib.import_module(module or project_module())
+    defs = getattr(loaded, "defs", None)
+    if defs is None:  # a dg project: `@dg.definitions def defs()` in the module
+        raise ValueError(f"{module}: no `defs` in the module")
+    return defs() if callable(defs) and not isinstance(defs, Definitions) else defs
+
+
+def pipelines_in(defs: Definitions) -> dict[str, Pipeline]:
+    """Every pipeline whose job is in the definitions, by name."""
+    found = {}
+    for job in defs.jobs or []:
+        entry = (getattr(job, "metadata", None) or {}).get(PIPELINE_METADATA)
+        if entry is not None:
+            value = entry.value if hasattr(entry, "value") else entry
+            pipeline = Pipeline.model_validate(value["settings"]).located(value["source_file"])
+            found[pipeline.name] = pipeline
+    return found
+
+
+def find_pipeline(name: str, defs: Definitions | None = None) -> Pipeline:
+    pipelines = pipelines_in(defs if defs is not None else load_definitions())
     if name not in pipelines:
-        raise ValueError(f"no pipeline named {name!r}; found {sorted(pipelines)}")
+        raise ValueError(f"no pipeline named {name!r} in the loaded definitions; found {sorted(pipelines)}")
     return pipelines[name]
 
 
-def materialize_pipeline(name: str, profile: str | None = None, dirs: list[Path] | None = None,
-                         resources: dict | None = None, instance: DagsterInstance | None = None,
-                         extra_config: dict | None = None) -> dict:
-    from ..definitions import default_resources
+def materialize_pipeline(pipeline: Pipeline, profile: str | None = None, resources: dict | None = None,
+                         instance: DagsterInstance | None = None, extra_config: dict | None = None) -> dict:
+    from ..resources import default_resources
 
-    pipeline = find_pipeline(name, dirs)
     parts = build_pipeline_defs(pipeline)
     run_config = profile_run_config(pipeline, profile)
     ops = {op: {"config": values} for op, values in (run_config.ops or {}).items()}
@@ -46,7 +83,7 @@ def materialize_pipeline(name: str, profile: str | None = None, dirs: list[Path]
         materialization = event.event_specific_data.materialization
         artifacts[materialization.asset_key.path[-1]] = materialization.metadata["artifact_dir"].value
     stages = []
-    for stage_name in [*pipeline.datasets, *(s.name for s in pipeline.stages)]:
+    for stage_name in names:
         stat = stats.get(f"{pipeline.name}__{stage_name}")
         seconds = (stat.end_time - stat.start_time) if stat and stat.end_time and stat.start_time else 0.0
         stages.append({"asset": f"{pipeline.name}/{stage_name}", "seconds": seconds,

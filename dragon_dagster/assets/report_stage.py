@@ -7,8 +7,9 @@ from pathlib import Path
 from dagster import MetadataValue, Output
 
 from ..engine.artifacts import read_manifest, write_manifest
-from ..engine.evaluate import eval_metrics
-from ..engine.pipeline_spec import Pipeline, Stage
+from ..engine.evaluate.replies import eval_metrics
+from ..engine.spec.pipeline import Pipeline
+from ..engine.spec.stages import Evaluate
 from .metadata import finite
 
 
@@ -17,8 +18,10 @@ def judge_metrics(judged: dict) -> dict:
                    if isinstance(figures, dict)})
 
 
-def run_report_stage(context, pipeline: Pipeline, stage: Stage, settings: dict, merged: str, dataset: str,
-                     store, tracking, training) -> Output[str]:
+def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, dataset: str, store, tracking,
+                     training) -> Output[str]:
+    """stage: the effective settings (YAML, defaults and this run's config)."""
+    settings = stage.model_dump()
     merged_manifest = read_manifest(merged)
     adapters = [read_manifest(Path(a).parent) for a in merged_manifest["adapters"]]
     stages = [{"name": m.get("stage", Path(a).parent.parent.name), "dir": str(Path(a).parent)}
@@ -27,10 +30,10 @@ def run_report_stage(context, pipeline: Pipeline, stage: Stage, settings: dict, 
                      for m in adapters]
     first_stage = merged_manifest["adapters"][:1] if len(merged_manifest["adapters"]) > 1 else []
     with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
-        job = {"kind": "evaluate", "base_model": merged_manifest["resolved_model"],
+        job = {"settings": settings, "base_model": merged_manifest["resolved_model"],
                "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
                "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp),
-               "stage_results": stage_results, "first_stage_adapters": first_stage, **settings}
+               "stage_results": stage_results, "first_stage_adapters": first_stage}
         report = training.run_job(context, job, tmp, env=tracking.env())
         tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
                 "dagster_run_id": context.run_id, "base_model": pipeline.model}

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .settings import Hardware
+from .spec.settings import Hardware
 
 
 class ModelError(RuntimeError):

@@ -32,7 +32,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from .metrics import contains, exact, last_number, numeric, unfence
+from .evaluate.metrics import contains, exact, last_number, numeric, unfence
 
 COMPLETION_FILE = "{completion_file}"
 NEEDS_REFERENCE = ("exact", "contains", "numeric")

@@ -17,7 +17,7 @@ import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
-from .reporting import Reporter
+from .reporter import Reporter
 
 EXIT_FAILED, EXIT_CANCELLED = 2, 3
 
@@ -53,37 +53,19 @@ class PipesReporter(Reporter):
             self.pipes.report_custom_message({k: v for k, v in payload.items() if k != "result"})
 
 
+def load_job(job: dict):
+    """(job, run function) from a job file's mapping: the stage settings validated by their kind's model."""
+    from .spec.registry import kind_of, parse_stage
+
+    job = dict(job)
+    settings = parse_stage(job.pop("settings"))
+    job_class, run = kind_of(settings).load_worker()
+    return job_class(settings=settings, **job), run
+
+
 def run_job(job: dict, reporter: Reporter) -> dict:
-    kind = job.pop("kind")
-    if kind == "sft":
-        from .sft import SFTJob, train_sft
-
-        return train_sft(SFTJob(**job), reporter)
-    if kind in ("dpo", "orpo"):
-        from .preference import PreferenceJob, train_preference
-
-        return train_preference(PreferenceJob(**job, method=kind), reporter)
-    if kind == "grpo":
-        from .grpo import GRPOJob, train_grpo
-
-        return train_grpo(GRPOJob(**job), reporter)
-    if kind == "preference_pairs":
-        from .synthesis import PairsJob, synthesize_pairs
-
-        return synthesize_pairs(PairsJob(**job), reporter)
-    if kind == "synthetic_sft":
-        from .synthesis import SyntheticJob, synthesize_sft
-
-        return synthesize_sft(SyntheticJob(**job), reporter)
-    if kind == "merge":
-        from .merge import MergeJob, merge_chain
-
-        return merge_chain(MergeJob(**job), reporter)
-    if kind == "evaluate":
-        from .report import ReportJob, evaluate_report
-
-        return evaluate_report(ReportJob(**job), reporter)
-    raise ValueError(f"unknown job kind {kind!r}")
+    loaded, run = load_job(job)
+    return run(loaded, reporter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             result = run_job(job, reporter)
         except Exception as exc:  # reported to the parent as a clean message; traceback stays in stdout
-            from .training import Cancelled
+            from .train.trainer import Cancelled
 
             traceback.print_exc()
             cancelled = isinstance(exc, Cancelled)

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .settings import DEVICES, DTYPES, Hardware
+from ..spec.settings import DEVICES, DTYPES, Hardware
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -112,7 +112,7 @@ def clear_cache() -> None:
 
 
 def _is_artifact(path: Path) -> bool:
-    from .artifacts import read_manifest
+    from ..artifacts import read_manifest
 
     try:
         return read_manifest(path).get("kind") in ("adapter", "merged_model")
@@ -148,7 +148,7 @@ class LocalBackend(Backend):
         return (self.model, self.device, self.dtype)
 
     def _load(self) -> dict:
-        from . import models
+        from .. import models
 
         hardware = Hardware(device=self.device, dtype=self.dtype)
         path = Path(self.model)
@@ -181,7 +181,7 @@ class LocalBackend(Backend):
             return entry
 
     def _chat(self, conversations, *, max_new_tokens, temperature, top_p):
-        from .evaluate import generate
+        from ..evaluate.replies import generate
 
         entry = self.loaded()
         with entry["lock"]:  # generate() sets tokenizer padding; one batch at a time per model

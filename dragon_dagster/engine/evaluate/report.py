@@ -7,16 +7,18 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress
-from .data import read_jsonl
-from .evaluate import evaluate_rows
-from .models import load_model, load_tokenizer
-from .reporting import Reporter
-from .settings import Hardware, build
+from ..train import progress
+from ..data.tables import read_jsonl
+from .replies import evaluate_rows
+from ..models import load_model, load_tokenizer
+from ..reporter import Reporter
+from ..spec.settings import Hardware, build
+from ..spec.stages import Evaluate
 
 
 @dataclass
 class ReportJob:
+    settings: Evaluate
     base_model: str
     merged_model: str
     eval_file: str
@@ -24,13 +26,8 @@ class ReportJob:
     train_file: str | None = None
     stages: list[dict] = field(default_factory=list)   # [{"name", "dir"}] of adapters, for the loss curve
     hardware: dict = field(default_factory=dict)
-    n_samples: int = 5
-    max_eval_rows: int = 50
-    max_new_tokens: int = 128
     max_len: int = 1024
     stage_results: list[dict] = field(default_factory=list)  # [{"name", "method", "result"}] from manifests
-    judge: str | dict | None = None   # backend spec; None: the base model judges (weak: use a server)
-    n_judge: int = 5                  # held-out prompts judged pairwise (0: no judge)
     first_stage_adapters: list[str] = field(default_factory=list)  # the model after the first stage
 
 
@@ -39,20 +36,20 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
     rows = read_jsonl(job.eval_file) if Path(job.eval_file).exists() else []
     held_out = bool(rows)
     if not rows and job.train_file:
-        rows = read_jsonl(job.train_file)[: job.max_eval_rows]
+        rows = read_jsonl(job.train_file)[: job.settings.max_eval_rows]
     if not rows:
         raise ValueError(f"no rows to evaluate on in {job.eval_file}")
-    rows = rows[: job.max_eval_rows]
+    rows = rows[: job.settings.max_eval_rows]
     results = {}
     for name, path in (("base", job.base_model), ("merged", job.merged_model)):
         reporter.log(f"evaluating the {name} model on {len(rows)} {'held-out' if held_out else 'training'} rows")
         tokenizer = load_tokenizer(path)
         model = load_model(path, hardware)
-        results[name] = evaluate_rows(model, tokenizer, rows, n_samples=None, max_new_tokens=job.max_new_tokens,
+        results[name] = evaluate_rows(model, tokenizer, rows, n_samples=None, max_new_tokens=job.settings.max_new_tokens,
                                       max_len=job.max_len)
         del model
     out = Path(job.output_dir)
-    judged = pairwise(job, rows, results, hardware, reporter) if job.n_judge > 0 else {}
+    judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
     curves = [(s["name"], progress.read(s["dir"])) for s in job.stages]
     plot = _plot(curves, out / "loss.png")
     report = {
@@ -62,8 +59,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
         "merged_not_worse": _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"]),
         "stages": stage_figures(job.stage_results), "judge": judged,
         "samples": [{"prompt": b["prompt"], "reference": b["reference"], "base": b["generated"],
-                     "merged": m["generated"]} for b, m in zip(results["base"]["samples"][: job.n_samples],
-                                                               results["merged"]["samples"][: job.n_samples])],
+                     "merged": m["generated"]} for b, m in zip(results["base"]["samples"][: job.settings.n_samples],
+                                                               results["merged"]["samples"][: job.settings.n_samples])],
         "loss_plot": str(plot) if plot else None,
     }
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
@@ -81,14 +78,14 @@ def stage_figures(stage_results: list[dict]) -> list[dict]:
 
 def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware: Hardware, reporter: Reporter) -> dict:
     """The merged model judged against the base and against the first stage, each prompt in both orders."""
-    from .backends import LocalBackend, as_backend
-    from .evaluate import generate
+    from ..infer.backends import LocalBackend, as_backend
+    from .replies import generate
     from .judge import Judge
 
-    backend = as_backend(job.judge) if job.judge else LocalBackend(job.base_model, device=hardware.device,
+    backend = as_backend(job.settings.judge) if job.settings.judge else LocalBackend(job.base_model, device=hardware.device,
                                                                    dtype=hardware.dtype)
     judge = Judge(backend, cache_path=Path(job.output_dir) / "judge_cache.sqlite", max_new_tokens=96)
-    sample = rows[: job.n_judge]
+    sample = rows[: job.settings.n_judge]
     n = len(sample)
     prompts = [r["prompt"] for r in sample]
     references = [s["reference"] for s in results["merged"]["samples"][:n]]
@@ -99,7 +96,7 @@ def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware: Hardware
     if job.first_stage_adapters:
         tokenizer = load_tokenizer(job.base_model)
         model = load_model(job.base_model, hardware, adapters=job.first_stage_adapters)
-        first = generate(model, tokenizer, prompts, max_new_tokens=job.max_new_tokens)
+        first = generate(model, tokenizer, prompts, max_new_tokens=job.settings.max_new_tokens)
         out["vs_first_stage"] = judge.compare(prompts, merged, first, references).summary()
     return out
 

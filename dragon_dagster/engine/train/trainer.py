@@ -11,34 +11,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import progress
-from .data import read_jsonl
-from .models import load_model, load_tokenizer, pick_device, pick_dtype
-from .reporting import Reporter
-from .settings import Hardware, LoraSettings, Speed, TrainArgs, build
+from ..data.tables import read_jsonl
+from ..models import load_model, load_tokenizer, pick_device, pick_dtype
+from ..reporter import Reporter
+from ..spec.settings import Hardware, Speed, build
+from ..spec.stages import Lora, TrainArgs, TrainerStage
 
 
 @dataclass
 class StageJob:
     """What a training stage's worker gets: paths, settings, and where it continues from."""
 
+    settings: TrainerStage           # the stage's settings, as validated from the pipeline YAML
     model: str                       # resolved base model (directory or hub id)
     train_file: str
     output_dir: str                  # the adapter's artifact directory (staged)
     checkpoint_dir: str              # survives a cancel; resume reads it
     eval_file: str | None = None
     adapters: list[str] = field(default_factory=list)  # earlier stages, folded in first
-    lora: dict = field(default_factory=dict)
-    args: dict = field(default_factory=dict)
     hardware: dict = field(default_factory=dict)
     speed: dict = field(default_factory=dict)
     resume_from: str | None = None
-    n_samples: int = 10
-    max_new_tokens: int = 128
 
 
 @dataclass
 class Prepared:
-    lora: LoraSettings
+    lora: Lora
     args: TrainArgs
     hardware: Hardware
     speed: Speed                     # resolved for the device: no "auto" left
@@ -50,7 +48,7 @@ class Prepared:
 
 def prepare(job: StageJob) -> Prepared:
     """Validate settings, read the rows, load the starting model with earlier adapters folded in."""
-    lora, args = build(LoraSettings, job.lora, "lora"), build(TrainArgs, job.args, "args")
+    lora, args = job.settings.lora, job.settings.args
     hardware = build(Hardware, job.hardware, "hardware")
     speed = build(Speed, job.speed, "speed").resolve(pick_device(hardware))
     train_rows = read_jsonl(job.train_file)
@@ -99,7 +97,7 @@ def trainer_precision(hardware: Hardware) -> dict:
             "fp16": dtype == torch.float16 and device != "cpu"}
 
 
-def lora_config(lora: LoraSettings):
+def lora_config(lora: Lora):
     from peft import LoraConfig
 
     return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,

@@ -18,40 +18,21 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import LocalBackend, as_backend
-from .data import reply_text, split_rows, user_text, write_jsonl
-from .judge import Judge
-from .reporting import Reporter
+from ..infer.backends import LocalBackend, as_backend
+from ..spec.stages import PreferencePairs, SyntheticDataset
+from .tables import reply_text, split_rows, user_text, write_jsonl
+from ..evaluate.judge import Judge
+from ..reporter import Reporter
 
 
 @dataclass
 class PairsJob:
+    settings: PreferencePairs         # the stage's settings; judge: default the student's base model (weak)
     model: str                        # the student's base model (resolved)
     adapters: list[str]               # the student's adapter chain
     prompts_file: str                 # chat rows whose prompts (and reference replies) are used
     output_dir: str
-    mode: str = "teacher"             # teacher | judge
-    teacher: str | dict = "reference"
-    judge: str | dict | None = None   # backend spec; default: the student's own base model (weak: use a server)
-    rubric: str | None = None
-    n: int = 100
-    n_samples_per_prompt: int = 4
-    min_gap: float = 2.0
-    temperature: float = 0.8
-    max_new_tokens: int = 256
-    eval_frac: float = 0.05
-    seed: int = 42
     hardware: dict = field(default_factory=dict)
-
-
-def validate_pairs(job: PairsJob) -> None:
-    if job.mode not in ("teacher", "judge"):
-        raise ValueError(f"mode must be teacher or judge, got {job.mode!r}")
-    if job.mode == "judge" and job.n_samples_per_prompt < 2:
-        raise ValueError("judge mode needs n_samples_per_prompt >= 2 to have a best and a worst sample")
-    if job.n < 1 or job.min_gap < 0 or not 0 < job.temperature <= 3:
-        raise ValueError(f"need n >= 1, min_gap >= 0 and temperature in (0, 3]; got {job.n}, {job.min_gap}, "
-                         f"{job.temperature}")
 
 
 def student_backend(job: PairsJob) -> LocalBackend:
@@ -63,20 +44,19 @@ def student_backend(job: PairsJob) -> LocalBackend:
 
 
 def synthesize_pairs(job: PairsJob, reporter: Reporter) -> dict:
-    validate_pairs(job)
-    from .data import read_jsonl
+    from .tables import read_jsonl
 
     source = read_jsonl(job.prompts_file)
-    random.Random(job.seed).shuffle(source)
-    rows = source[: job.n]
+    random.Random(job.settings.seed).shuffle(source)
+    rows = source[: job.settings.n]
     student = student_backend(job)
     prompts = [r["prompt"] for r in rows]
     kept, dropped = [], Counter()
-    if job.mode == "teacher":
-        reporter.log(f"teacher mode: {len(rows)} prompts, student samples at temperature {job.temperature}")
-        students = student.chat(prompts, max_new_tokens=job.max_new_tokens, temperature=job.temperature)
-        teachers = ([reply_text(r) for r in rows] if job.teacher == "reference"
-                    else as_backend(job.teacher).chat(prompts, max_new_tokens=job.max_new_tokens))
+    if job.settings.mode == "teacher":
+        reporter.log(f"teacher mode: {len(rows)} prompts, student samples at temperature {job.settings.temperature}")
+        students = student.chat(prompts, max_new_tokens=job.settings.max_new_tokens, temperature=job.settings.temperature)
+        teachers = ([reply_text(r) for r in rows] if job.settings.teacher == "reference"
+                    else as_backend(job.settings.teacher).chat(prompts, max_new_tokens=job.settings.max_new_tokens))
         for row, chosen, rejected in zip(rows, teachers, students):
             reason = _drop_reason(chosen, rejected)
             if reason:
@@ -84,12 +64,12 @@ def synthesize_pairs(job: PairsJob, reporter: Reporter) -> dict:
                 continue
             kept.append(_pair(row, chosen, rejected))
     else:
-        judge = Judge(as_backend(job.judge) if job.judge else student_base(job), rubric=job.rubric,
+        judge = Judge(as_backend(job.settings.judge) if job.settings.judge else student_base(job), rubric=job.settings.rubric,
                       cache_path=Path(job.output_dir) / "judge_cache.sqlite")
-        reporter.log(f"judge mode: {len(rows)} prompts x {job.n_samples_per_prompt} samples, judged by {judge.backend!r}")
+        reporter.log(f"judge mode: {len(rows)} prompts x {job.settings.n_samples_per_prompt} samples, judged by {judge.backend!r}")
         for row in rows:
-            samples = student.chat([row["prompt"]] * job.n_samples_per_prompt, max_new_tokens=job.max_new_tokens,
-                                   temperature=job.temperature)
+            samples = student.chat([row["prompt"]] * job.settings.n_samples_per_prompt, max_new_tokens=job.settings.max_new_tokens,
+                                   temperature=job.settings.temperature)
             scores = judge.score([row["prompt"]] * len(samples), samples, [reply_text(row)] * len(samples))
             scored = [(s.score, text) for s, text in zip(scores, samples) if s.score is not None]
             if len(scored) < 2:
@@ -98,7 +78,7 @@ def synthesize_pairs(job: PairsJob, reporter: Reporter) -> dict:
             best, worst = max(scored), min(scored)
             if best[1].strip() == worst[1].strip():
                 dropped["identical_samples"] += 1
-            elif best[0] - worst[0] < job.min_gap:
+            elif best[0] - worst[0] < job.settings.min_gap:
                 dropped["gap_under_min_gap"] += 1
             else:
                 kept.append({**_pair(row, best[1], worst[1]), "chosen_score": best[0], "rejected_score": worst[0]})
@@ -127,7 +107,7 @@ def write_pairs(job: PairsJob, kept: list[dict], dropped: dict, reporter: Report
     write_jsonl(out / "pairs.jsonl", kept)
     if not kept:
         raise ValueError(f"no preference pairs were kept: dropped {dropped}")
-    train, held = split_rows(kept, job.eval_frac, job.seed)
+    train, held = split_rows(kept, job.settings.eval_frac, job.settings.seed)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "eval.jsonl", held)
     reporter.log(f"kept {len(kept)} pairs, dropped {sum(dropped.values())} ({dropped})")
@@ -141,22 +121,9 @@ def write_pairs(job: PairsJob, kept: list[dict], dropped: dict, reporter: Report
 
 @dataclass
 class SyntheticJob:
+    settings: SyntheticDataset
     prompts_file: str
     output_dir: str
-    teacher: str | dict
-    system: str | None = None
-    max_new_tokens: int = 512
-    temperature: float = 0.7
-    judge: str | dict | None = None
-    min_score: float = 7.0
-    rubric: str | None = None
-    dedupe: bool = True
-    near_dup_threshold: float = 0.92
-    min_chars: int = 1
-    max_chars: int | None = None
-    min_alpha_ratio: float = 0.0
-    eval_frac: float = 0.05
-    seed: int = 42
     hardware: dict = field(default_factory=dict)
 
 
@@ -170,17 +137,17 @@ def quality_pass(rows: list[dict], job: SyntheticJob) -> tuple[list[dict], Count
     kept, dropped, seen_prompts, seen_replies = [], Counter(), set(), []
     for row in rows:
         prompt, reply = user_text(row).strip(), reply_text(row).strip()
-        if len(reply) < job.min_chars:
+        if len(reply) < job.settings.min_chars:
             dropped["too_short"] += 1
-        elif job.max_chars is not None and len(reply) > job.max_chars:
+        elif job.settings.max_chars is not None and len(reply) > job.settings.max_chars:
             dropped["too_long"] += 1
-        elif alpha_ratio(reply) < job.min_alpha_ratio:
+        elif alpha_ratio(reply) < job.settings.min_alpha_ratio:
             dropped["garbled"] += 1
-        elif job.dedupe and prompt in seen_prompts:
+        elif job.settings.dedupe and prompt in seen_prompts:
             dropped["repeated_prompt"] += 1
-        elif job.dedupe and any(reply == r for r in seen_replies):
+        elif job.settings.dedupe and any(reply == r for r in seen_replies):
             dropped["repeated_response"] += 1
-        elif job.dedupe and any(difflib.SequenceMatcher(None, reply, r).ratio() >= job.near_dup_threshold
+        elif job.settings.dedupe and any(difflib.SequenceMatcher(None, reply, r).ratio() >= job.settings.near_dup_threshold
                                 for r in seen_replies):
             dropped["near_repeated_response"] += 1
         else:
@@ -191,28 +158,28 @@ def quality_pass(rows: list[dict], job: SyntheticJob) -> tuple[list[dict], Count
 
 
 def synthesize_sft(job: SyntheticJob, reporter: Reporter) -> dict:
-    from .data import read_jsonl
+    from .tables import read_jsonl
 
     source = read_jsonl(job.prompts_file)
     prompts = [r["prompt"] for r in source]
     reporter.log(f"teacher answers {len(prompts)} prompts")
-    replies = as_backend(job.teacher).chat(prompts, max_new_tokens=job.max_new_tokens, temperature=job.temperature,
-                                           system=job.system)
-    rows = [{"prompt": ([{"role": "system", "content": job.system}] if job.system else [])
+    replies = as_backend(job.settings.teacher).chat(prompts, max_new_tokens=job.settings.max_new_tokens, temperature=job.settings.temperature,
+                                           system=job.settings.system)
+    rows = [{"prompt": ([{"role": "system", "content": job.settings.system}] if job.settings.system else [])
              + [m for m in p if m["role"] != "system"],
              "completion": [{"role": "assistant", "content": reply}]} for p, reply in zip(prompts, replies)]
     kept, dropped = quality_pass(rows, job)
-    if job.judge is not None and kept:
-        scores = Judge(as_backend(job.judge), rubric=job.rubric,
+    if job.settings.judge is not None and kept:
+        scores = Judge(as_backend(job.settings.judge), rubric=job.settings.rubric,
                        cache_path=Path(job.output_dir) / "judge_cache.sqlite").score(
             [r["prompt"] for r in kept], [reply_text(r) for r in kept])
-        gated = [r for r, s in zip(kept, scores) if s.score is not None and s.score >= job.min_score]
-        dropped["judge_below_min_score"] += sum(1 for s in scores if s.score is not None and s.score < job.min_score)
+        gated = [r for r, s in zip(kept, scores) if s.score is not None and s.score >= job.settings.min_score]
+        dropped["judge_below_min_score"] += sum(1 for s in scores if s.score is not None and s.score < job.settings.min_score)
         dropped["judge_unparsed"] += sum(1 for s in scores if s.score is None)
         kept = gated
     if not kept:
         raise ValueError(f"the quality pass kept no rows: dropped {dict(dropped)}")
-    train, held = split_rows(kept, job.eval_frac, job.seed)
+    train, held = split_rows(kept, job.settings.eval_frac, job.settings.seed)
     out = Path(job.output_dir)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "eval.jsonl", held)

@@ -5,20 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .artifacts import dir_size
-from .evaluate import generate
-from .models import load_model, load_tokenizer
-from .reporting import Reporter
-from .settings import Hardware, build
+from ..artifacts import dir_size
+from ..evaluate.replies import generate
+from ..models import load_model, load_tokenizer
+from ..reporter import Reporter
+from ..spec.settings import Hardware, build
+from ..spec.stages import Merge
 
 
 @dataclass
 class MergeJob:
+    settings: Merge
     model: str
     adapters: list[str]
     output_dir: str
     hardware: dict = field(default_factory=dict)
-    sample_prompt: str = "Hello! What can you help me with?"
 
 
 def merge_chain(job: MergeJob, reporter: Reporter) -> dict:
@@ -33,9 +34,9 @@ def merge_chain(job: MergeJob, reporter: Reporter) -> dict:
     out = Path(job.output_dir) / "model"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    sample = generate(model, tokenizer, [[{"role": "user", "content": job.sample_prompt}]], max_new_tokens=48)[0]
+    sample = generate(model, tokenizer, [[{"role": "user", "content": job.settings.sample_prompt}]], max_new_tokens=48)[0]
     info = {"model_dir": str(out), "size_mb": round(dir_size(out) / 1e6, 1),
             "parameters": sum(p.numel() for p in model.parameters()),
-            "sample_prompt": job.sample_prompt, "sample_reply": sample}
+            "sample_prompt": job.settings.sample_prompt, "sample_reply": sample}
     reporter.log(f"merged model: {info['parameters']:,} parameters, {info['size_mb']} MB")
     return info

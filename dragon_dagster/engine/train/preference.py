@@ -7,38 +7,27 @@ reference, which is the model the stage started from (earlier adapters already f
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import progress
-from .evaluate import generate
-from .reporting import Reporter
-from .training import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
-
-METHODS = ("dpo", "orpo")
-
+from ..evaluate.replies import generate
+from ..reporter import Reporter
+from ..spec.stages import Preference
+from .trainer import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
 
 @dataclass
 class PreferenceJob(StageJob):
-    method: str = "dpo"
-    beta: float = 0.1
-
-
-def validate(method: str, beta: float) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    if not (isinstance(beta, (int, float)) and math.isfinite(beta) and beta > 0):
-        raise ValueError(f"beta must be a positive number, got {beta!r}")
+    settings: Preference
 
 
 def build_trainer(job: PreferenceJob, p, callback):
     from datasets import Dataset
 
-    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed), beta=job.beta, max_length=p.args.max_seq_len)
+    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed), beta=job.settings.beta, max_length=p.args.max_seq_len)
     train = Dataset.from_list(p.train_rows)
     evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
-    if job.method == "orpo":
+    if job.settings.method == "orpo":
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
         return ORPOTrainer(model=p.model, args=ORPOConfig(**kwargs), train_dataset=train, eval_dataset=evals,
@@ -51,13 +40,12 @@ def build_trainer(job: PreferenceJob, p, callback):
 
 
 def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
-    validate(job.method, job.beta)
     p = prepare(job)
     out = Path(job.output_dir)
     callback = progress_callback(reporter, out)
     trainer = build_trainer(job, p, callback)
     result = run_trainer(trainer, callback, job, reporter)
-    summary = {"method": job.method, "beta": job.beta, "global_step": trainer.state.global_step,
+    summary = {"method": job.settings.method, "beta": job.settings.beta, "global_step": trainer.state.global_step,
                "train_loss": result.training_loss, "held_out": bool(p.eval_rows), "eval_pairs": len(p.eval_rows)}
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
@@ -67,16 +55,16 @@ def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
         figures = trainer.evaluate()
         summary.update(pref_accuracy=figures.get("eval_rewards/accuracies"),
                        reward_margin=figures.get("eval_rewards/margins"), eval_loss=figures.get("eval_loss"))
-    rows = (p.eval_rows or p.train_rows)[: job.n_samples]
+    rows = (p.eval_rows or p.train_rows)[: job.settings.n_samples]
     trainer.model.eval()
-    replies = generate(trainer.model, p.tokenizer, [r["prompt"] for r in rows], max_new_tokens=job.max_new_tokens)
+    replies = generate(trainer.model, p.tokenizer, [r["prompt"] for r in rows], max_new_tokens=job.settings.max_new_tokens)
     with (out / "samples.jsonl").open("w") as f:
         for row, reply in zip(rows, replies):
             f.write(json.dumps({"prompt": row["prompt"][-1]["content"], "chosen": row["chosen"][-1]["content"],
                                 "rejected": row["rejected"][-1]["content"], "generated": reply},
                                ensure_ascii=False) + "\n")
     (out / "metrics.json").write_text(json.dumps(summary, indent=2))
-    progress.plot_loss(logged, out / "loss.png", title=f"{job.method.upper()} training loss")
+    progress.plot_loss(logged, out / "loss.png", title=f"{job.settings.method.upper()} training loss")
     final = {"eval/pref_accuracy": summary.get("pref_accuracy"), "eval/reward_margin": summary.get("reward_margin"),
              "eval/loss": summary.get("eval_loss")}
     reporter.metrics(trainer.state.global_step, {k: v for k, v in final.items() if v is not None})

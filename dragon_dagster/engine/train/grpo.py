@@ -10,42 +10,30 @@ from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
 from . import progress
-from .evaluate import generate
-from .reporting import Reporter
-from .rewards import RewardSet, trl_reward_funcs
-from .settings import TrainArgs
-from .training import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
-
-LIMITS = {"group_size": (2, 64), "beta": (0.0, 10.0), "temperature": (0.05, 3.0)}
-
+from ..evaluate.replies import generate
+from ..reporter import Reporter
+from ..rewards import RewardSet, trl_reward_funcs
+from ..spec.stages import GRPO
+from .trainer import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
 
 @dataclass
 class GRPOJob(StageJob):
-    rewards: list[dict] = field(default_factory=list)
-    group_size: int = 4
-    beta: float = 0.04
-    temperature: float = 1.0
-    max_eval_prompts: int = 64
+    settings: GRPO
 
 
 def validate(job: GRPOJob) -> RewardSet:
-    for name, (low, high) in LIMITS.items():
-        value = getattr(job, name)
-        if not isinstance(value, (int, float)) or not low <= value <= high:
-            raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}")
-    if not isinstance(job.group_size, int):
-        raise ValueError(f"group_size must be an integer, got {job.group_size!r}")
+    """What the settings model cannot see: the resource's generation batch against the stage's step."""
     generation = (job.speed or {}).get("generation_batch_size")
-    step = (job.args or {}).get("batch_size", TrainArgs.batch_size) * job.group_size
+    step = job.settings.args.batch_size * job.settings.group_size
     if generation and generation % step:  # checked before a model loads
         raise ValueError(f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
                          f"completions, batch_size x group_size = {step}")
-    return RewardSet.from_list(job.rewards, base_dir=job.output_dir)  # custom files were copied in there
+    return RewardSet.from_list(job.settings.rewards, base_dir=job.output_dir)  # custom files were copied in there
 
 
 def progress_columns(rewards: RewardSet) -> dict[str, str]:
@@ -94,27 +82,27 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
-    args["per_device_train_batch_size"] = p.args.batch_size * job.group_size  # batch_size counts prompts
+    args["per_device_train_batch_size"] = p.args.batch_size * job.settings.group_size  # batch_size counts prompts
     if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
         args["generation_batch_size"] = p.speed.generation_batch_size
-    config = GRPOConfig(**args, num_generations=job.group_size, max_completion_length=job.max_new_tokens,
-                        temperature=job.temperature, beta=job.beta, reward_weights=rewards.weights(),
+    config = GRPOConfig(**args, num_generations=job.settings.group_size, max_completion_length=job.settings.max_new_tokens,
+                        temperature=job.settings.temperature, beta=job.settings.beta, reward_weights=rewards.weights(),
                         log_completions=False)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
-    funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.group_size, out)
+    funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
     reporter.log(f"speed: log-prob kernel {'chunked' if chunked else 'trl'}, "
                  f"{config.generation_batch_size} completions per generation round")
     trainer = (chunked_logprob_trainer() if chunked else GRPOTrainer)(
         model=p.model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(p.train_rows),
         processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
-    held = (p.eval_rows or p.train_rows)[: job.max_eval_prompts]
+    held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
     trainer.model.eval()
     with trainer.model.disable_adapter():  # the model this stage started from
-        before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.max_new_tokens)
+        before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
     reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
     result = run_trainer(trainer, callback, job, reporter)
     trainer.model.eval()
-    after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.max_new_tokens)
+    after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
     summary = summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter)
     return {**summary, "speed": {"loss_kernel": "chunked" if chunked else "trl",
@@ -161,11 +149,11 @@ def summarize(job, trainer, result, rewards, held, held_out, before, after, out:
         "reward_kinds": {r.name: r.type for r in rewards},
         "reward_before": before["reward"], "reward_after": after["reward"],
         "per_reward_before": before["per_reward"], "per_reward_after": after["per_reward"],
-        "reward_errors": after["errors"], "group_size": job.group_size, "beta": job.beta,
-        "temperature": job.temperature,
+        "reward_errors": after["errors"], "group_size": job.settings.group_size, "beta": job.settings.beta,
+        "temperature": job.settings.temperature,
     }
     with (out / "samples.jsonl").open("w") as f:
-        for i, row in enumerate(held[: max(job.n_samples, 0)]):
+        for i, row in enumerate(held[: max(job.settings.n_samples, 0)]):
             f.write(json.dumps({"prompt": row["prompt"][-1]["content"], "reference": row.get("reference"),
                                 "before": before["completions"][i], "after": after["completions"][i],
                                 "reward_before": before["totals"][i], "reward_after": after["totals"][i]},

@@ -9,52 +9,40 @@ from dagster import Failure, MetadataValue, Output
 
 from ..engine import models
 from ..engine.artifacts import read_manifest, write_manifest
-from ..engine.data import DataError, read_jsonl
+from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
-from ..engine.pipeline_spec import Pipeline, Stage
-from ..engine.settings import LoraSettings, SettingsError, TrainArgs, as_dict, build
+from ..engine.spec.pipeline import Pipeline
+from ..engine.spec.stages import GRPO, TrainerStage
 from .metadata import finite
 
-JOB_BASE_KEYS = ("lora", "args", "n_samples", "max_new_tokens", "rewards")
 ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.jsonl", "loss.png",
                        "adapter/adapter_config.json")
 
 
-def check_stage_settings(pipeline: Pipeline, method: str, settings: dict, dataset: str):
-    """Stage-specific settings, checked before anything loads; returns the GRPO reward set if any."""
-    if method in ("dpo", "orpo"):
-        from ..engine.preference import validate
+def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str):
+    """A GRPO stage's reward set, checked against the dataset's rows before anything loads; None otherwise."""
+    if not isinstance(stage, GRPO):
+        return None
+    from ..engine.rewards import RewardSet
 
-        validate(method, settings.get("beta"))
-    if method == "grpo":
-        from ..engine.grpo import LIMITS
-        from ..engine.rewards import RewardSet
-
-        for name, (low, high) in LIMITS.items():
-            if not low <= settings[name] <= high:
-                raise ValueError(f"{name} must be in [{low}, {high}], got {settings[name]!r}")
-        if not settings.get("rewards"):
-            raise ValueError("a grpo stage needs rewards, e.g. rewards: [{type: numeric}]")
-        base = Path(pipeline.source_file).parent if pipeline.source_file else None
-        rewards = RewardSet.from_list(settings["rewards"], base_dir=base)
-        rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"))  # e.g. numeric without a reference column
-        return rewards
-    return None
+    base = Path(pipeline.source_file).parent if pipeline.source_file else None
+    rewards = RewardSet.from_list(stage.rewards, base_dir=base)
+    rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"))  # e.g. numeric without a reference column
+    return rewards
 
 
-def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, settings: dict, dataset: str,
-                       previous: str | None, resume: bool, store, tracking, training,
-                       start_model: str | None = None, tags: dict | None = None) -> Output[str]:
-    """start_model: a model directory to start from instead of the pipeline's model (feedback retraining)."""
+def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset: str, previous: str | None,
+                       resume: bool, store, tracking, training, start_model: str | None = None,
+                       tags: dict | None = None) -> Output[str]:
+    """stage: the effective settings (YAML, defaults and this run's config). start_model: a model directory to
+    start from instead of the pipeline's model (feedback retraining)."""
     previous_manifest = read_manifest(previous) if previous else {}
+    method, settings = stage.objective(), stage.model_dump()  # defaults included: job file and MLflow params
     try:  # everything that can be checked before a model loads fails here, with the problem named
-        # the full effective settings, defaults included, go to the job file and to MLflow params
-        settings = {**settings, "lora": as_dict(build(LoraSettings, settings["lora"], "lora")),
-                    "args": as_dict(build(TrainArgs, settings["args"], "args"))}
         resolved = (previous_manifest.get("resolved_model") or start_model
                     or models.check_loadable(pipeline.model))
-        rewards = check_stage_settings(pipeline, method, settings, dataset)
-    except (SettingsError, ModelError, DataError, ValueError) as exc:
+        rewards = check_rewards(pipeline, stage, dataset)
+    except (ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
     resume_from = None
@@ -80,15 +68,12 @@ def run_training_stage(context, pipeline: Pipeline, stage: Stage, method: str, s
             for source in (train_file, eval_file):  # the artifact holds the data that reproduces it
                 if source.exists():
                     shutil.copyfile(source, tmp / "data" / source.name)
-            job = {"kind": method, "model": resolved, "adapters": previous_manifest.get("chain", []),
+            if rewards is not None:  # custom reward files travel with the run, so it is self-contained
+                settings["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
+            job = {"settings": settings, "model": resolved, "adapters": previous_manifest.get("chain", []),
                    "train_file": str(tmp / "data" / "train.jsonl"),
                    "eval_file": str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
-                   "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from,
-                   "lora": settings["lora"], "args": settings["args"], "n_samples": settings["n_samples"],
-                   "max_new_tokens": settings["max_new_tokens"],
-                   **{k: v for k, v in settings.items() if k not in JOB_BASE_KEYS}}
-            if rewards is not None:  # custom reward files travel with the run, so it is self-contained
-                job["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
+                   "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from}
             result = training.run_job(context, job, tmp, env=tracking.env(),
                                       on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step,
                                                                                          finite_only=False))

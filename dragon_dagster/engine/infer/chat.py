@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .backends import Backend, BackendError, as_backend
-from .data import DataError, conversation_row
-from .feedback import FeedbackError, FeedbackStore
+from ..data.tables import DataError, conversation_row
+from ..feedback import FeedbackError, FeedbackStore
 
 ROLES = ("system", "user", "assistant")
 

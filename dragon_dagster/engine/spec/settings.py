@@ -1,12 +1,11 @@
-"""Typed settings for a training stage, mirroring dragonfarm's dragon_lora / dragon_train_args / dragon_hardware.
-
-Each class validates itself so that a bad value fails before a model is loaded, with the field named.
+"""Where and how jobs run, set on the training resource (not in the pipeline): dragon_hardware's device,
+dtype and 4-bit, and the speed choices that change cost but not learning. A stage's own settings are its
+kind's model in stages.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,53 +17,6 @@ class SettingsError(ValueError):
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise SettingsError(message)
-
-
-@dataclass(frozen=True)
-class LoraSettings:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: str | list[str] = "auto"
-
-    def validate(self) -> "LoraSettings":
-        _check(isinstance(self.r, int) and self.r > 0, f"lora.r must be a positive integer, got {self.r!r}")
-        _check(self.alpha > 0, f"lora.alpha must be positive, got {self.alpha!r}")
-        _check(0 <= self.dropout < 1, f"lora.dropout must be in [0, 1), got {self.dropout!r}")
-        return self
-
-    def peft_target_modules(self) -> str | list[str]:
-        # "auto" means every linear layer but the output head: what QLoRA found works best for small models.
-        return "all-linear" if self.target_modules == "auto" else self.target_modules
-
-
-@dataclass(frozen=True)
-class TrainArgs:
-    epochs: float = 3
-    learning_rate: float = 2e-4
-    batch_size: int = 4
-    grad_accum: int = 4
-    max_seq_len: int = 1024
-    max_steps: int | None = None
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    logging_steps: int = 5
-    save_steps: int = 100
-    gradient_checkpointing: bool = False
-    seed: int = 42
-
-    def validate(self) -> "TrainArgs":
-        _check(self.epochs > 0, f"args.epochs must be positive, got {self.epochs!r}")
-        _check(math.isfinite(self.learning_rate) and self.learning_rate > 0,
-               f"args.learning_rate must be positive, got {self.learning_rate!r}")
-        for name in ("batch_size", "grad_accum", "max_seq_len", "logging_steps", "save_steps"):
-            value = getattr(self, name)
-            _check(isinstance(value, int) and value > 0, f"args.{name} must be a positive integer, got {value!r}")
-        _check(self.max_steps is None or (isinstance(self.max_steps, int) and self.max_steps > 0),
-               f"args.max_steps must be a positive integer or null, got {self.max_steps!r}")
-        _check(0 <= self.warmup_ratio < 1, f"args.warmup_ratio must be in [0, 1), got {self.warmup_ratio!r}")
-        _check(self.weight_decay >= 0, f"args.weight_decay must be >= 0, got {self.weight_decay!r}")
-        return self
 
 
 DEVICES = ("auto", "cuda", "mps", "cpu")
@@ -124,15 +76,4 @@ def build(cls: type, values: dict[str, Any] | None, where: str):
     return cls(**values).validate()
 
 
-def merged(base: dict[str, Any] | None, override: dict[str, Any] | None) -> dict[str, Any]:
-    """Shallow-merge an override into base settings, skipping keys the override leaves as None."""
-    out = dict(base or {})
-    out.update({k: v for k, v in (override or {}).items() if v is not None})
-    return out
-
-
-def as_dict(obj) -> dict[str, Any]:
-    return dataclasses.asdict(obj)
-
-
-__all__ = ["LoraSettings", "TrainArgs", "Hardware", "Speed", "SettingsError", "build", "merged", "as_dict"]
+__all__ = ["Hardware", "Speed", "SettingsError", "build"]

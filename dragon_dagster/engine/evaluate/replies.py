@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from . import metrics as task_metrics
-from .data import reply_text, user_text
+from ..data.tables import reply_text, user_text
 
 
 def eval_metrics(figures: dict) -> dict[str, float]:

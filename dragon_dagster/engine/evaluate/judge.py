@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .backends import Backend, as_backend
+from ..infer.backends import Backend, as_backend
 from .metrics import unfence
 
 DEFAULT_RUBRIC = ("Reward replies that are correct, helpful and directly address the user's request. "

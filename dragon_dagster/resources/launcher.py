@@ -19,10 +19,8 @@ from dagster import ConfigurableResource, Failure, PipesSubprocessClient
 from dagster._core.errors import DagsterPipesExecutionError
 from pydantic import Field
 
-from ..engine.settings import Hardware, Speed
-
-
-TRAINER_KINDS = ("sft", "dpo", "orpo", "grpo")
+from ..engine.spec.registry import KINDS
+from ..engine.spec.settings import Hardware, Speed
 
 
 class TrainingResource(ConfigurableResource):
@@ -60,8 +58,9 @@ class TrainingResource(ConfigurableResource):
 
         on_metrics(step, values) gets the worker's step metrics while it runs (the stages log them to MLflow).
         """
+        kind = job["settings"]["kind"]
         job = {**job, "hardware": self.hardware()}
-        if job["kind"] in TRAINER_KINDS:
+        if KINDS[kind].role == "training":
             job["speed"] = self.speed()
         job_file = Path(workdir) / "job.json"
         job_file.write_text(json.dumps(job, indent=2))
@@ -85,7 +84,7 @@ class TrainingResource(ConfigurableResource):
         status = _read_status(status_file)
         status_file.unlink(missing_ok=True)
         if status.get("event") != "result":
-            raise Failure(description=f"the {job['kind']} worker finished without a result")
+            raise Failure(description=f"the {kind} worker finished without a result")
         return status["result"]
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import progress
-from .evaluate import eval_metrics, evaluate_rows
-from .reporting import Reporter
-from .settings import Hardware, TrainArgs
-from .training import (Cancelled, StageJob, TrainingError, common_args, last_checkpoint, lora_config, prepare,
+from ..evaluate.replies import eval_metrics, evaluate_rows
+from ..reporter import Reporter
+from ..spec.settings import Hardware
+from ..spec.stages import TrainArgs
+from .trainer import (Cancelled, StageJob, TrainingError, common_args, last_checkpoint, lora_config, prepare,
                        progress_callback, run_trainer)
 
 __all__ = ["SFTJob", "train_sft", "Cancelled", "TrainingError", "last_checkpoint", "common_args", "Hardware",
@@ -46,7 +47,7 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
         model=p.model, args=config, train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
         peft_config=lora_config(p.lora), callbacks=[callback])
     result = run_trainer(trainer, callback, job, reporter)
-    rows = p.eval_rows or p.train_rows[: job.n_samples]
+    rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
     summary = summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
                         reporter)
     return {**summary, "speed": {"packing": p.speed.packing, "loss_kernel": "chunked" if chunked else "trl"}}
@@ -89,7 +90,7 @@ def summarize(trainer, result, tokenizer, rows, held_out: bool, job, args: Train
     reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
     model = trainer.model
     model.eval()
-    evaluation = evaluate_rows(model, tokenizer, rows, n_samples=job.n_samples, max_new_tokens=job.max_new_tokens,
+    evaluation = evaluate_rows(model, tokenizer, rows, n_samples=job.settings.n_samples, max_new_tokens=job.settings.max_new_tokens,
                                max_len=args.max_seq_len)
     rows_logged = progress.read(out)
     losses = [r["loss"] for r in rows_logged if isinstance(r.get("loss"), (int, float))]

@@ -1,0 +1,78 @@
+"""The pipeline as a Dagster Component: `defs/<name>/defs.yaml` with `type: dragon_dagster.PostTrainingPipeline`
+and the pipeline under `attributes:`, validated by `dg check yaml` against the stage models' JSON schema,
+listed by `dg list defs`, and scaffolded with a starter pipeline by `dg scaffold defs`."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import dagster as dg
+from pydantic import BaseModel
+
+from ..engine.spec.pipeline import Pipeline
+from .factory import build_pipeline_defs
+
+STARTER = """\
+  # A starter pipeline: SFT on the bundled support tickets, merged and evaluated on held-out rows.
+  # Point `path` at your own CSV/JSONL/Parquet file and map its columns with {{column}} templates.
+  # Every stage kind, setting and default: the README's "Stage settings" and `dg utils inspect-component`.
+  name: {name}
+  model: smollm2-135m
+  datasets:
+    tickets:
+      path: example:tickets.csv
+  stages:
+    - name: sft_dataset
+      kind: chat_dataset
+      source: tickets
+      prompt: "{{subject}}\\n\\n{{body}}"
+      response: reply
+      eval_frac: 0.05
+    - name: sft_adapter
+      kind: sft
+      dataset: sft_dataset
+      lora: {{r: 16, alpha: 32}}
+      args: {{epochs: 1, learning_rate: 2.0e-4, batch_size: 4, grad_accum: 1, max_seq_len: 512}}
+    - name: merged_model
+      kind: merge
+    - name: evaluation_report
+      kind: evaluate
+      dataset: sft_dataset
+  profiles:
+    quick:
+      sft_adapter: {{args: {{max_steps: 20, logging_steps: 2}}, n_samples: 3}}
+      evaluation_report: {{n_samples: 3, n_judge: 2, max_new_tokens: 48}}
+"""
+
+
+class PipelineScaffolder(dg.Scaffolder):
+    """Writes a defs.yaml with a small runnable pipeline named after its folder."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        name = re.sub(r"[^a-z0-9_]", "_", request.target_path.name.lower()).lstrip("_0123456789") or "pipeline"
+        request.target_path.mkdir(parents=True, exist_ok=True)
+        (request.target_path / "defs.yaml").write_text(
+            f"type: {request.type_name}\n\nattributes:\n{STARTER.format(name=name)}")
+
+
+@dg.scaffold_with(PipelineScaffolder)
+class PostTrainingPipeline(dg.Component):
+    """Post-train a small language model with LoRA: datasets, SFT/DPO/ORPO/GRPO adapters, a merged model and an
+    evaluation report as assets, tracked in MLflow."""
+
+    def __init__(self, pipeline: Pipeline):
+        self.pipeline = pipeline
+
+    @classmethod
+    def get_model_cls(cls) -> type[BaseModel]:
+        return Pipeline
+
+    @classmethod
+    def load(cls, attributes: BaseModel | None, context: dg.ComponentLoadContext) -> PostTrainingPipeline:
+        if attributes is None:
+            raise ValueError(f"{context.path / 'defs.yaml'}: a pipeline needs attributes (name, stages, ...)")
+        return cls(attributes.located(Path(context.path) / "defs.yaml"))
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        return dg.Definitions(**build_pipeline_defs(self.pipeline))

@@ -1,0 +1,48 @@
+"""Launchpad config made from a stage's settings model: the per-run fields, nested as in the YAML, each
+defaulting to the value this pipeline gives it (its YAML, else the kind's default) and described by the
+model's field docs. A run's config is put over the stage's settings and validated by the same model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dagster import Config, Failure
+from pydantic import Field, ValidationError, create_model
+
+from ..engine.spec.pipeline import describe
+from ..engine.spec.registry import overlay, tunable_fields
+from ..engine.spec.stages import Settings, Stage
+
+RESUME = (bool, Field(False, description="Continue from the last complete checkpoint a cancelled or failed run "
+                                         "left."))
+
+
+def launchpad_config(stage: Stage, **extra: tuple[type, Any]) -> type[Config]:
+    """The Config class of a stage's asset; extra adds launch-only fields such as resume."""
+    return _config_class(stage, _camel(stage.name) + "Config", extra)
+
+
+def _config_class(settings: Settings, class_name: str, extra: dict | None = None) -> type[Config]:
+    fields: dict[str, Any] = {}
+    for name, annotation in tunable_fields(type(settings)).items():
+        value, doc = getattr(settings, name), type(settings).model_fields[name].description
+        if isinstance(value, Settings):
+            nested = _config_class(value, class_name[:-len("Config")] + _camel(name) + "Config")
+            fields[name] = (nested, Field(default_factory=nested, description=doc))
+        else:
+            fields[name] = (annotation, Field(value, description=doc))
+    return create_model(class_name, __base__=Config, **fields, **(extra or {}))
+
+
+def effective(stage: Stage, config: Config) -> Stage:
+    """The stage's settings with this run's launchpad values put in, checked by the stage's model."""
+    values = config.model_dump(exclude={"resume"})
+    try:
+        return type(stage).model_validate(overlay(stage.model_dump(), values))
+    except ValidationError as exc:
+        raise Failure(description=f"{stage.name}: run config: {describe(exc)}") from None
+
+
+def _camel(name: str) -> str:
+    return "".join(part.capitalize() for part in name.split("_"))

@@ -1,0 +1,1 @@
+"""Measuring models: replies and their metrics, the pairwise judge, the base-against-merged report."""

@@ -1,0 +1,1 @@
+"""Talking to models: local and server backends, and the chat session whose ratings become feedback."""

@@ -1,0 +1,298 @@
+"""One typed model per stage kind: the single source of its defaults, ranges, cross-field checks and docs.
+
+The same model validates the pipeline YAML (and `dg check yaml`, through the component's JSON schema), shapes
+the launchpad config of the stage's asset with its effective values, is written into the worker's job.json
+and read back there, where the trainer turns it into TRL's config. Like TRL's `GRPOConfig`, each field says
+what it does in its description.
+
+Numbers written in YAML as `2e-4` arrive as strings (PyYAML follows YAML 1.1); pydantic's lax mode reads them
+as numbers, so they are accepted wherever a number is expected.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+
+
+class Settings(BaseModel):
+    """Unknown keys are errors: a typo in YAML must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Lora(Settings):
+    r: int = Field(16, gt=0, description="LoRA rank: the size of the low-rank update.")
+    alpha: int = Field(32, gt=0, description="LoRA scaling; the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input, in [0, 1).")
+    target_modules: str | list[str] = Field(
+        "auto", description="Modules that get an adapter: 'auto' (every linear layer but the output head), "
+                            "'all-linear', or a list of module names.")
+
+    def peft_target_modules(self) -> str | list[str]:
+        # "auto" means every linear layer but the output head: what QLoRA found works best for small models.
+        return "all-linear" if self.target_modules == "auto" else self.target_modules
+
+
+class TrainArgs(Settings):
+    """dragon_train_args: what every trainer stage shares. Subclasses change defaults per stage kind."""
+
+    epochs: float = Field(3, gt=0, description="Passes over the training rows.")
+    learning_rate: float = Field(2e-4, gt=0, allow_inf_nan=False,
+                                 description="Peak learning rate of the LoRA weights.")
+    batch_size: int = Field(4, gt=0, description="Rows per device step.")
+    grad_accum: int = Field(4, gt=0, description="Steps whose gradients add up to one update.")
+    max_seq_len: int = Field(1024, gt=0, description="Longer rows are truncated to this many tokens.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many updates (overrides epochs).")
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Share of steps warming the learning rate up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    logging_steps: int = Field(5, gt=0, description="Log metrics every this many steps.")
+    save_steps: int = Field(100, gt=0, description="Save a resumable checkpoint every this many steps.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")
+    seed: int = Field(42, description="Training seed.")
+
+
+class PreferenceArgs(TrainArgs):
+    """dragon_prefer's defaults: a lower learning rate and fewer passes than SFT."""
+
+    epochs: float = Field(2, gt=0, description="Passes over the training pairs.")
+    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False,
+                                 description="Peak learning rate of the LoRA weights.")
+
+
+class GRPOArgs(TrainArgs):
+    """dragon_reinforce's defaults: one pass, no accumulation, frequent checkpoints (each step samples)."""
+
+    epochs: float = Field(1, gt=0, description="Passes over the prompts.")
+    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False,
+                                 description="Peak learning rate of the LoRA weights.")
+    grad_accum: int = Field(1, gt=0, description="Steps whose gradients add up to one update.")
+    save_steps: int = Field(20, gt=0, description="Save a resumable checkpoint every this many steps.")
+
+
+class Stage(Settings):
+    """What every stage has: its asset's name and its kind."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="The asset's name, unique in the pipeline.")
+    kind: str
+
+    def reads(self) -> list[str]:
+        """Names of earlier datasets or stages this stage names in its own settings."""
+        return []
+
+
+# ------------------------------------------------------------------------------------------- datasets
+
+class DatasetStage(Stage):
+    source: str | None = Field(None, description="A dataset under `datasets:` to map (or give `path`).")
+    path: str | None = Field(None, description="A file to read directly (CSV, JSONL, JSON, Parquet, a saved "
+                                               "`datasets` directory), relative to the pipeline's folder; "
+                                               "'example:NAME' reads a bundled example file.")
+    format: Literal["csv", "jsonl", "json", "parquet"] | None = Field(
+        None, description="File format when the extension does not tell.")
+    system: str | None = Field(None, description="System prompt: text or a template such as '{persona}'.")
+    eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of rows held out for evaluation, in [0, 1).")
+    seed: int = Field(42, description="Seed of the held-out split.")
+
+    @model_validator(mode="after")
+    def _one_origin(self):
+        if (self.source is None) == (self.path is None):
+            raise ValueError(f"dataset stage {self.name!r} needs exactly one of source (a dataset name) or path")
+        return self
+
+    def reads(self) -> list[str]:
+        return [self.source] if self.source else []
+
+
+class ChatDataset(DatasetStage):
+    """Prompt and reply pairs for SFT (dragon_map): columns or `{column}` templates, or a conversations column."""
+
+    kind: Literal["chat_dataset"]
+    prompt: str | None = Field(None, description="The user turn: a column or a template like '{subject}\\n\\n{body}'.")
+    response: str | None = Field(None, description="The assistant reply: a column or a template.")
+    conversations: str | None = Field(None, description="A column of whole conversations (lists of role/content "
+                                                        "turns); the last assistant turn is trained on.")
+
+    @model_validator(mode="after")
+    def _mapping(self):
+        if self.conversations is None and not (self.prompt and self.response):
+            raise ValueError(f"chat_dataset {self.name!r} needs prompt and response (columns or templates), "
+                             "or conversations")
+        return self
+
+
+class PairsDataset(DatasetStage):
+    """Preference pairs (dragon_map_pairs): a prompt, a chosen and a rejected reply."""
+
+    kind: Literal["pairs_dataset"]
+    prompt: str = Field(description="The user turn: a column or a template.")
+    chosen: str = Field(description="The preferred reply: a column or a template.")
+    rejected: str = Field(description="The worse reply: a column or a template.")
+
+
+class PromptDataset(DatasetStage):
+    """Prompts to practise on with rewards (dragon_map_prompts); every other column reaches the rewards."""
+
+    kind: Literal["prompt_dataset"]
+    prompt: str = Field(description="The user turn: a column or a template.")
+    reference: str | None = Field(None, description="The checkable answer rewards compare with.")
+
+
+# ------------------------------------------------------------------------------------- synthesized data
+
+Backend = str | dict[str, Any]  # "reference", a model name or directory, or {url, model, api_key, ...}
+
+
+class PreferencePairs(Stage):
+    """Pairs made from the latest adapter's own samples (dragon_synthesize_pairs)."""
+
+    kind: Literal["preference_pairs"]
+    dataset: str = Field(description="An earlier chat dataset whose prompts (and replies) are used.")
+    mode: Literal["teacher", "judge"] = Field(
+        "teacher", description="teacher: the teacher's reply is chosen, the student's rejected. judge: the "
+                               "student's best and worst samples by a judge's score.")
+    teacher: Backend = Field("reference", description="'reference' (the dataset's own reply), a model, or a "
+                                                      "server {url, model}.")
+    judge: Backend | None = Field(None, description="Judge mode: the scoring model (default: the base model; "
+                                                    "weak, use a server).")
+    rubric: str | None = Field(None, description="What the judge scores for.")
+    n: int = Field(100, ge=1, description="Prompts to make pairs from.")
+    n_samples_per_prompt: int = Field(4, ge=1, description="Judge mode: student samples per prompt (>= 2).")
+    min_gap: float = Field(2.0, ge=0, description="Judge mode: least score gap between chosen and rejected.")
+    temperature: float = Field(0.8, gt=0, le=3, description="Student sampling temperature, in (0, 3].")
+    max_new_tokens: int = Field(256, gt=0, description="Length limit of sampled replies.")
+    eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of pairs held out.")
+    seed: int = Field(42, description="Seed of the prompt order and the split.")
+
+    @model_validator(mode="after")
+    def _judge_needs_samples(self):
+        if self.mode == "judge" and self.n_samples_per_prompt < 2:
+            raise ValueError("judge mode needs n_samples_per_prompt >= 2 to have a best and a worst sample")
+        return self
+
+    def reads(self) -> list[str]:
+        return [self.dataset]
+
+
+class SyntheticDataset(Stage):
+    """Teacher-written SFT rows with a quality pass (dragon_synthesize)."""
+
+    kind: Literal["synthetic_dataset"]
+    dataset: str = Field(description="An earlier dataset whose prompts the teacher answers.")
+    teacher: Backend = Field(description="The teacher: a model name or directory, or a server {url, model}.")
+    system: str | None = Field(None, description="System prompt given to the teacher.")
+    max_new_tokens: int = Field(512, gt=0, description="Length limit of teacher replies.")
+    temperature: float = Field(0.7, ge=0, le=3, description="Teacher sampling temperature.")
+    judge: Backend | None = Field(None, description="Optional judge gate: a model or server scoring each reply.")
+    min_score: float = Field(7.0, ge=0, le=10, description="Judge gate: keep rows scored at least this (1-10).")
+    rubric: str | None = Field(None, description="What the judge scores for.")
+    dedupe: bool = Field(True, description="Drop exact and near-duplicate replies.")
+    near_dup_threshold: float = Field(0.92, gt=0, le=1, description="Similarity above which replies are "
+                                                                    "near-duplicates.")
+    min_chars: int = Field(1, ge=0, description="Drop replies shorter than this.")
+    max_chars: int | None = Field(None, gt=0, description="Drop replies longer than this.")
+    min_alpha_ratio: float = Field(0.0, ge=0, le=1, description="Drop replies with a smaller share of letters.")
+    eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of rows held out.")
+    seed: int = Field(42, description="Seed of the split.")
+
+    def reads(self) -> list[str]:
+        return [self.dataset]
+
+
+# --------------------------------------------------------------------------------------------- trainers
+
+class TrainerStage(Stage):
+    """A LoRA adapter trained on a dataset, continuing from the training stage before it (folded in)."""
+
+    dataset: str = Field(description="An earlier dataset stage whose rows train this stage.")
+    lora: Lora = Field(default_factory=Lora, description="The adapter's shape (dragon_lora).")
+    args: TrainArgs = Field(default_factory=TrainArgs, description="Trainer arguments (dragon_train_args).")
+    n_samples: int = Field(10, ge=0, description="Held-out prompts answered after training (samples.jsonl).")
+    max_new_tokens: int = Field(128, gt=0, description="Length limit of sample replies.")
+
+    def objective(self) -> str:
+        """The training objective, as tagged in MLflow and run by the worker."""
+        return self.kind
+
+    def reads(self) -> list[str]:
+        return [self.dataset]
+
+
+class SFT(TrainerStage):
+    """Supervised fine-tuning with TRL's SFTTrainer; loss on the final assistant turn only."""
+
+    kind: Literal["sft"]
+
+
+class Preference(TrainerStage):
+    """Preference optimization on pairs: DPO (no reference model needed with LoRA) or ORPO."""
+
+    kind: Literal["preference"]
+    method: Literal["dpo", "orpo"] = Field("dpo", description="dpo or orpo.")
+    beta: float = Field(0.1, gt=0, allow_inf_nan=False,
+                        description="Strength of the preference (DPO: KL to the starting model).")
+    args: PreferenceArgs = Field(default_factory=PreferenceArgs, description="Trainer arguments.")
+
+    def objective(self) -> str:
+        return self.method
+
+
+class GRPO(TrainerStage):
+    """Reinforcement learning with verifiable rewards: TRL's GRPOTrainer (dragon_reinforce)."""
+
+    kind: Literal["grpo"]
+    rewards: list[dict[str, Any]] = Field(
+        min_length=1, description="Verifiable rewards, summed by weight, e.g. [{type: numeric}, "
+                                  "{type: length, max_chars: 16, weight: 0.2}]; see the README for the types.")
+    group_size: int = Field(4, ge=2, le=64, description="Completions per prompt, 2..64.")
+    beta: float = Field(0.04, ge=0, le=10, description="KL penalty to the starting model, 0..10.")
+    temperature: float = Field(1.0, ge=0.05, le=3, description="Sampling temperature, 0.05..3.")
+    max_eval_prompts: int = Field(64, ge=0, description="Held-out prompts scored before and after training.")
+    kl_bound: float = Field(1.0, gt=0, description="The kl_within_bound check warns above this KL.")
+    zero_std_limit: float = Field(0.9, gt=0, le=1, description="The groups_have_reward_variance check warns when "
+                                                               "this share of groups has no reward variance.")
+    args: GRPOArgs = Field(default_factory=GRPOArgs, description="Trainer arguments.")
+
+    @model_validator(mode="after")
+    def _rewards_are_known(self):
+        from ..rewards import OPTIONS
+
+        for i, reward in enumerate(self.rewards):
+            if reward.get("type") not in OPTIONS:
+                raise ValueError(f"rewards[{i}]: unknown reward type {reward.get('type')!r}; "
+                                 f"known: {', '.join(OPTIONS)}")
+        return self
+
+
+# ------------------------------------------------------------------------------------ merge and evaluate
+
+class Merge(Stage):
+    """The adapter chain folded into the base model: a standalone directory plain transformers loads."""
+
+    kind: Literal["merge"]
+    sample_prompt: str = Field("Hello! What can you help me with?",
+                               description="A prompt whose reply is shown in the asset's metadata.")
+
+
+class Evaluate(Stage):
+    """Base model against the merged model on the same held-out rows: loss, metrics, samples, judge."""
+
+    kind: Literal["evaluate"]
+    dataset: str = Field(description="The dataset whose held-out rows are measured.")
+    n_samples: int = Field(5, ge=0, description="Sample replies shown side by side.")
+    max_eval_rows: int = Field(50, gt=0, description="Held-out rows measured (at most).")
+    max_new_tokens: int = Field(128, gt=0, description="Length limit of generated replies.")
+    n_judge: int = Field(5, ge=0, description="Held-out prompts judged pairwise, both orders (0: none).")
+    judge: Backend | None = Field(None, description="The pairwise judge: a model or a server {url, model}; "
+                                                    "default: the base model (weak, offline).")
+
+    def reads(self) -> list[str]:
+        return [self.dataset]
+
+
+__all__ = ["Settings", "Lora", "TrainArgs", "PreferenceArgs", "GRPOArgs", "Stage", "DatasetStage", "ChatDataset",
+           "PairsDataset", "PromptDataset", "PreferencePairs", "SyntheticDataset", "TrainerStage", "SFT",
+           "Preference", "GRPO", "Merge", "Evaluate"]
