@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 import uuid
@@ -38,6 +39,18 @@ def staged_dir(final: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     tmp.rename(final)
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    """Write a small JSON file (a pointer, a status) so that readers see the old or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:6]}")
+    with tmp.open("w") as f:
+        json.dump(data, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def write_manifest(directory: Path, **fields) -> None:
