@@ -8,13 +8,23 @@ of a reply (both recorded in the `FeedbackStore` with the model that answered), 
 and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
 .json: a list of messages).
 
+The page shows what a model wrote as text and Markdown, never as HTML: `shown()` escapes every tag, entity,
+Markdown image and Mermaid diagram before a message reaches the Chatbot (a reply could otherwise render a form
+posting elsewhere or fetch a tracking image), every response carries a Content-Security-Policy with no outside
+sources and X-Frame-Options / X-Content-Type-Options (`SecurityHeaders`), and `start(..., password=...)` puts
+the page behind Gradio's login. Ratings and edits become training data that is promoted automatically, so a page
+reachable beyond this machine must have a password (`start` warns when it has none).
+
 `build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, ...)` serves it; `launch(model,
 store_path, ...)` does both from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -36,19 +46,44 @@ FORMATS = (".jsonl", ".json")
 # (Texts avoid emoji too: minimal systems have no emoji font.)
 THEME = gr.themes.Soft(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 CSS = "#status {min-height: 2.5em} footer {display: none !important}"
+USERNAME = "dragon"  # the login name when the page has a password
+
+# What the page's Markdown renderer (marked, in Gradio's frontend) would turn into live HTML, each replaced by a
+# numeric character reference that shows as the same character: a `<` that could open a tag, a comment or an
+# autolink; an `&` that could start a character reference (so the model's own "&lt;" shows as written and every
+# "&#N;" in the result is ours); the `[` of a Markdown image (the browser would fetch its URL); the `m` of a
+# Mermaid fence (Gradio renders those as diagrams whose labels are HTML). Text inside code shows these references
+# literally: the price of never depending on where a code block starts and ends. `Chat` keeps the original text.
+_UNSAFE = re.compile(r"<(?=[A-Za-z/!?])|&(?=#|[A-Za-z][A-Za-z0-9]{0,31};)|(?<=!)\[|(?<=```)m(?=ermaid)")
+_OURS = re.compile(r"&#(38|60|91|109);")
+
+
+def shown(text: str) -> str:
+    """Text as the page shows it: Markdown formatting kept, raw HTML, Markdown images and diagrams inert."""
+    return _UNSAFE.sub(lambda m: f"&#{ord(m.group())};", text)
+
+
+def unshown(text: str) -> str:
+    """The inverse of shown(): what the Chatbot sends back (an edited message) as the text it stood for."""
+    return _OURS.sub(lambda m: chr(int(m.group(1))), text)
 
 
 def _display(messages: list[dict]) -> list[dict]:
     """The Chatbot value for Chat.messages (the system prompt lives in its own box, not in the list)."""
-    return [{"role": m["role"], "content": m["content"]} for m in messages]
+    return [{"role": m["role"], "content": shown(m["content"])} for m in messages]
+
+
+def _error(exc: Any) -> str:
+    """An error for the status line: its message may quote a server's (HTML) response, so shown as text."""
+    return f"**error:** {shown(str(exc))}"
 
 
 def _text(value: Any) -> str:
     """Plain text from what the Chatbot sends back: a string, or content parts ({"type": "text", ...})."""
     if isinstance(value, str):
-        return value
+        return unshown(value)
     if isinstance(value, dict):
-        return str(value.get("text", value.get("content", "")))
+        return _text(str(value.get("text", value.get("content", ""))))
     if isinstance(value, (list, tuple)):
         return "".join(_text(v) for v in value)
     return "" if value is None else str(value)
@@ -111,7 +146,7 @@ class ChatHandlers:
         """Show the last reply growing word by word, then the whole conversation with the status note."""
         before, reply = _display(chat.messages[:-1]), chat.messages[-1]["content"]
         for prefix in _prefixes(reply):
-            yield before + [{"role": "assistant", "content": prefix}], chat, "_answering…_"
+            yield before + [{"role": "assistant", "content": shown(prefix)}], chat, "_answering…_"
             time.sleep(self.stream_delay)
         yield _display(chat.messages), chat, note
 
@@ -122,20 +157,20 @@ class ChatHandlers:
         try:
             chat = self.session(chat, *settings)
         except ERRORS as exc:
-            yield text, gr.skip(), chat, f"**error:** {exc}"
+            yield text, gr.skip(), chat, _error(exc)
             return
         text = (text or "").strip()
         if not text:
             yield "", _display(chat.messages), chat, "Type a message first."
             return
-        yield "", _display(chat.messages) + [{"role": "user", "content": text}], chat, "_waiting for the model…_"
+        yield "", _display(chat.messages + [{"role": "user", "content": text}]), chat, "_waiting for the model…_"
         try:
             chat.say(text)
         except ERRORS as exc:  # the turn failed: history unchanged, the text goes back into the box
-            yield text, _display(chat.messages), chat, f"**error:** {exc}"
+            yield text, _display(chat.messages), chat, _error(exc)
             return
-        for shown, chat, status in self._stream(chat, context_note(chat)):
-            yield "", shown, chat, status
+        for value, chat, status in self._stream(chat, context_note(chat)):
+            yield "", value, chat, status
 
     def regenerate(self, chat: Chat | None, *settings) -> Iterator[tuple]:
         """Outputs (chatbot, chat, status): a new answer replaces the last reply."""
@@ -143,7 +178,7 @@ class ChatHandlers:
             chat = self.session(chat, *settings)
             chat.regenerate()
         except ERRORS as exc:
-            yield gr.skip(), chat, f"**error:** {exc}"
+            yield gr.skip(), chat, _error(exc)
             return
         yield from self._stream(chat, "Regenerated. " + context_note(chat))
 
@@ -177,7 +212,7 @@ class ChatHandlers:
             reply = _reply_index(chat, data.index)
             feedback_id = chat.rate(verdict == "up", index=reply)
         except ERRORS as exc:
-            return chat, f"**error:** {exc}"
+            return chat, _error(exc)
         return chat, self._saved(chat, f"thumbs {verdict} on reply {reply + 1}", feedback_id)
 
     def edit(self, chat: Chat | None, system: str | None, context_turns: Any, temperature: float,
@@ -198,7 +233,7 @@ class ChatHandlers:
             chat.messages = chat.messages[:data.index]  # a changed question: ask it again from there
             chat.say(text)
         except (*ERRORS, IndexError, TypeError) as exc:
-            yield _display(chat.messages) if chat else gr.skip(), chat, f"**error:** {exc}"
+            yield _display(chat.messages) if chat else gr.skip(), chat, _error(exc)
             return
         yield from self._stream(chat, "Asked again. " + context_note(chat))
 
@@ -222,9 +257,9 @@ class ChatHandlers:
             loaded = Chat.load(path, self.backend, model_label=self.model_label, store=self.store)
             loaded = self.session(loaded, loaded.system or current.system, *settings[1:])
         except ERRORS as exc:
-            return gr.skip(), chat, gr.skip(), f"**error:** cannot load {Path(path).name}: {exc}"
+            return gr.skip(), chat, gr.skip(), _error(f"cannot load {Path(path).name}: {exc}")
         return (_display(loaded.messages), loaded, loaded.system or "",
-                f"Loaded {len(loaded.messages)} message(s) from {Path(path).name}.")
+                f"Loaded {len(loaded.messages)} message(s) from {shown(Path(path).name)}.")
 
 
 def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path | None, model_label: str = "",
@@ -235,10 +270,10 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
     if store is not None and not isinstance(store, FeedbackStore):
         store = FeedbackStore(store)
     h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay)
-    where = f"`{store.path}`" if store is not None else "nowhere (no feedback store)"
+    where = f"`{shown(str(store.path))}`" if store is not None else "nowhere (no feedback store)"
     with gr.Blocks(title=f"dragon chat: {h.model_label}", analytics_enabled=False) as app:
-        gr.Markdown(f"### Chat with `{h.model_label}`\nRate a reply with the thumbs under it, or edit it (pencil) "
-                    f"into a better answer: both are recorded as training data in {where}.")
+        gr.Markdown(f"### Chat with `{shown(h.model_label)}`\nRate a reply with the thumbs under it, or edit it "
+                    f"(pencil) into a better answer: both are recorded as training data in {where}.")
         chat = gr.State(None)  # one Chat per browser session
         with gr.Row():
             with gr.Column(scale=3):
@@ -283,23 +318,94 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
     return app
 
 
+# The page's own scripts and styles (Gradio inlines its config and styles, so 'unsafe-inline'); images, fonts,
+# requests, forms and workers only from the page itself; never inside another site's frame.
+CSP = "; ".join([
+    "default-src 'self'", "script-src 'self' 'unsafe-inline'", "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data: blob:", "font-src 'self' data:", "connect-src 'self'", "media-src 'self' data: blob:",
+    "worker-src 'self' blob:", "object-src 'none'", "base-uri 'self'", "form-action 'self'",
+    "frame-ancestors 'none'"])
+SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
+                    "Referrer-Policy": "no-referrer"}
+
+
+class SecurityHeaders:
+    """ASGI middleware: SECURITY_HEADERS on every HTTP response of the app (pure ASGI, so streamed replies
+    pass through untouched)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", [])
+                           if k.decode("latin-1").lower() not in _HEADER_NAMES]
+                message = {**message, "headers": headers + _HEADER_BYTES}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+_HEADER_NAMES = {name.lower() for name in SECURITY_HEADERS}
+_HEADER_BYTES = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SECURITY_HEADERS.items()]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the page on this machine ("0.0.0.0" or a name other than localhost: no)."""
+    if host.strip("[]").lower() in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
+    """A warning when the page is reachable beyond this machine without a password, else None."""
+    if password or (is_loopback(host) and not share):
+        return None
+    where = "through a public share link" if share else f"on {host}, beyond this machine"
+    return (f"the chat page is served {where} without a password: anyone who reaches it can chat with the model "
+            f"and write feedback that is trained on and promoted automatically. Set one (dragon chat-ui "
+            f"--password-env NAME).")
+
+
 def start(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True, share: bool = False,
-          inbrowser: bool = False, quiet: bool = False) -> str:
-    """Serve the page (with the offline theme) and return its URL; block=True serves until interrupted."""
+          inbrowser: bool = False, quiet: bool = False, password: str | None = None,
+          username: str = USERNAME, warn: bool = True) -> str:
+    """Serve the page (with the offline theme and SECURITY_HEADERS) and return its URL; block=True serves until
+    interrupted. With a password, every page and API call needs Gradio's login as `username`; without one, a
+    host beyond loopback (or share) gets a warning on stderr (warn=False: the caller has said it)."""
+    from starlette.middleware import Middleware
+
+    warning = exposure_warning(host, password, share) if warn else None
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr, flush=True)
     app.queue()  # streaming replies need the queue
     app.launch(server_name=host, server_port=port, share=share, inbrowser=inbrowser, quiet=quiet,
-               prevent_thread_lock=not block, theme=THEME, css=CSS, footer_links=[])
+               prevent_thread_lock=not block, theme=THEME, css=CSS, footer_links=[],
+               auth=(username, password) if password else None,
+               auth_message=f"Log in as {shown(username)}." if password else None,
+               ssr_mode=False,  # the page comes from this app (and its headers), not from a Node front end
+               app_kwargs={"middleware": [Middleware(SecurityHeaders)]})
     return app.local_url or f"http://{host}:{port}/"
 
 
 def launch(model: Backend | dict | str, store_path: str | Path | None, host: str = "127.0.0.1", port: int = 7860,
            system: str | None = None, context_turns: int | None = None, model_label: str = "",
-           block: bool = True, share: bool = False, inbrowser: bool = False, **options) -> gr.Blocks:
+           block: bool = True, share: bool = False, inbrowser: bool = False, password: str | None = None,
+           username: str = USERNAME, warn: bool = True, **options) -> gr.Blocks:
     """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
-    recording feedback into the SQLite store at `store_path`. `options` go to build_app (temperature,
-    max_new_tokens, stream_delay). Returns the app (serving in the background when block=False)."""
+    recording feedback into the SQLite store at `store_path`, behind a login when `password` is set. `options`
+    go to build_app (temperature, max_new_tokens, stream_delay). Returns the app (serving in the background
+    when block=False)."""
     backend = as_backend(model)
     store = FeedbackStore(store_path) if store_path else None
     app = build_app(backend, store, model_label, system=system, context_turns=context_turns, **options)
-    start(app, host=host, port=port, block=block, share=share, inbrowser=inbrowser)
+    start(app, host=host, port=port, block=block, share=share, inbrowser=inbrowser, password=password,
+          username=username, warn=warn)
     return app

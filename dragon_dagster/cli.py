@@ -165,15 +165,30 @@ def chat(pipeline, model, server_model, system, context_turns):
 
 @main.command("chat-ui")
 @chat_options
-@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Interface to bind; anything but loopback needs --password-env (feedback is trained on).")
 @click.option("--port", default=7860, show_default=True)
-def chat_ui(pipeline, model, server_model, system, context_turns, host, port):
+@click.option("--password-env", default=None, metavar="NAME",
+              help="Require a login, with the password read from environment variable NAME.")
+@click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")
+def chat_ui(pipeline, model, server_model, system, context_turns, host, port, password_env, username):
     """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
-    from .chat_ui import launch
+    from .chat_ui import exposure_warning, launch
 
+    password = None
+    if password_env:  # from the environment only: a command line shows up in ps and shell history
+        password = os.environ.get(password_env)
+        if not password:
+            raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
     spec, label, store_path = chat_target(pipeline, model, server_model)
-    console.print(f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path})")
-    launch(spec, store_path, host=host, port=port, system=system, context_turns=context_turns, model_label=label)
+    warning = exposure_warning(host, password)
+    if warning:
+        console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
+    login = f"login {username!r}, password from ${password_env}" if password else "no password"
+    console.print(f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path}; {login})",
+                  soft_wrap=True, markup=False)
+    launch(spec, store_path, host=host, port=port, system=system, context_turns=context_turns, model_label=label,
+           password=password, username=username, warn=False)
 
 
 @main.command()

@@ -1,13 +1,19 @@
 """The Gradio chat page: its handlers without a browser, then the real page in a real Chromium (Debian's,
-driven by Playwright) over a deterministic backend, with ratings and edits checked in a real FeedbackStore."""
+driven by Playwright) over a deterministic backend, with ratings and edits checked in a real FeedbackStore; and
+its defences: a hostile reply stays text, every response has the security headers, the password keeps
+strangers out."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urljoin
 
 import pytest
 
@@ -20,6 +26,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 WAIT_MS = 20_000  # generous: two shared CPU cores
+# Records every Content-Security-Policy violation on the page: the policy must not break Gradio itself.
+RECORD_VIOLATIONS = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "
+                     "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));")
 
 
 class Echo(Backend):
@@ -101,6 +110,67 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     assert "error" in drain(h.send("x", None, "", -1, 0.7, 64))[-1]  # a bad window is reported, not raised
 
 
+def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
+    hostile = ('<form action="http://127.0.0.1:9/x"><input type="password"></form> <img src="http://x/p"> '
+               '<script>alert(1)</script> <!-- c --> <?php ?> <http://auto.link> </b> ![i](http://x/p) '
+               '&lt;b&gt; &#60;i&#62; &amp;\n```mermaid\ngraph TD; A["<img src=x>"]\n```')
+    safe = chat_ui.shown(hostile)
+    assert "<" not in safe.replace("< ", "") and "![" not in safe and "```mermaid" not in safe
+    assert re.findall(r"&#?\w+;", safe) == re.findall(r"&#(?:38|60|91|109);", safe)  # every reference is ours
+    plain = "**Bold**, `code`, a < b && c > d, [a link](http://x), ! [not an image], 5 > 3\n> quoted\n- item"
+    assert chat_ui.shown(plain) == plain  # ordinary Markdown and comparisons pass untouched
+    for text in (hostile, plain, "&#38;#60;", "!&#91;", "```&#109;ermaid", "&#1114112; &#99999999999;", ""):
+        assert chat_ui.unshown(chat_ui.shown(text)) == text  # the way back is exact (edits keep the original)
+
+    # the handlers: everything the Chatbot gets is shown(); what an edit sends back is the original text
+    class Hostile(Echo):
+        def _chat(self, conversations, **kw):
+            return [hostile for _ in conversations]
+
+    h = chat_ui.ChatHandlers(Hostile(), None, "m", stream_delay=0)
+    steps = list(h.send("<b>me</b>", None, "", None, 0.7, 64))
+    assert all("<" not in m["content"].replace("< ", "") for _, shown, _, _ in steps for m in shown)
+    chat = steps[-1][2]
+    assert chat.messages == [{"role": "user", "content": "<b>me</b>"}, {"role": "assistant", "content": hostile}]
+    import gradio as gr
+    _, chat, status = drain(h.edit(chat, "", None, 0.7, 64, data=gr.EditData(
+        None, {"index": 1, "value": chat_ui.shown(hostile) + " <i>ok</i>", "previous_value": ""})))
+    assert chat.messages[1]["content"] == hostile + " <i>ok</i>" and "edit of reply 1" in status
+    assert chat_ui._error(ValueError("<img src=x>")) == "**error:** &#60;img src=x>"
+
+
+def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from dragon_dagster.cli import main
+
+    assert all(chat_ui.is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"))
+    assert not any(chat_ui.is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org", ""))
+    assert chat_ui.exposure_warning("127.0.0.1", None) is None
+    assert chat_ui.exposure_warning("0.0.0.0", "pw") is None
+    assert "promoted automatically" in chat_ui.exposure_warning("0.0.0.0", None)
+    assert "share link" in chat_ui.exposure_warning("127.0.0.1", None, share=True)
+
+    calls = []
+    monkeypatch.setattr(chat_ui, "launch", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path))
+
+    def run(*args, env=None):
+        return CliRunner().invoke(main, ["chat-ui", "--model", "http://127.0.0.1:9/v1", *args], env=env)
+
+    out = run()  # today's default: loopback, no password, no warning
+    assert out.exit_code == 0 and "warning:" not in out.output and calls[-1]["password"] is None
+    out = run("--host", "0.0.0.0")
+    assert out.exit_code == 0 and "warning:" in out.output and "promoted automatically" in out.output
+    secret = "correct horse battery"
+    out = run("--host", "0.0.0.0", "--password-env", "CHAT_PW", "--username", "ops", env={"CHAT_PW": secret})
+    assert out.exit_code == 0 and "warning:" not in out.output and secret not in out.output
+    assert (calls[-1]["password"], calls[-1]["username"], calls[-1]["host"]) == (secret, "ops", "0.0.0.0")
+    n = len(calls)
+    out = run("--password-env", "CHAT_PW_UNSET", env={"CHAT_PW_UNSET": ""})
+    assert out.exit_code != 0 and "CHAT_PW_UNSET" in out.output and len(calls) == n  # never served open instead
+
+
 # ------------------------------------------------------------------------------------------ browser
 
 @pytest.fixture(scope="session")
@@ -125,6 +195,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def assert_security_headers(response) -> None:
+    csp = response.headers.get("Content-Security-Policy", "")
+    assert "default-src 'self'" in csp and "form-action 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "img-src 'self' data: blob:" in csp and "http" not in csp  # no outside source of anything
+    assert response.headers.get("X-Frame-Options") == "DENY"
+    assert response.headers.get("X-Content-Type-Options") == "nosniff"
+
+
+class Pixel:
+    """A real HTTP server on loopback that records every request: the tracking pixel a reply points at."""
+
+    def __init__(self):
+        self.hits = hits = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                hits.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Type", "image/gif")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            do_POST = do_GET
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_chat_page_in_a_real_browser(chromium, tmp_path):
@@ -134,10 +241,15 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
     app = chat_ui.build_app(backend, store, "echo-model", context_turns=1, stream_delay=0.01)
     url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
     try:
+        import requests
+
+        assert_security_headers(requests.get(url, timeout=10))  # no password (the default): open on loopback
+        assert requests.get(url + "config", timeout=10).status_code == 200
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(WAIT_MS)
+            page.add_init_script(RECORD_VIOLATIONS)
             page.goto(url)
             bot = page.locator("#chatbot")
             status = page.locator("#status")
@@ -176,6 +288,7 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             chooser.value.set_files(str(old))
             expect(bot.get_by_label("bot's message: Arr.")).to_be_visible()
             expect(page.locator("#system textarea")).to_have_value("Talk like a pirate.")
+            assert page.evaluate("window.__csp") == []  # the whole session ran under the policy
             browser.close()
     finally:
         app.close()
@@ -196,3 +309,88 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
                                {"role": "user", "content": "third"}]
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, tmp_path):
+    """A model that answers with a password form posting elsewhere, a tracking pixel (HTML, Markdown and inside
+    a Mermaid diagram) and a script: the page shows it all as text, builds none of it, fetches nothing; every
+    response carries the security headers; nothing works before logging in."""
+    import requests
+    from playwright.sync_api import expect, sync_playwright
+
+    pixel = Pixel()
+    reply = (f'<form action="http://127.0.0.1:9/x"><input type="password"></form> '
+             f'<img src="{pixel.url}/pixel"> <script>document.title = "pwned"</script> '
+             f'![logo]({pixel.url}/pixel?markdown)\n\n'
+             f'```mermaid\ngraph TD; A["<img src={pixel.url}/pixel?mermaid>"] --> B\n```\n\nThe end.')
+
+    class Hostile(Echo):
+        def _chat(self, conversations, **kw):
+            self.seen.extend(conversations)
+            return [reply for _ in conversations]
+
+    store = FeedbackStore(tmp_path / "feedback.db")
+    password = "open sesame 42"
+    app = chat_ui.build_app(Hostile(), store, "hostile", stream_delay=0)
+    url = chat_ui.start(app, port=free_port(), block=False, quiet=True, password=password, username="tester")
+    try:
+        # headers on every kind of response: the page, a script asset, an API refusal, the login answer
+        page_html = requests.get(url, timeout=10)
+        asset = urljoin(url, re.search(r'src="([^"]*assets/[^"]+\.js)"', page_html.text).group(1))
+        refused = requests.get(url + "config", timeout=10)
+        joined = requests.post(url + "gradio_api/queue/join", timeout=10,
+                               json={"data": ["hi"], "fn_index": 0, "session_hash": "intruder"})
+        wrong = requests.post(url + "login", data={"username": "tester", "password": "guess"}, timeout=10)
+        session = requests.Session()
+        right = session.post(url + "login", data={"username": "tester", "password": password}, timeout=10)
+        for response in (page_html, requests.get(asset, timeout=10), refused, joined, wrong, right):
+            assert_security_headers(response)
+        assert (refused.status_code, joined.status_code, wrong.status_code, right.status_code) == (401, 401, 400, 200)
+        assert session.get(url + "config", timeout=10).status_code == 200
+
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(WAIT_MS)
+            page.add_init_script(RECORD_VIOLATIONS)
+            page.goto(url)
+            expect(page.locator("#chatbot")).to_have_count(0)  # the login form, not the chat
+            page.get_by_label("username").fill("tester")
+            page.get_by_label("password").fill(password)
+            page.get_by_role("button", name="Login").click()
+            bot = page.locator("#chatbot")
+            page.locator("#message textarea").fill("<b>tell</b> me")
+            page.locator("#message textarea").press("Enter")
+            expect(page.locator("#status")).to_contain_text("Context")  # the reply has finished streaming
+            expect(bot.locator(".message-content").last).to_contain_text("The end.")  # and is on the page
+            for selector in ("form", "input", "img", "script", "foreignObject", ".mermaid", "b"):
+                assert page.query_selector(f"#chatbot .message-content {selector}") is None, selector
+            assert page.query_selector("#chatbot form") is None and page.query_selector("#chatbot img") is None
+            for text in ('<form action="http://127.0.0.1:9/x"><input type="password"></form>',
+                         f'<img src="{pixel.url}/pixel">', '<script>document.title = "pwned"</script>',
+                         f"![logo]({pixel.url}/pixel?markdown)", "<b>tell</b> me",
+                         # a code block, not a diagram (inside code a reference shows as written: the known cost)
+                         f'graph TD; A["&#60;img src={pixel.url}/pixel?mermaid>"] --> B'):
+                expect(bot).to_contain_text(text)  # shown, as text
+
+            # editing the reply gives back the text exactly as the model wrote it, plus the change
+            bot.get_by_label("Edit").last.click()
+            edit = bot.locator("textarea.edit-textarea")
+            edit.fill(edit.input_value() + " Fixed.")
+            bot.get_by_label("Submit").click()
+            expect(page.locator("#status")).to_contain_text("Recorded edit of reply 1")
+            expect(bot).to_contain_text("Fixed.")
+            assert page.query_selector("#chatbot form") is None and page.query_selector("#chatbot img") is None
+            page.wait_for_timeout(500)  # time for any fetch the page would make
+            assert page.title() != "pwned" and page.evaluate("window.__csp") == []
+            browser.close()
+    finally:
+        app.close()
+        pixel.close()
+
+    assert pixel.hits == []  # nothing, not even a blocked attempt that reached the server
+    rows = store.records()
+    assert [(r["verdict"], r["reply"], r["edited"]) for r in rows] == [("edit", reply, reply + " Fixed.")]
+    assert rows[0]["turns"][-1] == {"role": "user", "content": "<b>tell</b> me"}
