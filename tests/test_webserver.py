@@ -40,7 +40,7 @@ def free_port() -> int:
 
 
 class Webserver:
-    def __init__(self, root: Path, project: Path, module: str):
+    def __init__(self, root: Path, project: Path, module: str = "trainlab.definitions", location: str = "trainlab"):
         self.port = free_port()
         home = root / "dagster_home"
         home.mkdir()
@@ -51,7 +51,7 @@ class Webserver:
         # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
-             "-m", module], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=project,
+             "-m", module, "-l", location], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=project,
             start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}/graphql"
         deadline = time.time() + 120
@@ -107,7 +107,7 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
                  "max_seq_len: 128, learning_rate: 1.0e-3}")
     defs = user_project(tmp_path / "project")
     write_pipeline(defs, tiny_model, args=long_args)
-    server = Webserver(tmp_path, tmp_path / "project", "trainlab.definitions")
+    server = Webserver(tmp_path, tmp_path / "project")
     runs = tmp_path / "runs"
     try:
         run_id = server.launch("tiny_pipeline", [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]],
@@ -147,5 +147,133 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
         experiment = client.get_experiment_by_name("tiny")
         statuses = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
         assert statuses == ["FINISHED", "KILLED"]
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------ workers never outlive their job
+
+LONG_ARGS = ("{max_steps: 400, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+             "max_seq_len: 128, learning_rate: 1.0e-3}")
+TRAIN = [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]]
+
+
+def workers(marker: str) -> list[int]:
+    """Live worker processes whose job file path contains marker (the process table, as `ps` shows it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"dragon_dagster.engine.worker" in cmdline and marker.encode() in cmdline and alive(int(pid)):
+            found.append(int(pid))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def wait_for(predicate, timeout: float, what: str, server=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    log = (server.root / "webserver.log").read_text()[-3000:] if server else ""
+    raise AssertionError(f"timed out waiting for {what}\n{log}")
+
+
+@pytest.fixture()
+def training_server(tiny_model, tmp_path):
+    defs = user_project(tmp_path / "project")
+    write_pipeline(defs, tiny_model, args=LONG_ARGS)
+    server = Webserver(tmp_path, tmp_path / "project")
+    server.root = tmp_path
+    yield server
+    server.stop()
+
+
+def start_training(server) -> tuple[str, int]:
+    """Launch the long SFT; return the run id and the worker's pid once it has logged a step."""
+    run_id = server.launch("tiny_pipeline", TRAIN, {})
+    runs = server.root / "runs"
+    wait_for(lambda: any(f.read_text().strip() for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")),
+             300, "training to log a step", server)
+    [worker] = workers(str(runs / "artifacts" / "tiny" / "sft_adapter"))
+    return run_id, worker
+
+
+def mlflow_statuses(runs: Path) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny")
+    return sorted(r.info.status for r in client.search_runs([experiment.experiment_id], "tags.stage = 'sft_adapter'"))
+
+
+def test_a_killed_step_process_leaves_no_worker_and_gives_the_pool_slot_back(training_server):
+    server, runs = training_server, training_server.root / "runs"
+    run_id, worker = start_training(server)
+    step = parent_of(worker)
+    os.kill(step, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), 30, "the worker to stop with its step process", server)
+    assert server.wait(run_id, timeout=120) == "FAILURE"
+    # run monitoring gives the dead step's `training` slot back; without it this run would wait for ever
+    quick = {"ops": {"tiny__sft_adapter": {"config": {"args": {"max_steps": 2}}}}}
+    again = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], quick)
+    assert server.wait(again, timeout=400) == "SUCCESS", (server.root / "webserver.log").read_text()[-3000:]
+    assert mlflow_statuses(runs) == ["FINISHED", "KILLED"]  # the dead job's run is closed, not left RUNNING
+    assert not workers(str(runs))
+
+
+def test_a_killed_run_process_stops_its_step_and_worker_and_records_nothing(training_server):
+    server, runs = training_server, training_server.root / "runs"
+    run_id, worker = start_training(server)
+    step = parent_of(worker)
+    run_process = parent_of(step)
+    os.kill(run_process, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), 60, "the worker to stop after the run process died", server)
+    wait_for(lambda: not alive(step), 60, "the step process to end", server)
+    assert server.status(run_id) == "FAILURE"  # marked by the step that saw its run process die
+    assert not [p for p in (runs / "artifacts" / "tiny" / "sft_adapter").iterdir() if not p.name.startswith(".tmp-")]
+    assert mlflow_statuses(runs) == ["FAILED"]
+
+
+def test_terminating_a_run_stops_a_synthesis_worker_at_once(tiny_model, tmp_path, stub):
+    hung = stub(lambda n, body: (time.sleep(120), (200, {}))[1])  # a teacher that never answers in time
+    defs = user_project(tmp_path / "project")
+    (defs / "hang").mkdir()
+    (defs / "hang" / "defs.yaml").write_text(
+        "type: dragon_dagster.PostTrainingPipeline\nattributes:\n"
+        f"  name: hang\n  model: {tiny_model}\n  datasets: {{tickets: {{path: 'example:tickets.csv'}}}}\n"
+        "  stages:\n"
+        "    - {name: sft_dataset, kind: chat_dataset, source: tickets, prompt: '{subject}', response: reply}\n"
+        "    - {name: teacher_rows, kind: synthetic_dataset, dataset: sft_dataset,\n"
+        f"       teacher: {{base_url: '{hung.url}', model: t, timeout: 600, retries: 0}}}}\n")
+    server = Webserver(tmp_path, tmp_path / "project")
+    server.root = tmp_path
+    try:
+        run_id = server.launch("hang_pipeline", [["hang", "tickets"], ["hang", "sft_dataset"], ["hang", "teacher_rows"]],
+                               {})
+        wait_for(lambda: hung.requests, 300, "the worker to call the teacher", server)
+        [worker] = workers(str(tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows"))
+        stop = server.gql(TERMINATE, runId=run_id)["terminateRun"]
+        assert stop["__typename"] == "TerminateRunSuccess", stop
+        stopped = time.time()
+        wait_for(lambda: not alive(worker), 20, "the synthesis worker to stop", server)
+        assert time.time() - stopped < 20
+        assert server.wait(run_id, timeout=60) == "CANCELED"
+        assert not [p for p in (tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows").iterdir()
+                    if not p.name.startswith(".tmp-")]
     finally:
         server.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 from dagster import Failure, MetadataValue, Output
 
 from ..engine import models
-from ..engine.artifacts import read_manifest, write_manifest
+from ..engine.artifacts import read_manifest, sha256, write_manifest
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.spec.pipeline import Pipeline
@@ -20,15 +20,38 @@ ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.js
 
 
 def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str):
-    """A GRPO stage's reward set, checked against the dataset's rows before anything loads; None otherwise."""
+    """A GRPO stage's reward set, checked against the dataset's rows before anything loads; None otherwise.
+    Custom reward files are not imported here: only the worker runs their code."""
     if not isinstance(stage, GRPO):
         return None
     from ..engine.rewards import RewardSet
 
     base = Path(pipeline.source_file).parent if pipeline.source_file else None
     rewards = RewardSet.from_list(stage.rewards, base_dir=base)
-    rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"))  # e.g. numeric without a reference column
+    rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"), load_custom=False)  # e.g. numeric w/o reference
     return rewards
+
+
+def reward_files(rewards) -> dict[str, str]:
+    """sha256 of each custom reward file, by reward name: what ran is on record in the manifest and MLflow."""
+    return {r.name: sha256(Path(r.file)) for r in rewards or [] if r.type == "custom"}
+
+
+def close_dead_runs(tracking, instance, pipeline: str, stage: str) -> list[str]:
+    """End as KILLED the MLflow runs of this stage still RUNNING for a Dagster run that is over: their step
+    process was killed before it could end them. Returns their ids."""
+    from dagster import DagsterRunStatus
+
+    client = tracking.client()
+    over = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
+    closed = []
+    for run in client.search_runs([tracking.experiment_id(pipeline)],
+                                  f"attributes.status = 'RUNNING' and tags.stage = '{stage}'"):
+        dagster_run = instance.get_run_by_id(run.data.tags.get("dagster_run_id", ""))
+        if dagster_run is not None and dagster_run.status in over:  # never touch another instance's runs
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+    return closed
 
 
 def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset: str, previous: str | None,
@@ -57,6 +80,10 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
             "asset_key": context.asset_key.to_user_string(), "dagster_run_id": context.run_id,
             "base_model": pipeline.model, "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
             "resumed_from": resume_from, "started_from": start_model, **(tags or {})}
+    tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
+    for dead in close_dead_runs(tracking, context.instance, pipeline.name, stage.name):
+        context.log.warning(f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: "
+                            "marked KILLED")
     run_id = tracking.start_run(pipeline.name, stage.name, tags,
                                 {"model": pipeline.model, "method": method, **settings, "dataset": dataset,
                                  "hardware": training.hardware(), "speed": training.speed()})
@@ -81,6 +108,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
                            base_model=start_model or pipeline.model,
                            resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],
                            dataset=dataset, previous=previous, settings=settings, mlflow_run_id=run_id,
+                           reward_files=reward_files(rewards),
                            upstream_mlflow_run_id=previous_manifest.get("mlflow_run_id"),
                            dagster_run_id=context.run_id, result=result)
             tracking.log_artifacts(run_id, [tmp / name for name in ARTIFACTS_TO_MLFLOW])

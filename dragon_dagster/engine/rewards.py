@@ -6,7 +6,8 @@ has a name, which labels its progress column (`reward_<name>`) and its evaluatio
 
 Types: exact, contains, numeric (compare with the row's reference), regex, json, length, keyword, command (runs
 an argv, never a shell) and custom (a Python file defining `reward(prompt, completion, reference, row)`, which
-returns a number). `trl_reward_funcs()` adapts a set to TRL's GRPOTrainer; pass `RewardSet.weights()` as
+returns a number; it is imported and run only in the worker process, with the user's rights, each call limited
+to `timeout` seconds). `trl_reward_funcs()` adapts a set to TRL's GRPOTrainer; pass `RewardSet.weights()` as
 `GRPOConfig.reward_weights` so TRL does the weighting and logs each reward as `rewards/<name>/mean`.
 
 Framework-free: stdlib only, plus the text helpers of `metrics`, so scoring matches evaluation exactly.
@@ -44,7 +45,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {
     "length": ("min_chars", "max_chars"),
     "keyword": ("words", "mode"),
     "command": ("command", "input", "score_from", "min_score", "max_score", "timeout"),
-    "custom": ("file", "fn"),
+    "custom": ("file", "fn", "timeout"),
 }
 _STDOUT_TAIL = 64 * 1024  # only the last number on stdout matters; keep memory flat however much is printed
 _TRL_EXTRAS = {"trainer_state", "log_extra", "log_metric", "environments"}  # TRL kwargs that are not columns
@@ -170,6 +171,7 @@ class Reward:
         self.file = str(path.resolve())
         if not isinstance(self.fn, str) or not self.fn.isidentifier():
             raise self._fail(f"fn must be a Python function name, got {self.fn!r}")
+        self.timeout = self._number(self.timeout, "timeout", minimum=0)
 
     # -- the serializable spec --
 
@@ -282,7 +284,8 @@ class Reward:
         return min(1.0, max(0.0, scaled))
 
     def _score_custom(self, completion: str, reference: Any, prompt: str, row: Mapping) -> float:
-        value = self.load()(prompt, completion, reference, row)
+        value = call_with_timeout(self.load(), (prompt, completion, reference, row), self.timeout,
+                                  lambda: self._fail(f"{self.fn}() in {self.file} took longer than {self.timeout:g} s"))
         if not (isinstance(value, (int, float)) and math.isfinite(value)):  # NaN would poison the weighted sum
             raise self._fail(f"{self.fn}() in {self.file} returned {value!r}, not a finite number")
         return float(value)
@@ -343,10 +346,13 @@ class RewardSet:
         """A copy whose custom files live in run_dir/rewards/; save it with to_list(relative_to=run_dir)."""
         return RewardSet([r.localize(run_dir) for r in self.rewards])
 
-    def check_rows(self, rows: Sequence[Mapping]) -> None:
-        """Fail before training if a reward cannot work on this dataset (no reference, broken custom file)."""
+    def check_rows(self, rows: Sequence[Mapping], load_custom: bool = True) -> None:
+        """Fail before training if a reward cannot work on this dataset (no reference, broken custom file).
+
+        load_custom=False checks everything but the custom files' code: the Dagster step process checks that
+        way, and only the worker imports and runs a custom file (it runs with the user's rights)."""
         for r in self.rewards:
-            if r.type == "custom":
+            if r.type == "custom" and load_custom:
                 r.load()
             if r.type not in NEEDS_REFERENCE:
                 continue
@@ -422,6 +428,24 @@ def _trl_rows(prompts: Sequence[Any], kwargs: Mapping[str, Any]) -> list[dict]:
     columns = {k: v for k, v in kwargs.items()
                if k not in _TRL_EXTRAS and isinstance(v, (list, tuple)) and len(v) == n}
     return [{"prompt": p, **{k: v[i] for k, v in columns.items()}} for i, p in enumerate(prompts)]
+
+
+def call_with_timeout(function: Callable, args: tuple, timeout: float, fail: Callable[[], Exception]) -> Any:
+    """function(*args), interrupted after timeout seconds (SIGALRM: the main thread of a POSIX process, where TRL
+    calls rewards); elsewhere it runs without a limit. 0 means no limit."""
+    if not timeout or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        return function(*args)
+
+    def expire(signum, frame):
+        raise fail()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return function(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_command(argv: Sequence[str], stdin: bytes | None, timeout: float) -> tuple[int | None, str]:

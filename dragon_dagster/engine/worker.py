@@ -3,8 +3,12 @@
 The training resource launches this through Dagster Pipes, so GPU memory is freed when it exits and the
 same command can run in a container or on a cluster. It speaks only the Pipes protocol (dagster_pipes, no
 dagster): log lines and a final result go back to the run; step metrics go to a stream file that the
-parent forwards to MLflow as they come; SIGINT or SIGTERM (a terminated Dagster run) asks the trainer to
-save a checkpoint and stop.
+parent forwards to MLflow as they come.
+
+Stopping: SIGINT or SIGTERM (a terminated Dagster run) asks a trainer to save a checkpoint and stop at the end
+of its step; any other job (merge, evaluation, synthesis) stops at once. The worker also dies with the
+process that started it: a watchdog stops it when its parent is gone, so a killed Dagster step never leaves
+a worker training under PID 1.
 """
 
 from __future__ import annotations
@@ -20,6 +24,26 @@ from pathlib import Path
 from .reporter import Reporter
 
 EXIT_FAILED, EXIT_CANCELLED = 2, 3
+PARENT_PID = "DRAGON_WORKER_PARENT_PID"  # set by the launcher; the watchdog compares os.getppid() with it
+
+
+class StopNow(BaseException):
+    """Raised by the signal handler in a job that has no checkpoint to save: it stops where it is."""
+
+
+def watch_parent(expected: int, interval_s: float = 1.0) -> None:
+    """Signal this process (SIGTERM, as a terminate would) once its parent has died: reparenting changes
+    getppid. A thread, so it works wherever the worker runs; the launcher sets the pid it expects."""
+    import threading
+    import time
+
+    def watch():
+        while os.getppid() == expected:
+            time.sleep(interval_s)
+        print(f"worker: parent process {expected} is gone; stopping", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
 
 
 class PipesReporter(Reporter):
@@ -63,6 +87,14 @@ def load_job(job: dict):
     return job_class(settings=settings, **job), run
 
 
+def is_trainer(job: dict) -> bool:
+    """Trainers save a checkpoint before they stop; other jobs have nothing to save."""
+    from .spec.registry import KINDS
+
+    kind = KINDS.get((job.get("settings") or {}).get("kind"))
+    return kind is not None and kind.role == "training"
+
+
 def run_job(job: dict, reporter: Reporter) -> dict:
     loaded, run = load_job(job)
     return run(loaded, reporter)
@@ -84,19 +116,25 @@ def main(argv: list[str] | None = None) -> int:
     with pipes_cm as pipes:
         reporter = PipesReporter(pipes, metrics_stream)
 
+        trainer = is_trainer(job)
+
         def request_stop(signum, frame):
-            reporter.stop_requested = True
+            if reporter.stop_requested or not trainer:
+                raise StopNow(f"stopped on signal {signum}")
+            reporter.stop_requested = True  # a second signal stops at once
             reporter.log(f"received signal {signum}: saving a checkpoint and stopping at the end of this step")
 
         signal.signal(signal.SIGINT, request_stop)
         signal.signal(signal.SIGTERM, request_stop)
+        if os.environ.get(PARENT_PID):
+            watch_parent(int(os.environ[PARENT_PID]))
         try:
             result = run_job(job, reporter)
-        except Exception as exc:  # reported to the parent as a clean message; traceback stays in stdout
+        except (Exception, StopNow) as exc:  # reported to the parent as a clean message; traceback in stdout
             from .train.trainer import Cancelled
 
             traceback.print_exc()
-            cancelled = isinstance(exc, Cancelled)
+            cancelled = isinstance(exc, (Cancelled, StopNow))
             reporter.send({"event": "cancelled" if cancelled else "error",
                            "error": f"{type(exc).__name__}: {exc}"}, status_file)
             return EXIT_CANCELLED if cancelled else EXIT_FAILED
@@ -105,4 +143,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == EXIT_CANCELLED:  # do not wait for threads a stopped job left blocked (a call to a hung server)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)

@@ -1,26 +1,38 @@
 """The training resource: where and how trainers run (device, dtype, 4-bit, launcher).
 
-Each job runs in a child process launched through Dagster Pipes: GPU memory is freed when it exits, its
-log lines stream into the Dagster run, and terminating the run forwards SIGINT so the trainer saves a
-checkpoint and stops. Another launcher (Kubernetes, Ray) would ship the same job file and the same
+Each job runs in a child process launched through Dagster Pipes: GPU memory is freed when it exits and its
+log lines stream into the Dagster run. The worker runs in a process group of its own, so stopping it stops
+everything it started (a reward command, say):
+- terminating the Dagster run sends SIGTERM: a trainer saves a checkpoint and stops, other jobs stop at once;
+  a worker still running after termination_timeout_s is killed, group and all;
+- a step whose Dagster run has ended or whose run process died stops its worker the same way, and the worker
+  itself stops when the step process is gone (engine/worker.py's watchdog), so none trains on under PID 1.
+Another launcher (Kubernetes, Ray) would ship the same job file and the same
 `python -m dragon_dagster.engine.worker` command through the matching Pipes client.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
-from dagster import ConfigurableResource, Failure, PipesSubprocessClient
-from dagster._core.errors import DagsterPipesExecutionError
+from dagster import (ConfigurableResource, DagsterRunStatus, Failure, PipesTempFileContextInjector,
+                     PipesTempFileMessageReader, open_pipes_session)
 from pydantic import Field
 
 from ..engine.spec.registry import KINDS
 from ..engine.spec.settings import Hardware, Speed
+from ..engine.worker import PARENT_PID
+
+ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
 
 
 class TrainingResource(ConfigurableResource):
@@ -43,7 +55,7 @@ class TrainingResource(ConfigurableResource):
     launcher: Literal["subprocess"] = Field(default="subprocess", description="How the worker is started.")
     python: str = Field(default="", description="Python interpreter for the worker. Empty: this one.")
     termination_timeout_s: float = Field(default=600, description="How long a cancelled trainer may take "
-                                                                   "to save its checkpoint.")
+                                                                   "to save its checkpoint before it is killed.")
 
     def hardware(self) -> dict:
         return Hardware(self.device, self.dtype, self.load_in_4bit).validate().__dict__
@@ -68,24 +80,81 @@ class TrainingResource(ConfigurableResource):
         stream = Path(workdir) / ".metrics-stream.jsonl"
         run_file.write_text(json.dumps({**job, "metrics_stream": str(stream) if on_metrics else None}))
         status_file = Path(workdir) / "status.json"
-        client = PipesSubprocessClient(termination_timeout_seconds=self.termination_timeout_s)
         command = [self.python or sys.executable, "-m", "dragon_dagster.engine.worker", str(run_file)]
         forwarder = MetricsForwarder(stream, on_metrics, warn=context.log.warning) if on_metrics else None
         try:
-            client.run(context=context, command=command, env=env or {})
-        except DagsterPipesExecutionError as exc:
-            status = _read_status(status_file)
-            raise Failure(description=status.get("error") or f"{exc}: see the run's stdout for the traceback") from exc
+            returncode = self._run_worker(context, command, env or {})
         finally:
             if forwarder:
                 forwarder.close()
             run_file.unlink(missing_ok=True)
             stream.unlink(missing_ok=True)
+        if returncode != 0:
+            status = _read_status(status_file)
+            raise Failure(description=status.get("error") or f"the {kind} worker exited with code {returncode}: "
+                                                              "see the run's stdout for the traceback")
         status = _read_status(status_file)
         status_file.unlink(missing_ok=True)
         if status.get("event") != "result":
             raise Failure(description=f"the {kind} worker finished without a result")
         return status["result"]
+
+    def _run_worker(self, context, command: list[str], env: dict[str, str]) -> int:
+        with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
+                                message_reader=PipesTempFileMessageReader()) as session:
+            proc = subprocess.Popen(command, start_new_session=True,  # its own process group: see the docstring
+                                    env={**os.environ, **env, **session.get_bootstrap_env_vars(),
+                                         PARENT_PID: str(os.getpid())})
+            try:
+                return self._wait(context, proc)
+            except BaseException:  # the run was terminated (Dagster raises an interrupt here), or it is gone
+                stop_process_group(proc, self.termination_timeout_s, context.log)
+                raise
+
+    def _wait(self, context, proc: subprocess.Popen, poll_s: float = 2.0) -> int:
+        """The worker's exit code; raises if the Dagster run ends or its process dies while the worker runs."""
+        parent = os.getppid()
+        while True:
+            try:
+                return proc.wait(timeout=poll_s)
+            except subprocess.TimeoutExpired:
+                pass
+            gone = run_gone(context, parent)
+            if gone:
+                raise Failure(description=f"{gone}: stopped the worker (pid {proc.pid}) and its process group")
+
+
+def run_gone(context, parent_pid: int) -> str | None:
+    """Why the step's Dagster run can no longer record this work, or None while it can."""
+    run = context.instance.get_run_by_id(context.run_id)
+    if os.getppid() != parent_pid:  # the run process was killed: nothing will mark the run, so do it here
+        if run is not None and run.status not in ENDED:
+            context.instance.report_run_failed(run, "the run's process died while a worker was running")
+        return f"the process of Dagster run {context.run_id} died"
+    if run is not None and run.status in ENDED:
+        return f"Dagster run {context.run_id} has ended ({run.status.value})"
+    return None
+
+
+def stop_process_group(proc: subprocess.Popen, timeout_s: float, log) -> None:
+    """SIGTERM to the worker's group (a trainer saves a checkpoint), SIGKILL to all of it after timeout_s."""
+    if proc.poll() is not None:
+        return
+    log.info(f"stopping worker {proc.pid}: SIGTERM, then SIGKILL after {timeout_s:.0f} s")
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        log.warning(f"worker {proc.pid} did not stop within {timeout_s:.0f} s: killing its process group")
+    _signal_group(proc.pid, signal.SIGKILL)  # also whatever the worker started and left behind
+    proc.wait()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
 
 
 class MetricsForwarder:

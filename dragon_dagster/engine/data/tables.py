@@ -9,6 +9,7 @@ so the trainer computes loss on the final assistant turn only; earlier turns are
 from __future__ import annotations
 
 import json
+import os
 import random
 import string
 from dataclasses import dataclass
@@ -23,6 +24,13 @@ class DataError(ValueError):
 
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
+# A table is read whole into memory (and again as chat rows): a file past this fails with a named error
+# instead of exhausting memory. Raise it with DRAGON_MAX_TABLE_MB on a machine that has the room.
+MAX_TABLE_MB = 1024
+
+
+def max_table_bytes() -> int:
+    return int(float(os.environ.get("DRAGON_MAX_TABLE_MB", MAX_TABLE_MB)) * 2**20)
 
 
 def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> pd.DataFrame:
@@ -39,6 +47,10 @@ def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> 
             fmt = format or FORMATS.get(path.suffix.lower())
             if fmt is None:
                 raise DataError(f"cannot tell the format of {path}: use one of {sorted(FORMATS)} or set format")
+            size, limit = path.stat().st_size, max_table_bytes()
+            if size > limit:
+                raise DataError(f"{path} is {size / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB a table may "
+                                "have: split it, sample the rows you train on, or raise DRAGON_MAX_TABLE_MB")
             try:
                 df = {
                     "csv": lambda: pd.read_csv(path, dtype=str, keep_default_na=False),
@@ -48,6 +60,9 @@ def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> 
                 }[fmt]()
             except (ValueError, OSError, UnicodeDecodeError) as exc:
                 raise DataError(f"cannot read {path} as {fmt}: {exc}") from exc
+            except MemoryError as exc:  # pyarrow's ArrowMemoryError is one
+                raise DataError(f"not enough memory to read {path} ({size / 2**20:,.0f} MB): split it or "
+                                "sample the rows you train on") from exc
     if len(df) == 0:
         raise DataError(f"dataset {getattr(source, 'name', '') or source if not isinstance(source, pd.DataFrame) else 'data frame'} is empty (no rows)")
     return df.reset_index(drop=True)

@@ -13,6 +13,7 @@ conversation, in order. Framework-free: nothing here imports Dagster.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -304,7 +305,8 @@ class ServerBackend(Backend):
 # ---------------------------------------------------------------------------------------------- config
 
 _LOCAL_KEYS = ("model", "device", "dtype", "keep_loaded", "batch_size", "seed")
-_SERVER_KEYS = ("base_url", "model", "api_key", "headers", "timeout", "retries", "backoff", "concurrency")
+_SERVER_KEYS = ("base_url", "model", "api_key", "api_key_env", "headers", "timeout", "retries", "backoff",
+                "concurrency")
 
 
 def backend_from_dict(d: dict) -> Backend:
@@ -326,6 +328,12 @@ def backend_from_dict(d: dict) -> Backend:
     missing = [k for k in required if not values.get(k)]
     if missing:
         raise BackendError(f"{kind} backend needs {', '.join(missing)}")
+    if values.get("api_key_env"):  # the key itself stays in the environment: never in a file, a log or MLflow
+        name = values.pop("api_key_env")
+        if not os.environ.get(name):
+            raise BackendError(f"server backend: api_key_env names {name}, which is not set in this process's "
+                               "environment")
+        values["api_key"] = os.environ[name]
     return LocalBackend(**values) if kind == "local" else ServerBackend(**values)
 
 

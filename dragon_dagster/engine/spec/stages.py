@@ -11,9 +11,9 @@ as numbers, so they are accepted wherever a number is expected.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 
@@ -21,7 +21,7 @@ NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
 class Settings(BaseModel):
     """Unknown keys are errors: a typo in YAML must not silently fall back to a default."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)  # no key echoed into a log
 
 
 class Lora(Settings):
@@ -143,7 +143,19 @@ class PromptDataset(DatasetStage):
 
 # ------------------------------------------------------------------------------------- synthesized data
 
-Backend = str | dict[str, Any]  # "reference", a model name or directory, or {url, model, api_key, ...}
+def no_inline_secret(backend: str | dict[str, Any]) -> str | dict[str, Any]:
+    """A key written in the pipeline would be kept in job files, manifests and MLflow params: refuse it."""
+    if isinstance(backend, dict):
+        headers = backend.get("headers") or {}
+        if "api_key" in backend or any(str(h).lower() in ("authorization", "api-key", "x-api-key") for h in headers):
+            raise ValueError("do not write an API key in the pipeline (it would be kept in job files, manifests "
+                             "and MLflow): put it in an environment variable and name that, e.g. "
+                             "api_key_env: OPENAI_API_KEY")
+    return backend
+
+
+# "reference", a model name or directory, or a server {base_url, model, api_key_env, timeout, ...}
+Backend = Annotated[str | dict[str, Any], AfterValidator(no_inline_secret)]
 
 
 class PreferencePairs(Stage):
