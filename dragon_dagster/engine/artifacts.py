@@ -1,7 +1,13 @@
 """Immutable artifact directories, written under a temporary name and renamed when complete.
 
 A crash, a cancel or a failed check never leaves a half-written directory where a downstream stage would
-read it: readers only ever see finished directories.
+read it: readers only ever see finished directories. A finished directory is on disk before its name is
+(files and directories fsynced, then the rename, then the parent fsynced) and is read-only afterwards (no
+write bits on its files and directories: `remove_tree` deletes one). The staging name carries the run that
+writes it (`.tmp-<name>.run-<run id>.<random>`), so a cleaner can tell a live run's staging directory from
+one a killed run left behind (ArtifactStore.clean_stale_staging).
+
+Training checkpoints are judged here too (`checkpoint_problem`): what transformers' Trainer needs to resume.
 """
 
 from __future__ import annotations
@@ -9,7 +15,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import stat
 import time
 import uuid
 from contextlib import contextmanager
@@ -17,6 +25,9 @@ from pathlib import Path
 from typing import Iterator
 
 MANIFEST = "manifest.json"
+STAGING_PREFIX = ".tmp-"
+_OWNER = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_STAGING = re.compile(r"^\.tmp-(?P<name>.+)\.run-(?P<owner>[A-Za-z0-9_-]{1,64})\.(?P<nonce>[0-9a-f]{6})$")
 
 
 def new_artifact_path(root: Path, pipeline: str, stage: str, run_id: str | None = None) -> Path:
@@ -25,32 +36,116 @@ def new_artifact_path(root: Path, pipeline: str, stage: str, run_id: str | None 
     return Path(root) / pipeline / stage / f"{stamp}-{suffix}"
 
 
+def staging_name(final_name: str, owner: str | None = None) -> str:
+    """The temporary sibling's name for `final_name`; with the owning run's id when it is a plain id."""
+    nonce = uuid.uuid4().hex[:6]
+    if owner and _OWNER.match(owner):
+        return f"{STAGING_PREFIX}{final_name}.run-{owner}.{nonce}"
+    return f"{STAGING_PREFIX}{final_name}-{nonce}"
+
+
+def staging_owner(name: str) -> str | None:
+    """The run id a staging directory's name carries; None for other names (older staging names included)."""
+    match = _STAGING.match(name)
+    return match.group("owner") if match else None
+
+
 @contextmanager
-def staged_dir(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling of `final`; rename it to `final` only if the block succeeds."""
+def staged_dir(final: Path, owner: str | None = None) -> Iterator[Path]:
+    """Yield a temporary sibling of `final`; when the block succeeds, make it durable, rename it to `final`
+    and make it read-only. owner: the run writing it (a Dagster run id), carried in the temporary name."""
     final = Path(final)
     if final.exists():
         raise FileExistsError(f"artifact directory already exists and is immutable: {final}")
-    tmp = final.with_name(f".tmp-{final.name}-{uuid.uuid4().hex[:6]}")
+    tmp = final.with_name(staging_name(final.name, owner))
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        fsync_tree(tmp)
+        if final.exists():  # os.rename would replace an empty directory: never overwrite an artifact
+            raise FileExistsError(f"artifact directory already exists and is immutable: {final}")
+        os.rename(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)
         raise
-    tmp.rename(final)
+    fsync_dir(final.parent)
+    make_read_only(final)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every regular file under path, then every directory (deepest first), path included."""
+    for dirpath, _dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            file = os.path.join(dirpath, name)
+            if os.path.islink(file) or not os.path.isfile(file):
+                continue
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def make_read_only(path: Path) -> None:
+    """Remove the write bits of every file and directory under path, path included (symlinks aside)."""
+    for dirpath, _dirs, files in os.walk(path, topdown=False):
+        for entry in [*(os.path.join(dirpath, f) for f in files), dirpath]:
+            if not os.path.islink(entry):
+                os.chmod(entry, stat.S_IMODE(os.lstat(entry).st_mode) & ~0o222)
+
+
+def is_read_only(path: Path) -> bool:
+    """No write bit on path or on anything under it (symlinks aside)."""
+    for dirpath, _dirs, files in os.walk(path):
+        for entry in [dirpath, *(os.path.join(dirpath, f) for f in files)]:
+            if not os.path.islink(entry) and os.lstat(entry).st_mode & 0o222:
+                return False
+    return True
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a directory tree, read-only artifacts included (a directory without its write bit keeps its
+    entries from an unprivileged rmtree); a missing path is no error."""
+    path = Path(path)
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+        return
+    if not path.exists():
+        return
+    for dirpath, _dirs, _files in os.walk(path):
+        try:
+            os.chmod(dirpath, stat.S_IMODE(os.lstat(dirpath).st_mode) | stat.S_IRWXU)
+        except FileNotFoundError:
+            pass
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():  # something changed underneath: one more pass, and report what stays
+        shutil.rmtree(path)
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
     """Write a small JSON file (a pointer, a status) so that readers see the old or the new one, never half."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-{path.name}-{uuid.uuid4().hex[:6]}")
-    with tmp.open("w") as f:
-        json.dump(data, f, indent=2, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{STAGING_PREFIX}{path.name}-{uuid.uuid4().hex[:6]}")
+    try:
+        with tmp.open("w") as f:
+            json.dump(data, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
 
 
 def write_manifest(directory: Path, **fields) -> None:
@@ -73,3 +168,65 @@ def sha256(path: Path) -> str:
 
 def dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+
+CHECKPOINT_PREFIX = "checkpoint-"
+TRAINER_STATE = "trainer_state.json"
+# Any one of these holds the weights transformers' Trainer loads on resume (adapter ones for LoRA).
+CHECKPOINT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin",
+                      "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """N of a `checkpoint-N` directory name; None for any other name."""
+    name = Path(path).name
+    step = name[len(CHECKPOINT_PREFIX):]
+    return int(step) if name.startswith(CHECKPOINT_PREFIX) and step.isdigit() else None
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why transformers' Trainer could not resume from this checkpoint directory; None when it can.
+
+    The Trainer saves a checkpoint as: weights, optimizer and scheduler, RNG state, then trainer_state.json.
+    A kill during the save leaves the directory without trainer_state.json (or with a cut-off one), so a
+    readable trainer_state.json for the directory's step, with the weights and the optimizer and scheduler
+    state beside it, is a complete checkpoint.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        return "not a directory"
+    state_file = path / TRAINER_STATE
+    if not state_file.is_file():
+        return f"no {TRAINER_STATE}: the save did not finish"
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError) as exc:
+        return f"{TRAINER_STATE} is unreadable ({type(exc).__name__}): the save did not finish"
+    if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
+        return f"{TRAINER_STATE} has no global_step"
+    step = checkpoint_step(path)
+    if step is not None and state["global_step"] != step:
+        return f"{TRAINER_STATE} is for step {state['global_step']}, not {step}"
+    weights = [path / name for name in CHECKPOINT_WEIGHTS if (path / name).is_file()]
+    weights += [sub / name for sub in path.iterdir() if sub.is_dir()  # several adapters: one folder each
+                for name in CHECKPOINT_WEIGHTS[:2] if (sub / name).is_file()]
+    if not weights:
+        return "no model or adapter weights"
+    for file in weights:
+        if file.stat().st_size == 0:
+            return f"{file.relative_to(path)} is empty"
+        if file.name.endswith(".index.json"):
+            try:
+                shards = set(json.loads(file.read_text()).get("weight_map", {}).values())
+            except (OSError, ValueError, AttributeError):
+                return f"{file.name} is unreadable"
+            missing = sorted(s for s in shards if not (path / s).is_file())
+            if missing:
+                return f"weight shards missing: {', '.join(missing[:3])}"
+    if not any((path / name).is_file() for name in ("optimizer.pt", "optimizer.bin")):
+        return "no optimizer state (optimizer.pt)"
+    if not (path / "scheduler.pt").is_file():
+        return "no scheduler state (scheduler.pt)"
+    return None

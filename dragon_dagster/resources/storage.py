@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -10,11 +13,26 @@ from typing import Iterator
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from ..engine.artifacts import new_artifact_path, staged_dir
+from ..engine.artifacts import (STAGING_PREFIX, checkpoint_problem, checkpoint_step, new_artifact_path,
+                                remove_tree, staged_dir, staging_owner)
+
+logger = logging.getLogger(__name__)
 
 
 def default_runs_dir() -> Path:
     return Path(os.environ.get("DRAGON_RUNS_DIR", Path.cwd() / "runs")).resolve()
+
+
+def _newest_mtime(path: Path) -> float:
+    """The latest modification time of path or anything under it: when a staging directory was last written."""
+    newest = path.lstat().st_mtime
+    for dirpath, _dirs, files in os.walk(path):
+        for name in [*files, "."]:
+            try:
+                newest = max(newest, os.lstat(os.path.join(dirpath, name)).st_mtime)
+            except FileNotFoundError:
+                pass
+    return newest
 
 
 class ArtifactStore(ConfigurableResource):
@@ -29,25 +47,128 @@ class ArtifactStore(ConfigurableResource):
 
     @contextmanager
     def new_artifact(self, pipeline: str, stage: str, run_id: str) -> Iterator[tuple[Path, Path]]:
-        """(staging dir to write into, final path it becomes when the block succeeds)."""
+        """(staging dir to write into, final path it becomes when the block succeeds). The staging directory's
+        name carries run_id (clean_stale_staging asks whether that run is alive); the final one is read-only."""
         final = new_artifact_path(self.root / "artifacts", pipeline, stage, run_id)
-        with staged_dir(final) as tmp:
+        with staged_dir(final, owner=run_id) as tmp:
             yield tmp, final
+
+    def clean_stale_staging(self, is_live: Callable[[str], bool], min_age_s: float = 600,
+                            unowned_min_age_s: float = 86400,
+                            log: Callable[[str], None] | None = None) -> list[Path]:
+        """Remove the staging leftovers of killed writes; returns what it removed.
+
+        A `.tmp-*` directory under artifacts/<pipeline>/<stage>/ goes when the run its name carries is not live
+        (is_live(run_id) is False) and nothing in it was written for min_age_s. One whose name carries no run
+        (older staging names), and a `.tmp-*` pointer file under deployed/, goes after unowned_min_age_s
+        without a write. is_live raising keeps the directory.
+        """
+        log = log or logger.warning
+        now, removed, verdicts = time.time(), [], {}
+        candidates = [*(self.root / "artifacts").glob(f"*/*/{STAGING_PREFIX}*"),
+                      *(self.root / "deployed").glob(f"{STAGING_PREFIX}*")]
+        for path in candidates:
+            owner = staging_owner(path.name) if path.is_dir() else None
+            try:
+                idle = now - _newest_mtime(path)
+            except FileNotFoundError:  # finished or removed in the meantime
+                continue
+            if owner is None:
+                if idle < unowned_min_age_s:
+                    continue
+            else:
+                if idle < min_age_s:
+                    continue
+                if owner not in verdicts:
+                    try:
+                        verdicts[owner] = bool(is_live(owner))
+                    except Exception as exc:  # unknown: keep it
+                        log(f"keeping {path}: could not tell whether run {owner} is live ({exc})")
+                        verdicts[owner] = True
+                if verdicts[owner]:
+                    continue
+            try:
+                remove_tree(path)
+            except OSError as exc:
+                log(f"could not remove stale staging {path}: {exc}")
+                continue
+            log(f"removed stale staging {path} (run {owner or 'unknown'}, idle {idle / 60:.0f} min)")
+            removed.append(path)
+        return removed
 
     def feedback_path(self, pipeline: str) -> Path:
         """The pipeline's chat feedback store (append-only SQLite, WAL)."""
         return self.root / "feedback" / f"{pipeline}.sqlite"
 
     def deployed_pointer(self, pipeline: str) -> Path:
-        """Written when a retrained model passes its promotion check; chat and retraining start from it."""
+        """Written when a retrained model passes its promotion check; chat and retraining start from it.
+        Write it with engine.artifacts.write_json_atomic."""
         return self.root / "deployed" / f"{pipeline}.json"
 
+    def checkpoints_root(self, pipeline: str, stage: str) -> Path:
+        """checkpoints/<pipeline>/<stage>: one directory per Dagster run below it."""
+        return self.root / "checkpoints" / pipeline / stage
+
     def checkpoint_dir(self, pipeline: str, stage: str, run_id: str) -> Path:
-        path = self.root / "checkpoints" / pipeline / stage / run_id
+        path = self.checkpoints_root(pipeline, stage) / _one_name(run_id)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def latest_checkpoint(self, pipeline: str, stage: str) -> Path | None:
-        """The newest checkpoint any earlier run of this stage left behind (cancelled or failed)."""
-        found = list((self.root / "checkpoints" / pipeline / stage).glob("*/checkpoint-*"))
-        return max(found, key=lambda p: p.stat().st_mtime, default=None)
+    def latest_checkpoint(self, pipeline: str, stage: str, log: Callable[[str], None] | None = None,
+                          is_live: Callable[[str], bool] | None = None) -> Path | None:
+        """The newest complete checkpoint any earlier run of this stage left behind (cancelled, failed, killed).
+
+        Newest by modification time, then step. Incomplete ones (a kill during the save: no trainer_state.json,
+        no weights, ...) are skipped and named through log. is_live: runs still training are skipped too, as
+        their checkpoints are still being written and rotated.
+        """
+        log = log or logger.warning
+        found = [p for p in self.checkpoints_root(pipeline, stage).glob("*/checkpoint-*")
+                 if checkpoint_step(p) is not None]
+
+        def newest_first(path: Path) -> tuple[float, int]:
+            try:
+                return path.stat().st_mtime, checkpoint_step(path)
+            except FileNotFoundError:
+                return 0.0, -1
+
+        live: dict[str, bool] = {}
+        for path in sorted(found, key=newest_first, reverse=True):
+            run = path.parent.name
+            if is_live is not None:
+                if run not in live:
+                    live[run] = bool(is_live(run))
+                if live[run]:
+                    continue
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return path
+            log(f"skipping incomplete checkpoint {path}: {problem}")
+        return None
+
+    def discard_checkpoints(self, pipeline: str, stage: str, run_id: str,
+                            resumed_from: str | Path | None = None) -> list[Path]:
+        """Delete run_id's checkpoint directory, and with resumed_from (a checkpoint this run resumed from) the
+        directory of the run that wrote it; never any other run's. Returns the directories removed."""
+        base = self.checkpoints_root(pipeline, stage)
+        owners = [_one_name(run_id)]
+        if resumed_from:
+            source = Path(resumed_from).resolve()
+            if base.resolve() in source.parents:  # checkpoints/<pipeline>/<stage>/<run>/checkpoint-N
+                owners.append(source.relative_to(base.resolve()).parts[0])
+            else:
+                logger.warning(f"not deleting {resumed_from}: it is not under {base}")
+        removed = []
+        for owner in dict.fromkeys(owners):
+            path = base / owner
+            if path.exists():
+                remove_tree(path)
+                removed.append(path)
+        return removed
+
+
+def _one_name(run_id: str) -> str:
+    """run_id as one path component: nothing that could reach another run's directory."""
+    if not run_id or run_id in (".", "..") or "/" in run_id or "\\" in run_id or "\0" in run_id:
+        raise ValueError(f"not a run id: {run_id!r}")
+    return run_id

@@ -2,14 +2,56 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import sqlite3
+from contextlib import closing
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
 from .storage import default_runs_dir
+
+logger = logging.getLogger(__name__)
+
+
+class RelocatedStoreError(RuntimeError):
+    """The MLflow store points its artifacts outside the runs directory, at a place that is not ours."""
+
+
+def local_path(uri: str) -> Path | None:
+    """The local path of a file: URI or a plain path; None for anything remote (s3:, mlflow-artifacts:...)."""
+    parsed = urlparse(uri)
+    if parsed.scheme == "file":
+        return Path(unquote(parsed.path))
+    if parsed.scheme == "" and uri:
+        return Path(uri)
+    return None
+
+
+def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
+    """Point an experiment, its runs and its logged models from the artifact location old to new, in the
+    sqlite store db; returns how many runs moved. Idempotent, so concurrent callers agree."""
+    with closing(sqlite3.connect(db, timeout=60)) as conn, conn:  # one transaction, then closed
+        conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ? AND artifact_location = ?",
+                     (new, int(experiment_id), old))
+        moved = {}
+        for table, column in (("runs", "artifact_uri"), ("logged_models", "artifact_location")):
+            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
+                moved[table] = conn.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE experiment_id = ? AND "
+                    f"({column} = ? OR substr({column}, 1, ?) = ?)",
+                    (new, len(old) + 1, int(experiment_id), old, len(old) + 1, old + "/")).rowcount
+    try:  # the client caches each run's artifact repository by run id
+        from mlflow.tracking._tracking_service import utils
+
+        utils._artifact_repos_cache.clear()
+    except (ImportError, AttributeError):
+        pass
+    return moved.get("runs", 0)
 
 
 def flatten(prefix: str, values: dict) -> dict[str, str]:
@@ -46,18 +88,47 @@ class MLflowTracking(ConfigurableResource):
 
         return MlflowClient(self.uri)
 
+    def artifact_location(self, pipeline: str) -> str | None:
+        """Where a pipeline's experiment keeps artifacts: beside the default sqlite store in the runs dir, not
+        in the current directory; None (MLflow's choice) for a tracking_uri of the user's."""
+        if self.tracking_uri or not self.uri.startswith("sqlite:"):
+            return None
+        return (self.root / "mlartifacts" / pipeline).as_uri()
+
     def experiment_id(self, pipeline: str) -> str:
         client = self.client()
         experiment = client.get_experiment_by_name(pipeline)
         if experiment is not None:
+            self.check_location(experiment)
             return experiment.experiment_id
-        location = None
-        if self.uri.startswith("sqlite:"):  # keep artifacts beside the store, not in the current directory
-            location = (self.root / "mlartifacts" / pipeline).as_uri()
         try:
-            return client.create_experiment(pipeline, artifact_location=location)
+            return client.create_experiment(pipeline, artifact_location=self.artifact_location(pipeline))
         except Exception:  # created by a concurrent run in the meantime
             return client.get_experiment_by_name(pipeline).experiment_id
+
+    def check_location(self, experiment) -> None:
+        """Keep the default store relocatable. MLflow stores absolute artifact locations, so a runs dir that
+        was moved or copied still points at the old one: an experiment of ours (<old runs dir>/mlartifacts/
+        <pipeline>) is rebased onto this runs dir, its runs with it; a location outside this runs dir that is
+        not ours is refused, never written into silently."""
+        expected = self.artifact_location(experiment.name)
+        stored = experiment.artifact_location or ""
+        if expected is None or stored == expected:
+            return
+        old = local_path(stored)
+        if old is not None and (old == self.root or self.root in old.parents):
+            return  # inside this runs dir: wherever it is, it moves with it
+        if old is not None and old.name == experiment.name and old.parent.name == "mlartifacts":
+            runs = rebase_experiment(self.root / "mlflow.db", experiment.experiment_id, stored, expected)
+            logger.warning(f"MLflow experiment {experiment.name!r} pointed at {stored}, under another runs "
+                           f"directory (this one was moved or copied): its artifact location and {runs} runs "
+                           f"now point at {expected}")
+            return
+        raise RelocatedStoreError(
+            f"MLflow experiment {experiment.name!r} in {self.uri} keeps its artifacts at {stored}, outside the "
+            f"runs directory {self.root}: logging would write there, not into {expected}. Fix: delete or rename "
+            f"that experiment (mlflow experiments delete/rename), or set the tracking resource's tracking_uri to "
+            f"the store that owns {stored}.")
 
     def start_run(self, pipeline: str, run_name: str, tags: dict[str, str], params: dict) -> str:
         client = self.client()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import progress
+from ..artifacts import checkpoint_problem, checkpoint_step
 from ..data.tables import read_jsonl
 from ..models import load_model, load_tokenizer, pick_device, pick_dtype
 from ..reporter import Reporter
@@ -63,6 +65,7 @@ def prepare(job: StageJob) -> Prepared:
 def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
     """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput."""
     quiet_progress_bar(trainer)
+    job.resume_from = resume_point(job.resume_from, reporter)
     reporter.log(f"training {len(trainer.train_dataset)} rows for {trainer.args.max_steps if trainer.args.max_steps > 0 else trainer.args.num_train_epochs} "
                  f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
                  + (f", resuming from {job.resume_from}" if job.resume_from else ""))
@@ -82,9 +85,34 @@ class Cancelled(RuntimeError):
     """Training stopped on request after saving a checkpoint."""
 
 
-def last_checkpoint(checkpoint_dir: str | Path) -> Path | None:
-    candidates = [p for p in Path(checkpoint_dir).glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    return max(candidates, key=lambda p: int(p.name.split("-")[-1]), default=None)
+def last_checkpoint(checkpoint_dir: str | Path, log: Callable[[str], None] | None = None) -> Path | None:
+    """The highest-step complete checkpoint-N in checkpoint_dir; newer incomplete ones (a kill during the save)
+    are skipped and named through log."""
+    candidates = [p for p in Path(checkpoint_dir).glob("checkpoint-*") if checkpoint_step(p) is not None]
+    for candidate in sorted(candidates, key=checkpoint_step, reverse=True):
+        problem = checkpoint_problem(candidate)
+        if problem is None:
+            return candidate
+        if log:
+            log(f"skipping incomplete checkpoint {candidate}: {problem}")
+    return None
+
+
+def resume_point(resume_from: str | None, reporter: Reporter) -> str | None:
+    """The checkpoint to resume from: resume_from when it is complete, else the newest complete one beside it
+    (a kill can leave the newest checkpoint half-saved); TrainingError when there is none."""
+    if not resume_from:
+        return None
+    problem = checkpoint_problem(resume_from)
+    if problem is None:
+        return resume_from
+    reporter.log(f"checkpoint {resume_from} is incomplete ({problem}); looking for an earlier complete one")
+    found = last_checkpoint(Path(resume_from).parent, log=reporter.log)
+    if found is None:
+        raise TrainingError(f"cannot resume: checkpoint {resume_from} is incomplete ({problem}) and no complete "
+                            f"checkpoint is beside it in {Path(resume_from).parent}")
+    reporter.log(f"resuming from {found} instead")
+    return str(found)
 
 
 def trainer_precision(hardware: Hardware) -> dict:
