@@ -47,11 +47,14 @@ class Webserver:
         (home / "dagster.yaml").write_text((Path(__file__).parent.parent / "dagster.yaml").read_text())
         env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(project),
                "DRAGON_RUNS_DIR": str(root / "runs"), "HF_HUB_OFFLINE": "1"}
+        (project / "workspace.yaml").write_text(  # the location named as the project's pyproject names it
+            f"load_from:\n  - python_module: {{module_name: {module}, working_directory: ., "
+            f"location_name: {location}}}\n")
         self.log = open(root / "webserver.log", "w")
         # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
-             "-m", module, "-l", location], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=project,
+             "-w", "workspace.yaml"], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=project,
             start_new_session=True)
         self.url = f"http://127.0.0.1:{self.port}/graphql"
         deadline = time.time() + 120
