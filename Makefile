@@ -45,4 +45,4 @@ ui: install
 	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
 
 clean:
-	rm -rf $(DAGSTER_HOME) $(DRAGON_RUNS_DIR)
+	chmod -R u+w $(DRAGON_RUNS_DIR) 2>/dev/null; rm -rf $(DAGSTER_HOME) $(DRAGON_RUNS_DIR)  # finished artifacts are read-only

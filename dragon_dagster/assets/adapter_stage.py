@@ -37,6 +37,19 @@ def reward_files(rewards) -> dict[str, str]:
     return {r.name: sha256(Path(r.file)) for r in rewards or [] if r.type == "custom"}
 
 
+def run_is_live(instance):
+    """Whether a Dagster run id belongs to a run still going (queued to cancelling): its files are in use."""
+    from dagster import DagsterRunStatus
+
+    going = {DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+             DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING}
+
+    def is_live(run_id: str) -> bool:
+        run = instance.get_run_by_id(run_id)
+        return run is not None and run.status in going
+    return is_live
+
+
 def close_dead_runs(tracking, instance, pipeline: str, stage: str) -> list[str]:
     """End as KILLED the MLflow runs of this stage still RUNNING for a Dagster run that is over: their step
     process was killed before it could end them. Returns their ids."""
@@ -70,9 +83,10 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
     resume_from = None
     if resume:
-        checkpoint = store.latest_checkpoint(pipeline.name, stage.name)
+        checkpoint = store.latest_checkpoint(pipeline.name, stage.name, log=context.log.warning,
+                                             is_live=run_is_live(context.instance))
         if checkpoint is None:
-            raise Failure(description=f"{stage.name}: resume is true but no checkpoint was found under "
+            raise Failure(description=f"{stage.name}: resume is true but no complete checkpoint was found under "
                                       f"{store.root / 'checkpoints' / pipeline.name / stage.name}")
         resume_from = str(checkpoint)
     checkpoint_dir = store.checkpoint_dir(pipeline.name, stage.name, context.run_id)
@@ -81,6 +95,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
             "base_model": pipeline.model, "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
             "resumed_from": resume_from, "started_from": start_model, **(tags or {})}
     tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
+    store.clean_stale_staging(run_is_live(context.instance), log=context.log.warning)  # killed writes' leftovers
     for dead in close_dead_runs(tracking, context.instance, pipeline.name, stage.name):
         context.log.warning(f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: "
                             "marked KILLED")
@@ -118,7 +133,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
         raise
     finally:
         tracking.end_run(run_id, status)
-    shutil.rmtree(checkpoint_dir.parent, ignore_errors=True)  # the adapter is saved; old checkpoints are moot
+    # the adapter is saved: this run's checkpoints and the ones it resumed from are moot; another run's are not
+    store.discard_checkpoints(pipeline.name, stage.name, context.run_id, resumed_from=resume_from)
     headline = finite({k: result.get(k) for k in ("train_loss", "first_loss", "last_loss", "eval_loss", "perplexity",
                                                   "pref_accuracy", "reward_margin", "reward_before", "reward_after")})
     return Output(str(final), metadata={
