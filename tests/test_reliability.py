@@ -168,3 +168,37 @@ def test_a_table_too_large_to_read_is_refused_with_a_name(tmp_path, monkeypatch)
     small.write_text("a,b\n" + "x,y\n" * 100)
     with pytest.raises(DataError, match="over the 0 MB"):
         read_table(small)
+
+
+def test_a_worker_that_ignores_sigterm_is_killed_with_everything_it_started(tmp_path):
+    """stop_process_group: SIGTERM to the group, SIGKILL to all of it after the timeout (Dagster's own Pipes
+    client gives up and leaves the child running)."""
+    import logging
+
+    from dragon_dagster.resources.launcher import stop_process_group
+
+    child_pid = tmp_path / "child.pid"
+    code = textwrap.dedent(f"""\
+        import signal, subprocess, sys, time
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)       # a worker stuck where it cannot stop
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+        open({str(child_pid)!r}, "w").write(str(child.pid))
+        time.sleep(600)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (child_pid.exists() and child_pid.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child = int(child_pid.read_text())
+    started = time.monotonic()
+    stop_process_group(proc, timeout_s=1.0, log=logging.getLogger("test"))
+    assert time.monotonic() - started < 10 and proc.poll() is not None
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            break  # killed, waiting to be reaped by init
+        time.sleep(0.1)
+    gone = not Path(f"/proc/{child}").exists() or \
+        Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert gone, "the worker's own child was killed too"
