@@ -10,7 +10,7 @@ import pytest
 from dragon_dagster.engine.infer.backends import Backend, BackendError, ServerBackend
 from dragon_dagster.engine.infer.chat import Chat, ChatError, run_terminal
 from dragon_dagster.engine.data.tables import read_jsonl
-from dragon_dagster.engine.feedback import FeedbackStore, preference_pairs, sft_conversations
+from dragon_dagster.engine.feedback import FeedbackError, FeedbackStore, preference_pairs, sft_conversations
 
 from .conftest import completion
 
@@ -215,3 +215,67 @@ def test_chat_over_http_server_backend(stub, tmp_path):
     chat.rate(True)
     (row,) = store.records()
     assert row["model"] == f"server:{server.url}/chat/completions#served-model" and row["reply"].startswith("answer 2")
+
+
+class Short(Scripted):
+    """Replies that do not echo the user's message back."""
+
+    def _chat(self, conversations, **settings):
+        self.seen.extend(conversations)
+        return [f"answer {len(c)}" for c in conversations]
+
+
+def _store_bytes(path) -> int:
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))  # the database, its WAL and shm
+
+
+def test_long_conversation_is_stored_once_not_per_rating(tmp_path):
+    """One 1 MB message then 20 rated exchanges: the old layout stored the 1 MB 21 times (21 MB)."""
+    big = "long paste " * 100_000  # 1.1 MB, over the default limit: this store and chat allow 2 MB
+    store = FeedbackStore(tmp_path / "f.sqlite", max_message_chars=2_000_000)
+    chat = Chat(Short(), system="sys", store=store, max_message_chars=2_000_000)
+    chat.say(big)
+    chat.rate(True)
+    for i in range(20):
+        chat.say(f"question {i}")
+        chat.rate(i % 2 == 0)
+    chat.edit("a better last answer")
+    rows = store.records()
+    assert len(rows) == 22 and all(r["turns"][1]["content"] == big for r in rows)
+    assert rows[-1]["turns"] == [{"role": "system", "content": "sys"}] + chat.messages[:-1]
+    import sqlite3
+    with sqlite3.connect(store.path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM messages WHERE LENGTH(content) >= 1000000").fetchone()[0] == 1
+        stored_text = conn.execute("SELECT SUM(LENGTH(content)) FROM messages").fetchone()[0]
+    assert stored_text < len(big) + 2_000
+    assert _store_bytes(store.path) < 3 * len(big)  # one copy plus page and WAL overhead, not 21 copies
+    assert len(sft_conversations(rows)) == 12 and sft_conversations(rows)[0]["messages"][1]["content"] == big
+
+
+def test_over_long_message_is_refused_with_the_limit(tmp_path):
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    backend = Short()
+    chat = Chat(backend, store=store)
+    with pytest.raises(ChatError) as caught:
+        chat.say("x" * 1_000_000)
+    assert str(caught.value) == ("the message is 1,000,000 characters long; the limit is 32,000 characters per "
+                                 "message (MAX_MESSAGE_CHARS)")
+    assert chat.history() == [] and backend.seen == []  # refused before the model saw it
+    assert chat.say("y" * 32_000) == "answer 1"  # at the limit is fine
+    chat.rate(True)
+    # a model reply over the limit is refused by the store when rated, naming it
+    echo = Chat(Scripted(), store=store)
+    echo.say("y" * 31_999)
+    with pytest.raises(FeedbackError, match="the reply is 32,002 characters long; the limit is 32,000"):
+        echo.rate(True)
+    with pytest.raises(ChatError, match="the edited reply is 32,001 characters long; the limit is 32,000"):
+        chat.edit("z" * 32_001)
+    chat.system = "s" * 40_000  # the page sets the system prompt directly
+    with pytest.raises(ChatError, match="the system prompt is 40,000 characters long"):
+        chat.say("hi")
+    assert store.count() == 1
+    # the terminal prints the refusal and goes on
+    printed = []
+    script = iter(["w" * 32_001, "/quit"])
+    run_terminal(Chat(Scripted(), store=store), input_fn=lambda p: next(script), print_fn=printed.append)
+    assert any("error: the message is 32,001 characters long; the limit is 32,000" in line for line in printed)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import signal
@@ -15,7 +16,9 @@ from pathlib import Path
 import pytest
 
 from dragon_dagster.engine.data.tables import conversation_row
-from dragon_dagster.engine.feedback import FeedbackError, FeedbackStore, preference_pairs, sft_conversations
+from dragon_dagster.engine.feedback import (MAX_MESSAGE_CHARS, SCHEMA_VERSION, SKIP_REASONS, FeedbackError,
+                                            FeedbackStore, check_record, check_turns, preference_pairs,
+                                            sft_conversations, usable_records)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,7 +35,11 @@ def test_schema_wal_and_round_trip(tmp_path):
     with sqlite3.connect(store.path) as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert columns == {"id", "conversation_id", "turns", "reply", "verdict", "edited", "model", "created"}
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+    assert columns == {"id", "conversation_id", "turns_id", "legacy_turns", "reply", "verdict", "edited", "model",
+                       "created"}
+    assert message_columns == {"id", "parent", "role", "content", "digest"}
     conn = store._connect()
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     conn.close()
@@ -199,3 +206,150 @@ def test_store_records_feed_the_datasets(tmp_path):
     watermark = records[2]["id"]
     assert len(preference_pairs(store.records(up_to_id=watermark))) == 2
     assert preference_pairs(store.records(after_id=watermark)) == []
+
+
+# ------------------------------------------------------------------------------------ bad records
+
+BAD = [
+    record(20, "x", "[{not json", "r", "up"),                                     # turns not JSON
+    record(21, "x", [{"role": "assistant", "content": "only me"}], "r", "up"),     # no user turn
+    record(22, "x", P1, "Click 'forgot password'.", "edit", edited=None),         # an edit without text
+    record(23, "x", P1, "No idea.", "edit", edited="   "),                         # an edit with blank text
+    record(24, "x", [{"role": "robot", "content": "beep"}], "r", "up"),            # malformed turns
+    record(25, "x", None, "r", "up"),                                              # no turns at all
+    record(26, "x", P1, "r", "meh"),                                               # bad verdict
+    record(27, "x", P1, None, "down"),                                             # reply not text
+    "not a record",
+]
+
+
+def test_bad_records_are_skipped_and_counted_never_raised():
+    mixed = BAD[:4] + CRAFTED + BAD[4:]
+    assert sft_conversations(mixed) == sft_conversations(CRAFTED)
+    assert preference_pairs(mixed) == preference_pairs(CRAFTED)
+    usable, skipped = usable_records(mixed)
+    assert [r["id"] for r in usable] == [r["id"] for r in CRAFTED]
+    assert skipped == {"turns_not_json": 1, "no_user_turn": 1, "edit_without_text": 2, "turns_malformed": 2,
+                       "bad_verdict": 1, "reply_not_text": 1, "malformed": 1}
+    assert set(skipped) <= set(SKIP_REASONS) and check_record(CRAFTED[0]) is None
+    assert [check_record(r) for r in BAD[:3]] == ["turns_not_json", "no_user_turn", "edit_without_text"]
+    # turns given as JSON text are fine when they parse
+    assert check_record({**CRAFTED[0], "turns": json.dumps(P1)}) is None
+    assert usable_records(BAD) == ([], {"turns_not_json": 1, "no_user_turn": 1, "edit_without_text": 2,
+                                        "turns_malformed": 2, "bad_verdict": 1, "reply_not_text": 1, "malformed": 1})
+    with pytest.raises(FeedbackError, match="not JSON"):  # not a raw JSONDecodeError
+        check_turns("[{not json")
+
+
+def test_bad_rows_in_a_real_store_are_skipped(tmp_path):
+    """Rows the API refuses can still be in a file (first-layout data, another writer): reading them and
+    building datasets from them skips and counts them."""
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    for r in CRAFTED[:3]:
+        store.record(r["conversation_id"], r["turns"], r["reply"], r["verdict"], edited=r["edited"], model="m")
+    with sqlite3.connect(store.path) as conn:
+        for legacy, verdict, edited in (("{oops", "up", None), ('[{"role": "assistant", "content": "a"}]', "up", None),
+                                        ('[{"role": "user", "content": "q"}]', "edit", None)):
+            conn.execute("INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, edited, created) "
+                         "VALUES ('bad', ?, 'r', ?, ?, '2026')", (legacy, verdict, edited))
+    rows = store.records()
+    assert len(rows) == 6 and rows[3]["turns"] == "{oops" and rows[4]["turns"] == [{"role": "assistant",
+                                                                                     "content": "a"}]
+    assert usable_records(rows)[1] == {"turns_not_json": 1, "no_user_turn": 1, "edit_without_text": 1}
+    assert sft_conversations(rows) == sft_conversations(CRAFTED[:3])
+    assert preference_pairs(rows) == preference_pairs(CRAFTED[:3])
+
+
+# ---------------------------------------------------------------------------- schema and storage
+
+OLD_SCHEMA = """
+CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    turns TEXT NOT NULL,
+    reply TEXT NOT NULL,
+    verdict TEXT NOT NULL CHECK (verdict IN ('up', 'down', 'edit')),
+    edited TEXT,
+    model TEXT NOT NULL DEFAULT '',
+    created TEXT NOT NULL
+)
+"""
+
+
+def test_first_layout_store_is_migrated_on_open(tmp_path):
+    path = tmp_path / "old.sqlite"
+    long = "x" * 5000
+    history = [{"role": "user", "content": long}]
+    old_rows = []
+    for i in range(6):  # one conversation rated after every exchange: the old layout repeats the turns
+        old_rows.append(("c", json.dumps(history), f"r{i}", "up", None))
+        history = history + [{"role": "assistant", "content": f"r{i}"}, {"role": "user", "content": f"q{i}"}]
+    old_rows += [("bad", "{not json", "r", "up", None),
+                 ("bad", json.dumps([{"role": "assistant", "content": "no user"}]), "r", "up", None),
+                 ("bad", json.dumps({"not": "a list"}), "r", "down", None),
+                 ("e", json.dumps([{"role": "user", "content": "q"}]), "r", "edit", "better")]
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute(OLD_SCHEMA)
+    for row in old_rows:
+        conn.execute("INSERT INTO feedback (conversation_id, turns, reply, verdict, edited, model, created) "
+                     "VALUES (?, ?, ?, ?, ?, 'm', '2026-01-01')", row)
+    conn.execute("DELETE FROM feedback WHERE id > 9")   # ids above the rows kept must not be reused (sequence 10)
+    conn.execute("INSERT INTO feedback (conversation_id, turns, reply, verdict, edited, model, created) "
+                 "VALUES ('e', ?, 'r', 'edit', 'better', 'm', '2026-01-01')", (json.dumps(turns("q")),))
+    conn.commit()
+    expected = [(rid, json.loads(t) if not t.startswith("{n") else t) for rid, t in
+                conn.execute("SELECT id, turns FROM feedback ORDER BY id")]
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
+    conn.close()
+
+    store = FeedbackStore(path)
+    rows = store.records()  # the first use migrates
+    assert [(r["id"], r["turns"]) for r in rows] == expected
+    assert [r["id"] for r in rows] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 11]
+    assert rows[5]["turns"][0]["content"] == long and rows[5]["reply"] == "r5" and rows[5]["model"] == "m"
+    assert rows[-1]["edited"] == "better" and rows[-1]["verdict"] == "edit"
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT COUNT(*) FROM messages WHERE content = ?", (long,)).fetchone()[0] == 1
+        assert conn.execute("SELECT COUNT(*) FROM feedback WHERE legacy_turns IS NOT NULL").fetchone()[0] == 2
+        assert {r[1] for r in conn.execute("PRAGMA table_info(feedback)")} >= {"turns_id", "legacy_turns"}
+    usable, skipped = usable_records(rows)
+    assert skipped == {"turns_not_json": 1, "no_user_turn": 1, "turns_malformed": 1}
+    assert len(sft_conversations(rows)) == 7  # six liked replies and the edit
+    assert store.record("new", turns("q"), "r", "up") == 12  # the old sequence goes on
+    assert FeedbackStore(path).records()[:-1] == rows      # opening again does not migrate twice
+
+
+def test_turns_are_stored_once_per_conversation(tmp_path):
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    history = [{"role": "system", "content": "S"}, {"role": "user", "content": "y" * 30_000}]
+    for i in range(20):
+        store.record("c", history, f"reply {i}", "up")
+        history = history + [{"role": "assistant", "content": f"reply {i}"}, {"role": "user", "content": f"q{i}"}]
+    store.record("other", history[:2], "another reply", "down")  # the same opening, another conversation
+    with sqlite3.connect(store.path) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 2 + 19 * 2
+        assert conn.execute("SELECT SUM(LENGTH(content)) FROM messages").fetchone()[0] < 31_000
+    rows = store.records()
+    assert len(rows[-2]["turns"]) == 2 + 19 * 2 and rows[-2]["turns"][1]["content"] == "y" * 30_000
+    assert rows[-1]["turns"] == history[:2] and rows[-1]["turns_id"] == rows[0]["turns_id"]
+    assert [r["id"] for r in store.records(after_id=5, up_to_id=7)] == [6, 7]
+    assert store.records(after_id=5, up_to_id=7)[1]["turns"] == rows[6]["turns"]
+
+
+def test_store_refuses_over_long_messages_with_the_limit(tmp_path):
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    limit = MAX_MESSAGE_CHARS
+    assert limit == 32_000
+    ok = store.record("c", turns("q" * limit), "r" * limit, "edit", edited="e" * limit)
+    for kwargs, what in (({"turns": turns("q" * (limit + 1))}, "turn 0 (user)"),
+                         ({"reply": "r" * 40_000}, "the reply"),
+                         ({"verdict": "edit", "edited": "e" * 32_001}, "the edited reply")):
+        with pytest.raises(FeedbackError) as caught:
+            store.record(**{"conversation_id": "c", "turns": turns("q"), "reply": "r", "verdict": "up", **kwargs})
+        message = str(caught.value)
+        assert message.startswith(what) and "32,000 characters per message" in message
+        assert f"{len(kwargs.get('edited') or kwargs.get('reply') or kwargs['turns'][0]['content']):,}" in message
+    assert store.max_id() == ok == 1
+    assert FeedbackStore(tmp_path / "big.sqlite", max_message_chars=None).record("c", turns("q" * 100_000), "r", "up")

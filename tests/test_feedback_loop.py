@@ -1,14 +1,23 @@
 """Retraining from chat feedback against a real Dagster instance: sensor, schedule, the retraining job and
-the promotion gate, on the tiny chain materialized once for the session."""
+the promotion gate, on the tiny chain materialized once for the session; a failed retraining leaves its
+records to the next tick, and bad records are skipped and counted."""
 
 import json
+import sqlite3
+import uuid
 from pathlib import Path
 
-from dagster import AssetKey, AssetSelection, build_schedule_context, build_sensor_context, materialize
+from dagster import (AssetKey, AssetMaterialization, AssetSelection, DagsterInstance, DagsterRun, DagsterRunStatus,
+                     MetadataValue, build_asset_check_context, build_schedule_context, build_sensor_context,
+                     materialize)
 
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.assets.automation import RANGE_TAG
+from dragon_dagster.assets.automation import PIPELINE_TAG, RANGE_TAG, last_used_id
+from dragon_dagster.assets.feedback import promotion_check
 from dragon_dagster.engine.feedback import FeedbackStore
+
+NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter", "retrained_model",
+         "retrained_report"]
 
 
 def parts_and_resources(materialized):
@@ -49,18 +58,17 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as context:
         fired = sensor_def.evaluate_tick(context)
     [request] = fired.run_requests
-    assert request.tags[RANGE_TAG] == "1-3" and fired.cursor == "3"
-    with build_sensor_context(instance=instance, cursor=fired.cursor, resources={"store": resources["store"]}) as c:
-        again = sensor_def.evaluate_tick(c)
-    assert not again.run_requests, "the same records never trigger twice"
+    assert (request.tags[RANGE_TAG], request.tags[PIPELINE_TAG], request.run_key) == ("1-3", "tiny", "feedback-1-3-1")
+    assert fired.cursor is None  # nothing counts as used until a retraining on it succeeds
+    with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as c:
+        [again] = sensor_def.evaluate_tick(c).run_requests
+    assert again.run_key == request.run_key, "the same request: Dagster launches a run key once"
 
-    names = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter",
-             "retrained_model", "retrained_report"]
     result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
-                         selection=AssetSelection.assets(*[["tiny", n] for n in names]), tags=request.tags,
+                         selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=request.tags,
                          raise_on_error=False)
     steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(result.run_id)}
-    assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in names), steps
+    assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in NAMES), steps
     events = {e.asset_key.path[-1]: e.metadata for e in
               (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
     assert events["feedback_sft_dataset"]["rows"].value == 2  # the liked reply and the edited one
@@ -75,15 +83,150 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     pointer = resources["store"].deployed_pointer("tiny")
     if gate.passed:  # promoted: chat and the next retraining start from the retrained model
         assert result.success and json.loads(pointer.read_text())["model_dir"].startswith(str(materialized["runs"]))
+        assert not list(pointer.parent.glob(".tmp-*")), "the pointer is written by rename, no temp file left"
     else:  # a blocking ERROR check: the run fails and the deployed model stays the merged one
         assert not result.success and not pointer.exists() and gate.metadata["regressions"].value != "none"
 
-    # the schedule sees the records as used now, and skips until new ones arrive
+    with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as context:
+        after = sensor_def.evaluate_tick(context)
     with build_schedule_context(instance=instance, resources={"store": resources["store"]}) as context:
-        assert not schedule_def.evaluate_tick(context).run_requests
+        nightly = schedule_def.evaluate_tick(context)
+    if result.success:  # the records are used now: both skip until new ones arrive
+        assert not after.run_requests and "0 new feedback records" in after.skip_message
+        assert not nightly.run_requests and "records up to 3" in nightly.skip_message
+    else:  # the failed run used nothing: its records are requested again, under a new run key
+        assert [(r.tags[RANGE_TAG], r.run_key) for r in after.run_requests] == [("1-3", "feedback-1-3-2")]
+        assert [r.tags[RANGE_TAG] for r in nightly.run_requests] == ["1-3"]
     store.record("c3", turns("Smart Plug Mini lost its energy history"), "Update the app.", "up", model=model)
     with build_schedule_context(instance=instance, resources={"store": resources["store"]}) as context:
         [scheduled] = schedule_def.evaluate_tick(context).run_requests
-    assert scheduled.tags[RANGE_TAG] == "4-4"
+    assert scheduled.tags[RANGE_TAG] == ("4-4" if result.success else "1-4")
     source = instance.get_latest_materialization_event(AssetKey(["tiny", "feedback_sft_dataset"]))
     assert source.dagster_event is not None
+
+
+def tick(definition, instance, store_resource):
+    """One evaluation of a sensor or schedule against the instance: (run requests, skip message)."""
+    if hasattr(definition, "cron_schedule"):
+        with build_schedule_context(instance=instance, resources={"store": store_resource}) as context:
+            data = definition.evaluate_tick(context)
+    else:
+        with build_sensor_context(instance=instance, resources={"store": store_resource}) as context:
+            data = definition.evaluate_tick(context)
+    return list(data.run_requests or []), data.skip_message
+
+
+def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tmp_path):
+    """A fresh instance and runs folder: retraining fails (no deployed model yet) after its datasets were
+    materialized; the sensor and the schedule request the same records again under new run keys, wait while a
+    run is going, back off after repeated failures, and stop once a retraining on them succeeded. Bad records
+    in the range are skipped and counted, not fatal."""
+    from dragon_dagster.engine.artifacts import write_json_atomic
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+
+    runs = tmp_path / "runs"
+    parts = build_pipeline_defs(materialized["pipeline"])
+    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
+                 "training": TrainingResource(device="cpu")}
+    (tmp_path / "dagster_home").mkdir()
+    instance = DagsterInstance.local_temp(str(tmp_path / "dagster_home"))  # schedule contexts need a stored one
+    [sensor_def], [schedule_def] = parts["sensors"], parts["schedules"]
+    store_resource = resources["store"]
+    store = FeedbackStore(store_resource.feedback_path("tiny"))
+
+    store.record("c1", turns("Doorbell Cam does not ring the chime"), "Try turning it off.", "down")
+    store.record("c1", turns("Doorbell Cam does not ring the chime"), "Re-pair the chime in Settings > Chime.", "up")
+    store.record("c2", turns("Hub Pro blinks red"), "It is fine.", "edit", edited="Red means no internet.")
+    with sqlite3.connect(store.path) as conn:  # two bad rows (first-layout data): turns not JSON, an edit without text
+        conn.execute("INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, created) "
+                     "VALUES ('bad', '[{oops', 'r', 'up', '2026')")
+        conn.execute("INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, created) "
+                     """VALUES ('bad', '[{"role": "user", "content": "q"}]', 'r', 'edit', '2026')""")
+
+    def retrain(request, checks=True):
+        return materialize(parts["assets"] + (parts["asset_checks"] if checks else []), instance=instance,
+                           resources=resources, selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]),
+                           tags=request.tags, raise_on_error=False)
+
+    [request], _ = tick(sensor_def, instance, store_resource)
+    assert request.tags[RANGE_TAG] == "1-5" and request.run_key == "feedback-1-5-1"
+    failed = retrain(request)
+    assert not failed.success
+    steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(failed.run_id)}
+    assert steps["tiny__feedback_sft_dataset"] == "SUCCESS" and steps["tiny__feedback_sft_adapter"] == "FAILURE"
+    events = {e.asset_key.path[-1]: e.metadata for e in
+              (ev.event_specific_data.materialization for ev in failed.get_asset_materialization_events())}
+    sft = events["feedback_sft_dataset"]
+    assert sft["rows"].value == 2 and sft["records"].value == 5 and sft["skipped_records"].value == 2
+    assert sft["skipped_by_reason"].value == {"turns_not_json": 1, "edit_without_text": 1}
+    assert events["feedback_pairs"]["skipped_records"].value == 2 and events["feedback_pairs"]["rows"].value == 2
+    manifest = json.loads((Path(sft["artifact_dir"].value) / "manifest.json").read_text())
+    assert manifest["skipped"] == {"turns_not_json": 1, "edit_without_text": 1} and manifest["skipped_records"] == 2
+    provenance = json.loads((Path(sft["artifact_dir"].value) / "records.json").read_text())
+    assert [r["skipped"] for r in provenance] == [None, None, None, "turns_not_json", "edit_without_text"]
+
+    # the failed run's dataset materialization does not count: both ask for the same records again
+    assert last_used_id(instance, "tiny") == 0
+    [retry], _ = tick(sensor_def, instance, store_resource)
+    [nightly], _ = tick(schedule_def, instance, store_resource)
+    assert (retry.tags[RANGE_TAG], retry.run_key) == ("1-5", "feedback-1-5-2")
+    assert (nightly.tags[RANGE_TAG], nightly.run_key) == ("1-5", "scheduled-1-5-2")
+
+    # while a retraining of the pipeline is going, neither requests another
+    going = instance.add_run(DagsterRun(job_name="tiny_retrain_from_feedback", run_id=str(uuid.uuid4()),
+                                        status=DagsterRunStatus.STARTED, tags=dict(retry.tags)))
+    for definition in (sensor_def, schedule_def):
+        requests, why = tick(definition, instance, store_resource)
+        assert not requests and going.run_id in why and "has not finished" in why
+    instance.delete_run(going.run_id)
+
+    # after MAX_FAILED_ATTEMPTS failures the sensor waits for min_new_records more records; the schedule still tries
+    assert not retrain(retry).success and not retrain(nightly).success
+    requests, why = tick(sensor_def, instance, store_resource)
+    assert not requests and "3 retraining runs on the records after 0 failed" in why
+    [nightly], _ = tick(schedule_def, instance, store_resource)
+    assert nightly.run_key == "scheduled-1-5-4"
+    for i in range(3):
+        store.record("c3", turns(f"Smart Plug Mini question {i}"), f"Answer {i}.", "up")
+    [request], _ = tick(sensor_def, instance, store_resource)
+    assert (request.tags[RANGE_TAG], request.run_key) == ("1-8", "feedback-1-8-1")
+
+    # a successful retraining (deployed model present; the gate left out so the outcome does not depend on it)
+    assert materialize(parts["assets"], instance=instance, resources=resources,
+                       selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"])).success
+    write_json_atomic(store_resource.deployed_pointer("tiny"),
+                      {"model_dir": str(Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model")})
+    done = retrain(request, checks=False)
+    assert done.success
+    assert last_used_id(instance, "tiny") == 8
+    requests, why = tick(sensor_def, instance, store_resource)
+    assert not requests and "0 new feedback records" in why and "records up to 8" in why
+    requests, why = tick(schedule_def, instance, store_resource)
+    assert not requests and "no new feedback since the last retraining (records up to 8)" in why
+    store.record("c4", turns("Camera offline"), "Power-cycle it.", "up")
+    [nightly], _ = tick(schedule_def, instance, store_resource)
+    assert (nightly.tags[RANGE_TAG], nightly.run_key) == ("9-9", "scheduled-9-9-1")
+
+
+def test_promotion_gate_writes_the_deployed_pointer_atomically(materialized, tmp_path):
+    """The gate on a report without regressions replaces the pointer through a temp file and a rename."""
+    from dragon_dagster.resources import ArtifactStore
+
+    report_dir = tmp_path / "report"
+    report_dir.mkdir()
+    figures = {"eval_loss": 1.0, "metrics": {"token_f1": 0.5}}
+    (report_dir / "report.json").write_text(json.dumps({"base": figures, "merged": figures}))
+    (report_dir / "manifest.json").write_text(json.dumps({"merged": str(tmp_path / "merged")}))
+    instance = DagsterInstance.ephemeral()
+    report_key = AssetKey(["tiny", "retrained_report"])
+    instance.report_runless_asset_event(AssetMaterialization(
+        report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    pointer = store.deployed_pointer("tiny")
+    pointer.parent.mkdir(parents=True)
+    pointer.write_text(json.dumps({"model_dir": "/old/model"}))
+    gate = promotion_check(materialized["pipeline"], report_key)
+    result = gate(build_asset_check_context(instance=instance, resources={"store": store}))
+    assert result.passed
+    assert json.loads(pointer.read_text())["model_dir"] == str(tmp_path / "merged" / "model")
+    assert sorted(p.name for p in pointer.parent.iterdir()) == ["tiny.json"]  # no temp file left behind

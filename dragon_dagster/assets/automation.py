@@ -1,46 +1,134 @@
 """Automation of retraining from chat feedback: a sensor that requests it when enough new records arrive, and
-a nightly schedule that requests it when there is any. Both name the record range in a run tag."""
+a nightly schedule that requests it when there is any. Both name the record range in a run tag.
 
-from dagster import (AssetKey, DefaultScheduleStatus, DefaultSensorStatus, RunRequest, SkipReason, schedule, sensor)
+Records count as used only once a retraining on them succeeded: both read the last used id from the Dagster
+instance (`last_used_id`: the newest feedback_sft_dataset materialization whose run succeeded and produced the
+retrained report), never from a cursor moved when a run is requested. So a failed or cancelled retraining
+leaves its records to the next tick, which requests them again under a new run key (`...-<attempt>`). Neither
+requests a run while a retraining of the pipeline is still going. After MAX_FAILED_ATTEMPTS failed runs since
+the last success, the sensor waits for min_new_records more records before trying again (the nightly
+schedule still tries once a night), so a retraining that always fails (its promotion gate, say) does not
+loop every minute.
+"""
+
+from __future__ import annotations
+
+from dagster import (AssetKey, DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus,
+                     DefaultScheduleStatus, DefaultSensorStatus, RunRequest, RunsFilter, SkipReason, schedule, sensor)
 
 from ..engine.feedback import FeedbackStore
 from ..engine.spec.pipeline import Pipeline
 from ..resources import ArtifactStore
 
-RANGE_TAG = "dragon/feedback_range"   # "first_id-last_id": the records a retraining run used
+RANGE_TAG = "dragon/feedback_range"        # "first_id-last_id": the records a retraining run used
+PIPELINE_TAG = "dragon/feedback_pipeline"  # whose feedback a retraining run used
+MAX_FAILED_ATTEMPTS = 3                    # failed runs since the last success before the sensor waits for more
+UNFINISHED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.MANAGED,
+              DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.SUSPENDED,
+              DagsterRunStatus.CANCELING]
+FAILED = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
 
 def retrain_job_name(pipeline: Pipeline) -> str:
     return f"{pipeline.name}_retrain_from_feedback"
 
 
+def parse_range(value: str | None) -> tuple[int, int] | None:
+    """(first, last) from a RANGE_TAG value, None when absent or malformed."""
+    try:
+        first, last = (int(x) for x in str(value).split("-"))
+    except (TypeError, ValueError):
+        return None
+    return first, last
+
+
+def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
+    """The last feedback record id a successful retraining used (0 if none has): the `feedback_up_to` of the
+    newest feedback_sft_dataset materialization whose run succeeded and also materialized retrained_report.
+    A failed run's early materializations do not count."""
+    dataset_key = AssetKey([pipeline_name, "feedback_sft_dataset"])
+    report_key = AssetKey([pipeline_name, "retrained_report"])
+    cursor, checked = None, set()
+    while True:
+        found = instance.fetch_materializations(dataset_key, limit=100, cursor=cursor)  # newest first
+        for record in found.records:
+            up_to = record.asset_materialization.metadata.get("feedback_up_to")
+            if up_to is None or not record.run_id or record.run_id in checked:
+                continue
+            checked.add(record.run_id)
+            run = instance.get_run_by_id(record.run_id)
+            if run is None or run.status != DagsterRunStatus.SUCCESS:
+                continue
+            if any(e.dagster_event and e.dagster_event.asset_key == report_key
+                   for e in instance.all_logs(record.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)):
+                return int(up_to.value)
+        if not found.has_more:
+            return 0
+        cursor = found.cursor
+
+
+def unfinished_runs(instance: DagsterInstance, pipeline: Pipeline) -> list[DagsterRun]:
+    """Retraining runs of this pipeline that are queued or going (by job name or by the pipeline tag)."""
+    runs = {r.run_id: r for r in instance.get_runs(RunsFilter(job_name=retrain_job_name(pipeline),
+                                                              statuses=UNFINISHED))}
+    runs.update({r.run_id: r for r in instance.get_runs(RunsFilter(tags={PIPELINE_TAG: pipeline.name},
+                                                                   statuses=UNFINISHED))})
+    return list(runs.values())
+
+
+def _request(instance: DagsterInstance, pipeline: Pipeline, used: int, newest: int, prefix: str) -> RunRequest:
+    feedback_range = f"{used + 1}-{newest}"
+    tags = {RANGE_TAG: feedback_range, PIPELINE_TAG: pipeline.name}
+    attempt = instance.get_runs_count(RunsFilter(tags=tags)) + 1  # a retried range gets a new run key
+    return RunRequest(run_key=f"{prefix}-{feedback_range}-{attempt}", tags=tags)
+
+
+def _running(instance: DagsterInstance, pipeline: Pipeline) -> SkipReason | None:
+    running = unfinished_runs(instance, pipeline)
+    if running:
+        return SkipReason(f"retraining run {running[0].run_id} (records {running[0].tags.get(RANGE_TAG, 'all')}) "
+                          f"has not finished")
+    return None
+
+
 def feedback_sensor(pipeline: Pipeline, min_new: int, job):
     @sensor(name=f"{pipeline.name}_feedback_sensor", job=job, minimum_interval_seconds=60,
             default_status=DefaultSensorStatus.RUNNING,
-            description=f"Requests retraining when at least {min_new} new feedback records exist.")
+            description=f"Requests retraining when at least {min_new} feedback records exist that no successful "
+                        f"retraining used; a failed retraining's records are requested again.")
     def _sensor(context, store: ArtifactStore):
-        last_used = int(context.cursor or 0)
+        instance = context.instance
         newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
-        if newest - last_used < min_new:
-            return SkipReason(f"{newest - last_used} new feedback records; waiting for {min_new}")
-        context.update_cursor(str(newest))
-        feedback_range = f"{last_used + 1}-{newest}"
-        return RunRequest(run_key=f"feedback-{feedback_range}", tags={RANGE_TAG: feedback_range})
+        used = last_used_id(instance, pipeline.name)
+        if newest - used < min_new:
+            return SkipReason(f"{newest - used} new feedback records since the last successful retraining "
+                              f"(records up to {used}); waiting for {min_new}")
+        busy = _running(instance, pipeline)
+        if busy:
+            return busy
+        failed = [r for r in instance.get_runs(RunsFilter(tags={PIPELINE_TAG: pipeline.name}, statuses=FAILED),
+                                               limit=500)
+                  if (parse_range(r.tags.get(RANGE_TAG)) or (0, 0))[0] == used + 1]
+        if len(failed) >= MAX_FAILED_ATTEMPTS:
+            reached = max(parse_range(r.tags[RANGE_TAG])[1] for r in failed)
+            if newest - reached < min_new:
+                return SkipReason(f"{len(failed)} retraining runs on the records after {used} failed (the last "
+                                  f"covered up to {reached}); waiting for {min_new} records beyond {reached} "
+                                  f"before trying again")
+        return _request(instance, pipeline, used, newest, "feedback")
     return _sensor
 
 
 def feedback_schedule(pipeline: Pipeline, cron: str, job):
-    used_key = AssetKey([pipeline.name, "feedback_sft_dataset"])
-
     @schedule(name=f"{pipeline.name}_retrain_schedule", cron_schedule=cron, job=job,
               default_status=DefaultScheduleStatus.RUNNING,
-              description="Retrains on the feedback collected since the last retraining; skips when there is none.")
+              description="Retrains on the feedback that no successful retraining used yet; skips when there is "
+                          "none.")
     def _schedule(context, store: ArtifactStore):
+        instance = context.instance
         newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
-        event = context.instance.get_latest_materialization_event(used_key)
-        used = int(event.asset_materialization.metadata["feedback_up_to"].value) if event else 0
+        used = last_used_id(instance, pipeline.name)
         if newest <= used:
             return SkipReason(f"no new feedback since the last retraining (records up to {used})")
-        feedback_range = f"{used + 1}-{newest}"
-        return RunRequest(run_key=f"scheduled-{feedback_range}", tags={RANGE_TAG: feedback_range})
+        return _running(instance, pipeline) or _request(instance, pipeline, used, newest, "scheduled")
     return _schedule

@@ -1,6 +1,9 @@
 """Retraining from chat feedback: the feedback store as an observable source, datasets made from it, a job
 that continues from the deployed model (SFT, then DPO when there are pairs, merge, report), and the asset check
 that gates promotion of the retrained model. The sensor and schedule that request it are in automation.py.
+
+A record that cannot be used (turns not JSON or malformed, no user turn, an edit without text) is skipped and
+counted in the dataset's metadata and manifest; it never fails the range it is in.
 """
 
 import json
@@ -11,13 +14,14 @@ from dagster import (AssetCheckResult, AssetCheckSeverity, AssetIn, AssetKey, As
                      MetadataValue, Output, asset, asset_check, define_asset_job, observable_source_asset)
 
 from ..engine.data import tables as data_lib
-from ..engine.artifacts import write_manifest
-from ..engine.feedback import FeedbackStore, preference_pairs, sft_conversations
+from ..engine.artifacts import write_json_atomic, write_manifest
+from ..engine.feedback import (FeedbackStore, SKIP_REASONS, check_record, preference_pairs, sft_conversations,
+                               usable_records)
 from ..engine.spec.pipeline import FeedbackDPO, FeedbackSFT, Pipeline
 from ..engine.spec.stages import Merge
 from ..engine.runs import latest_artifact
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
-from .automation import RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
+from .automation import PIPELINE_TAG, RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
 from .metadata import md_table
 from .adapter_stage import run_training_stage
 from .launchpad import effective, launchpad_config
@@ -70,23 +74,36 @@ def feedback_dataset(pipeline: Pipeline, name: str, pairs: bool):
         feedback = FeedbackStore(store.feedback_path(pipeline.name))
         first, last = record_range(context, feedback)
         records = feedback.records(after_id=first - 1, up_to_id=last)
+        usable, skipped = usable_records(records)
+        n_skipped = sum(skipped.values())
+        if n_skipped:
+            context.log.warning(f"skipped {n_skipped} of {len(records)} feedback records in {first}-{last}: "
+                                + "; ".join(f"{n} {SKIP_REASONS[why]} ({why})" for why, n in skipped.items()))
         if pairs:
-            rows = preference_pairs(records)
+            rows = preference_pairs(usable)
         else:
-            rows = [data_lib.conversation_row(c["messages"], i) for i, c in enumerate(sft_conversations(records))]
+            rows = [data_lib.conversation_row(c["messages"], i) for i, c in enumerate(sft_conversations(usable))]
             if not rows:
-                raise Failure(description=f"no liked or edited replies among feedback records {first}-{last}")
+                raise Failure(description=f"no liked or edited replies among feedback records {first}-{last} "
+                                          f"({len(records)} records, {n_skipped} skipped as unusable: {skipped})")
         train, held = data_lib.split_rows(rows, 0.1) if rows else ([], [])
         with store.new_artifact(pipeline.name, name, context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)
             data_lib.write_jsonl(tmp / "eval.jsonl", held)
-            (tmp / "records.json").write_text(json.dumps(records, indent=1, default=str))
+            # which records, and why any was skipped; the turns stay in the store (turns_id), not copied here
+            (tmp / "records.json").write_text(json.dumps(
+                [{**{k: r.get(k) for k in ("id", "conversation_id", "turns_id", "verdict", "reply", "edited",
+                                           "model", "created")}, "skipped": check_record(r)} for r in records],
+                indent=1, default=str))
             write_manifest(tmp, kind="feedback_pairs" if pairs else "feedback_sft_dataset", first_id=first,
-                           last_id=last, records=len(records), rows=len(rows), dagster_run_id=context.run_id)
+                           last_id=last, records=len(records), rows=len(rows), skipped_records=n_skipped,
+                           skipped=skipped, dagster_run_id=context.run_id)
         preview = [{"prompt": data_lib.user_text(r), "reply": data_lib.reply_text(r)} for r in rows[:5]]
         return Output(str(final), metadata={"artifact_dir": MetadataValue.path(str(final)), "rows": len(rows),
-                                            "records": len(records), "feedback_up_to": last,
-                                            "feedback_range": f"{first}-{last}", "preview": md_table(preview)})
+                                            "records": len(records), "skipped_records": n_skipped,
+                                            "skipped_by_reason": MetadataValue.json(skipped),
+                                            "feedback_up_to": last, "feedback_range": f"{first}-{last}",
+                                            "preview": md_table(preview)})
     return _dataset
 
 
@@ -130,10 +147,10 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
         worse = regressions(report["base"], report["merged"])
         if not worse:
             merged_dir = json.loads((report_dir / "manifest.json").read_text())["merged"]
-            pointer = store.deployed_pointer(pipeline.name)
-            pointer.parent.mkdir(parents=True, exist_ok=True)
-            pointer.write_text(json.dumps({"model_dir": str(Path(merged_dir) / "model"), "report": str(report_dir),
-                                           "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+            # temp file + fsync + rename: chat and retraining read the old pointer or the new one, never half
+            write_json_atomic(store.deployed_pointer(pipeline.name),
+                              {"model_dir": str(Path(merged_dir) / "model"), "report": str(report_dir),
+                               "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
         return AssetCheckResult(passed=not worse, severity=AssetCheckSeverity.ERROR,
                                 metadata={"regressions": ", ".join(worse) or "none",
                                           "start_eval_loss": report["base"]["eval_loss"],
@@ -166,7 +183,8 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
     names = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter",
              "retrained_model", "retrained_report"]
     job = define_asset_job(retrain_job_name(pipeline), selection=AssetSelection.assets(
-        *[key(pipeline, n) for n in names]), description="Retrain the deployed model on chat feedback.")
+        *[key(pipeline, n) for n in names]), description="Retrain the deployed model on chat feedback.",
+        run_tags={PIPELINE_TAG: pipeline.name})
     return {"assets": assets, "asset_checks": [promotion_check(pipeline, key(pipeline, "retrained_report"))],
             "jobs": [job], "sensors": [feedback_sensor(pipeline, settings.min_new_records, job)],
             "schedules": [feedback_schedule(pipeline, settings.cron, job)]}

@@ -4,7 +4,9 @@
 sends only the last N earlier exchanges (user turn + reply) with the new message, and `last_dropped` says how
 many were left out. Ratings (`rate`) and edits (`edit`) go to a `FeedbackStore` as training data
 (`feedback.sft_conversations` / `feedback.preference_pairs`); an edit also replaces the reply in the history,
-so the conversation continues from the better one. Transcripts use the training data's message format:
+so the conversation continues from the better one. A message (a user turn, the system prompt, an edit) longer
+than `max_message_chars` (default `feedback.MAX_MESSAGE_CHARS`) is refused with its length and the limit, before
+it reaches the model or the store. Transcripts use the training data's message format:
 `save("x.json")` writes a list of role/content messages, `save("x.jsonl")` one conversations row
 {"messages": [...]}; `Chat.load` reads both. `run_terminal` is the interactive loop with slash commands,
 with input and output injectable for tests. Framework-free: nothing here imports Dagster.
@@ -19,7 +21,7 @@ from typing import Any, Callable
 
 from .backends import Backend, BackendError, as_backend
 from ..data.tables import DataError, conversation_row
-from ..feedback import FeedbackError, FeedbackStore
+from ..feedback import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
 
 ROLES = ("system", "user", "assistant")
 
@@ -54,7 +56,8 @@ class Chat:
 
     def __init__(self, backend: Backend | dict | str, system: str | None = None, context_turns: int | None = None,
                  model_label: str = "", store: FeedbackStore | None = None, conversation_id: str | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9):
+                 max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
+                 max_message_chars: int | None = MAX_MESSAGE_CHARS):
         if context_turns is not None and (not isinstance(context_turns, int) or context_turns < 0):
             raise ChatError(f"context_turns must be an integer >= 0 or None, got {context_turns!r}")
         self.backend = as_backend(backend)
@@ -64,6 +67,7 @@ class Chat:
         self.store = store
         self.conversation_id = conversation_id or uuid.uuid4().hex
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
+        self.max_message_chars = max_message_chars
         self.messages: list[dict] = []   # user and assistant turns; the system prompt is kept apart
         self.last_dropped = 0            # earlier exchanges left out of the last request (context_turns)
         self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
@@ -83,10 +87,18 @@ class Chat:
         self.last_dropped, self.last_sent = len(earlier) - keep, sent
         return reply
 
+    def _check_length(self, text: str, what: str) -> None:
+        problem = too_long(text, self.max_message_chars, what)
+        if problem:
+            raise ChatError(problem)
+
     def say(self, text: str) -> str:
         """Send a user turn with the conversation so far and return the reply (kept in the history)."""
         if not isinstance(text, str) or not text.strip():
             raise ChatError("say() needs a non-empty message")
+        self._check_length(text, "the message")
+        if self.system:
+            self._check_length(self.system, "the system prompt")
         self.messages.append({"role": "user", "content": text})
         try:
             reply = self._ask(self.messages)
@@ -164,6 +176,7 @@ class Chat:
         history, so the conversation continues from the better reply. Returns the feedback id (or None)."""
         if not isinstance(text, str) or not text.strip():
             raise ChatError("edit() needs the improved reply text")
+        self._check_length(text, "the edited reply")
         position = self._reply_position(index)
         feedback_id = self._record(position, "edit", edited=text)
         self.messages[position] = {"role": "assistant", "content": text}
