@@ -29,11 +29,13 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
     stage_results = [{"name": m.get("stage"), "method": m.get("method"), "result": m.get("result", {})}
                      for m in adapters]
     first_stage = merged_manifest["adapters"][:1] if len(merged_manifest["adapters"]) > 1 else []
+    rewards = [{"name": s["name"], "dir": s["dir"], "rewards": m["settings"]["rewards"]}  # custom files: under dir
+               for m, s in zip(adapters, stages) if m.get("method") == "grpo" and (m.get("settings") or {}).get("rewards")]
     with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
         job = {"settings": settings, "base_model": merged_manifest["resolved_model"],
                "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
                "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp),
-               "stage_results": stage_results, "first_stage_adapters": first_stage}
+               "stage_results": stage_results, "first_stage_adapters": first_stage, "rewards": rewards}
         report = training.run_job(context, job, tmp, env=tracking.env())
         tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
                 "dagster_run_id": context.run_id, "base_model": pipeline.model}
@@ -50,9 +52,33 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
         tracking.end_run(report_run)
         write_manifest(tmp, kind="evaluation_report", merged=merged, dataset=dataset, settings=settings,
                        mlflow_run_id=report_run, base_mlflow_run_id=base_run, dagster_run_id=context.run_id)
-    return Output(str(final), metadata={
+    metadata = {
         "artifact_dir": MetadataValue.path(str(final)), "report": MetadataValue.md((final / "report.md").read_text()),
         "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, report_run)),
-        "base_eval_loss": report["base"]["eval_loss"], "merged_eval_loss": report["merged"]["eval_loss"],
-        "merged_not_worse": report["merged_not_worse"],
-        **{f"merged/{k}": v for k, v in eval_metrics(report["merged"]).items()}})
+        "merged_not_worse": report["merged_not_worse"]}
+    if report.get("task") == "prompts":  # no loss on prompts: each reward, base against merged
+        metadata.update({"computed_on": MetadataValue.json(report["computed_on"]),
+                         "rewards": MetadataValue.md(reward_table(report)),
+                         **{f"base/{k}": v for k, v in eval_metrics(report["base"]).items()}})
+    else:
+        metadata.update({"base_eval_loss": report["base"]["eval_loss"], "merged_eval_loss": report["merged"]["eval_loss"]})
+    metadata.update({f"merged/{k}": v for k, v in eval_metrics(report["merged"]).items()})
+    return Output(str(final), metadata=metadata)
+
+
+def reward_table(report: dict) -> str:
+    """Each reward's mean (and share scoring 1 where accuracy-like), base against merged, as markdown."""
+    base, merged = report["base"], report["merged"]
+    lines = [f"On {report['computed_on']['rows']} {report['computed_on']['split']} prompts.", "",
+             "| reward | type | weight | base | merged | base share scoring 1 | merged share scoring 1 |",
+             "|---|---|---|---|---|---|---|"]
+    for r in report.get("rewards", []):
+        name, accuracy = r["name"], r["name"] in base.get("accuracy", {})
+        lines.append(f"| {name} | {r['type']} | {r['weight']:g} | {base['rewards'][name]:.4f} | "
+                     f"{merged['rewards'][name]:.4f} | "
+                     + (f"{base['accuracy'][name]:.4f} | {merged['accuracy'][name]:.4f} |" if accuracy else " |  |"))
+    if "reward" in base:
+        lines.append(f"| weighted total | | | {base['reward']:.4f} | {merged['reward']:.4f} | | |")
+    else:
+        lines.append("No GRPO stage in the merged model's chain: no rewards.")
+    return "\n".join(lines)

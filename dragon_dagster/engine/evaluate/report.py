@@ -9,9 +9,10 @@ from pathlib import Path
 
 from ..train import progress
 from ..data.tables import read_jsonl
-from .replies import evaluate_rows
+from .replies import ACCURACY_TYPES, evaluate_rows, has_replies, score_prompt_rows
 from ..models import load_model, load_tokenizer
 from ..reporter import Reporter
+from ..rewards import Reward, RewardSet
 from ..spec.settings import Hardware, build
 from ..spec.stages import Evaluate
 
@@ -29,6 +30,7 @@ class ReportJob:
     max_len: int = 1024
     stage_results: list[dict] = field(default_factory=list)  # [{"name", "method", "result"}] from manifests
     first_stage_adapters: list[str] = field(default_factory=list)  # the model after the first stage
+    rewards: list[dict] = field(default_factory=list)  # [{"name", "dir", "rewards"}] of the chain's GRPO stages
 
 
 def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
@@ -40,32 +42,101 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
     if not rows:
         raise ValueError(f"no rows to evaluate on in {job.eval_file}")
     rows = rows[: job.settings.max_eval_rows]
+    prompts_only = not has_replies(rows)  # a prompt dataset: no reference replies, so no loss
+    rewards, reward_specs = reward_set(job.rewards) if prompts_only else (None, [])
+    split = "held-out" if held_out else "training"
     results = {}
     for name, path in (("base", job.base_model), ("merged", job.merged_model)):
-        reporter.log(f"evaluating the {name} model on {len(rows)} {'held-out' if held_out else 'training'} rows")
+        reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
         tokenizer = load_tokenizer(path)
         model = load_model(path, hardware)
-        results[name] = evaluate_rows(model, tokenizer, rows, n_samples=None, max_new_tokens=job.settings.max_new_tokens,
-                                      max_len=job.max_len)
+        if prompts_only:
+            results[name] = score_prompt_rows(model, tokenizer, rows, rewards,
+                                              max_new_tokens=job.settings.max_new_tokens)
+        else:
+            results[name] = evaluate_rows(model, tokenizer, rows, n_samples=None,
+                                          max_new_tokens=job.settings.max_new_tokens, max_len=job.max_len)
         del model
     out = Path(job.output_dir)
     judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
     curves = [(s["name"], progress.read(s["dir"])) for s in job.stages]
     plot = _plot(curves, out / "loss.png")
-    report = {
-        "held_out": held_out, "rows": len(rows),
+    n_samples = min(job.settings.n_samples, len(rows))
+    samples = [{"prompt": b["prompt"], "reference": b["reference"], "base": b["generated"], "merged": m["generated"]}
+               for b, m in zip(results["base"]["samples"][:n_samples], results["merged"]["samples"][:n_samples])]
+    report = {"task": "prompts" if prompts_only else "chat", "held_out": held_out, "rows": len(rows)}
+    if prompts_only:
+        if rewards is not None:
+            for sample, b, m in zip(samples, results["base"]["samples"], results["merged"]["samples"]):
+                sample.update(base_reward=b["reward"], merged_reward=m["reward"])
+        not_worse, basis = _prompts_not_worse(results["base"], results["merged"])
+        report.update(computed_on=_prompts_computed_on(job, len(rows), split, reward_specs,
+                                                       bool(results["base"]["metrics"]), n_samples),
+                      rewards=reward_specs, not_worse_on=basis)
+    else:
+        not_worse = _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"])
+        report["computed_on"] = {
+            "rows": len(rows), "split": split,
+            "loss": f"the reference replies of {len(rows)} {split} rows (reply tokens only)",
+            "metrics": f"greedy replies to the same {len(rows)} rows against their reference replies",
+            "samples": f"the first {n_samples} of those rows"}
+    report.update({
         "base": {k: v for k, v in results["base"].items() if k != "samples"},
         "merged": {k: v for k, v in results["merged"].items() if k != "samples"},
-        "merged_not_worse": _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"]),
-        "stages": stage_figures(job.stage_results), "judge": judged,
-        "samples": [{"prompt": b["prompt"], "reference": b["reference"], "base": b["generated"],
-                     "merged": m["generated"]} for b, m in zip(results["base"]["samples"][: job.settings.n_samples],
-                                                               results["merged"]["samples"][: job.settings.n_samples])],
-        "loss_plot": str(plot) if plot else None,
-    }
+        "merged_not_worse": not_worse,
+        "stages": stage_figures(job.stage_results), "judge": judged, "samples": samples,
+        "loss_plot": plot.relative_to(out).as_posix() if plot else None,  # relative: the staging dir is renamed
+    })
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def reward_set(stages: list[dict]) -> tuple[RewardSet | None, list[dict]]:
+    """The rewards of the GRPO stages in the merged model's chain, from their manifests' settings: a custom
+    reward's file is relative to its stage's artifact dir (it was copied into rewards/ there). A later stage's
+    reward of the same name replaces an earlier one's. (None, []) when the chain has no GRPO stage."""
+    rewards: dict[str, Reward] = {}
+    specs: dict[str, dict] = {}
+    for stage in stages:
+        for spec in stage.get("rewards") or []:
+            reward = Reward.from_dict(spec, base_dir=stage["dir"])
+            rewards[reward.name] = reward
+            specs[reward.name] = {"name": reward.name, "type": reward.type, "weight": reward.weight,
+                                  "stage": stage.get("name"), "accuracy_like": reward.type in ACCURACY_TYPES}
+    return (RewardSet(list(rewards.values())) if rewards else None), list(specs.values())
+
+
+def _prompts_computed_on(job: ReportJob, n: int, split: str, reward_specs: list[dict], has_metrics: bool,
+                         n_samples: int) -> dict:
+    replies = (f"greedy replies of the base and the merged model to {n} {split} prompts "
+               f"(at most {job.settings.max_new_tokens} new tokens)")
+    stages = sorted({s["stage"] for s in reward_specs if s.get("stage")})
+    return {
+        "rows": n, "split": split,
+        "rewards": f"{replies}, scored with the rewards of {', '.join(stages) or 'the GRPO stages'}; accuracy: the "
+                   "share of those prompts scoring 1 on an accuracy-like reward" if reward_specs else
+                   "absent: no GRPO stage in the merged model's chain",
+        "metrics": f"the same replies to the {n} prompts against their reference answers" if has_metrics else
+                   "absent: the rows have no reference answers",
+        "loss": "absent (the rows are prompts without reference replies)",
+        "samples": f"the first {n_samples} of those prompts",
+    }
+
+
+TASK_SCORES = ("exact", "contains", "numeric", "token_f1")  # task metrics where higher is better
+
+
+def _prompts_not_worse(base: dict, merged: dict, tolerance: float = 1e-6) -> tuple[bool | None, str | None]:
+    """On prompts: the weighted reward (merged >= base - tolerance); without rewards, the mean of the task
+    metrics where higher is better; None when neither was measured."""
+    if "reward" in base:
+        return bool(merged["reward"] >= base["reward"] - tolerance), "weighted reward"
+    names = [n for n in TASK_SCORES if n in base.get("metrics", {})]
+    if names:
+        score = lambda figures: sum(figures["metrics"][n] for n in names) / len(names)  # noqa: E731
+        return bool(score(merged) >= score(base) - tolerance), "task metrics (" + ", ".join(names) + ")"
+    return None, None
 
 
 def stage_figures(stage_results: list[dict]) -> list[dict]:
@@ -121,16 +192,19 @@ def _fmt(value) -> str:
 
 def markdown(report: dict) -> str:
     base, merged = report["base"], report["merged"]
-    names = ["eval_loss", "perplexity"] + list(base.get("metrics", {}))
-    lines = ["# Evaluation report", "",
-             f"{report['rows']} {'held-out' if report['held_out'] else 'training'} rows, base model against merged model.",
-             "", "| metric | base | merged |", "|---|---|---|"]
-    for name in names:
-        b = base.get(name, base.get("metrics", {}).get(name))
-        m = merged.get(name, merged.get("metrics", {}).get(name))
-        lines.append(f"| {name} | {_fmt(b)} | {_fmt(m)} |")
-    verdict = "not worse than" if report["merged_not_worse"] else "WORSE than"
-    lines += ["", f"The merged model is **{verdict}** the base model on held-out loss.", ""]
+    if report.get("task") == "prompts":
+        lines = _prompts_markdown(report)
+    else:
+        names = ["eval_loss", "perplexity"] + list(base.get("metrics", {}))
+        lines = ["# Evaluation report", "",
+                 f"{report['rows']} {'held-out' if report['held_out'] else 'training'} rows, base model against "
+                 "merged model.", "", "| metric | base | merged |", "|---|---|---|"]
+        for name in names:
+            b = base.get(name, base.get("metrics", {}).get(name))
+            m = merged.get(name, merged.get("metrics", {}).get(name))
+            lines.append(f"| {name} | {_fmt(b)} | {_fmt(m)} |")
+        verdict = "not worse than" if report["merged_not_worse"] else "WORSE than"
+        lines += ["", f"The merged model is **{verdict}** the base model on held-out loss.", ""]
     if report.get("stages"):
         columns = sorted({k for s in report["stages"] for k in s} - {"stage", "method"})
         lines += ["## Stages", "", "| stage | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
@@ -151,7 +225,46 @@ def markdown(report: dict) -> str:
     for i, s in enumerate(report["samples"], 1):
         lines += [f"### {i}. {' '.join(s['prompt'].split())[:80]}", "", "| reference | base | merged |", "|---|---|---|",
                   "| " + " | ".join(_cell(s[k]) for k in ("reference", "base", "merged")) + " |", ""]
+        if "base_reward" in s:
+            lines += [f"Weighted reward: base {_fmt(s['base_reward'])}, merged {_fmt(s['merged_reward'])}.", ""]
     return "\n".join(lines)
+
+
+def _prompts_markdown(report: dict) -> list[str]:
+    """The head of a prompt task's report: what each figure is computed on, rewards, share scoring 1, metrics."""
+    base, merged, on = report["base"], report["merged"], report["computed_on"]
+    split = "held-out" if report["held_out"] else "training"
+    lines = ["# Evaluation report", "",
+             f"{report['rows']} {split} prompts, base model against merged model, each answering greedily.", "",
+             f"- Rewards: {on['rewards']}.", f"- Task metrics: {on['metrics']}.",
+             f"- Loss and perplexity: {on['loss']}.", f"- Samples: {on['samples']}.", ""]
+    if report.get("rewards"):
+        lines += ["## Rewards", "", f"Mean reward on the {report['rows']} {split} prompts.", "",
+                  "| reward | type | weight | base | merged |", "|---|---|---|---|---|"]
+        lines += [f"| {r['name']} | {r['type']} | {_fmt(r['weight'])} | {_fmt(base['rewards'].get(r['name']))} | "
+                  f"{_fmt(merged['rewards'].get(r['name']))} |" for r in report["rewards"]]
+        lines += [f"| **weighted total** | | | {_fmt(base['reward'])} | {_fmt(merged['reward'])} |", ""]
+        if base.get("accuracy"):
+            lines += [f"Accuracy-like rewards, share scoring 1 on the {report['rows']} {split} prompts:", "",
+                      "| reward | base | merged |", "|---|---|---|"]
+            lines += [f"| {name} | {_fmt(value)} | {_fmt(merged['accuracy'].get(name))} |"
+                      for name, value in base["accuracy"].items()]
+            lines.append("")
+        errors = {n: c for n, c in (merged.get("reward_errors") or {}).items() if c}
+        if errors:
+            lines += ["Rows a reward failed on (scored 0): " + ", ".join(f"{n} {c}" for n, c in errors.items()), ""]
+    if base.get("metrics"):
+        lines += ["## Task metrics", "", f"Against the reference answers of the {report['rows']} {split} prompts.",
+                  "", "| metric | base | merged |", "|---|---|---|"]
+        lines += [f"| {name} | {_fmt(value)} | {_fmt(merged['metrics'].get(name))} |"
+                  for name, value in base["metrics"].items()]
+        lines.append("")
+    if report["merged_not_worse"] is None:
+        lines += ["Nothing to compare the models on: no GRPO rewards and no reference answers.", ""]
+    else:
+        verdict = "not worse than" if report["merged_not_worse"] else "WORSE than"
+        lines += [f"The merged model is **{verdict}** the base model on the {report['not_worse_on']}.", ""]
+    return lines
 
 
 def _cell(text: str) -> str:
