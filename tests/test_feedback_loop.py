@@ -91,16 +91,13 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
         after = sensor_def.evaluate_tick(context)
     with build_schedule_context(instance=instance, resources={"store": resources["store"]}) as context:
         nightly = schedule_def.evaluate_tick(context)
-    if result.success:  # the records are used now: both skip until new ones arrive
-        assert not after.run_requests and "0 new feedback records" in after.skip_message
-        assert not nightly.run_requests and "records up to 3" in nightly.skip_message
-    else:  # the failed run used nothing: its records are requested again, under a new run key
-        assert [(r.tags[RANGE_TAG], r.run_key) for r in after.run_requests] == [("1-3", "feedback-1-3-2")]
-        assert [r.tags[RANGE_TAG] for r in nightly.run_requests] == ["1-3"]
+    # promoted or rejected by the gate, the retraining ran to its report: the records are used, both skip
+    assert not after.run_requests and "0 new feedback records" in after.skip_message
+    assert not nightly.run_requests and "records up to 3" in nightly.skip_message
     store.record("c3", turns("Smart Plug Mini lost its energy history"), "Update the app.", "up", model=model)
     with build_schedule_context(instance=instance, resources={"store": resources["store"]}) as context:
         [scheduled] = schedule_def.evaluate_tick(context).run_requests
-    assert scheduled.tags[RANGE_TAG] == ("4-4" if result.success else "1-4")
+    assert scheduled.tags[RANGE_TAG] == "4-4"
     source = instance.get_latest_materialization_event(AssetKey(["tiny", "feedback_sft_dataset"]))
     assert source.dagster_event is not None
 

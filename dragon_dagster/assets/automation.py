@@ -43,9 +43,10 @@ def parse_range(value: str | None) -> tuple[int, int] | None:
 
 
 def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
-    """The last feedback record id a successful retraining used (0 if none has): the `feedback_up_to` of the
-    newest feedback_sft_dataset materialization whose run succeeded and also materialized retrained_report.
-    A failed run's early materializations do not count."""
+    """The last feedback record id a completed retraining used (0 if none has): the `feedback_up_to` of the
+    newest feedback_sft_dataset materialization whose run went as far as materializing retrained_report.
+    A run that failed before its report used nothing; a run whose report the promotion gate rejected used
+    its records (retraining on them again would give the same model), though the run shows as failed."""
     dataset_key = AssetKey([pipeline_name, "feedback_sft_dataset"])
     report_key = AssetKey([pipeline_name, "retrained_report"])
     cursor, checked = None, set()
@@ -56,9 +57,6 @@ def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
             if up_to is None or not record.run_id or record.run_id in checked:
                 continue
             checked.add(record.run_id)
-            run = instance.get_run_by_id(record.run_id)
-            if run is None or run.status != DagsterRunStatus.SUCCESS:
-                continue
             if any(e.dagster_event and e.dagster_event.asset_key == report_key
                    for e in instance.all_logs(record.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)):
                 return int(up_to.value)
