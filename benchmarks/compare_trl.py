@@ -200,6 +200,7 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
     from dragon_dagster.assets.factory import build_pipeline_defs
     from dragon_dagster.engine.spec.pipeline import load as load_pipeline
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+    from dragon_dagster.resources.launcher import resolve_job
 
     csv = work / "rows.csv"
     import pandas as pd
@@ -237,9 +238,8 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
     for i in range(a.repeats):
         wall, artifact = run("sft_adapter")
         dagster_s.append(wall)
-        job = json.loads((Path(artifact) / "job.json").read_text())  # the very job Dagster ran
-        staged = job["output_dir"]  # it ran in the artifact's staging dir, since renamed to `artifact`
-        job = {k: v.replace(staged, artifact) if isinstance(v, str) else v for k, v in job.items()}
+        # the very job Dagster ran; its paths into the artifact are relative to it
+        job = resolve_job(json.loads((Path(artifact) / "job.json").read_text()), artifact)
         direct = work / f"direct{i}"
         (direct / "out").mkdir(parents=True)
         job.update(output_dir=str(direct / "out"), checkpoint_dir=str(direct / "ckpt"))

@@ -27,8 +27,53 @@ def ensure_dagster_home() -> Path:
     return home
 
 
-@click.group()
-def main():
+def one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+class OneLineError(click.ClickException):
+    """An expected error, shown as one line on stderr with exit code 1."""
+
+    exit_code = 1
+
+    def show(self, file=None) -> None:
+        click.echo(f"Error: {self.format_message()}", err=True)
+
+
+def expected(exc: BaseException) -> bool:
+    """Errors that mean bad input or a missing thing, not a bug: ValueError (DataError, PipelineError and
+    the other checks are ValueErrors), a missing file or module, click's usage errors, and the project's own
+    *Error classes (ModelError, TrainingError, BackendError ...)."""
+    if isinstance(exc, (click.exceptions.Exit, click.Abort, getattr(click.exceptions, "NoArgsIsHelpError", ()))):
+        return False
+    if isinstance(exc, (ValueError, FileNotFoundError, ModuleNotFoundError, click.ClickException)):
+        return True
+    return any(c.__module__.startswith("dragon_dagster.") and c.__name__.endswith("Error")
+               for c in type(exc).__mro__)
+
+
+class DragonGroup(click.Group):
+    """Every command's expected errors print one line and exit 1; --debug (or DRAGON_DEBUG=1) shows the
+    traceback instead."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Exception as exc:  # noqa: BLE001 - re-raised unless expected
+            if isinstance(exc, OneLineError) or not expected(exc) or ctx.params.get("debug"):
+                raise
+            if isinstance(exc, click.ClickException):
+                where = getattr(getattr(exc, "ctx", None), "command_path", None)
+                message = f"{where}: {exc.format_message()}" if where else exc.format_message()
+            else:
+                message = str(exc) or type(exc).__name__
+            raise OneLineError(one_line(message)) from None
+
+
+@click.group(name="dragon", cls=DragonGroup)
+@click.option("--debug", is_flag=True, envvar="DRAGON_DEBUG",
+              help="Show the traceback of an error instead of one line (also DRAGON_DEBUG=1).")
+def main(debug: bool):
     """Post-train small language models as Dagster assets tracked in MLflow."""
 
 
@@ -39,15 +84,19 @@ def main():
               help="Definitions module to find the pipeline in. Default: the Dagster project in the current "
                    "directory (pyproject.toml), else dragon_dagster.definitions.")
 def demo(pipeline: str, profile: str, defs_module: str | None):
-    """Materialize a whole pipeline end to end and print stage times and artifact paths."""
+    """Materialize a whole pipeline end to end and print stage times and artifact paths.
+
+    A pipeline without the asked profile runs without one (and says so)."""
     ensure_dagster_home()
     from .assets.launch import find_pipeline, load_definitions, materialize_pipeline
 
     started = time.time()
-    try:
-        found = find_pipeline(pipeline, load_definitions(defs_module))
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+    found = find_pipeline(pipeline, load_definitions(defs_module))
+    if profile and profile not in found.profiles:
+        having = f"its profiles are {', '.join(sorted(found.profiles))}" if found.profiles else "it has none"
+        click.echo(f"pipeline {pipeline!r} has no profile {profile!r} ({having}): running without a profile",
+                   err=True)
+        profile = ""
     outcome = materialize_pipeline(found, profile or None)
     table = Table(title=f"{pipeline} pipeline, profile {profile or 'none'}")
     for column in ("asset", "seconds", "status"):
@@ -230,8 +279,9 @@ def compare(pipeline: str | None, tracking_uri: str | None, as_json: bool):
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    columns = ["experiment", "run", "stage", "status", "eval/loss", "eval/perplexity", "eval/token_f1",
-               "eval/exact", "eval/length_ratio", "upstream", "started"]
+    # eval/loss lines SFT, DPO, the base and the report up; headline is each stage's own figures (GRPO rewards,
+    # DPO preference accuracy, task metrics); --json has every metric
+    columns = ["experiment", "run", "stage", "status", "eval/loss", "headline", "upstream", "started"]
     table = Table(title="runs in MLflow")
     for column in columns:
         table.add_column(column)
@@ -247,9 +297,14 @@ def runs(pipeline: str | None):
     from .engine.runs import list_artifacts
 
     # plain lines rather than a table, so that directories are never cut and can be copied
-    for row in list_artifacts(runs_dir(), pipeline):
+    rows = list_artifacts(runs_dir(), pipeline)
+    click.echo(f"{'asset':<32} {'kind':<18} {'created':<25} {'mlflow run':<34} directory")
+    for row in rows:
         click.echo(f"{row['asset']:<32} {row['kind']:<18} {row['created']:<25} "
                    f"{(row.get('mlflow_run_id') or '-'):<34} {row['dir']}")
+    if not rows:
+        of = f" of pipeline {pipeline!r}" if pipeline else ""
+        click.echo(f"(no artifacts{of} under {runs_dir() / 'artifacts'})", err=True)
 
 
 @main.command()

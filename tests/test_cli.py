@@ -1,12 +1,20 @@
-"""The `dragon` command against a materialized chain: runs, compare (from MLflow), generate."""
+"""The `dragon` command against a materialized chain: runs, compare (from MLflow), generate; demo in a user's
+project; one-line errors; the job files artifacts keep."""
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 from click.testing import CliRunner
 
 from dragon_dagster.cli import main
+
+from .conftest import component_yaml, user_project
+
+BIN = Path(sys.executable).parent
 
 
 def run_cli(args, runs_dir, monkeypatch):
@@ -17,6 +25,7 @@ def run_cli(args, runs_dir, monkeypatch):
 def test_runs_lists_artifact_dirs(materialized, monkeypatch):
     out = run_cli(["runs", "--pipeline", "tiny"], materialized["runs"], monkeypatch)
     assert out.exit_code == 0
+    assert out.output.splitlines()[0].split() == ["asset", "kind", "created", "mlflow", "run", "directory"]
     for stage in ("tickets", "sft_dataset", "sft_adapter", "merged_model", "evaluation_report"):
         assert f"tiny/{stage}" in out.output
 
@@ -27,8 +36,43 @@ def test_compare_reads_every_run_from_mlflow(materialized, monkeypatch):
     assert {"sft_adapter", "base", "evaluation_report"} <= set(rows)
     assert rows["evaluation_report"]["eval/loss"] < rows["base"]["eval/loss"]
     assert rows["evaluation_report"]["upstream"] == rows["sft_adapter"]["run_id"][:8]
+    assert rows["sft_adapter"]["headline"].startswith("perplexity ") and "token_f1" in rows["sft_adapter"]["headline"]
     table = run_cli(["compare", "--pipeline", "tiny"], materialized["runs"], monkeypatch)
-    assert "eval/loss" in table.output and "base" in table.output
+    assert "eval/loss" in table.output and "headline" in table.output and "base" in table.output
+
+
+def test_compare_fills_grpo_and_dpo_rows_with_their_own_figures(tmp_path):
+    """A GRPO run logs rewards and no eval/loss, a DPO run preference accuracy: each row shows them."""
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("fake", artifact_location=str(tmp_path / "artifacts"))
+    logged = {"grpo_adapter": {"train/reward": [0.1, 0.3], "train/kl": [0.0, 0.02], "train/loss": [0.0, 0.0],
+                               "eval/reward_before": [0.125], "eval/reward": [0.5], "eval/reward_numeric": [0.25],
+                               "eval/reward_length": [0.75]},
+              "dpo_adapter": {"train/loss": [0.69, 0.6], "eval/pref_accuracy": [0.8], "eval/reward_margin": [0.31],
+                              "eval/loss": [0.58]}}
+    for stage, metrics in logged.items():
+        run = client.create_run(experiment, run_name=stage,
+                                tags={"stage": stage, "method": stage.split("_")[0], "pipeline": "fake"})
+        for name, values in metrics.items():
+            for step, value in enumerate(values):
+                client.log_metric(run.info.run_id, name, value, step=step)
+        client.set_terminated(run.info.run_id)
+    out = CliRunner().invoke(main, ["compare", "--pipeline", "fake", "--tracking-uri", uri, "--json"],
+                             catch_exceptions=False)
+    rows = {r["run"]: r for r in json.loads(out.output)}
+    grpo, dpo = rows["grpo_adapter"], rows["dpo_adapter"]
+    assert grpo["stage"] == "grpo_adapter" and grpo["method"] == "grpo" and "eval/loss" not in grpo
+    assert grpo["eval/reward"] == 0.5 and grpo["train/reward"] == 0.3  # the last training step's
+    assert grpo["headline"] == "reward 0.125 -> 0.5 (length 0.75, numeric 0.25), train reward 0.3, kl 0.02"
+    assert dpo["headline"] == "pref_accuracy 0.8, reward_margin 0.31" and dpo["eval/loss"] == 0.58
+    table = CliRunner().invoke(main, ["compare", "--pipeline", "fake", "--tracking-uri", uri], catch_exceptions=False)
+    grpo_line = next(line for line in table.output.splitlines() if "grpo_adapter" in line)
+    assert "reward 0.125 -> 0.5" in grpo_line and "FINISHED" in grpo_line
+    dpo_line = next(line for line in table.output.splitlines() if "dpo_adapter" in line)
+    assert "pref_accuracy 0.8" in dpo_line and "0.58" in dpo_line
 
 
 def test_generate_from_an_asset_an_artifact_dir_and_the_base(materialized, monkeypatch):
@@ -84,3 +128,82 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
+
+
+def test_errors_print_one_line_without_a_traceback_unless_debugging(monkeypatch, tmp_path):
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path))
+    monkeypatch.delenv("DRAGON_DEBUG", raising=False)
+    args = ["demo", "--pipeline", "nope", "--defs-module", "dragon_dagster.definitions"]
+    out = CliRunner().invoke(main, args)
+    assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
+    assert out.stderr.strip().splitlines() == ["Error: no pipeline named 'nope' in the loaded definitions; "
+                                               "found ['support']"]
+    assert "Traceback" not in out.output
+    bad = CliRunner().invoke(main, ["generate", "tiny/nothing", "hi"])  # a click error raised in a command body
+    assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Usage" not in bad.output
+    missing = CliRunner().invoke(main, ["generate"])  # a usage error
+    assert missing.exit_code == 1 and missing.stderr.strip() == "Error: dragon generate: Missing argument 'TARGET'."
+    for debug in (["--debug", *args], args):  # the traceback when asked for
+        env = {"DRAGON_DEBUG": "1"} if debug is args else {}
+        shown = CliRunner().invoke(main, debug, env=env)
+        assert isinstance(shown.exception, ValueError) and "no pipeline named 'nope'" in str(shown.exception)
+
+
+def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
+    project = tmp_path / "project"
+    defs = user_project(project)
+    (defs / "plain").mkdir()
+    (defs / "plain" / "defs.yaml").write_text(component_yaml(textwrap.dedent("""\
+        name: plain
+        datasets:
+          tickets: {path: "example:tickets.csv"}
+        stages:
+          - {name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{subject}", response: reply}
+        """)))
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
+           "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1"}
+    env.pop("DRAGON_DEBUG", None)
+    demo = subprocess.run([str(BIN / "dragon"), "demo", "--pipeline", "plain", "--defs-module", "trainlab.definitions"],
+                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert ("pipeline 'plain' has no profile 'quick' (it has none): running without a profile"
+            in demo.stderr.splitlines())
+    assert "profile none" in demo.stdout and "plain/sft_dataset" in demo.stdout
+    assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))
+    missing = subprocess.run([str(BIN / "dragon"), "demo", "--pipeline", "nope"], cwd=project, env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 1 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip().splitlines() == ["Error: no pipeline named 'nope' in the loaded definitions; "
+                                                   "found ['plain']"]
+
+
+def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(materialized, tmp_path):
+    """job.json is written in the staging dir, renamed when complete: it names its own files relatively, and
+    resolved against the artifact dir it is what the worker runs."""
+    from dragon_dagster.engine.worker import load_job
+    from dragon_dagster.resources.launcher import resolve_job
+
+    art = {k: Path(v) for k, v in materialized["outcome"]["artifacts"].items()}
+    for name in ("sft_adapter", "merged_model", "evaluation_report"):
+        text = (art[name] / "job.json").read_text()
+        assert ".tmp-" not in text, name
+        written = json.loads(text)
+        assert written["output_dir"] == ".", name
+        resolved = resolve_job(written, art[name])
+        assert resolved["output_dir"] == str(art[name].resolve())
+        load_job(resolved)
+    sft = json.loads((art["sft_adapter"] / "job.json").read_text())
+    assert sft["train_file"] == "data/train.jsonl" and sft["eval_file"] == "data/eval.jsonl"
+    resolved = resolve_job(sft, art["sft_adapter"])
+    assert Path(resolved["train_file"]).read_text() == (art["sft_dataset"] / "train.jsonl").read_text()
+    assert Path(resolved["checkpoint_dir"]).is_absolute()  # outside the artifact: unchanged
+
+    # the merge's job file, resolved and pointed at a new output dir, runs through the worker again
+    job = resolve_job(json.loads((art["merged_model"] / "job.json").read_text()), art["merged_model"])
+    job["output_dir"] = str(tmp_path / "again")
+    (tmp_path / "again").mkdir()
+    (tmp_path / "job.json").write_text(json.dumps(job))
+    ran = subprocess.run([sys.executable, "-m", "dragon_dagster.engine.worker", str(tmp_path / "job.json")],
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert (tmp_path / "again" / "model" / "config.json").exists()

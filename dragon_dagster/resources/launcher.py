@@ -74,9 +74,9 @@ class TrainingResource(ConfigurableResource):
         job = {**job, "hardware": self.hardware()}
         if KINDS[kind].role == "training":
             job["speed"] = self.speed()
-        job_file = Path(workdir) / "job.json"
-        job_file.write_text(json.dumps(job, indent=2))
-        run_file = Path(workdir) / ".job-run.json"  # with the metrics stream; removed after the run
+        job_file = Path(workdir) / "job.json"  # stays with the artifact: its own paths relative to it
+        job_file.write_text(json.dumps(portable_job(job, workdir), indent=2))
+        run_file = Path(workdir) / ".job-run.json"  # absolute paths, with the metrics stream; removed after the run
         stream = Path(workdir) / ".metrics-stream.jsonl"
         run_file.write_text(json.dumps({**job, "metrics_stream": str(stream) if on_metrics else None}))
         status_file = Path(workdir) / "status.json"
@@ -122,6 +122,40 @@ class TrainingResource(ConfigurableResource):
             gone = run_gone(context, parent)
             if gone:
                 raise Failure(description=f"{gone}: stopped the worker (pid {proc.pid}) and its process group")
+
+
+# Job fields that may name a path inside the staging dir (the artifact's directory under its temporary name).
+PATH_FIELDS = ("output_dir", "train_file", "eval_file", "prompts_file", "checkpoint_dir", "resume_from",
+               "merged_model")
+
+
+def portable_job(job: dict, workdir: Path) -> dict:
+    """The job as job.json keeps it: paths inside workdir relative to it ("." for workdir itself).
+
+    workdir is the artifact's staging dir, renamed when the artifact is complete, so an absolute path into it
+    would name a directory that no longer exists; `resolve_job(job, artifact_dir)` turns them back."""
+    root = Path(workdir).resolve()
+    out = dict(job)
+    for name in PATH_FIELDS:
+        value = out.get(name)
+        if isinstance(value, str) and Path(value).is_absolute():
+            try:
+                out[name] = Path(value).resolve().relative_to(root).as_posix() or "."
+            except ValueError:  # outside the artifact (an upstream artifact, the checkpoints): kept absolute
+                pass
+    return out
+
+
+def resolve_job(job: dict, artifact_dir: str | Path) -> dict:
+    """A job.json read back from an artifact, with its relative paths made absolute against artifact_dir:
+    what the worker (engine/worker.py `load_job`, `python -m dragon_dagster.engine.worker`) reads."""
+    root = Path(artifact_dir).resolve()
+    out = dict(job)
+    for name in PATH_FIELDS:
+        value = out.get(name)
+        if isinstance(value, str) and not Path(value).is_absolute():
+            out[name] = str(root / value) if value != "." else str(root)
+    return out
 
 
 def run_gone(context, parent_pid: int) -> str | None:
