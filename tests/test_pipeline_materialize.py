@@ -18,6 +18,7 @@ def test_chain_materializes_every_asset_and_passes_its_checks(materialized):
     assert [s["asset"] for s in outcome["stages"]] == [
         "tiny/tickets", "tiny/sft_dataset", "tiny/sft_adapter", "tiny/merged_model", "tiny/evaluation_report"]
     assert all(s["status"] == "SUCCESS" and s["seconds"] > 0 for s in outcome["stages"])
+    assert materialized["instance"].get_run_by_id(outcome["run_id"]).job_name == "tiny_pipeline"  # not ephemeral
     assert {c["name"]: c["passed"] for c in outcome["checks"]} == {
         "dataset_quality": True, "losses_finite_and_falling": True, "merged_not_worse_than_base": True}
 

@@ -7,7 +7,7 @@ import importlib
 import tomllib
 from pathlib import Path
 
-from dagster import AssetSelection, DagsterInstance, Definitions, RunConfig, materialize
+from dagster import DagsterInstance, Definitions, RunConfig
 
 from ..engine.spec.pipeline import Pipeline
 from .factory import PIPELINE_METADATA, build_pipeline_defs
@@ -72,11 +72,11 @@ def materialize_pipeline(pipeline: Pipeline, profile: str | None = None, resourc
         ops.setdefault(op, {"config": {}})["config"].update(values)
     instance = instance or DagsterInstance.get()
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
-    selection = AssetSelection.assets(*[[pipeline.name, n] for n in names])
-    result = materialize(parts["assets"] + parts["asset_checks"], instance=instance,
-                         resources=resources or default_resources(), selection=selection,
-                         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
-                         raise_on_error=False)
+    # the pipeline's own job, so the run is listed under its name in the UI (not an ephemeral job)
+    defs = Definitions(**parts, resources=resources or default_resources())
+    result = defs.resolve_job_def(f"{pipeline.name}_pipeline").execute_in_process(
+        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}}, instance=instance,
+        raise_on_error=False)
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}
     artifacts = {}
     for event in result.get_asset_materialization_events():
