@@ -11,6 +11,7 @@ from ..engine import models
 from ..engine.artifacts import read_manifest, sha256, write_manifest
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
+from ..engine.spec import preflight
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.stages import GRPO, TrainerStage
 from .metadata import finite
@@ -72,6 +73,11 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
                        tags: dict | None = None) -> Output[str]:
     """stage: the effective settings (YAML, defaults and this run's config). start_model: a model directory to
     start from instead of the pipeline's model (feedback retraining)."""
+    if start_model is None:  # a pipeline stage: no stage trains while any of the pipeline's data is broken
+        found = preflight.problems(pipeline)
+        if found:
+            raise Failure(description=f"{stage.name}: preflight found problems in the pipeline's data; nothing "
+                                      "was trained: " + "; ".join(found))
     previous_manifest = read_manifest(previous) if previous else {}
     method, settings = stage.objective(), stage.model_dump()  # defaults included: job file and MLflow params
     try:  # everything that can be checked before a model loads fails here, with the problem named
