@@ -14,6 +14,11 @@ def append(directory: Path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def write(directory: Path, rows: list[dict]) -> None:
+    """Start progress.jsonl afresh with rows (a resumed run's history); later steps append."""
+    (Path(directory) / PROGRESS).write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+
 def read(directory: str | Path) -> list[dict]:
     path = Path(directory) / PROGRESS
     if not path.exists():

@@ -5,6 +5,7 @@ sft.py, preference.py and grpo.py each build their TRL trainer and summarize it;
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -66,6 +67,8 @@ def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
     """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput."""
     quiet_progress_bar(trainer)
     job.resume_from = resume_point(job.resume_from, reporter)
+    if job.resume_from:
+        carry_history(trainer, callback, job.resume_from, Path(job.output_dir), reporter)
     reporter.log(f"training {len(trainer.train_dataset)} rows for {trainer.args.max_steps if trainer.args.max_steps > 0 else trainer.args.num_train_epochs} "
                  f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
                  + (f", resuming from {job.resume_from}" if job.resume_from else ""))
@@ -115,6 +118,35 @@ def resume_point(resume_from: str | None, reporter: Reporter) -> str | None:
     return str(found)
 
 
+def planned_steps(trainer) -> int:
+    """The optimizer steps this trainer will run in all: max_steps, or what its epochs come to."""
+    if trainer.args.max_steps > 0:
+        return trainer.args.max_steps
+    return trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())[-1]
+
+
+def carry_history(trainer, callback, checkpoint: str, out_dir: Path, reporter: Reporter) -> None:
+    """Before resuming: refuse a changed length, then start out_dir's progress.jsonl with the rows the earlier
+    run logged up to the checkpoint (its trainer_state.json log_history), so the curve, first_loss and the
+    loss check cover the whole training, not only the resumed steps."""
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    before, now = state.get("max_steps"), planned_steps(trainer)
+    if before and before > 0 and now != before:
+        asked = (f"max_steps {now}" if trainer.args.max_steps > 0
+                 else f"{trainer.args.num_train_epochs} epochs ({now} steps)")
+        raise TrainingError(
+            f"cannot resume from {checkpoint}: it was trained for max_steps {before}, this run asks for {asked}; "
+            f"the learning-rate schedule (warmup and decay over max_steps) would jump from the old one to the new "
+            f"one at step {state.get('global_step')}. Resume with the same max_steps/epochs ({before} steps), "
+            f"or train afresh with resume: false")
+    step = state.get("global_step", 0)
+    rows = [progress_row(entry["step"], {k: v for k, v in entry.items() if k != "step"}, callback.columns)
+            for entry in state.get("log_history", [])
+            if isinstance(entry.get("step"), int) and entry["step"] <= step and "train_runtime" not in entry]
+    progress.write(out_dir, rows)  # replaces rows a stopped run left in out_dir: history, then the resumed steps
+    reporter.log(f"progress: {len(rows)} rows logged before step {step} carried over from {checkpoint}")
+
+
 def trainer_precision(hardware: Hardware) -> dict:
     """bf16/fp16 flags for the trainer; TRL defaults to bf16 even on a CPU, which we do not want there."""
     import torch
@@ -149,6 +181,17 @@ def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed:
     )
 
 
+def progress_row(step: int, logs: dict, columns: dict | None, elapsed: float | None = None,
+                 eta: float | None = None) -> dict:
+    """One progress.jsonl row from a trainer log dict (also from a checkpoint's log_history entry)."""
+    row = {"step": step, "epoch": logs.get("epoch"), "loss": logs.get("loss"), "lr": logs.get("learning_rate"),
+           "grad_norm": logs.get("grad_norm"), "elapsed_s": None if elapsed is None else round(elapsed, 2),
+           "eta_s": None if eta is None else round(eta, 1)}
+    row.update({(columns or {}).get(k, k): v for k, v in logs.items()
+                if k not in ("loss", "learning_rate", "grad_norm", "epoch") and isinstance(v, (int, float))})
+    return row
+
+
 def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", columns: dict | None = None):
     """A TrainerCallback that streams step metrics, stops on NaN loss and honours cancel requests.
 
@@ -159,6 +202,8 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
     class ProgressCallback(TrainerCallback):
         def __init__(self):
             self.started = time.time()
+            self.columns = columns
+            self.first_step = 0        # a resumed run starts past 0: its ETA counts only its own steps
             self.nan_step: int | None = None
             self.cancelled = False
 
@@ -170,18 +215,16 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
                 self.nan_step = state.global_step
                 control.should_training_stop = True
             elapsed = time.time() - self.started
-            done = max(state.global_step, 1)
+            done = max(state.global_step - self.first_step, 1)
             eta = elapsed / done * max(state.max_steps - state.global_step, 0)
-            row = {"step": state.global_step, "epoch": logs.get("epoch"), "loss": loss,
-                   "lr": logs.get("learning_rate"), "grad_norm": logs.get("grad_norm"),
-                   "elapsed_s": round(elapsed, 2), "eta_s": round(eta, 1)}
-            row.update({(columns or {}).get(k, k): v for k, v in logs.items()
-                        if k not in ("loss", "learning_rate", "grad_norm", "epoch") and isinstance(v, (int, float))})
-            progress.append(out_dir, row)
+            progress.append(out_dir, progress_row(state.global_step, logs, columns, elapsed, eta))
             metrics = {f"{prefix}/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
             reporter.metrics(state.global_step, metrics)
             shown = ", ".join(f"{k} {v:.4g}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "epoch")
             reporter.log(f"step {state.global_step}/{state.max_steps} {shown} | elapsed {elapsed:.0f}s eta {eta:.0f}s")
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.first_step = state.global_step
 
         def on_step_end(self, args, state, control, **kwargs):
             if reporter.should_stop():
