@@ -148,4 +148,19 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
         "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
         "global_step": result.get("global_step", 0), **headline,
         **{f"eval/{k}": v for k, v in finite(result.get("metrics", {})).items()},
+        **grpo_metadata(result),
     })
+
+
+def grpo_metadata(result: dict) -> dict:
+    """A GRPO stage's per-reward means on the held-out prompts before and after training, and the share of
+    completions cut off at max_new_tokens; nothing for results without them."""
+    metadata = {}
+    for when in ("before", "after"):
+        metadata.update({f"reward_{when}/{name}": value
+                         for name, value in finite(result.get(f"per_reward_{when}") or {}).items()})
+    if "per_reward_before" in result:  # a GRPO result
+        metadata.update(finite({"clipped_ratio": result.get("clipped_ratio")}))
+        if isinstance(result.get("max_new_tokens"), int):
+            metadata["max_new_tokens"] = result["max_new_tokens"]
+    return metadata

@@ -70,23 +70,68 @@ def thirds(rows: list[dict], column: str) -> tuple[float, float] | None:
     return sum(values[:n]) / n, sum(values[-n:]) / n
 
 
-def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float):
-    """Reward hacking guards (grpo-rlvr notes): format up while accuracy down, runaway KL, no signal."""
-    def rows_and_kinds(context):
+HACKING_MARGIN = 0.05  # a reward mean must move by more than this to count as rising or falling
+
+
+def opposed_moves(kinds: dict, moves: dict[str, tuple[float, float]], margin: float = HACKING_MARGIN):
+    """Format-type rewards that rose and accuracy-type rewards that fell, from (before, after) pairs by name."""
+    rising = [n for n, (b, a) in moves.items() if kinds.get(n) in FORMAT_TYPES and a > b + margin]
+    falling = [n for n, (b, a) in moves.items() if kinds.get(n) in ACCURACY_TYPES and a < b - margin]
+    return rising, falling
+
+
+def held_out_moves(result: dict, kinds: dict) -> dict[str, tuple[float, float]]:
+    """Each reward's mean on the held-out prompts before and after training (rewards with both figures)."""
+    before, after = result.get("per_reward_before") or {}, result.get("per_reward_after") or {}
+    return {n: (float(before[n]), float(after[n])) for n in kinds
+            if isinstance(before.get(n), (int, float)) and isinstance(after.get(n), (int, float))}
+
+
+def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float, truncation_limit: float = 0.25,
+                block_on_reward_hacking: bool = False):
+    """Reward hacking guards (grpo-rlvr notes): format up while accuracy down (training trend and held-out
+    before/after; blocking with severity ERROR when asked), runaway KL, no signal, completions cut off."""
+    from ..engine.train.grpo import mean_clipped_ratio, suggest_max_new_tokens
+
+    def artifact(context):
         path = latest_path(context, key)
-        manifest = json.loads((path / "manifest.json").read_text())
+        return path, json.loads((path / "manifest.json").read_text())
+
+    def rows_and_kinds(context):
+        path, manifest = artifact(context)
         return progress.read(path), manifest["result"].get("reward_kinds", {})
 
-    @asset_check(asset=key, name="format_not_rising_while_accuracy_falls",
-                 description="Flags a format or length reward that rises while an accuracy reward falls.")
+    @asset_check(asset=key, name="format_not_rising_while_accuracy_falls", blocking=block_on_reward_hacking,
+                 description="Flags a format or length reward that rises while an accuracy reward falls, over the "
+                             "training steps (first third against last) or on the held-out prompts (before "
+                             "training against after)" + ("; blocks the stages after it." if block_on_reward_hacking
+                                                          else "."))
     def _hacking(context) -> AssetCheckResult:
-        rows, kinds = rows_and_kinds(context)
-        trends = {name: thirds(rows, f"reward_{name}") for name in kinds}
-        rising = [n for n, t in trends.items() if t and kinds[n] in FORMAT_TYPES and t[1] > t[0] + 0.05]
-        falling = [n for n, t in trends.items() if t and kinds[n] in ACCURACY_TYPES and t[1] < t[0] - 0.05]
-        return AssetCheckResult(passed=not (rising and falling), severity=AssetCheckSeverity.WARN,
-                                metadata={"format_rising": ", ".join(rising) or "-",
-                                          "accuracy_falling": ", ".join(falling) or "-"})
+        path, manifest = artifact(context)
+        rows, result = progress.read(path), manifest["result"]
+        kinds = result.get("reward_kinds", {})
+        trends = {name: t for name in kinds if (t := thirds(rows, f"reward_{name}"))}
+        rising, falling = opposed_moves(kinds, trends)
+        held = held_out_moves(result, kinds)
+        held_rising, held_falling = opposed_moves(kinds, held)
+        hacked = bool(rising and falling) or bool(held_rising and held_falling)
+        metadata = {"format_rising": ", ".join(rising) or "-", "accuracy_falling": ", ".join(falling) or "-",
+                    "held_out_format_rising": ", ".join(held_rising) or "-",
+                    "held_out_accuracy_falling": ", ".join(held_falling) or "-",
+                    "margin": HACKING_MARGIN, "blocking": block_on_reward_hacking}
+        for name, (before, after) in held.items():
+            metadata[f"reward_before/{name}"], metadata[f"reward_after/{name}"] = before, after
+        why = []
+        if rising and falling:
+            why.append(f"during training {', '.join(rising)} rose while {', '.join(falling)} fell")
+        if held_rising and held_falling:
+            why.append("on the held-out prompts " + ", ".join(
+                f"{n} went {held[n][0]:.3f} -> {held[n][1]:.3f}" for n in held_rising + held_falling))
+        description = ("Reward hacking suspected: " + "; ".join(why) + ". The adapter is optimizing the format "
+                       "reward at the cost of accuracy." if hacked else None)
+        return AssetCheckResult(passed=not hacked, description=description, metadata=metadata,
+                                severity=AssetCheckSeverity.ERROR if block_on_reward_hacking
+                                else AssetCheckSeverity.WARN)
 
     @asset_check(asset=key, name="kl_within_bound", description=f"KL to the starting model stays under {kl_bound}.")
     def _kl(context) -> AssetCheckResult:
@@ -112,13 +157,37 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float):
                                 metadata={"mean_zero_std_frac": float(share), "limit": zero_std_limit,
                                           "rewards": ", ".join(sorted(accuracy))})
 
-    return [_hacking, _kl, _variance]
+    @asset_check(asset=key, name="completions_not_truncated",
+                 description=f"Mean share of training completions cut off at max_new_tokens stays at or under "
+                             f"{truncation_limit} (a cut-off completion seldom reaches its answer).")
+    def _truncation(context) -> AssetCheckResult:
+        path, manifest = artifact(context)
+        result = manifest["result"]
+        ratio = mean_clipped_ratio(progress.read(path))
+        current = result.get("max_new_tokens") or (manifest.get("settings") or {}).get("max_new_tokens")
+        metadata = {"mean_clipped_ratio": float(ratio) if ratio is not None else "not logged",
+                    "limit": truncation_limit, "max_new_tokens": current if current is not None else "unknown"}
+        if ratio is None or ratio <= truncation_limit:
+            return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata=metadata)
+        suggested = result.get("suggested_max_new_tokens") or (
+            suggest_max_new_tokens(current, result.get("longest_reference_tokens")) if current else None)
+        metadata["suggested_max_new_tokens"] = suggested if suggested is not None else "unknown"
+        if result.get("longest_reference_tokens") is not None:
+            metadata["longest_reference_tokens"] = result["longest_reference_tokens"]
+        return AssetCheckResult(
+            passed=False, severity=AssetCheckSeverity.WARN, metadata=metadata,
+            description=f"{ratio:.0%} of completions were cut off at max_new_tokens={current}: rewards that read the "
+                        f"answer at the end scored nothing, so the stage learned little. Raise the stage's "
+                        f"max_new_tokens" + (f" (try {suggested})." if suggested else "."))
+
+    return [_hacking, _kl, _variance, _truncation]
 
 
 CHECKS = {  # check family (registry.StageKind.checks) -> the checks it attaches to a stage's asset
     "dataset_quality": lambda key, stage: [dataset_check(key)],
     "adapter_learned": lambda key, stage: [adapter_check(key)],
-    "reward_hacking": lambda key, stage: grpo_checks(key, stage.kl_bound, stage.zero_std_limit),
+    "reward_hacking": lambda key, stage: grpo_checks(key, stage.kl_bound, stage.zero_std_limit,
+                                                     stage.truncation_limit, stage.block_on_reward_hacking),
     "report_not_worse": lambda key, stage: [report_check(key)],
 }
 

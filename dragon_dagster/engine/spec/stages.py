@@ -266,6 +266,12 @@ class GRPO(TrainerStage):
     kl_bound: float = Field(1.0, gt=0, description="The kl_within_bound check warns above this KL.")
     zero_std_limit: float = Field(0.9, gt=0, le=1, description="The groups_have_reward_variance check warns when "
                                                                "this share of groups has no reward variance.")
+    truncation_limit: float = Field(0.25, gt=0, le=1, description="The completions_not_truncated check warns when "
+                                                                  "more than this share of completions is cut off "
+                                                                  "at max_new_tokens (mean over the steps).")
+    block_on_reward_hacking: bool = Field(
+        False, description="Make format_not_rising_while_accuracy_falls a blocking check with severity ERROR: when "
+                           "it fails, the stages after this one are not materialized in the same run.")
     args: GRPOArgs = Field(default_factory=GRPOArgs, description="Trainer arguments.")
 
     @model_validator(mode="after")

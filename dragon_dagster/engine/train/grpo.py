@@ -38,9 +38,41 @@ def validate(job: GRPOJob) -> RewardSet:
 
 def progress_columns(rewards: RewardSet) -> dict[str, str]:
     """TRL's log keys as dragonfarm's progress columns."""
-    columns = {"completions/mean_length": "completion_len", "frac_reward_zero_std": "zero_std_frac"}
+    columns = {"completions/mean_length": "completion_len", "frac_reward_zero_std": "zero_std_frac",
+               "completions/clipped_ratio": "clipped_ratio"}  # share of completions cut at max_new_tokens
     columns.update({f"rewards/{name}/mean": f"reward_{name}" for name in rewards.names})
     return columns
+
+
+def mean_clipped_ratio(rows: list[dict]) -> float | None:
+    """Mean share of completions cut off at max_new_tokens over the logged steps (None: not logged)."""
+    values = [r["clipped_ratio"] for r in rows if isinstance(r.get("clipped_ratio"), (int, float))]
+    return sum(values) / len(values) if values else None
+
+
+def suggest_max_new_tokens(current: int, longest_reference: int | None = None) -> int:
+    """A max_new_tokens to try when completions are cut off: twice the current one, and at least four times
+    the longest reference in tokens (room for the working before the answer), rounded up to a multiple of 16."""
+    want = max(2 * current, 4 * (longest_reference or 0))
+    return -(-want // 16) * 16
+
+
+def longest_reference_tokens(tokenizer, rows: list[dict]) -> int | None:
+    """Length in tokens of the longest reference among the rows (None when no row has one)."""
+    references = [str(r["reference"]) for r in rows if r.get("reference") not in (None, "")]
+    if not references:
+        return None
+    return max(len(ids) for ids in tokenizer(references, add_special_tokens=False)["input_ids"])
+
+
+def truncation_warning(summary: dict, limit: float) -> str | None:
+    """The worker's closing warning when completions were mostly cut off: the cause and the setting to raise."""
+    ratio = summary.get("clipped_ratio")
+    if ratio is None or ratio <= limit:
+        return None
+    return (f"WARNING: {ratio:.0%} of completions were cut off at max_new_tokens={summary['max_new_tokens']} "
+            f"(limit {limit:.0%}): rewards that read the answer at the end see none, so there is little to learn; "
+            f"raise max_new_tokens (try {summary['suggested_max_new_tokens']})")
 
 
 def watch_groups(funcs: list, group_size: int, out: Path) -> list:
@@ -104,7 +136,11 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     trainer.model.eval()
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
-    summary = summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter)
+    summary = summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter,
+                        reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows))
+    warning = truncation_warning(summary, job.settings.truncation_limit)
+    if warning:
+        reporter.log(warning)
     return {**summary, "speed": {"loss_kernel": "chunked" if chunked else "trl",
                                  "generation_batch_size": config.generation_batch_size}}
 
@@ -139,7 +175,8 @@ def chunked_logprob_trainer():
     return ChunkedLogProbGRPOTrainer
 
 
-def summarize(job, trainer, result, rewards, held, held_out, before, after, out: Path, reporter) -> dict:
+def summarize(job, trainer, result, rewards, held, held_out, before, after, out: Path, reporter,
+              reference_tokens: int | None = None) -> dict:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
     summary = {
@@ -150,7 +187,9 @@ def summarize(job, trainer, result, rewards, held, held_out, before, after, out:
         "reward_before": before["reward"], "reward_after": after["reward"],
         "per_reward_before": before["per_reward"], "per_reward_after": after["per_reward"],
         "reward_errors": after["errors"], "group_size": job.settings.group_size, "beta": job.settings.beta,
-        "temperature": job.settings.temperature,
+        "temperature": job.settings.temperature, "max_new_tokens": job.settings.max_new_tokens,
+        "clipped_ratio": mean_clipped_ratio(logged), "longest_reference_tokens": reference_tokens,
+        "suggested_max_new_tokens": suggest_max_new_tokens(job.settings.max_new_tokens, reference_tokens),
     }
     with (out / "samples.jsonl").open("w") as f:
         for i, row in enumerate(held[: max(job.settings.n_samples, 0)]):
