@@ -21,15 +21,47 @@ def latest_path(context, key: AssetKey) -> Path:
 
 
 def dataset_check(key: AssetKey):
-    @asset_check(asset=key, name="dataset_quality",
-                 description=f"Non-empty, no empty prompt or response, duplicates under {MAX_DUPLICATE_SHARE:.0%}.")
+    @asset_check(asset=key, name="dataset_quality", blocking=True,
+                 description="Non-empty, no empty prompt or response (an ERROR that blocks the stages after it); "
+                             f"duplicates under {MAX_DUPLICATE_SHARE:.0%} (a warning).")
     def _check(context) -> AssetCheckResult:
         path = latest_path(context, key)
         rows = data_lib.read_jsonl(path / "train.jsonl") + data_lib.read_jsonl(path / "eval.jsonl")
         quality = data_lib.quality(rows)
-        ok = (quality["rows"] > 0 and quality["empty_prompts"] == 0 and quality["empty_replies"] == 0
-              and quality["duplicate_share"] <= MAX_DUPLICATE_SHARE)
-        return AssetCheckResult(passed=ok, metadata=quality)
+        broken = quality["rows"] == 0 or quality["empty_prompts"] > 0 or quality["empty_replies"] > 0
+        ok = not broken and quality["duplicate_share"] <= MAX_DUPLICATE_SHARE
+        return AssetCheckResult(passed=ok, metadata=quality,
+                                severity=AssetCheckSeverity.ERROR if broken else AssetCheckSeverity.WARN)
+    return _check
+
+
+# Held-out rows whose prompt or answer also appears word for word in train measure recall, not generalization.
+# After exact duplicates are dropped any overlap is a leak, so the bound is 0.
+MAX_OVERLAP = 0.0
+
+
+def leakage_check(key: AssetKey, allow_leakage: bool, answers_count: bool):
+    """Blocking: the held-out rows share no prompt (nor, for chat and pairs datasets, reply) with train. A prompt
+    dataset's reference answers (a number, a label) repeat across different prompts by nature and are never
+    trained on as text, so its answer overlap is reported but does not fail the check."""
+    figures = "prompt_overlap" + (" or answer_overlap" if answers_count else "")
+
+    @asset_check(asset=key, name="held_out_not_leaking", blocking=True,
+                 description=f"No held-out row's {figures.replace('_overlap', '')} also appears in train "
+                             f"(overlap above {MAX_OVERLAP}); " + ("allow_leakage: true makes it a warning." if
+                                                                  allow_leakage else "blocks the stages after it."))
+    def _check(context) -> AssetCheckResult:
+        manifest = json.loads((latest_path(context, key) / "manifest.json").read_text())
+        prompt, answer = manifest.get("prompt_overlap", 0.0), manifest.get("answer_overlap", 0.0)
+        leaking = prompt > MAX_OVERLAP or (answers_count and answer > MAX_OVERLAP)
+        description = (f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
+                       "appear in train: held-out figures would measure recall. Set group_by to a column that "
+                       "keeps related rows together, or allow_leakage: true." if leaking else None)
+        return AssetCheckResult(passed=not leaking, description=description,
+                                severity=AssetCheckSeverity.WARN if allow_leakage else AssetCheckSeverity.ERROR,
+                                metadata={"prompt_overlap": prompt, "answer_overlap": answer, "max_overlap": MAX_OVERLAP,
+                                          "answer_overlap_counts": answers_count, "allow_leakage": allow_leakage,
+                                          "duplicates_dropped": manifest.get("duplicates_dropped", 0)})
     return _check
 
 
@@ -185,6 +217,8 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float, truncatio
 
 CHECKS = {  # check family (registry.StageKind.checks) -> the checks it attaches to a stage's asset
     "dataset_quality": lambda key, stage: [dataset_check(key)],
+    "held_out_leakage": lambda key, stage: [leakage_check(key, stage.allow_leakage,
+                                                          answers_count=stage.kind != "prompt_dataset")],
     "adapter_learned": lambda key, stage: [adapter_check(key)],
     "reward_hacking": lambda key, stage: grpo_checks(key, stage.kl_bound, stage.zero_std_limit,
                                                      stage.truncation_limit, stage.block_on_reward_hacking),

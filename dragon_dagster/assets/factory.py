@@ -69,10 +69,12 @@ def source_asset(pipeline: Pipeline, name: str, spec):
     return _source
 
 
-def map_dataset(stage: st.DatasetStage, df) -> tuple[list[dict], dict]:
-    """Rows for a dataset stage and what was dropped, by the stage's kind."""
+def map_dataset(stage: st.DatasetStage, df, kept: list[int] | None = None) -> tuple[list[dict], dict]:
+    """Rows for a dataset stage and what was dropped, by the stage's kind. kept: gets the source position of each
+    pair kept (the other kinds keep every row)."""
     if isinstance(stage, st.PairsDataset):
-        return data_lib.map_pairs(df, data_lib.PairsMapping(stage.prompt, stage.chosen, stage.rejected, stage.system))
+        return data_lib.map_pairs(df, data_lib.PairsMapping(stage.prompt, stage.chosen, stage.rejected, stage.system),
+                                  kept)
     if isinstance(stage, st.PromptDataset):
         return data_lib.map_prompts(df, data_lib.PromptsMapping(stage.prompt, stage.reference, stage.system)), {}
     return data_lib.map_rows(df, data_lib.Mapping(stage.prompt, stage.response, stage.system,
@@ -109,8 +111,18 @@ def dataset_asset(pipeline: Pipeline, stage: st.DatasetStage):
         settings = effective(stage, config)
         with named_failure(f"{pipeline.name}/{stage.name}"):
             df = read_source(pipeline, settings, inputs.get("source"))
-            rows, dropped = map_dataset(settings, df)
-            train, held = data_lib.split_rows(rows, settings.eval_frac, settings.seed)
+            kept: list[int] = []
+            rows, dropped = map_dataset(settings, df, kept)
+            if settings.group_by:  # read from the source table, carried along with the rows it maps to
+                values = data_lib.group_values(df, settings.group_by)
+                groups = [values[i] for i in kept] if isinstance(settings, st.PairsDataset) else values
+            else:  # rows asking the same prompt stay on one side
+                groups = [data_lib.user_text(r) for r in rows]
+            duplicates = 0
+            if settings.dedupe:
+                rows, groups, duplicates = data_lib.dedupe_rows(rows, groups)
+            train, held = data_lib.split_rows(rows, settings.eval_frac, settings.seed, groups)
+            leakage = data_lib.overlap(train, held)
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         lengths = [chat_tokens(tokenizer, r) for r in rows]
         quality = data_lib.quality(rows)
@@ -121,9 +133,11 @@ def dataset_asset(pipeline: Pipeline, stage: st.DatasetStage):
                 shutil.copyfile(settings.path, tmp / f"source{Path(settings.path).suffix}")
             write_manifest(tmp, kind=stage.kind, source=inputs.get("source") or settings.path,
                            settings=settings.model_dump(), train_rows=len(train), eval_rows=len(held),
-                           dropped=dropped, quality=quality, dagster_run_id=context.run_id)
+                           dropped=dropped, quality=quality, duplicates_dropped=duplicates, **leakage,
+                           group_by=settings.group_by or "the user prompt", dagster_run_id=context.run_id)
         return Output(str(final), metadata={
             "artifact_dir": MetadataValue.path(str(final)), "train_rows": len(train), "eval_rows": len(held),
+            "duplicates_dropped": duplicates, **leakage,
             "preview": md_table([preview_row(r) for r in train[:5]]), "tokens": MetadataValue.json(length_stats(lengths)),
             "duplicate_share": quality["duplicate_share"], **{f"dropped_{k}": v for k, v in dropped.items()}})
     return _dataset

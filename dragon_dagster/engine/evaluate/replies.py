@@ -32,6 +32,25 @@ def eval_metrics(figures: dict) -> dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
+ALWAYS_METRICS = ["exact", "contains", "token_f1", "length_ratio"]
+
+
+def choose_metrics(references: list[str], names: list[str] | None = None) -> list[str]:
+    """The task metrics to compute: the pipeline's names when it gives them; otherwise exact, contains, token_f1
+    and length_ratio, plus numeric when most references are a number and json_valid when most parse as JSON
+    (so capital cities get no numeric or json_valid column that can only read 0)."""
+    if names:
+        return list(names)
+    refs = [str(r).strip() for r in references]
+    most = lambda test: bool(refs) and sum(map(test, refs)) > len(refs) / 2  # noqa: E731
+    chosen = list(ALWAYS_METRICS)
+    if most(lambda r: task_metrics._NUMBER.fullmatch(r.replace(" ", "")) is not None):
+        chosen.insert(3, "numeric")
+    if most(lambda r: r[:1] in "[{" and task_metrics.json_valid(r) == 1.0):
+        chosen.insert(3, "json_valid")
+    return chosen
+
+
 def has_replies(rows: list[dict]) -> bool:
     """Whether the rows carry reference replies to measure a loss on (chat rows, pairs), not bare prompts."""
     return any("completion" in r or "chosen" in r for r in rows)
@@ -111,7 +130,8 @@ def evaluate_rows(model, tokenizer, rows: list[dict], n_samples: int | None = No
     replies = generate(model, tokenizer, [r["prompt"] for r in sample_rows], max_new_tokens=max_new_tokens)
     references = [reply_text(r) for r in sample_rows]
     prompts = [user_text(r) for r in sample_rows]
-    result["metrics"] = task_metrics.score(replies, references, prompts, metric_names) if replies else {}
+    result["metrics"] = task_metrics.score(replies, references, prompts, choose_metrics(references, metric_names)
+                                           ) if replies else {}
     result["samples"] = [{"prompt": p, "reference": ref, "generated": g}
                          for p, ref, g in zip(prompts, references, replies)]
     return result
@@ -143,7 +163,8 @@ def score_prompt_rows(model, tokenizer, rows: list[dict], rewards=None, max_new_
         result["accuracy"] = {r.name: mean(float(s >= 1.0 - 1e-9) for s in scores.scores[r.name])
                               for r in rewards if r.type in ACCURACY_TYPES}
         result["reward_errors"] = scores.errors
-    result["metrics"] = task_metrics.score(replies, refs, prompts, metric_names) if refs and replies else {}
+    result["metrics"] = task_metrics.score(replies, refs, prompts, choose_metrics(refs, metric_names)
+                                           ) if refs and replies else {}
     result["samples"] = [{"prompt": p, "reference": "" if refs is None else ref, "generated": g, "reward": t}
                          for p, ref, g, t in zip(prompts, refs or [""] * len(rows), replies, totals)]
     return result

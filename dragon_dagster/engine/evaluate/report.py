@@ -52,10 +52,12 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
         model = load_model(path, hardware)
         if prompts_only:
             results[name] = score_prompt_rows(model, tokenizer, rows, rewards,
-                                              max_new_tokens=job.settings.max_new_tokens)
+                                              max_new_tokens=job.settings.max_new_tokens,
+                                              metric_names=job.settings.metrics)
         else:
             results[name] = evaluate_rows(model, tokenizer, rows, n_samples=None,
-                                          max_new_tokens=job.settings.max_new_tokens, max_len=job.max_len)
+                                          max_new_tokens=job.settings.max_new_tokens, max_len=job.max_len,
+                                          metric_names=job.settings.metrics)
         del model
     out = Path(job.output_dir)
     judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
@@ -64,7 +66,9 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
     n_samples = min(job.settings.n_samples, len(rows))
     samples = [{"prompt": b["prompt"], "reference": b["reference"], "base": b["generated"], "merged": m["generated"]}
                for b, m in zip(results["base"]["samples"][:n_samples], results["merged"]["samples"][:n_samples])]
-    report = {"task": "prompts" if prompts_only else "chat", "held_out": held_out, "rows": len(rows)}
+    report = {"task": "prompts" if prompts_only else "chat", "held_out": held_out, "rows": len(rows),
+              "metrics": list(results["base"]["metrics"]),
+              "metrics_chosen_by": "pipeline" if job.settings.metrics else "references"}
     if prompts_only:
         if rewards is not None:
             for sample, b, m in zip(samples, results["base"]["samples"], results["merged"]["samples"]):
@@ -78,7 +82,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
         report["computed_on"] = {
             "rows": len(rows), "split": split,
             "loss": f"the reference replies of {len(rows)} {split} rows (reply tokens only)",
-            "metrics": f"greedy replies to the same {len(rows)} rows against their reference replies",
+            "metrics": f"all {len(rows)} {split} rows: greedy replies against their reference replies (an "
+                       "adapter's metrics.json is on its first n_samples rows only)",
             "samples": f"the first {n_samples} of those rows"}
     report.update({
         "base": {k: v for k, v in results["base"].items() if k != "samples"},
@@ -117,7 +122,7 @@ def _prompts_computed_on(job: ReportJob, n: int, split: str, reward_specs: list[
         "rewards": f"{replies}, scored with the rewards of {', '.join(stages) or 'the GRPO stages'}; accuracy: the "
                    "share of those prompts scoring 1 on an accuracy-like reward" if reward_specs else
                    "absent: no GRPO stage in the merged model's chain",
-        "metrics": f"the same replies to the {n} prompts against their reference answers" if has_metrics else
+        "metrics": f"all {n} {split} prompts: the same replies against their reference answers" if has_metrics else
                    "absent: the rows have no reference answers",
         "loss": "absent (the rows are prompts without reference replies)",
         "samples": f"the first {n_samples} of those prompts",
@@ -204,7 +209,10 @@ def markdown(report: dict) -> str:
             m = merged.get(name, merged.get("metrics", {}).get(name))
             lines.append(f"| {name} | {_fmt(b)} | {_fmt(m)} |")
         verdict = "not worse than" if report["merged_not_worse"] else "WORSE than"
-        lines += ["", f"The merged model is **{verdict}** the base model on held-out loss.", ""]
+        lines += ["", f"Task metrics ({', '.join(report.get('metrics') or []) or 'none'}; chosen by the "
+                      f"{report.get('metrics_chosen_by', 'references')}) computed on "
+                      f"{report.get('computed_on', {}).get('metrics', 'the same rows')}.",
+                  "", f"The merged model is **{verdict}** the base model on held-out loss.", ""]
     if report.get("stages"):
         columns = sorted({k for s in report["stages"] for k in s} - {"stage", "method"})
         lines += ["## Stages", "", "| stage | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]

@@ -32,9 +32,9 @@ class StageKind:
 
 _ENGINE = "dragon_dagster.engine"
 KINDS: dict[str, StageKind] = {
-    "chat_dataset": StageKind(s.ChatDataset, "dataset", checks=("dataset_quality",)),
-    "pairs_dataset": StageKind(s.PairsDataset, "dataset", checks=("dataset_quality",)),
-    "prompt_dataset": StageKind(s.PromptDataset, "dataset", checks=("dataset_quality",)),
+    "chat_dataset": StageKind(s.ChatDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
+    "pairs_dataset": StageKind(s.PairsDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
+    "prompt_dataset": StageKind(s.PromptDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
     "preference_pairs": StageKind(s.PreferencePairs, "synthesis", f"{_ENGINE}.data.synthesis:PairsJob:synthesize_pairs",
                                   ("dataset_quality",)),
     "synthetic_dataset": StageKind(s.SyntheticDataset, "synthesis",

@@ -96,6 +96,14 @@ class DatasetStage(Stage):
     system: str | None = Field(None, description="System prompt: text or a template such as '{persona}'.")
     eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of rows held out for evaluation, in [0, 1).")
     seed: int = Field(42, description="Seed of the held-out split.")
+    dedupe: bool = Field(True, description="Drop exact duplicate rows (same prompt turns and same reply or answer) "
+                                           "before the split; the count is in the asset's metadata.")
+    group_by: str | None = Field(None, description="A source column or a template such as '{subject}': rows with "
+                                                   "the same value go to the same side of the split. Default: rows "
+                                                   "with the same user prompt stay together.")
+    allow_leakage: bool = Field(False, description="Let the stages after this one run even when held-out prompts "
+                                                   "or answers also appear in train (the held_out_not_leaking "
+                                                   "check then only warns).")
 
     @model_validator(mode="after")
     def _one_origin(self):
@@ -233,10 +241,28 @@ class TrainerStage(Stage):
         return [self.dataset]
 
 
+def known_metrics(names: list[str] | None) -> list[str] | None:
+    """Task metric names, each one of engine/evaluate/metrics.py's METRICS."""
+    from ..evaluate.metrics import METRICS
+
+    unknown = [n for n in names or [] if n not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; known: {', '.join(METRICS)}")
+    if names is not None and not names:
+        raise ValueError("metrics: name at least one metric, or leave it out for the defaults")
+    return names
+
+
+METRICS_DOC = ("Task metrics of the held-out replies, from exact, contains, token_f1, json_valid, numeric, "
+               "length_ratio. Default: exact, contains, token_f1 and length_ratio, plus numeric when most "
+               "references are numbers and json_valid when most parse as JSON.")
+
+
 class SFT(TrainerStage):
     """Supervised fine-tuning with TRL's SFTTrainer; loss on the final assistant turn only."""
 
     kind: Literal["sft"]
+    metrics: Annotated[list[str] | None, AfterValidator(known_metrics)] = Field(None, description=METRICS_DOC)
 
 
 class Preference(TrainerStage):
@@ -306,6 +332,7 @@ class Evaluate(Stage):
     n_judge: int = Field(5, ge=0, description="Held-out prompts judged pairwise, both orders (0: none).")
     judge: Backend | None = Field(None, description="The pairwise judge: a model or a server {url, model}; "
                                                     "default: the base model (weak, offline).")
+    metrics: Annotated[list[str] | None, AfterValidator(known_metrics)] = Field(None, description=METRICS_DOC)
 
     def reads(self) -> list[str]:
         return [self.dataset]

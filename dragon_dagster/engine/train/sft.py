@@ -91,7 +91,9 @@ def summarize(trainer, result, tokenizer, rows, held_out: bool, job, args: Train
     model = trainer.model
     model.eval()
     evaluation = evaluate_rows(model, tokenizer, rows, n_samples=job.settings.n_samples, max_new_tokens=job.settings.max_new_tokens,
-                               max_len=args.max_seq_len)
+                               max_len=args.max_seq_len, metric_names=job.settings.metrics)
+    n_metric_rows = min(job.settings.n_samples, len(rows))
+    split = "held-out" if held_out else "training"
     rows_logged = progress.read(out)
     losses = [r["loss"] for r in rows_logged if isinstance(r.get("loss"), (int, float))]
     summary = {
@@ -105,6 +107,9 @@ def summarize(trainer, result, tokenizer, rows, held_out: bool, job, args: Train
         "perplexity": evaluation["perplexity"] if held_out else None,
         "eval_tokens": evaluation["eval_tokens"] if held_out else 0,
         "metrics": evaluation["metrics"],
+        # the report measures all held-out rows; these metrics are on the first n_samples of them
+        "computed_on": f"n_samples={n_metric_rows} {split} rows",
+        "metrics_chosen_by": "pipeline" if job.settings.metrics else "references",
     }
     with (out / "samples.jsonl").open("w") as f:
         for sample in evaluation["samples"]:
