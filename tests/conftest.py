@@ -54,7 +54,8 @@ def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str =
         datasets:
           tickets: {{path: "{data}"}}
         stages:
-          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{prompt}", response: reply}}
+          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{prompt}", response: reply,
+              group_by: subject}}
           - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 2, max_new_tokens: 8}}
           - {{name: merged_model, kind: merge}}
           - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 8, n_samples: 2}}
