@@ -8,6 +8,7 @@ counted in the dataset's metadata and manifest; it never fails the range it is i
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from dagster import (AssetCheckResult, AssetCheckSeverity, AssetIn, AssetKey, AssetSelection, DataVersion, Failure,
@@ -66,11 +67,14 @@ def feedback_source(pipeline: Pipeline):
 
 def feedback_dataset(pipeline: Pipeline, name: str, pairs: bool):
     @asset(key=key(pipeline, name), group_name=pipeline.name, kinds={"dataset"},
-           deps=[key(pipeline, "chat_feedback")],
+           deps=[key(pipeline, "chat_feedback")], output_required=False,
            description=("Prompts that got a liked-or-edited reply and a disliked one, as preference pairs."
                         if pairs else "Liked or edited replies with the turns before them, as conversations "
-                                      "(an edit replaces the reply)."))
-    def _dataset(context, store: ArtifactStore) -> Output[str]:
+                                      "(an edit replaces the reply).")
+                       + " Outside a retraining run (\"Materialize all\") it is skipped, with the reason in the "
+                         "run's log, while there is no feedback to retrain on: the retraining after it is skipped "
+                         "too.")
+    def _dataset(context, store: ArtifactStore) -> Iterator[Output[str]]:
         feedback = FeedbackStore(store.feedback_path(pipeline.name))
         first, last = record_range(context, feedback)
         records = feedback.records(after_id=first - 1, up_to_id=last)
@@ -79,13 +83,18 @@ def feedback_dataset(pipeline: Pipeline, name: str, pairs: bool):
         if n_skipped:
             context.log.warning(f"skipped {n_skipped} of {len(records)} feedback records in {first}-{last}: "
                                 + "; ".join(f"{n} {SKIP_REASONS[why]} ({why})" for why, n in skipped.items()))
-        if pairs:
-            rows = preference_pairs(usable)
-        else:
-            rows = [data_lib.conversation_row(c["messages"], i) for i, c in enumerate(sft_conversations(usable))]
-            if not rows:
-                raise Failure(description=f"no liked or edited replies among feedback records {first}-{last} "
-                                          f"({len(records)} records, {n_skipped} skipped as unusable: {skipped})")
+        conversations = [data_lib.conversation_row(c["messages"], i)
+                         for i, c in enumerate(sft_conversations(usable))]
+        reason = None if conversations else no_feedback_reason(first, last, len(records), n_skipped, skipped)
+        if reason and not (context.run and context.run.tags.get(RANGE_TAG)):
+            # a run nobody asked to retrain ("Materialize all" before anyone chatted, say): no output, so the
+            # retraining, merge, report and promotion gate after it are skipped and the run still succeeds
+            context.log.info(f"{name} skipped: {reason}")
+            return
+        if reason and not pairs:
+            # the sensor or schedule asked for this range: a failure, which their retry back-off counts
+            raise Failure(description=reason)
+        rows = preference_pairs(usable) if pairs else conversations
         train, held = data_lib.split_rows(rows, 0.1) if rows else ([], [])
         with store.new_artifact(pipeline.name, name, context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)
@@ -99,12 +108,21 @@ def feedback_dataset(pipeline: Pipeline, name: str, pairs: bool):
                            last_id=last, records=len(records), rows=len(rows), skipped_records=n_skipped,
                            skipped=skipped, dagster_run_id=context.run_id)
         preview = [{"prompt": data_lib.user_text(r), "reply": data_lib.reply_text(r)} for r in rows[:5]]
-        return Output(str(final), metadata={"artifact_dir": MetadataValue.path(str(final)), "rows": len(rows),
-                                            "records": len(records), "skipped_records": n_skipped,
-                                            "skipped_by_reason": MetadataValue.json(skipped),
-                                            "feedback_up_to": last, "feedback_range": f"{first}-{last}",
-                                            "preview": md_table(preview)})
+        yield Output(str(final), metadata={"artifact_dir": MetadataValue.path(str(final)), "rows": len(rows),
+                                           "records": len(records), "skipped_records": n_skipped,
+                                           "skipped_by_reason": MetadataValue.json(skipped),
+                                           "feedback_up_to": last, "feedback_range": f"{first}-{last}",
+                                           "preview": md_table(preview)})
     return _dataset
+
+
+def no_feedback_reason(first: int, last: int, n_records: int, n_skipped: int, skipped: dict) -> str:
+    """Why a feedback dataset has nothing to retrain on, for the run's log (or the failure of a requested run)."""
+    if n_records == 0:
+        return (f"no feedback records yet (range {first}-{last}); rate or edit replies in the chat, and the feedback "
+                f"sensor or schedule requests retraining")
+    return (f"no liked or edited replies among feedback records {first}-{last} ({n_records} records, "
+            f"{n_skipped} skipped as unusable: {skipped})")
 
 
 def retrain_sft(pipeline: Pipeline, stage: FeedbackSFT):
