@@ -129,6 +129,7 @@ def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
     report = json.loads((Path(chain["outcome"]["artifacts"]["evaluation_report"]) / "report.json").read_text())
     assert [s["stage"] for s in report["stages"]] == ["sft_adapter", "dpo_adapter", "grpo_adapter"]
     assert "pref_accuracy" in report["stages"][1] and "reward_after" in report["stages"][2]
+    assert {"reward_before/numeric", "reward_after/numeric", "reward_after/length"} <= set(report["stages"][2])
     for against in ("vs_base", "vs_first_stage"):
         figures = report["judge"][against]
         assert figures["n"] == 2 and figures["wins"] + figures["ties"] + figures["losses"] + figures["unparsed"] == 2
@@ -164,9 +165,13 @@ def test_orpo_on_pairs_from_a_file_continues_from_sft(tiny_model, tmp_path, reso
         """)
     assert outcome["success"]
     manifest = read_manifest(outcome["artifacts"]["orpo_adapter"])
-    assert manifest["method"] == "orpo" and len(manifest["chain"]) == 2 and manifest["result"]["eval_pairs"] == 6
     event = instance.get_latest_materialization_event(AssetKey(["small", "pairs"]))
-    assert event.asset_materialization.metadata["train_rows"].value == 24
+    assert manifest["method"] == "orpo" and len(manifest["chain"]) == 2
+    assert manifest["result"]["eval_pairs"] == event.asset_materialization.metadata["eval_rows"].value > 0
+    # 30 rows, 6 held out by prompt (rows sharing a subject stay on one side, so the held-out share is whole)
+    metadata = event.asset_materialization.metadata
+    assert metadata["train_rows"].value + metadata["eval_rows"].value == 30 - metadata["duplicates_dropped"].value
+    assert metadata["prompt_overlap"].value == 0.0
 
 
 def test_a_reward_that_needs_a_reference_fails_before_training(tiny_model, tmp_path, resources_for):
@@ -178,7 +183,9 @@ def test_a_reward_that_needs_a_reference_fails_before_training(tiny_model, tmp_p
           - {{name: grpo_adapter, kind: grpo, dataset: prompts, rewards: [{{type: numeric}}], args: {STEPS}}}
         """)
     assert not outcome["success"]
-    assert "lacks a reference" in failed_message(instance, outcome["run_id"])
+    # the preflight names it before the stage loads anything
+    assert "reward(s) ['numeric'] compare with a reference, but prompts maps no reference column" in \
+        failed_message(instance, outcome["run_id"])
     assert not list((tmp_path / "runs" / "artifacts" / "small").glob("grpo_adapter/*"))
 
 

@@ -145,11 +145,19 @@ def _prompts_not_worse(base: dict, merged: dict, tolerance: float = 1e-6) -> tup
 
 
 def stage_figures(stage_results: list[dict]) -> list[dict]:
-    """Each stage's own held-out figures: loss for SFT, preference accuracy for DPO/ORPO, reward for GRPO."""
+    """Each stage's own held-out figures: loss for SFT, preference accuracy for DPO/ORPO, reward for GRPO (in
+    total and per reward, before and after: a format reward rising while an accuracy reward falls shows)."""
     keys = ("eval_loss", "perplexity", "pref_accuracy", "reward_margin", "reward_before", "reward_after")
-    return [{"stage": s["name"], "method": s.get("method"), **{k: s["result"].get(k) for k in keys
-                                                              if s["result"].get(k) is not None}}
-            for s in stage_results]
+    figures = []
+    for s in stage_results:
+        result = s["result"]
+        row = {"stage": s["name"], "method": s.get("method"), **{k: result[k] for k in keys
+                                                                 if result.get(k) is not None}}
+        for when in ("before", "after"):
+            row.update({f"reward_{when}/{name}": value
+                        for name, value in (result.get(f"per_reward_{when}") or {}).items()})
+        figures.append(row)
+    return figures
 
 
 def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware: Hardware, reporter: Reporter) -> dict:
