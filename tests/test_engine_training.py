@@ -106,8 +106,11 @@ def test_cancel_saves_a_checkpoint_and_resume_continues_from_it(tiny_model, tmp_
     resumed.resume_from = str(checkpoint)
     (tmp_path / "out" / "progress.jsonl").unlink()
     result = sft.train_sft(resumed, Reporter())
-    steps = [json.loads(line)["step"] for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
-    assert result["global_step"] == 8 and min(steps) > stopped_at  # picked up where it stopped
+    rows = [json.loads(line) for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
+    carried = [r["step"] for r in rows if r["elapsed_s"] is None]  # the history before the checkpoint
+    trained = [r["step"] for r in rows if r["elapsed_s"] is not None]
+    assert result["global_step"] == 8 and min(trained) > stopped_at  # picked up where it stopped
+    assert carried[0] == 1 and max(carried) <= stopped_at  # and the progress keeps the whole run
 
 
 def test_merge_folds_the_adapter_into_a_plain_transformers_model(tiny_model, tmp_path):
