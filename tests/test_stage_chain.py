@@ -97,6 +97,9 @@ def test_dpo_reports_preference_accuracy_and_logs_reward_metrics(chain):
     assert {"train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins", "train/rewards/accuracies",
             "eval/pref_accuracy"} <= set(run.data.metrics)
     assert run.data.params["beta"] == "0.1" and run.data.tags["upstream_mlflow_run_id"]
+    # its held-out objective is named for what it is, not logged as an `eval/loss` beside SFT's NLL
+    assert "eval/dpo_loss" in run.data.metrics and "eval/loss" not in run.data.metrics
+    assert "preference_loss" in dpo["result"] and "eval_loss" not in dpo["result"]
 
 
 def test_grpo_logs_progress_columns_and_measures_before_and_after(chain):
@@ -130,6 +133,19 @@ def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
     assert [s["stage"] for s in report["stages"]] == ["sft_adapter", "dpo_adapter", "grpo_adapter"]
     assert "pref_accuracy" in report["stages"][1] and "reward_after" in report["stages"][2]
     assert {"reward_before/numeric", "reward_after/numeric", "reward_after/length"} <= set(report["stages"][2])
+    # like with like: every stage's model on the same held-out rows, the last one being the merged model
+    nll = report["stage_nll"]
+    assert [s["model"] for s in nll] == ["base", "after sft_adapter", "after dpo_adapter", "after grpo_adapter"]
+    assert nll[0]["eval_loss"] == report["base"]["eval_loss"] and nll[-1]["eval_loss"] == report["merged"]["eval_loss"]
+    assert all(s["eval_loss"] > 0 for s in nll) and len({s["eval_loss"] for s in nll}) == 4
+    assert "preference_loss" in report["stages"][1] and "eval_loss" not in report["stages"][1]
+    markdown = (Path(chain["outcome"]["artifacts"]["evaluation_report"]) / "report.md").read_text()
+    assert "Held-out loss after each stage" in markdown and "| after dpo_adapter |" in markdown
+    from mlflow import MlflowClient
+
+    report_run = MlflowClient(chain["tracking"].uri).get_run(read_manifest(
+        chain["outcome"]["artifacts"]["evaluation_report"])["mlflow_run_id"])
+    assert {"stage_nll/sft_adapter", "stage_nll/dpo_adapter", "stage_nll/grpo_adapter"} <= set(report_run.data.metrics)
     for against in ("vs_base", "vs_first_stage"):
         figures = report["judge"][against]
         assert figures["n"] == 2 and figures["wins"] + figures["ties"] + figures["losses"] + figures["unparsed"] == 2

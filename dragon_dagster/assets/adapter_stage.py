@@ -142,6 +142,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
     # the adapter is saved: this run's checkpoints and the ones it resumed from are moot; another run's are not
     store.discard_checkpoints(pipeline.name, stage.name, context.run_id, resumed_from=resume_from)
     headline = finite({k: result.get(k) for k in ("train_loss", "first_loss", "last_loss", "eval_loss", "perplexity",
+                                                  "preference_loss",
                                                   "pref_accuracy", "reward_margin", "reward_before", "reward_after")})
     return Output(str(final), metadata={
         "artifact_dir": MetadataValue.path(str(final)), "mlflow_run_id": run_id,

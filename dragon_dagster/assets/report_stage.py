@@ -47,7 +47,9 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
             pipeline.name, stage.name,
             {**tags, "stage": stage.name, "upstream_mlflow_run_id": merged_manifest.get("upstream_mlflow_run_id"),
              "base_mlflow_run_id": base_run}, {"model": pipeline.model, "merged": merged, **settings})
-        tracking.log_metrics(report_run, {**eval_metrics(report["merged"]), **judge_metrics(report.get("judge", {}))})
+        tracking.log_metrics(report_run, {**eval_metrics(report["merged"]), **judge_metrics(report.get("judge", {})),
+                                          **{f"stage_nll/{s['stage']}": s["eval_loss"]
+                                             for s in report.get("stage_nll", []) if s.get("stage")}})
         tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
         tracking.end_run(report_run)
         write_manifest(tmp, kind="evaluation_report", merged=merged, dataset=dataset, settings=settings,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..train import progress
 from ..data.tables import read_jsonl
-from .replies import ACCURACY_TYPES, evaluate_rows, has_replies, score_prompt_rows
+from .replies import ACCURACY_TYPES, completion_loss, evaluate_rows, has_replies, score_prompt_rows
 from ..models import load_model, load_tokenizer
 from ..reporter import Reporter
 from ..rewards import Reward, RewardSet
@@ -61,7 +61,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
         del model
     out = Path(job.output_dir)
     judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
-    curves = [(s["name"], progress.read(s["dir"])) for s in job.stages]
+    methods = {s["name"]: s.get("method") for s in job.stage_results}
+    curves = [(s["name"], methods.get(s["name"]) or "sft", progress.read(s["dir"])) for s in job.stages]
     plot = _plot(curves, out / "loss.png")
     n_samples = min(job.settings.n_samples, len(rows))
     samples = [{"prompt": b["prompt"], "reference": b["reference"], "base": b["generated"], "merged": m["generated"]}
@@ -79,6 +80,7 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
                       rewards=reward_specs, not_worse_on=basis)
     else:
         not_worse = _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"])
+        report["stage_nll"] = stage_nll(job, rows, results, hardware, reporter) if len(job.stages) > 1 else []
         report["computed_on"] = {
             "rows": len(rows), "split": split,
             "loss": f"the reference replies of {len(rows)} {split} rows (reply tokens only)",
@@ -147,7 +149,8 @@ def _prompts_not_worse(base: dict, merged: dict, tolerance: float = 1e-6) -> tup
 def stage_figures(stage_results: list[dict]) -> list[dict]:
     """Each stage's own held-out figures: loss for SFT, preference accuracy for DPO/ORPO, reward for GRPO (in
     total and per reward, before and after: a format reward rising while an accuracy reward falls shows)."""
-    keys = ("eval_loss", "perplexity", "pref_accuracy", "reward_margin", "reward_before", "reward_after")
+    keys = ("eval_loss", "perplexity", "preference_loss", "pref_accuracy", "reward_margin", "reward_before",
+            "reward_after")
     figures = []
     for s in stage_results:
         result = s["result"]
@@ -189,14 +192,26 @@ def _not_worse(base: float, merged: float) -> bool:
     return math.isfinite(merged) and (not math.isfinite(base) or merged <= base + 1e-6)
 
 
-def _plot(curves: list[tuple[str, list[dict]]], out: Path) -> Path | None:
-    rows, offset = [], 0
-    for _, progress_rows in curves:  # stages one after another on one step axis
-        steps = [r for r in progress_rows if isinstance(r.get("loss"), (int, float))]
-        rows += [{**r, "step": r["step"] + offset} for r in steps]
-        offset += max((r["step"] for r in steps), default=0)
-    return progress.plot_loss(rows, out, title=" -> ".join(n for n, _ in curves) + " training loss",
-                              extra="reward")  # GRPO stages: mean reward beside the loss
+def stage_nll(job: ReportJob, rows: list[dict], results: dict, hardware: Hardware, reporter: Reporter) -> list[dict]:
+    """Held-out NLL of base, of each stage's model (the chain up to it, folded in) and so of merged, all on the
+    same rows: the one figure every stage compares on, whatever its own objective (a DPO loss is not an NLL)."""
+    adapters = [str(Path(s["dir"]) / "adapter") for s in job.stages]
+    out = [{"model": "base", "eval_loss": results["base"]["eval_loss"], "perplexity": results["base"]["perplexity"]}]
+    for i, stage in enumerate(job.stages):
+        if i == len(job.stages) - 1:
+            figures = results["merged"]  # the whole chain is the merged model
+        else:
+            reporter.log(f"held-out loss of the model after {stage['name']} on the same {len(rows)} rows")
+            model = load_model(job.base_model, hardware, adapters=adapters[: i + 1])
+            figures = completion_loss(model, load_tokenizer(job.base_model), rows, max_len=job.max_len)
+            del model
+        out.append({"model": f"after {stage['name']}", "stage": stage["name"], "eval_loss": figures["eval_loss"],
+                    "perplexity": figures["perplexity"]})
+    return out
+
+
+def _plot(curves: list[tuple[str, str, list[dict]]], out: Path) -> Path | None:
+    return progress.plot_stages(curves, out)  # one panel per stage: each objective on its own axis
 
 
 def _fmt(value) -> str:
@@ -221,9 +236,19 @@ def markdown(report: dict) -> str:
                       f"{report.get('metrics_chosen_by', 'references')}) computed on "
                       f"{report.get('computed_on', {}).get('metrics', 'the same rows')}.",
                   "", f"The merged model is **{verdict}** the base model on held-out loss.", ""]
+    if report.get("stage_nll"):
+        lines += ["## Held-out loss after each stage (the same rows, reply tokens only)", "",
+                  "Like with like: every stage's model on the same held-out rows, whatever objective it trained on.",
+                  "", "| model | eval_loss | perplexity |", "|---|---|---|"]
+        lines += [f"| {s['model']} | {_fmt(s['eval_loss'])} | {_fmt(s['perplexity'])} |" for s in report["stage_nll"]]
+        lines.append("")
     if report.get("stages"):
         columns = sorted({k for s in report["stages"] for k in s} - {"stage", "method"})
-        lines += ["## Stages", "", "| stage | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+        lines += ["## Each stage's own figures", "",
+                  "Each on its own terms: eval_loss is an SFT stage's reply NLL on its held-out rows, preference_loss "
+                  "a DPO/ORPO stage's objective on its held-out pairs, reward_* a GRPO stage's rewards on its "
+                  "held-out prompts; compare stages with the table above.", "",
+                  "| stage | method | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
         lines += [f"| {s['stage']} | {s.get('method')} | " + " | ".join(_fmt(s.get(c, "")) for c in columns) + " |"
                   for s in report["stages"]]
         lines.append("")

@@ -54,7 +54,8 @@ def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
         reporter.log(f"evaluating preference accuracy on {len(p.eval_rows)} held-out pairs")
         figures = trainer.evaluate()
         summary.update(pref_accuracy=figures.get("eval_rewards/accuracies"),
-                       reward_margin=figures.get("eval_rewards/margins"), eval_loss=figures.get("eval_loss"))
+                       reward_margin=figures.get("eval_rewards/margins"),
+                       preference_loss=figures.get("eval_loss"))  # the DPO/ORPO objective, not a language-model NLL
     rows = (p.eval_rows or p.train_rows)[: job.settings.n_samples]
     trainer.model.eval()
     replies = generate(trainer.model, p.tokenizer, [r["prompt"] for r in rows], max_new_tokens=job.settings.max_new_tokens)
@@ -66,6 +67,6 @@ def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
     (out / "metrics.json").write_text(json.dumps(summary, indent=2))
     progress.plot_loss(logged, out / "loss.png", title=f"{job.settings.method.upper()} training loss")
     final = {"eval/pref_accuracy": summary.get("pref_accuracy"), "eval/reward_margin": summary.get("reward_margin"),
-             "eval/loss": summary.get("eval_loss")}
+             f"eval/{job.settings.method}_loss": summary.get("preference_loss")}
     reporter.metrics(trainer.state.global_step, {k: v for k, v in final.items() if v is not None})
     return summary
