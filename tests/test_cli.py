@@ -52,7 +52,7 @@ def test_compare_fills_grpo_and_dpo_rows_with_their_own_figures(tmp_path):
                                "eval/reward_before": [0.125], "eval/reward": [0.5], "eval/reward_numeric": [0.25],
                                "eval/reward_length": [0.75]},
               "dpo_adapter": {"train/loss": [0.69, 0.6], "eval/pref_accuracy": [0.8], "eval/reward_margin": [0.31],
-                              "eval/loss": [0.58]}}
+                              "eval/dpo_loss": [0.58]}}  # the DPO objective, not an NLL: no eval/loss
     for stage, metrics in logged.items():
         run = client.create_run(experiment, run_name=stage,
                                 tags={"stage": stage, "method": stage.split("_")[0], "pipeline": "fake"})
@@ -67,7 +67,8 @@ def test_compare_fills_grpo_and_dpo_rows_with_their_own_figures(tmp_path):
     assert grpo["stage"] == "grpo_adapter" and grpo["method"] == "grpo" and "eval/loss" not in grpo
     assert grpo["eval/reward"] == 0.5 and grpo["train/reward"] == 0.3  # the last training step's
     assert grpo["headline"] == "reward 0.125 -> 0.5 (length 0.75, numeric 0.25), train reward 0.3, kl 0.02"
-    assert dpo["headline"] == "pref_accuracy 0.8, reward_margin 0.31" and dpo["eval/loss"] == 0.58
+    assert dpo["headline"] == "pref_accuracy 0.8, reward_margin 0.31" and dpo["eval/dpo_loss"] == 0.58
+    assert "eval/loss" not in dpo  # nothing puts a DPO loss in the column of the stages' reply NLL
     table = CliRunner().invoke(main, ["compare", "--pipeline", "fake", "--tracking-uri", uri], catch_exceptions=False)
     grpo_line = next(line for line in table.output.splitlines() if "grpo_adapter" in line)
     assert "reward 0.125 -> 0.5" in grpo_line and "FINISHED" in grpo_line
