@@ -67,7 +67,7 @@ def test_compare_fills_grpo_and_dpo_rows_with_their_own_figures(tmp_path):
     assert grpo["stage"] == "grpo_adapter" and grpo["method"] == "grpo" and "eval/loss" not in grpo
     assert grpo["eval/reward"] == 0.5 and grpo["train/reward"] == 0.3  # the last training step's
     assert grpo["headline"] == "reward 0.125 -> 0.5 (length 0.75, numeric 0.25), train reward 0.3, kl 0.02"
-    assert dpo["headline"] == "pref_accuracy 0.8, reward_margin 0.31" and dpo["eval/dpo_loss"] == 0.58
+    assert dpo["headline"] == "pref_accuracy 0.8, reward_margin 0.31, dpo_loss 0.58" and dpo["eval/dpo_loss"] == 0.58
     assert "eval/loss" not in dpo  # nothing puts a DPO loss in the column of the stages' reply NLL
     table = CliRunner().invoke(main, ["compare", "--pipeline", "fake", "--tracking-uri", uri], catch_exceptions=False)
     grpo_line = next(line for line in table.output.splitlines() if "grpo_adapter" in line)

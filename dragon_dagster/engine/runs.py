@@ -78,8 +78,9 @@ def headline(metrics: dict[str, float]) -> str:
         if "train/kl" in metrics:
             parts.append(f"kl {fig(metrics['train/kl'])}")
     elif "eval/pref_accuracy" in metrics or "eval/reward_margin" in metrics:  # DPO, ORPO
-        parts += [f"{name} {fig(metrics[f'eval/{name}'])}" for name in ("pref_accuracy", "reward_margin")
-                  if f"eval/{name}" in metrics]
+        parts += [f"{name} {fig(metrics[f'eval/{name}'])}" for name in ("pref_accuracy", "reward_margin",
+                                                                        "dpo_loss", "orpo_loss")
+                  if f"eval/{name}" in metrics]  # a preference objective: its own figures, never eval/loss
     else:  # SFT, the base model, the report
         shown = {k: v for k, v in metrics.items() if k.startswith(ROW_METRICS) and k != "eval/loss"}
         first = [k for k in ("eval/perplexity",) if k in shown]
