@@ -113,7 +113,7 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
     assert grpo["group_size"] == 8 and grpo["kl_bound"] == st.GRPO.model_fields["kl_bound"].default
     assert grpo["args"]["learning_rate"] == 2e-4 and grpo["args"]["epochs"] == 1  # YAML; GRPO's own default
     assert defaults("dpo_adapter")["method"] == "dpo"
-    assert defaults("sft_dataset") == {"eval_frac": 0.05, "seed": 42}
+    assert defaults("sft_dataset") == {"eval_frac": 0.05, "seed": 42, "dedupe": True, "allow_leakage": False}
     assert None not in (sft["n_samples"], sft["max_new_tokens"], grpo["temperature"])
 
 

@@ -48,6 +48,7 @@ STARTER = """\
       source: tickets
       prompt: "{{subject}}\\n\\n{{body}}"
       response: reply
+      group_by: subject                # tickets on one subject stay on one side of the held-out split
       eval_frac: 0.05
     - name: sft_adapter
       kind: sft
