@@ -108,8 +108,9 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
         if row.get("artifact"):
             console.print(f"{row['asset']}: {row['artifact']}", soft_wrap=True)
     console.print(f"total {time.time() - started:.1f} s; Dagster run {outcome['run_id']}")
-    for check in outcome["checks"]:
-        console.print(f"check {check['name']}: {'passed' if check['passed'] else 'FAILED'}")
+    for check in outcome["checks"]:  # a failed WARN check is a warning: the run went on, its figures are worth a look
+        verdict = "passed" if check["passed"] else ("FAILED" if check["severity"] == "ERROR" else "warning")
+        console.print(f"check {check['asset']} {check['name']}: {verdict}")
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
     console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")

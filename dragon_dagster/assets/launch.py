@@ -89,7 +89,8 @@ def materialize_pipeline(pipeline: Pipeline, profile: str | None = None, resourc
         stages.append({"asset": f"{pipeline.name}/{stage_name}", "seconds": seconds,
                        "status": stat.status.value if stat and stat.status else "NOT RUN",
                        "artifact": artifacts.get(stage_name)})
-    checks = [{"name": e.check_name, "passed": e.passed} for e in result.get_asset_check_evaluations()]
+    checks = [{"name": e.check_name, "asset": e.asset_key.to_user_string(), "passed": e.passed,
+               "severity": e.severity.value} for e in result.get_asset_check_evaluations()]
     report = next((artifacts[s.name] for s in pipeline.stages if s.kind == "evaluate" and s.name in artifacts), None)
     return {"success": result.success, "run_id": result.run_id, "stages": stages, "checks": checks,
             "report": report, "artifacts": artifacts}
