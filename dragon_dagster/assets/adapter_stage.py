@@ -12,6 +12,7 @@ from ..engine.artifacts import read_manifest, sha256, write_manifest
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.spec import preflight
+from ..resources.launcher import ENDED
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.stages import GRPO, TrainerStage
 from .metadata import finite
@@ -54,15 +55,12 @@ def run_is_live(instance):
 def close_dead_runs(tracking, instance, pipeline: str, stage: str) -> list[str]:
     """End as KILLED the MLflow runs of this stage still RUNNING for a Dagster run that is over: their step
     process was killed before it could end them. Returns their ids."""
-    from dagster import DagsterRunStatus
-
     client = tracking.client()
-    over = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
     closed = []
     for run in client.search_runs([tracking.experiment_id(pipeline)],
                                   f"attributes.status = 'RUNNING' and tags.stage = '{stage}'"):
         dagster_run = instance.get_run_by_id(run.data.tags.get("dagster_run_id", ""))
-        if dagster_run is not None and dagster_run.status in over:  # never touch another instance's runs
+        if dagster_run is not None and dagster_run.status in ENDED:  # never touch another instance's runs
             client.set_terminated(run.info.run_id, "KILLED")
             closed.append(run.info.run_id)
     return closed

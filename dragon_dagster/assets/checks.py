@@ -8,6 +8,7 @@ from pathlib import Path
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, asset_check
 
 from ..engine.data import tables as data_lib
+from ..engine.rewards import ACCURACY_TYPES, FORMAT_TYPES
 from ..engine.train import progress
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.registry import KINDS
@@ -89,8 +90,6 @@ def report_check(key: AssetKey):
     return _check
 
 
-ACCURACY_TYPES = {"exact", "contains", "numeric", "command", "custom"}
-FORMAT_TYPES = {"regex", "json", "length", "keyword"}
 
 
 def thirds(rows: list[dict], column: str) -> tuple[float, float] | None:

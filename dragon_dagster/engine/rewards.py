@@ -37,6 +37,10 @@ from .evaluate.metrics import contains, exact, last_number, numeric, unfence
 
 COMPLETION_FILE = "{completion_file}"
 NEEDS_REFERENCE = ("exact", "contains", "numeric")
+# How checks and reports read a reward: accuracy-like ones score right or wrong (their mean is a share);
+# format-like ones shape the reply, and rising while accuracy falls is the mark of reward hacking.
+ACCURACY_TYPES = ("exact", "contains", "numeric", "command", "custom")
+FORMAT_TYPES = ("regex", "json", "length", "keyword")
 # The options each type takes; from_dict rejects the others, so a YAML typo fails instead of being ignored.
 OPTIONS: dict[str, tuple[str, ...]] = {
     "exact": (), "contains": (), "numeric": (),

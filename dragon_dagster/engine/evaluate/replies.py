@@ -12,10 +12,10 @@ from statistics import mean
 
 from . import metrics as task_metrics
 from ..data.tables import reply_text, user_text
+from ..rewards import ACCURACY_TYPES
 
 
 # Rewards that say right (1) or wrong: the report also gives the share of rows scoring 1.
-ACCURACY_TYPES = ("exact", "contains", "numeric", "command", "custom")
 
 
 def eval_metrics(figures: dict) -> dict[str, float]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..train import progress
 from ..data.tables import read_jsonl
-from .replies import ACCURACY_TYPES, completion_loss, evaluate_rows, has_replies, score_prompt_rows
+from ..rewards import ACCURACY_TYPES
+from .replies import completion_loss, evaluate_rows, has_replies, score_prompt_rows
 from ..models import load_model, load_tokenizer
 from ..reporter import Reporter
 from ..rewards import Reward, RewardSet

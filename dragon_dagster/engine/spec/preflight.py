@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..rewards import NEEDS_REFERENCE
 from . import stages as st
 from .pipeline import Pipeline
 
-NEEDS_REFERENCE = {"exact", "contains", "numeric"}
 
 
 def columns_of(path: str | Path, format: str | None = None) -> list[str] | None:
