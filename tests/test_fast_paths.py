@@ -258,32 +258,46 @@ def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
     assert "| sft trained tokens/s |" in out.stdout and "x |" in out.stdout
 
 
-def test_metrics_forwarder_hands_on_whole_lines_only(tmp_path):
-    from dragon_dagster.resources.launcher import MetricsForwarder
-
-    stream, seen = tmp_path / "stream.jsonl", []
-    forwarder = MetricsForwarder(stream, lambda step, values: seen.append((step, values)), interval_s=60)
-    stream.write_text('{"step": 1, "values": {"train/loss": 2.5}}\n{"step": 2, "val')
-    forwarder.forward()
-    assert seen == [(1, {"train/loss": 2.5})]  # the half-written line waits
-    with stream.open("a") as f:
-        f.write('ues": {"train/loss": 2.0}}\n')
-    forwarder.close()  # drains what is left
-    assert seen == [(1, {"train/loss": 2.5}), (2, {"train/loss": 2.0})]
+def _custom(payload) -> dict:
+    return {"__dagster_pipes_version": "0.1", "method": "report_custom_message", "params": {"payload": payload}}
 
 
-def test_metrics_forwarder_skips_what_it_cannot_log_and_keeps_going(tmp_path):
-    from dragon_dagster.resources.launcher import MetricsForwarder
+def test_pipes_tap_takes_metrics_and_outcome_and_passes_the_rest_on():
+    from dragon_dagster.resources.launcher import PipesTap, _TappedHandler
 
-    stream, seen, warnings = tmp_path / "stream.jsonl", [], []
+    seen, passed = [], []
+
+    class Handler:
+        def handle_message(self, message):
+            passed.append(message)
+
+    tap = PipesTap(lambda step, values: seen.append((step, values)))
+    handler = _TappedHandler(Handler(), tap)
+    log = {"__dagster_pipes_version": "0.1", "method": "log", "params": {"message": "hi", "level": "INFO"}}
+    for message in (_custom({"kind": "metrics", "step": 1, "values": {"train/loss": 2.5}}), log,
+                    _custom({"note": "not ours"}),
+                    _custom({"kind": "outcome", "event": "result", "result": {"steps": 3}})):
+        handler.handle_message(message)
+    assert seen == [(1, {"train/loss": 2.5})]
+    assert tap.outcome == {"event": "result", "result": {"steps": 3}}
+    assert passed == [log, _custom({"note": "not ours"})]  # Dagster still gets its own and the user's
+
+
+def test_pipes_tap_skips_metrics_it_cannot_log_and_keeps_going():
+    from dragon_dagster.resources.launcher import PipesTap
+
+    seen, warnings = [], []
 
     def log(step, values):
         if step == 2:
             raise ConnectionError("tracking server unreachable")
         seen.append(step)
 
-    forwarder = MetricsForwarder(stream, log, interval_s=60, warn=warnings.append)
-    stream.write_text('{"step": 1, "values": {}}\nnot json\n{"step": 2, "values": {}}\n{"step": 3, "values": {}}\n')
-    forwarder.close()
-    assert seen == [1, 3] and forwarder.failures == 2
+    tap = PipesTap(log, warn=warnings.append)
+    for message in (_custom({"kind": "metrics", "step": 1, "values": {}}),
+                    _custom({"kind": "metrics", "step": "not a step", "values": {}}),
+                    _custom({"kind": "metrics", "step": 2, "values": {}}),
+                    _custom({"kind": "metrics", "step": 3, "values": {}})):
+        assert tap.take(message)
+    assert seen == [1, 3] and tap.failures == 2
     assert len(warnings) == 1 and "could not forward" in warnings[0]  # said once, not per line

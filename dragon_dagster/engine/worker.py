@@ -2,8 +2,10 @@
 
 The training resource launches this through Dagster Pipes, so GPU memory is freed when it exits and the
 same command can run in a container or on a cluster. It speaks only the Pipes protocol (dagster_pipes, no
-dagster): log lines and a final result go back to the run; step metrics go to a stream file that the
-parent forwards to MLflow as they come.
+dagster): log lines, step metrics and the final result go back to the run as Pipes messages, through whatever
+channel the launcher chose (a temp file for a child process, the job's log for Ray, the pod's log for
+Kubernetes), so a worker on another node reports exactly as a local one; the parent logs the metrics to MLflow
+as they come. The outcome is also written to status.json beside the job, readable after a crash exit.
 
 Stopping: SIGINT or SIGTERM (a terminated Dagster run) asks a trainer to save a checkpoint and stop at the end
 of its step; any other job (merge, evaluation, synthesis) stops at once. The worker also dies with the
@@ -47,16 +49,16 @@ def watch_parent(expected: int, interval_s: float = 1.0) -> None:
 
 
 class PipesReporter(Reporter):
-    """Log lines go through Pipes; step metrics are appended to a stream file that the parent forwards to MLflow.
+    """Log lines and step metrics go through Pipes (custom messages `{"kind": "metrics", ...}`); the parent
+    logs the metrics to MLflow.
 
     The child never imports MLflow: that import and the first connection to a sqlite store cost about 4 s of
     a 2-core machine, more than the rest of what Dagster adds to a materialization.
     """
 
-    def __init__(self, pipes=None, metrics_stream: str | None = None):
+    def __init__(self, pipes=None):
         super().__init__()
         self.pipes = pipes
-        self.stream = Path(metrics_stream) if metrics_stream else None
 
     def log(self, message: str) -> None:
         if self.pipes is None:
@@ -65,16 +67,19 @@ class PipesReporter(Reporter):
             self.pipes.log.info(message)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
-        if self.stream is None or not values:
+        if self.pipes is None or not values:
             return
-        with self.stream.open("a") as f:  # one line per call, flushed on close: the parent reads whole lines
-            f.write(json.dumps({"step": int(step), "values": values}, default=float) + "\n")
+        self.pipes.report_custom_message({"kind": "metrics", "step": int(step),
+                                          "values": {k: float(v) for k, v in values.items()}})
 
     def send(self, payload: dict, status_file: Path) -> None:
         """The outcome, as a Pipes message and as a file beside the job (readable even after a crash exit)."""
-        status_file.write_text(json.dumps(payload, default=str))
+        try:
+            status_file.write_text(json.dumps(payload, default=str))
+        except OSError:  # a read-only or remote job folder: the Pipes message is what counts there
+            pass
         if self.pipes is not None:
-            self.pipes.report_custom_message({k: v for k, v in payload.items() if k != "result"})
+            self.pipes.report_custom_message(json.loads(json.dumps({"kind": "outcome", **payload}, default=str)))
 
 
 def load_job(job: dict):
@@ -105,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     status_file = job_file.parent / "status.json"
-    metrics_stream = job.pop("metrics_stream", None)
     under_pipes = bool(os.environ.get("DAGSTER_PIPES_CONTEXT"))
     if under_pipes:
         from dagster_pipes import open_dagster_pipes
@@ -114,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         pipes_cm = nullcontext(None)
     with pipes_cm as pipes:
-        reporter = PipesReporter(pipes, metrics_stream)
+        reporter = PipesReporter(pipes)
 
         trainer = is_trainer(job)
 

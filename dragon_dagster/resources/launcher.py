@@ -18,13 +18,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from dagster import (ConfigurableResource, DagsterRunStatus, Failure, PipesTempFileContextInjector,
-                     PipesTempFileMessageReader, open_pipes_session)
+from dagster import (ConfigurableResource, DagsterRunStatus, Failure, PipesMessageReader,
+                     PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session)
 from pydantic import Field
 
 from ..engine.spec.registry import KINDS
@@ -67,7 +67,8 @@ class TrainingResource(ConfigurableResource):
                 on_metrics: Callable[[int, dict], None] | None = None) -> dict:
         """Write the job file into workdir (it stays with the artifact), run the worker, return its result.
 
-        on_metrics(step, values) gets the worker's step metrics while it runs (the stages log them to MLflow).
+        on_metrics(step, values) gets the worker's step metrics while it runs (the stages log them to MLflow);
+        they arrive as Pipes messages, whichever launcher ran the worker.
         """
         kind = job["settings"]["kind"]
         job = {**job, "hardware": self.hardware()}
@@ -75,32 +76,26 @@ class TrainingResource(ConfigurableResource):
             job["speed"] = self.speed()
         job_file = Path(workdir) / "job.json"  # stays with the artifact: its own paths relative to it
         job_file.write_text(json.dumps(portable_job(job, workdir), indent=2))
-        run_file = Path(workdir) / ".job-run.json"  # absolute paths, with the metrics stream; removed after the run
-        stream = Path(workdir) / ".metrics-stream.jsonl"
-        run_file.write_text(json.dumps({**job, "metrics_stream": str(stream) if on_metrics else None}))
+        run_file = Path(workdir) / ".job-run.json"  # absolute paths; removed after the run
+        run_file.write_text(json.dumps(job))
         status_file = Path(workdir) / "status.json"
         command = [self.python or sys.executable, "-m", "dragon_dagster.engine.worker", str(run_file)]
-        forwarder = MetricsForwarder(stream, on_metrics, warn=context.log.warning) if on_metrics else None
+        tap = PipesTap(on_metrics, warn=context.log.warning)
         try:
-            returncode = self._run_worker(context, command, env or {})
+            returncode = self._run_worker(context, command, env or {}, tap)
         finally:
-            if forwarder:
-                forwarder.close()
             run_file.unlink(missing_ok=True)
-            stream.unlink(missing_ok=True)
-        if returncode != 0:
-            status = _read_status(status_file)
-            raise Failure(description=status.get("error") or f"the {kind} worker exited with code {returncode}: "
-                                                              "see the run's stdout for the traceback")
-        status = _read_status(status_file)
+        status = tap.outcome or _read_status(status_file)
         status_file.unlink(missing_ok=True)
-        if status.get("event") != "result":
-            raise Failure(description=f"the {kind} worker finished without a result")
+        if returncode != 0 or status.get("event") != "result":
+            raise Failure(description=status.get("error") or (
+                f"the {kind} worker exited with code {returncode}: see the run's stdout for the traceback"
+                if returncode else f"the {kind} worker finished without a result"))
         return status["result"]
 
-    def _run_worker(self, context, command: list[str], env: dict[str, str]) -> int:
+    def _run_worker(self, context, command: list[str], env: dict[str, str], tap: PipesTap) -> int:
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                                message_reader=PipesTempFileMessageReader()) as session:
+                                message_reader=tap.wrap(PipesTempFileMessageReader())) as session:
             proc = subprocess.Popen(command, start_new_session=True,  # its own process group: see the docstring
                                     env={**os.environ, **env, **session.get_bootstrap_env_vars(),
                                          PARENT_PID: str(os.getpid())})
@@ -190,50 +185,85 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-class MetricsForwarder:
-    """Follows the worker's metrics stream on a thread and hands each whole line to a callback, then drains it.
+class PipesTap:
+    """Takes the worker's own custom Pipes messages off the channel, whichever reader carries it (a temp
+    file, a Ray job's log, a pod's log): step metrics go to on_metrics as they arrive, the outcome (result or
+    error) is kept. Everything else goes on to Dagster's handler.
 
-    Metrics are a view of the run, not its result: a line that fails to parse or to log is reported once and
-    skipped, and never fails or blocks the training it describes.
+    Metrics are a view of the run, not its result: one that fails to log is reported once and skipped, and
+    never fails or blocks the training it describes.
     """
 
-    def __init__(self, path: Path, on_metrics: Callable[[int, dict], None], interval_s: float = 1.0,
+    def __init__(self, on_metrics: Callable[[int, dict], None] | None = None,
                  warn: Callable[[str], None] = print):
-        self.path, self.on_metrics, self.interval_s, self.warn = path, on_metrics, interval_s, warn
-        self.offset, self.failures = 0, 0
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._follow, daemon=True, name="metrics-forwarder")
-        self.thread.start()
+        self.on_metrics, self.warn = on_metrics, warn
+        self.outcome: dict = {}
+        self.failures = 0
 
-    def _follow(self) -> None:
-        while not self.done.wait(self.interval_s):
-            self.forward()
+    def wrap(self, reader: PipesMessageReader) -> PipesMessageReader:
+        return _TappedReader(reader, self)
 
-    def forward(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return
-        for line in chunk.splitlines(keepends=True):
-            if not line.endswith(b"\n"):
-                break  # still being written: the next pass takes it whole
-            self.offset += len(line)
+    def take(self, message: dict) -> bool:
+        """True when message was the worker's own (metrics or outcome) and has been dealt with here."""
+        if message.get("method") != "report_custom_message":
+            return False
+        payload = (message.get("params") or {}).get("payload")
+        if not isinstance(payload, dict) or payload.get("kind") not in ("metrics", "outcome"):
+            return False
+        if payload["kind"] == "outcome":
+            self.outcome = {k: v for k, v in payload.items() if k != "kind"}
+        elif self.on_metrics is not None:
             try:
-                record = json.loads(line)
-                self.on_metrics(record["step"], record["values"])
+                self.on_metrics(int(payload["step"]), dict(payload["values"]))
             except Exception as exc:  # noqa: BLE001 - see the class docstring
                 self.failures += 1
                 if self.failures == 1:
                     self.warn(f"could not forward step metrics to tracking ({type(exc).__name__}: {exc}); "
                               "training goes on, the metrics stay in the artifact's progress.jsonl")
+        return True
 
-    def close(self, timeout_s: float = 30) -> None:
-        self.done.set()
-        self.thread.join(timeout_s)
-        if not self.thread.is_alive():
-            self.forward()
+
+class _TappedHandler:
+    """Dagster's message handler, with the tap in front of handle_message."""
+
+    def __init__(self, handler, tap: PipesTap):
+        self._handler, self._tap = handler, tap
+
+    def handle_message(self, message) -> None:
+        if not self._tap.take(message):
+            self._handler.handle_message(message)
+
+    def __getattr__(self, name):
+        return getattr(self._handler, name)
+
+
+class _TappedReader(PipesMessageReader):
+    """A message reader that hands its messages to a PipesTap first; all else is the wrapped reader's."""
+
+    def __init__(self, reader: PipesMessageReader, tap: PipesTap):
+        self.reader, self.tap = reader, tap
+
+    @contextmanager
+    def read_messages(self, handler) -> Iterator[dict]:
+        with self.reader.read_messages(_TappedHandler(handler, self.tap)) as params:
+            yield params
+
+    def on_opened(self, opened_payload) -> None:
+        self.reader.on_opened(opened_payload)
+
+    def on_launched(self, launched_payload) -> None:
+        self.reader.on_launched(launched_payload)
+
+    def messages_are_readable(self, params) -> bool:
+        readable = getattr(self.reader, "messages_are_readable", None)
+        return readable(params) if readable else True
+
+    @property
+    def expected_writer_count(self) -> int:
+        return self.reader.expected_writer_count
+
+    def no_messages_debug_text(self) -> str:
+        return self.reader.no_messages_debug_text()
 
 
 def _read_status(path: Path) -> dict:
