@@ -7,6 +7,9 @@ write bits on its files and directories: `remove_tree` deletes one). The staging
 writes it (`.tmp-<name>.run-<run id>.<random>`), so a cleaner can tell a live run's staging directory from
 one a killed run left behind (ArtifactStore.clean_stale_staging).
 
+On shared storage (ArtifactStore.artifact_uri: an object store has no rename) the same promise is kept by a
+marker object written after every file: engine/remote.py.
+
 Training checkpoints are judged here too (`checkpoint_problem`): what transformers' Trainer needs to resume.
 """
 

@@ -13,6 +13,7 @@ from typing import Iterator
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from ..engine import remote
 from ..engine.artifacts import (STAGING_PREFIX, checkpoint_problem, checkpoint_step, new_artifact_path,
                                 remove_tree, staged_dir, staging_owner)
 
@@ -40,18 +41,80 @@ class ArtifactStore(ConfigurableResource):
 
     runs_dir: str = Field(default="", description="Root of artifacts, checkpoints and the MLflow store. "
                                                   "Empty: $DRAGON_RUNS_DIR, else ./runs.")
+    artifact_uri: str = Field(
+        default="", description="Where finished artifacts live for every node, e.g. s3://bucket/prefix or "
+                                "file:///mnt/shared/artifacts: each is published to <artifact_uri>/<pipeline>/<stage>/"
+                                "<name>/ (files, then a .complete marker) and runs_dir/artifacts is its local cache. "
+                                "Credentials and endpoints come from the environment only (AWS_ACCESS_KEY_ID, "
+                                "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...). Empty: local artifacts only.")
 
     @property
     def root(self) -> Path:
         return Path(self.runs_dir).resolve() if self.runs_dir else default_runs_dir()
 
+    @property
+    def artifacts_root(self) -> Path:
+        return self.root / "artifacts"
+
     @contextmanager
     def new_artifact(self, pipeline: str, stage: str, run_id: str) -> Iterator[tuple[Path, Path]]:
         """(staging dir to write into, final path it becomes when the block succeeds). The staging directory's
-        name carries run_id (clean_stale_staging asks whether that run is alive); the final one is read-only."""
-        final = new_artifact_path(self.root / "artifacts", pipeline, stage, run_id)
+        name carries run_id (clean_stale_staging asks whether that run is alive); the final one is read-only.
+
+        With artifact_uri, the finished directory is published to uri_for(final) before it is renamed locally:
+        an upload that fails fails the block (RemoteStoreError naming the URI) and leaves no artifact, local
+        or remote; the local one is the Dagster side's cache of the remote one."""
+        final = new_artifact_path(self.artifacts_root, pipeline, stage, run_id)
         with staged_dir(final, owner=run_id) as tmp:
             yield tmp, final
+            if self.artifact_uri:
+                remote.publish_dir(tmp, self.uri_for(final), replace_incomplete=False)
+
+    def uri_for(self, path: str | Path) -> str | None:
+        """The URI of a local artifact path (or of a file inside one) in artifact_uri; None without
+        artifact_uri or for a path outside runs_dir/artifacts."""
+        if not self.artifact_uri:
+            return None
+        rel = self._relative(path)
+        return None if rel is None else remote.join(self.artifact_uri, rel.as_posix())
+
+    def _relative(self, path: str | Path) -> Path | None:
+        root = self.artifacts_root.resolve()
+        path = Path(path).resolve()
+        return path.relative_to(root) if root in path.parents else None
+
+    def staging_uri(self, final: str | Path, run_id: str) -> str:
+        """Where a worker on another node writes the output for the artifact final (engine/remote.py
+        remote_job, collect): <artifact_uri>/.staging/<run_id>/<pipeline>/<stage>/<name>-<nonce>."""
+        rel = self._relative(final)
+        if not self.artifact_uri or rel is None:
+            raise ValueError(f"no staging URI for {final}: artifact_uri is {self.artifact_uri!r}")
+        return remote.staging_uri(self.artifact_uri, _one_name(run_id), rel.as_posix())
+
+    def local(self, path_or_uri: str | Path) -> Path:
+        """A local path for an artifact (or a file inside one): the path itself when it is there; else, for a
+        path under runs_dir/artifacts (its local copy gone: another machine, a cleaned cache) or a URI under
+        artifact_uri, the complete remote artifact downloaded into runs_dir/artifacts (staged, renamed,
+        read-only). RemoteStoreError naming the URI when there is no complete artifact there."""
+        value = str(path_or_uri)
+        if remote.is_uri(value):
+            base = self.artifact_uri.rstrip("/")
+            if not base or not value.startswith(base + "/"):
+                raise ValueError(f"{value} is not under this store's artifact_uri ({self.artifact_uri or 'unset'})")
+            rel = Path(value[len(base) + 1:].strip("/"))
+        else:
+            if Path(value).exists():
+                return Path(value)
+            rel = self._relative(value)
+            if rel is None or not self.artifact_uri:
+                raise FileNotFoundError(f"no artifact at {value}" + ("" if self.artifact_uri else
+                                                                       " (and no artifact_uri to fetch it from)"))
+        parts = rel.parts
+        if len(parts) < remote.ARTIFACT_DEPTH or ".." in parts or parts[0].startswith("."):
+            raise ValueError(f"{path_or_uri} names no artifact (<pipeline>/<stage>/<name>/...)")
+        artifact = Path(*parts[:remote.ARTIFACT_DEPTH])
+        local = remote.fetch_dir(remote.join(self.artifact_uri, artifact.as_posix()), self.artifacts_root / artifact)
+        return local.joinpath(*parts[remote.ARTIFACT_DEPTH:])
 
     def clean_stale_staging(self, is_live: Callable[[str], bool], min_age_s: float = 600,
                             unowned_min_age_s: float = 86400,
