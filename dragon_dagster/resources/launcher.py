@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from dagster import (ConfigurableResource, DagsterRunStatus, Failure, PipesMessageReader,
                      PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session)
@@ -30,6 +30,7 @@ from pydantic import Field
 from ..engine.spec.registry import KINDS
 from ..engine.spec.settings import Hardware, Speed
 from ..engine.worker import PARENT_PID
+from .k8s_pod import K8sPod
 
 ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
 
@@ -51,8 +52,26 @@ class TrainingResource(ConfigurableResource):
         default=0, description="GRPO: completions sampled per generation round, reused over several optimizer "
                                "steps (TRL generation_batch_size). 0: one step's worth.")
     torch_compile: bool = Field(default=False, description="Compile the model with torch.compile before training.")
-    launcher: Literal["subprocess"] = Field(default="subprocess", description="How the worker is started.")
-    python: str = Field(default="", description="Python interpreter for the worker. Empty: this one.")
+    launcher: Literal["subprocess", "ray", "k8s"] = Field(
+        default="subprocess", description="Where the worker runs. subprocess: a child process of the Dagster run "
+                                          "(torchrun with workers > 1); ray: a Ray job on the cluster at "
+                                          "ray_address (Ray Train with workers > 1); k8s: a pod (see k8s).")
+    workers: int = Field(default=1, ge=1, description="Data-parallel processes that train one stage, gradients "
+                                                      "synchronised. A stage's batch_size stays the global batch.")
+    cpus_per_worker: float = Field(default=1.0, gt=0, description="CPUs each worker asks for (ray, k8s).")
+    gpus_per_worker: float = Field(default=-1, description="GPUs each worker asks for (ray, k8s). -1: one when "
+                                                           "device is cuda, else none.")
+    memory_gb_per_worker: float = Field(default=0, ge=0, description="Memory each worker asks for (ray, k8s); "
+                                                                     "0: no request.")
+    ray_address: str = Field(default="", description="Ray dashboard address, e.g. http://head:8265. Empty: "
+                                                     "$RAY_ADDRESS.")
+    ray_runtime_env: dict[str, Any] = Field(
+        default_factory=dict, description="Ray runtime_env for the job (pip, env_vars, ...). Visible in the Ray "
+                                          "dashboard: keep secrets in the cluster's environment, not here.")
+    k8s: K8sPod = Field(default_factory=K8sPod, description="The pod a k8s worker runs in: image, namespace, "
+                                                            "volumes, node selector, secrets.")
+    python: str = Field(default="", description="Python interpreter for the worker. Empty: this one for "
+                                                "subprocess, `python` on the PATH of a Ray node or pod.")
     termination_timeout_s: float = Field(default=600, description="How long a cancelled trainer may take "
                                                                    "to save its checkpoint before it is killed.")
 
@@ -74,24 +93,61 @@ class TrainingResource(ConfigurableResource):
         job = {**job, "hardware": self.hardware()}
         if KINDS[kind].role == "training":
             job["speed"] = self.speed()
+            if self.workers > 1:
+                job["parallel"] = self.parallel()
         job_file = Path(workdir) / "job.json"  # stays with the artifact: its own paths relative to it
         job_file.write_text(json.dumps(portable_job(job, workdir), indent=2))
         run_file = Path(workdir) / ".job-run.json"  # absolute paths; removed after the run
         run_file.write_text(json.dumps(job))
         status_file = Path(workdir) / "status.json"
-        command = [self.python or sys.executable, "-m", "dragon_dagster.engine.worker", str(run_file)]
+        # on a cluster, the interpreter on the nodes' PATH: this process's path means nothing there
+        python = self.python or ("python" if self.launcher != "subprocess" else sys.executable)
+        command = [python, "-m", "dragon_dagster.engine.worker", str(run_file)]
+        if job.get("parallel", {}).get("backend") == "torchrun":
+            command[1:3] = ["-m", "torch.distributed.run", "--standalone",
+                            f"--nproc-per-node={self.workers}", "-m", "dragon_dagster.engine.worker"]
         tap = PipesTap(on_metrics, warn=context.log.warning)
         try:
-            returncode = self._run_worker(context, command, env or {}, tap)
+            returncode = self._launch(context, command, env or {}, tap, parallel=bool(job.get("parallel")))
         finally:
             run_file.unlink(missing_ok=True)
         status = tap.outcome or _read_status(status_file)
         status_file.unlink(missing_ok=True)
         if returncode != 0 or status.get("event") != "result":
             raise Failure(description=status.get("error") or (
-                f"the {kind} worker exited with code {returncode}: see the run's stdout for the traceback"
-                if returncode else f"the {kind} worker finished without a result"))
+                f"the {kind} worker ({self.launcher}) exited with code {returncode}: see the run's log for the "
+                "traceback" if returncode else f"the {kind} worker finished without a result"))
         return status["result"]
+
+    def parallel(self) -> dict:
+        """How the worker spreads one training stage over `workers` processes (engine/worker.py reads it)."""
+        return {"workers": self.workers, "backend": "ray" if self.launcher == "ray" else "torchrun",
+                "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus()}
+
+    def gpus(self) -> float:
+        if self.gpus_per_worker >= 0:
+            return self.gpus_per_worker
+        return 1.0 if self.device == "cuda" else 0.0
+
+    def _launch(self, context, command: list[str], env: dict[str, str], tap: PipesTap, parallel: bool) -> int:
+        if self.launcher == "ray":
+            from .ray_job import run_ray_job
+
+            parent = os.getppid()
+            return run_ray_job(
+                context, address=self.ray_address, command=command, env=env, wrap_reader=tap.wrap,
+                runtime_env=self.ray_runtime_env, stop_wait_s=self.termination_timeout_s,
+                # with workers > 1 the driver only coordinates: the Ray Train workers hold the resources
+                cpus=0 if parallel else self.cpus_per_worker, gpus=0 if parallel else self.gpus(),
+                memory_gb=0 if parallel else self.memory_gb_per_worker, gone=lambda: run_gone(context, parent))
+        if self.launcher == "k8s":
+            from .k8s_pod import run_pod
+
+            n = self.workers if parallel else 1  # torchrun runs the ranks inside the one pod
+            return run_pod(context, self.k8s, command, env, tap.wrap, cpus=self.cpus_per_worker * n,
+                           gpus=self.gpus() * n, memory_gb=self.memory_gb_per_worker * n,
+                           termination_grace_s=self.termination_timeout_s)
+        return self._run_worker(context, command, env, tap)
 
     def _run_worker(self, context, command: list[str], env: dict[str, str], tap: PipesTap) -> int:
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
