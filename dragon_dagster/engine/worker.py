@@ -11,6 +11,11 @@ Stopping: SIGINT or SIGTERM (a terminated Dagster run) asks a trainer to save a 
 of its step; any other job (merge, evaluation, synthesis) stops at once. The worker also dies with the
 process that started it: a watchdog stops it when its parent is gone, so a killed Dagster step never leaves
 a worker training under PID 1.
+
+Data parallelism (a training job with `parallel: {workers: N, backend: ...}`, see distributed.py): under
+torchrun every rank runs this module; rank 0 opens Pipes, reports and writes the artifact, the others print
+to stdout with a `[rank k]` prefix. With backend "ray" this process is the Ray job's driver: it starts a Ray
+Train TorchTrainer whose workers run the stage, and forwards rank 0's lines and metrics (train/on_ray.py).
 """
 
 from __future__ import annotations
@@ -19,28 +24,46 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
+from . import distributed
 from .reporter import Reporter
 
 EXIT_FAILED, EXIT_CANCELLED = 2, 3
-PARENT_PID = "DRAGON_WORKER_PARENT_PID"  # set by the launcher; the watchdog compares os.getppid() with it
+PARENT_PID = "DRAGON_WORKER_PARENT_PID"  # set by the launcher: the watchdog compares os.getppid() with it
+# (under torchrun, whose agent is the parent, it checks that this process is alive)
+# Under torchrun a cancel reaches each rank twice: the launcher signals the whole process group, and the
+# torchrun agent forwards the signal it got to the ranks. Repeats this close to the first are the same request.
+SAME_REQUEST_S = 5.0
 
 
 class StopNow(BaseException):
     """Raised by the signal handler in a job that has no checkpoint to save: it stops where it is."""
 
 
-def watch_parent(expected: int, interval_s: float = 1.0) -> None:
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def watch_parent(expected: int, interval_s: float = 1.0, grandparent: bool = False) -> None:
     """Signal this process (SIGTERM, as a terminate would) once its parent has died: reparenting changes
-    getppid. A thread, so it works wherever the worker runs; the launcher sets the pid it expects."""
+    getppid. A thread, so it works wherever the worker runs; the launcher sets the pid it expects.
+
+    grandparent: the launcher's process is not the parent (torchrun's agent is, under torchrun), so watch
+    that it is alive instead."""
     import threading
-    import time
 
     def watch():
-        while os.getppid() == expected:
+        while (alive(expected) if grandparent else os.getppid() == expected):
             time.sleep(interval_s)
         print(f"worker: parent process {expected} is gone; stopping", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
@@ -87,6 +110,7 @@ def load_job(job: dict):
     from .spec.registry import kind_of, parse_stage
 
     job = dict(job)
+    job.pop("parallel", None)  # how the job is spread over workers; the ranks read theirs from the environment
     settings = parse_stage(job.pop("settings"))
     job_class, run = kind_of(settings).load_worker()
     return job_class(settings=settings, **job), run
@@ -105,45 +129,78 @@ def run_job(job: dict, reporter: Reporter) -> dict:
     return run(loaded, reporter)
 
 
+def execute(job: dict, reporter: Reporter) -> tuple[dict, int]:
+    """Run the job: (the outcome to report, the exit code). A failure is reported as a clean message; its
+    traceback goes to stdout."""
+    try:
+        result = run_job(job, reporter)
+    except (Exception, StopNow) as exc:
+        from .train.trainer import Cancelled
+
+        traceback.print_exc()
+        cancelled = isinstance(exc, (Cancelled, StopNow))
+        return ({"event": "cancelled" if cancelled else "error", "error": f"{type(exc).__name__}: {exc}"},
+                EXIT_CANCELLED if cancelled else EXIT_FAILED)
+    return {"event": "result", "result": result}, 0
+
+
+def handle_stop_signals(reporter: Reporter, trainer: bool) -> None:
+    """SIGINT/SIGTERM: a trainer saves a checkpoint and stops at the end of its step, a second signal (not the
+    torchrun agent's forward of the first) stops at once; any other job stops at once."""
+    first: list[float] = []
+    repeats_are_one = distributed.under_torchrun()
+
+    def request_stop(signum, frame):
+        if not trainer:
+            raise StopNow(f"stopped on signal {signum}")
+        if reporter.stop_requested:
+            if repeats_are_one and time.monotonic() - first[0] < SAME_REQUEST_S:
+                return
+            raise StopNow(f"stopped on signal {signum}")
+        first.append(time.monotonic())
+        reporter.stop_requested = True
+        reporter.log(f"received signal {signum}: saving a checkpoint and stopping at the end of this step")
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+
+
+def watch_launcher() -> None:
+    if os.environ.get(PARENT_PID):
+        watch_parent(int(os.environ[PARENT_PID]), grandparent=distributed.under_torchrun())
+
+
+def open_pipes():
+    """Dagster Pipes when the launcher set it up (rank 0 only: one writer per channel), else nothing."""
+    if os.environ.get("DAGSTER_PIPES_CONTEXT"):
+        from dagster_pipes import open_dagster_pipes
+
+        return open_dagster_pipes()
+    return nullcontext(None)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = argv if argv is not None else sys.argv[1:]
     job_file = Path(argv[0])
     job = json.loads(job_file.read_text())
     status_file = job_file.parent / "status.json"
-    under_pipes = bool(os.environ.get("DAGSTER_PIPES_CONTEXT"))
-    if under_pipes:
-        from dagster_pipes import open_dagster_pipes
+    parallel = distributed.Parallel.from_job(job)
+    if parallel is not None and parallel.backend == "ray":  # the driver; the ranks run on_ray.rank_loop
+        from .train import on_ray
 
-        pipes_cm = open_dagster_pipes()
-    else:
-        pipes_cm = nullcontext(None)
-    with pipes_cm as pipes:
+        return on_ray.drive(job, parallel, status_file)
+    if not distributed.is_main():  # never opens Pipes, writes no status: rank 0 speaks for all
+        reporter = distributed.RankReporter(distributed.rank())
+        handle_stop_signals(reporter, is_trainer(job))
+        watch_launcher()
+        return execute(job, reporter)[1]
+    with open_pipes() as pipes:
         reporter = PipesReporter(pipes)
-
-        trainer = is_trainer(job)
-
-        def request_stop(signum, frame):
-            if reporter.stop_requested or not trainer:
-                raise StopNow(f"stopped on signal {signum}")
-            reporter.stop_requested = True  # a second signal stops at once
-            reporter.log(f"received signal {signum}: saving a checkpoint and stopping at the end of this step")
-
-        signal.signal(signal.SIGINT, request_stop)
-        signal.signal(signal.SIGTERM, request_stop)
-        if os.environ.get(PARENT_PID):
-            watch_parent(int(os.environ[PARENT_PID]))
-        try:
-            result = run_job(job, reporter)
-        except (Exception, StopNow) as exc:  # reported to the parent as a clean message; traceback in stdout
-            from .train.trainer import Cancelled
-
-            traceback.print_exc()
-            cancelled = isinstance(exc, (Cancelled, StopNow))
-            reporter.send({"event": "cancelled" if cancelled else "error",
-                           "error": f"{type(exc).__name__}: {exc}"}, status_file)
-            return EXIT_CANCELLED if cancelled else EXIT_FAILED
-        reporter.send({"event": "result", "result": result}, status_file)
-    return 0
+        handle_stop_signals(reporter, is_trainer(job))
+        watch_launcher()
+        outcome, code = execute(job, reporter)
+        reporter.send(outcome, status_file)
+    return code
 
 
 if __name__ == "__main__":

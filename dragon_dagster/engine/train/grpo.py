@@ -15,6 +15,7 @@ from pathlib import Path
 from statistics import mean
 
 from . import progress
+from .. import distributed
 from ..evaluate.replies import generate
 from ..reporter import Reporter
 from ..rewards import RewardSet, trl_reward_funcs
@@ -27,13 +28,22 @@ class GRPOJob(StageJob):
 
 
 def validate(job: GRPOJob) -> RewardSet:
-    """What the settings model cannot see: the resource's generation batch against the stage's step."""
+    """What the settings model cannot see: the resource's generation batch against the stage's step, and the
+    step's completions against the data-parallel workers that share them."""
     generation = (job.speed or {}).get("generation_batch_size")
     step = job.settings.args.batch_size * job.settings.group_size
+    per_worker_completions(job.settings.args.batch_size, job.settings.group_size, distributed.world_size())
     if generation and generation % step:  # checked before a model loads
         raise ValueError(f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
                          f"completions, batch_size x group_size = {step}")
     return RewardSet.from_list(job.settings.rewards, base_dir=job.output_dir)  # custom files were copied in there
+
+
+def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
+    """Completions each worker scores per step: batch_size counts prompts across all workers (the global
+    batch), each answered group_size times; TRL gathers the rewards, so a group may span workers."""
+    return distributed.split_batch(batch_size * group_size, workers,
+                                   what=f"batch_size x group_size (completions per step, {batch_size} x {group_size})")
 
 
 def progress_columns(rewards: RewardSet) -> dict[str, str]:
@@ -80,10 +90,16 @@ def watch_groups(funcs: list, group_size: int, out: Path) -> list:
 
     TRL's frac_reward_zero_std is taken on the weighted total, which a continuous reward such as length
     keeps near 0 even when no group disagrees on correctness; per reward is what shows a missing signal.
+    With several workers each scores its own completions, and rank 0 records its share of the groups: the
+    artifact is rank 0's to write (another node's rank may not even see its folder).
     """
+    main = distributed.is_main()
+
     def wrap(func):
         def watched(prompts, completions, completion_ids=None, **kwargs):
             scores = func(prompts, completions, completion_ids, **kwargs)
+            if not main:
+                return scores
             groups = [scores[i:i + group_size] for i in range(0, len(scores), group_size)]
             frac = mean(max(g) == min(g) for g in groups) if groups else 1.0
             with (out / "groups.jsonl").open("a") as f:
@@ -114,7 +130,8 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
-    args["per_device_train_batch_size"] = p.args.batch_size * job.settings.group_size  # batch_size counts prompts
+    args["per_device_train_batch_size"] = per_worker_completions(p.args.batch_size, job.settings.group_size,
+                                                                 p.workers)  # batch_size counts prompts
     if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
         args["generation_batch_size"] = p.speed.generation_batch_size
     config = GRPOConfig(**args, num_generations=job.settings.group_size, max_completion_length=job.settings.max_new_tokens,
@@ -128,11 +145,15 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
         model=p.model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(p.train_rows),
         processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
     held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
-    trainer.model.eval()
-    with trainer.model.disable_adapter():  # the model this stage started from
-        before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
-    reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
+    main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
+    if main:
+        trainer.model.eval()
+        with trainer.model.disable_adapter():  # the model this stage started from
+            before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
+        reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
     result = run_trainer(trainer, callback, job, reporter)
+    if not main:
+        return {"global_step": trainer.state.global_step, "rank": distributed.rank()}
     trainer.model.eval()
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
@@ -165,9 +186,9 @@ def chunked_logprob_trainer():
             logps, entropies = [], []
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
-                with self.accelerator.autocast():
-                    lp, ent = lm_head.completion_logprobs(self.accelerator.unwrap_model(model), input_ids[rows],
-                                                          attention_mask[rows], logits_to_keep, self.temperature)
+                with self.accelerator.autocast():  # through DDP's forward, so that its backward all-reduces
+                    lp, ent = lm_head.through_wrapper(model, lm_head.completion_logprobs, input_ids[rows],
+                                                      attention_mask[rows], logits_to_keep, self.temperature)
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None

@@ -108,6 +108,33 @@ def use_chunked(speed, model, lora_targets, reporter) -> bool:
     return True
 
 
+def through_wrapper(model, fn, *args):
+    """fn(the wrapped model, *args), run as the forward of model's DistributedDataParallel wrapper if it has one.
+
+    The chunked paths call the backbone and the head themselves, past the model's forward. DDP all-reduces the
+    gradients only of a backward that follows its own forward (which readies its reducer), so under data
+    parallelism fn stands in for the inner model's forward for one call: the gradients then synchronise as
+    for any model call, bucketed and overlapped with the backward. Without DDP (one process) fn is called
+    directly, as before.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel):
+        return fn(model, *args)
+    inner = model.module
+    if not torch.is_grad_enabled():  # nothing to synchronise (reference and old-policy log-probs)
+        return fn(inner, *args)
+    shadowed = inner.__dict__.get("forward")  # accelerate may have put its own (autocast) forward there
+    inner.forward = lambda *passed: fn(inner, *passed)
+    try:
+        return model(*args)
+    finally:
+        if shadowed is None:
+            del inner.forward
+        else:
+            inner.forward = shadowed
+
+
 def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None) -> tuple[torch.Tensor, dict]:
     """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
     backbone, head = backbone_and_head(model)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import progress
+from .. import distributed
 from ..evaluate.replies import generate
 from ..reporter import Reporter
 from ..spec.stages import Preference
@@ -24,7 +25,8 @@ class PreferenceJob(StageJob):
 def build_trainer(job: PreferenceJob, p, callback):
     from datasets import Dataset
 
-    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed), beta=job.settings.beta, max_length=p.args.max_seq_len)
+    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, workers=p.workers),
+                  beta=job.settings.beta, max_length=p.args.max_seq_len)
     train = Dataset.from_list(p.train_rows)
     evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
     if job.settings.method == "orpo":
@@ -50,12 +52,14 @@ def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
     summary.update(first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None)
-    if p.eval_rows:
+    if p.eval_rows:  # every rank: the evaluation is sharded across them
         reporter.log(f"evaluating preference accuracy on {len(p.eval_rows)} held-out pairs")
         figures = trainer.evaluate()
         summary.update(pref_accuracy=figures.get("eval_rewards/accuracies"),
                        reward_margin=figures.get("eval_rewards/margins"),
                        preference_loss=figures.get("eval_loss"))  # the DPO/ORPO objective, not a language-model NLL
+    if not distributed.is_main():  # rank 0 samples and writes the artifact
+        return {**summary, "rank": distributed.rank()}
     rows = (p.eval_rows or p.train_rows)[: job.settings.n_samples]
     trainer.model.eval()
     replies = generate(trainer.model, p.tokenizer, [r["prompt"] for r in rows], max_new_tokens=job.settings.max_new_tokens)

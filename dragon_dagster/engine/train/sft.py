@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import progress
+from .. import distributed
 from ..evaluate.replies import eval_metrics, evaluate_rows
 from ..reporter import Reporter
 from ..spec.settings import Hardware
@@ -37,7 +38,7 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
 
     p = prepare(job)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
-    args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
+    args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers)
     config = SFTConfig(**args, max_length=p.args.max_seq_len, completion_only_loss=True,
                        packing=p.speed.packing == "on", packing_strategy="bfd")
     callback = progress_callback(reporter, Path(job.output_dir))
@@ -47,6 +48,8 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
         model=p.model, args=config, train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
         peft_config=lora_config(p.lora), callbacks=[callback])
     result = run_trainer(trainer, callback, job, reporter)
+    if not distributed.is_main():  # rank 0 evaluates and writes the artifact
+        return {"global_step": trainer.state.global_step, "rank": distributed.rank()}
     rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
     summary = summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
                         reporter)
@@ -73,14 +76,25 @@ def chunked_loss_trainer():
             if return_outputs or not model.training or not plain_nll:
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             labels = inputs["labels"]
-            loss, counts = lm_head.causal_lm_loss(model, inputs, labels, num_items_in_batch)
+            # through the DDP wrapper's forward when there is one: that is what makes its backward all-reduce
+            loss, counts = lm_head.through_wrapper(model, lm_head.causal_lm_loss, inputs, labels, num_items_in_batch)
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes
-            self._metrics["train"]["mean_token_accuracy"].append(counts["correct"] / max(counts["tokens"], 1))
             seen = inputs["attention_mask"].sum() if "attention_mask" in inputs else inputs["position_ids"].size(1)
-            self._total_train_tokens += int(seen)
+            correct, tokens, seen = self.count_all_ranks(counts["correct"], counts["tokens"], int(seen),
+                                                         device=loss.device)
+            self._metrics["train"]["mean_token_accuracy"].append(correct / max(tokens, 1))
+            self._total_train_tokens += seen
             self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
             return loss
+
+        def count_all_ranks(self, *counts: int, device) -> list[int]:
+            """The counts summed over the data-parallel ranks, as TRL's figures are (one small all-reduce)."""
+            if self.accelerator.num_processes == 1:
+                return list(counts)
+            import torch
+
+            return [int(v) for v in self.accelerator.reduce(torch.tensor(counts, device=device), "sum").tolist()]
 
     return ChunkedLossSFTTrainer
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import progress
+from .. import distributed
 from ..artifacts import checkpoint_problem, checkpoint_step
 from ..data.tables import read_jsonl
 from ..models import load_model, load_tokenizer, pick_device, pick_dtype
@@ -47,6 +48,7 @@ class Prepared:
     eval_rows: list[dict]
     tokenizer: object
     model: object
+    workers: int = 1                 # data-parallel ranks sharing args.batch_size (the global batch)
 
 
 def prepare(job: StageJob) -> Prepared:
@@ -60,11 +62,14 @@ def prepare(job: StageJob) -> Prepared:
         raise TrainingError(f"no training rows in {job.train_file}")
     tokenizer = load_tokenizer(job.model)
     model = load_model(job.model, hardware, adapters=job.adapters, trainable=True)
-    return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model)
+    return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size())
 
 
 def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
-    """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput."""
+    """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput.
+
+    With several workers every rank trains and stops alike; rank 0 alone writes the progress and the adapter.
+    """
     quiet_progress_bar(trainer)
     job.resume_from = resume_point(job.resume_from, reporter)
     if job.resume_from:
@@ -73,7 +78,10 @@ def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
                  f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
                  + (f", resuming from {job.resume_from}" if job.resume_from else ""))
     result = trainer.train(resume_from_checkpoint=job.resume_from)
+    distributed.check_in_sync(trainer.model, reporter.log)
     finish_training(trainer, callback, job.checkpoint_dir, reporter)
+    if not distributed.is_main():
+        return result
     adapter_dir = Path(job.output_dir) / "adapter"
     trainer.model.save_pretrained(adapter_dir)
     trainer.processing_class.save_pretrained(adapter_dir)
@@ -143,6 +151,8 @@ def carry_history(trainer, callback, checkpoint: str, out_dir: Path, reporter: R
     rows = [progress_row(entry["step"], {k: v for k, v in entry.items() if k != "step"}, callback.columns)
             for entry in state.get("log_history", [])
             if isinstance(entry.get("step"), int) and entry["step"] <= step and "train_runtime" not in entry]
+    if not distributed.is_main():
+        return
     progress.write(out_dir, rows)  # replaces rows a stopped run left in out_dir: history, then the resumed steps
     reporter.log(f"progress: {len(rows)} rows logged before step {step} carried over from {checkpoint}")
 
@@ -165,15 +175,17 @@ def lora_config(lora: Lora):
 
 
 def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed: Speed | None = None,
-                compiled_here: bool = False) -> dict:
+                compiled_here: bool = False, workers: int = 1) -> dict:
     """Trainer arguments every stage shares, from dragon_train_args-style settings.
 
     compiled_here: the stage compiled its model itself (lm_head.use_chunked), so the trainer must not again.
+    workers: data-parallel ranks; args.batch_size is the global batch, so each rank takes its share.
     """
     return dict(
         torch_compile=bool(speed and speed.torch_compile and not compiled_here),
         output_dir=checkpoint_dir, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
-        per_device_train_batch_size=args.batch_size, gradient_accumulation_steps=args.grad_accum,
+        per_device_train_batch_size=distributed.split_batch(args.batch_size, workers),
+        gradient_accumulation_steps=args.grad_accum,
         learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,
         logging_steps=args.logging_steps, logging_first_step=True, save_strategy="steps",
         save_steps=args.save_steps, save_total_limit=2, gradient_checkpointing=args.gradient_checkpointing,
@@ -208,7 +220,7 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
             self.cancelled = False
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = dict(logs or {})
+            logs = dict(logs or {})  # the same on every rank: the trainer averages the loss across ranks
             loss = logs.get("loss")
             # logging_nan_inf_filter is off, so a NaN loss shows here; a NaN gradient norm is the same failure.
             if any(v is not None and not math.isfinite(v) for v in (loss, logs.get("grad_norm"))):
@@ -217,6 +229,8 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
             elapsed = time.time() - self.started
             done = max(state.global_step - self.first_step, 1)
             eta = elapsed / done * max(state.max_steps - state.global_step, 0)
+            if not state.is_world_process_zero:  # rank 0 writes and reports for all
+                return
             progress.append(out_dir, progress_row(state.global_step, logs, columns, elapsed, eta))
             metrics = {f"{prefix}/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
             reporter.metrics(state.global_step, metrics)
@@ -227,7 +241,7 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
             self.first_step = state.global_step
 
         def on_step_end(self, args, state, control, **kwargs):
-            if reporter.should_stop():
+            if distributed.agree(reporter.should_stop()):  # every rank stops after the same step
                 self.cancelled = True
                 control.should_save = True
                 control.should_training_stop = True
