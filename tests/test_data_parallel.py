@@ -1,0 +1,317 @@
+"""Data-parallel training (`parallel: {workers: N}`): the worker under torchrun and as a Ray job's driver.
+
+Real processes throughout: torchrun ranks on gloo, a Ray head on loopback. The global batch stays the
+settings' batch_size, so two workers must learn what one does: the same loss and gradient norm, step after
+step, and identical weights on every rank (the chunked loss head goes through DDP's forward for that).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dragon_dagster.engine import distributed
+from dragon_dagster.engine.artifacts import checkpoint_problem
+from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
+from dragon_dagster.engine.spec.stages import GRPO, SFT, Preference
+
+from .conftest import closed_port
+
+# 2 vs 1 workers on the tiny model, 6 steps: measured loss within 2e-7 relative, grad norm equal; the bound
+# leaves room for summation order (per-rank sums, then DDP's average) on other hardware.
+CURVE_RTOL = 1e-4
+SFT_ARGS = {"max_steps": 6, "batch_size": 4, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
+            "max_seq_len": 96, "learning_rate": 5e-2, "warmup_ratio": 0.0}
+NO_DROPOUT = {"dropout": 0.0}  # LoRA dropout draws differ per rank; without it the runs are comparable
+# max_seq_len 96 keeps all 48 rows (shorter truncates most replies away); 6 steps x 4 rows stay in one epoch: at
+# a ragged epoch end accelerate pads the last batch per rank (even_batches), so that step differs by design
+
+
+def worker_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES") and k != "RAY_ADDRESS"}
+    # RAY_AUTH_MODE: a loopback test cluster needs no token (and Ray would otherwise write one to ~/.ray)
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled",
+               **extra)
+    return env
+
+
+def torchrun_command(job_file: Path, workers: int) -> list[str]:
+    """What the launcher runs for backend torchrun."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
+            "-m", "dragon_dagster.engine.worker", str(job_file)]
+
+
+def write_job(work: Path, model: Path, stage, train_file: Path, workers: int = 1, backend: str = "torchrun",
+              **extra) -> Path:
+    """job.json as the launcher writes it; the parallel entry only for more than one worker."""
+    (work / "out").mkdir(parents=True, exist_ok=True)
+    job = {"settings": stage.model_dump(), "model": str(model), "train_file": str(train_file),
+           "output_dir": str(work / "out"), "checkpoint_dir": str(work / "ckpt"), "hardware": {"device": "cpu"},
+           "speed": {"loss_kernel": "chunked", "packing": "off"}, **extra}
+    if workers > 1:
+        job["parallel"] = {"workers": workers, "backend": backend, "cpus_per_worker": 1, "gpus_per_worker": 0}
+    (work / "job.json").write_text(json.dumps(job))
+    return work / "job.json"
+
+
+def run(command: list[str], work: Path, timeout: int = 300, **env) -> subprocess.CompletedProcess:
+    done = subprocess.run(command, cwd=work, env=worker_env(**env), capture_output=True, text=True,
+                          timeout=timeout)
+    (work / "log.txt").write_text(done.stdout + done.stderr)
+    return done
+
+
+def progress(work: Path) -> list[dict]:
+    rows = [json.loads(line) for line in (work / "out" / "progress.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("loss") is not None]
+
+
+def status(work: Path) -> dict:
+    return json.loads((work / "status.json").read_text())
+
+
+def sft_stage(**args) -> SFT:
+    return SFT(name="sft_adapter", kind="sft", dataset="tickets", args={**SFT_ARGS, **args}, lora=NO_DROPOUT,
+               n_samples=1, max_new_tokens=4)
+
+
+@pytest.fixture(scope="module")
+def tickets(tmp_path_factory) -> Path:
+    rows = data.map_rows(data.read_table(EXAMPLE_DIR / "tickets.csv"),
+                         data.Mapping(prompt="{subject}\n\n{body}", response="reply"))[:48]
+    path = tmp_path_factory.mktemp("data") / "tickets.jsonl"
+    data.write_jsonl(path, rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tiny_model, tickets, tmp_path_factory) -> dict:
+    """The same SFT stage with one worker (the plain command) and two (torchrun), once for the module."""
+    root = tmp_path_factory.mktemp("sft")
+    one = write_job(root / "one", tiny_model, sft_stage(), tickets)
+    two = write_job(root / "two", tiny_model, sft_stage(), tickets, workers=2)
+    runs = {"one": run([sys.executable, "-m", "dragon_dagster.engine.worker", str(one)], root / "one"),
+            "two": run(torchrun_command(two, 2), root / "two")}
+    for name, done in runs.items():
+        assert done.returncode == 0, f"{name}:\n{(root / name / 'log.txt').read_text()[-4000:]}"
+    return {"root": root, **runs}
+
+
+def assert_same_curve(rows: list[dict], expected: list[dict]) -> None:
+    assert [r["step"] for r in rows] == [r["step"] for r in expected] == list(range(1, 7))
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in rows] == pytest.approx([r[key] for r in expected], rel=CURVE_RTOL), key
+
+
+def test_two_workers_learn_what_one_does_with_the_same_global_batch(sft_runs):
+    root = sft_runs["root"]
+    assert_same_curve(progress(root / "two"), progress(root / "one"))
+    assert progress(root / "one")[-1]["loss"] < progress(root / "one")[0]["loss"]  # it learns: a real gradient
+    log = sft_runs["two"].stdout
+    # the ranks compared their trained weights: identical, so the gradients were all-reduced
+    assert "trainable weights identical on all 2 ranks" in log
+    assert "[rank 1] trainable weights identical on all 2 ranks" in log
+    # only rank 0 wrote: one progress row per step, the artifact, and the outcome
+    assert (root / "two" / "out" / "adapter" / "adapter_model.safetensors").exists()
+    assert status(root / "two")["event"] == "result" and status(root / "two")["result"]["global_step"] == 6
+    assert "[rank 1] training" in log and "[rank 0]" not in log
+
+
+def test_the_global_batch_must_split_evenly_and_the_error_names_it():
+    from dragon_dagster.engine.train.grpo import per_worker_completions
+
+    assert distributed.split_batch(8, 2) == 4 and distributed.split_batch(5, 1) == 5
+    with pytest.raises(ValueError, match=r"batch_size \(6\) must be divisible by the number of workers \(4\)"):
+        distributed.split_batch(6, 4)
+    assert per_worker_completions(3, 4, 2) == 6  # prompts need not split: a group may span workers
+    with pytest.raises(ValueError, match=r"batch_size x group_size .*3 x 3.* must be divisible by the number "
+                                         r"of workers \(2\)"):
+        per_worker_completions(3, 3, 2)
+    assert distributed.Parallel.from_job({}) is None
+    with pytest.raises(ValueError, match="parallel.backend"):
+        distributed.Parallel.from_job({"parallel": {"workers": 2, "backend": "mpi"}})
+
+
+def test_two_workers_train_dpo(tiny_model, tickets, tmp_path):
+    pairs = [{"prompt": r["prompt"], "chosen": r["completion"],
+              "rejected": [{"role": "assistant", "content": "Please wait."}]} for r in data.read_jsonl(tickets)]
+    data.write_jsonl(tmp_path / "pairs.jsonl", pairs[:16])
+    stage = Preference(name="dpo_adapter", kind="preference", dataset="pairs", method="dpo", n_samples=1,
+                       max_new_tokens=4, args={**SFT_ARGS, "max_steps": 3})
+    job = write_job(tmp_path, tiny_model, stage, tmp_path / "pairs.jsonl", workers=2)
+    done = run(torchrun_command(job, 2), tmp_path)
+    assert done.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
+    assert status(tmp_path)["result"]["global_step"] == 3
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
+    assert "trainable weights identical on all 2 ranks" in done.stdout
+    assert [r["step"] for r in progress(tmp_path)] == [1, 2, 3]
+
+
+def test_two_workers_train_grpo_with_a_group_spanning_them(tiny_model, tmp_path):
+    prompts = data.map_prompts(data.read_table(EXAMPLE_DIR / "arithmetic.csv"),
+                               data.PromptsMapping(prompt="question", reference="answer"))[:8]
+    data.write_jsonl(tmp_path / "prompts.jsonl", prompts)
+    # 1 prompt x 4 completions per step: each rank scores 2 of the group, TRL gathers the rewards
+    stage = GRPO(name="grpo_adapter", kind="grpo", dataset="prompts", group_size=4, temperature=0.7,
+                 max_new_tokens=6, max_eval_prompts=1, n_samples=1, rewards=[{"type": "length", "max_chars": 24}],
+                 args={"max_steps": 2, "batch_size": 1, "logging_steps": 1, "save_steps": 100,
+                       "learning_rate": 5e-2, "warmup_ratio": 0.0})
+    job = write_job(tmp_path, tiny_model, stage, tmp_path / "prompts.jsonl", workers=2)
+    done = run(torchrun_command(job, 2), tmp_path)
+    assert done.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
+    assert status(tmp_path)["result"]["global_step"] == 2
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
+    assert "trainable weights identical on all 2 ranks" in done.stdout
+    assert "log-prob kernel chunked" in done.stdout
+
+
+def group_alive(pgid: int) -> list[int]:
+    """Pids still in the process group (zombies count as gone)."""
+    alive = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            alive.append(int(stat.parent.name))
+    return alive
+
+
+def test_cancel_checkpoints_on_all_ranks_and_two_workers_resume(tiny_model, tickets, tmp_path):
+    stage = sft_stage(max_steps=40)
+    job = write_job(tmp_path, tiny_model, stage, tickets, workers=2)
+    log = (tmp_path / "log.txt").open("w")
+    proc = subprocess.Popen(torchrun_command(job, 2), cwd=tmp_path, env=worker_env(), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # its own group, as the launcher does
+    rows = tmp_path / "out" / "progress.jsonl"
+    deadline = time.monotonic() + 240
+    while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-4000:]
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the launcher does on a cancelled run
+    proc.wait(timeout=120)
+    log.close()
+    text = (tmp_path / "log.txt").read_text()
+    assert status(tmp_path)["event"] == "cancelled", text[-4000:]
+    deadline = time.monotonic() + 10
+    while group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not group_alive(proc.pid)  # no rank, no agent left
+    checkpoints = sorted((tmp_path / "ckpt").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    assert checkpoints, text[-4000:]
+    stopped = checkpoints[-1]
+    assert checkpoint_problem(stopped) is None
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in stopped.iterdir()}  # each rank saved its own
+    stopped_at = int(stopped.name.split("-")[1])
+    assert 2 <= stopped_at < 40
+    # both ranks stopped after the same step; torchrun's forward of the group's signal did not abort the save
+    assert text.count(f"training cancelled at step {stopped_at};") == 2 and "stopped on signal" not in text
+
+    resumed = write_job(tmp_path, tiny_model, stage, tickets, workers=2, resume_from=str(stopped))
+    done = run(torchrun_command(resumed, 2), tmp_path)
+    assert done.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
+    assert status(tmp_path)["result"]["global_step"] == 40
+    trained = [r["step"] for r in progress(tmp_path) if r["elapsed_s"] is not None]
+    assert min(trained) == stopped_at + 1 and max(trained) == 40  # picked up where it stopped
+
+
+class RayHead:
+    """`ray start --head --block` on loopback, in its own session and temp dir, with its own ports: stop()
+    ends that session's processes only (`ray stop` would stop any other Ray on the machine)."""
+
+    def __init__(self, root: Path):
+        self.temp = Path(f"/tmp/rdp-{os.getpid()}-{closed_port()}")  # short: Ray's unix sockets live under it
+        self.port = closed_port()
+        ray = Path(sys.executable).with_name("ray")
+        # ports of its own: another Ray on the machine holds the defaults (the client server's 10001, the agent's)
+        ports = {"--ray-client-server-port": closed_port(), "--dashboard-agent-listen-port": closed_port(),
+                 "--runtime-env-agent-port": closed_port(), "--metrics-export-port": closed_port()}
+        # 4 logical CPUs on 2 cores: the 2 rank actors take 1 each, and Ray Train's controller may want one
+        args = [str(ray), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
+                "--num-cpus", "4", "--include-dashboard", "false", "--temp-dir", str(self.temp),
+                "--object-store-memory", str(200 * 2**20), "--disable-usage-stats"]
+        args += [str(x) for kv in ports.items() for x in kv]
+        self.log = (root / "ray-head.log").open("w")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=worker_env(),
+                                     start_new_session=True)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def wait_up(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, Path(self.log.name).read_text()[-3000:]
+            probe = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{self.address}'); "
+                                    "print(ray.cluster_resources().get('CPU', 0))"],
+                                   capture_output=True, text=True, env=worker_env(), timeout=120)
+            if probe.returncode == 0 and float(probe.stdout.strip().splitlines()[-1]) >= 2:
+                return
+            assert time.monotonic() < deadline, probe.stdout[-2000:] + probe.stderr[-2000:]
+            time.sleep(1)
+
+    def stop(self) -> None:
+        """SIGTERM to the head's process group, then SIGKILL to whatever of it (or of its temp dir) is left."""
+        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 15)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            for pid in self.pids():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            while (self.pids() or self.proc.poll() is None) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        self.log.close()
+        assert not self.pids(), f"Ray processes left: {self.pids()}"
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+    def pids(self) -> list[int]:
+        """Processes of this head: in its group, or naming its temp dir (Ray workers start sessions of their own)."""
+        found = set(group_alive(self.proc.pid))
+        marker = str(self.temp).encode()
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            try:
+                if marker in cmdline.read_bytes():
+                    found.add(int(cmdline.parent.name))
+            except OSError:
+                continue
+        found.discard(os.getpid())
+        return sorted(found)
+
+
+@pytest.fixture()
+def ray_head(tmp_path):
+    head = RayHead(tmp_path)
+    try:
+        head.wait_up()
+        yield head
+    finally:
+        head.stop()
+
+
+@pytest.mark.slow
+def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny_model, tickets, tmp_path):
+    job = write_job(tmp_path, tiny_model, sft_stage(), tickets, workers=2, backend="ray")
+    done = run([sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], tmp_path, timeout=400,
+               RAY_ADDRESS=ray_head.address)  # the Ray job's entrypoint, as the launcher submits it
+    log = (tmp_path / "log.txt").read_text()
+    assert done.returncode == 0, log[-6000:]
+    assert status(tmp_path)["event"] == "result" and status(tmp_path)["result"]["global_step"] == 6
+    assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
+    assert_same_curve(progress(tmp_path), progress(sft_runs["root"] / "two"))
+    # rank 0's lines reached the driver through the channel; rank 1's only through Ray's own log forwarding
+    assert "trainable weights identical on all 2 ranks" in done.stdout
+    assert "starting 2 Ray Train workers" in done.stdout
+    assert "Started a local Ray instance" not in log  # it joined the cluster it was given
