@@ -23,6 +23,7 @@ from dragon_dagster.engine.artifacts import checkpoint_problem
 from dragon_dagster.engine.data import tables as data
 from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
 from dragon_dagster.engine.spec.stages import GRPO, SFT, Preference
+from dragon_dagster.engine.worker import EXIT_CANCELLED
 
 from .conftest import closed_port
 
@@ -187,20 +188,27 @@ def group_alive(pgid: int) -> list[int]:
     return alive
 
 
+def start_and_signal_after_two_steps(command: list[str], work: Path, **env) -> subprocess.Popen:
+    """Start the command in a process group of its own (as the launchers do), SIGTERM the group once rank 0
+    has logged two steps."""
+    log = (work / "log.txt").open("w")
+    proc = subprocess.Popen(command, cwd=work, env=worker_env(**env), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    log.close()
+    rows = work / "out" / "progress.jsonl"
+    deadline = time.monotonic() + 240
+    while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, (work / "log.txt").read_text()[-4000:]
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the launcher does on a cancelled run
+    return proc
+
+
 def test_cancel_checkpoints_on_all_ranks_and_two_workers_resume(tiny_model, tickets, tmp_path):
     stage = sft_stage(max_steps=40)
     job = write_job(tmp_path, tiny_model, stage, tickets, workers=2)
-    log = (tmp_path / "log.txt").open("w")
-    proc = subprocess.Popen(torchrun_command(job, 2), cwd=tmp_path, env=worker_env(), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)  # its own group, as the launcher does
-    rows = tmp_path / "out" / "progress.jsonl"
-    deadline = time.monotonic() + 240
-    while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):
-        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-4000:]
-        time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGTERM)  # what the launcher does on a cancelled run
-    proc.wait(timeout=120)
-    log.close()
+    proc = start_and_signal_after_two_steps(torchrun_command(job, 2), tmp_path)
+    proc.wait(timeout=120)  # torchrun's own exit code is 1 on a signal: the outcome says what happened
     text = (tmp_path / "log.txt").read_text()
     assert status(tmp_path)["event"] == "cancelled", text[-4000:]
     deadline = time.monotonic() + 10
@@ -277,6 +285,16 @@ class RayHead:
         assert not self.pids(), f"Ray processes left: {self.pids()}"
         shutil.rmtree(self.temp, ignore_errors=True)
 
+    def train_processes(self) -> list[str]:
+        """Ray Train's actors (the ranks, their controller) still running on this head."""
+        names = []
+        for pid in self.pids():
+            try:
+                names.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                continue
+        return [n for n in names if "RayTrainWorker" in n or "TrainController" in n]
+
     def pids(self) -> list[int]:
         """Processes of this head: in its group, or naming its temp dir (Ray workers start sessions of their own)."""
         found = set(group_alive(self.proc.pid))
@@ -315,3 +333,17 @@ def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny
     assert "trainable weights identical on all 2 ranks" in done.stdout
     assert "starting 2 Ray Train workers" in done.stdout
     assert "Started a local Ray instance" not in log  # it joined the cluster it was given
+
+    # a stopped Ray job: SIGTERM to the driver's process tree; the ranks checkpoint, stop, and are gone
+    again = tmp_path / "stopped"
+    job = write_job(again, tiny_model, sft_stage(max_steps=400), tickets, workers=2, backend="ray")
+    proc = start_and_signal_after_two_steps([sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], again,
+                                            RAY_ADDRESS=ray_head.address)
+    assert proc.wait(timeout=120) == EXIT_CANCELLED, (again / "log.txt").read_text()[-4000:]
+    assert status(again)["event"] == "cancelled"
+    stopped = sorted((again / "ckpt").glob("checkpoint-*"))
+    assert len(stopped) == 1 and checkpoint_problem(stopped[0]) is None
+    deadline = time.monotonic() + 30
+    while ray_head.train_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not ray_head.train_processes()

@@ -130,7 +130,6 @@ def drive(job: dict, parallel: distributed.Parallel, status_file: Path) -> int:
 
     with open_pipes() as pipes:
         reporter = PipesReporter(pipes)
-        stop_on_signals(reporter, parallel.workers)
         try:
             outcome = train_on_ray(job, parallel, reporter)
         except (Exception, StopNow) as exc:
@@ -166,6 +165,7 @@ def train_on_ray(job: dict, parallel: distributed.Parallel, reporter: Reporter) 
     started_ray = not ray.is_initialized()
     if started_ray:
         ray.init()  # the cluster this job runs on (RAY_ADDRESS), or a local one
+    stop_on_signals(reporter, parallel.workers)  # after ray.init, which sets a SIGTERM handler of its own
     storage = tempfile.mkdtemp(prefix="dragon-ray-train-")  # Ray Train's own records; ours go to checkpoint_dir
     done = threading.Event()
     try:
