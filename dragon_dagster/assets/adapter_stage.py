@@ -120,7 +120,7 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
                    "train_file": str(tmp / "data" / "train.jsonl"),
                    "eval_file": str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
                    "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from}
-            result = training.run_job(context, job, tmp, env=tracking.env(),
+            result = training.run_job(context, job, tmp, env=tracking.env(), store=store, final=final,
                                       on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step,
                                                                                          finite_only=False))
             write_manifest(tmp, kind="adapter", stage=stage.name, method=method,

@@ -115,6 +115,7 @@ def dataset_asset(pipeline: Pipeline, stage: st.DatasetStage):
                        f"({mapped}), split into train and held-out files.")
     def _dataset(context, config: launchpad_config(stage), store: ArtifactStore, **inputs) -> Output[str]:
         settings = effective(stage, config)
+        inputs = local_inputs(store, inputs)
         with named_failure(f"{pipeline.name}/{stage.name}"):
             df = read_source(pipeline, settings, inputs.get("source"))
             kept: list[int] = []
@@ -158,6 +159,7 @@ def training_asset(pipeline: Pipeline, stage: st.TrainerStage):
                        + (f", continuing from {upstream[1]}" if len(upstream) > 1 else "") + ".")
     def _train(context, config: launchpad_config(stage, resume=RESUME), store: ArtifactStore,
                tracking: MLflowTracking, training: TrainingResource, **inputs) -> Output[str]:
+        inputs = local_inputs(store, inputs)
         return run_training_stage(context, pipeline, effective(stage, config), inputs["dataset"],
                                   inputs.get("previous"), config.resume, store, tracking, training)
     return _train
@@ -174,13 +176,14 @@ def synthesis_asset(pipeline: Pipeline, stage: st.PreferencePairs | st.Synthetic
     def _synthesize(context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource,
                     **inputs) -> Output[str]:
         settings = effective(stage, config)
+        inputs = local_inputs(store, inputs)
         job = {"settings": settings.model_dump(), "prompts_file": str(Path(inputs["dataset"]) / "train.jsonl")}
         if "student" in inputs:
             student = read_manifest(inputs["student"])
             job.update(model=student["resolved_model"], adapters=student["chain"])
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
             job["output_dir"] = str(tmp)
-            result = training.run_job(context, job, tmp)
+            result = training.run_job(context, job, tmp, store=store, final=final)
             write_manifest(tmp, kind=stage.kind, dataset=inputs["dataset"], student=inputs.get("student"),
                            settings=settings.model_dump(), result=result, dagster_run_id=context.run_id)
         return Output(str(final), metadata={
@@ -198,12 +201,13 @@ def merge_asset(pipeline: Pipeline, stage: st.Merge, upstream: list[str] | None 
     def _merge(context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource,
                adapter: str) -> Output[str]:
         settings = effective(stage, config)
+        adapter = str(store.local(adapter))
         adapter_manifest = read_manifest(adapter)
         job = {"settings": settings.model_dump(), "model": adapter_manifest["resolved_model"],
                "adapters": adapter_manifest["chain"]}
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
             job["output_dir"] = str(tmp)
-            info = training.run_job(context, job, tmp)
+            info = training.run_job(context, job, tmp, store=store, final=final)
             info["model_dir"] = str(final / "model")
             write_manifest(tmp, kind="merged_model", base_model=adapter_manifest["base_model"],
                            resolved_model=adapter_manifest["resolved_model"], adapters=adapter_manifest["chain"],
@@ -223,9 +227,15 @@ def evaluate_asset(pipeline: Pipeline, stage: st.Evaluate, upstream: list[str] |
                        "task metrics and sample replies side by side.")
     def _evaluate(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
                   training: TrainingResource, merged: str, dataset: str) -> Output[str]:
-        return run_report_stage(context, pipeline, effective(stage, config), merged, dataset, store, tracking,
-                                training)
+        return run_report_stage(context, pipeline, effective(stage, config), str(store.local(merged)),
+                                str(store.local(dataset)), store, tracking, training)
     return _evaluate
+
+
+def local_inputs(store: ArtifactStore, inputs: dict) -> dict:
+    """Upstream artifacts as local directories: fetched from the store's artifact_uri when this machine has no
+    copy (a step on another node than the one that made them)."""
+    return {name: str(store.local(path)) for name, path in inputs.items()}
 
 
 def chat_tokens(tokenizer, row: dict) -> int:

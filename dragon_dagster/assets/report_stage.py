@@ -36,7 +36,7 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
                "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
                "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp),
                "stage_results": stage_results, "first_stage_adapters": first_stage, "rewards": rewards}
-        report = training.run_job(context, job, tmp, env=tracking.env())
+        report = training.run_job(context, job, tmp, env=tracking.env(), store=store, final=final)
         tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
                 "dagster_run_id": context.run_id, "base_model": pipeline.model}
         base_run = tracking.start_run(pipeline.name, "base", {**tags, "stage": "base"},

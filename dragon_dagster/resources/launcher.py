@@ -27,6 +27,7 @@ from dagster import (ConfigurableResource, DagsterRunStatus, Failure, PipesMessa
                      PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session)
 from pydantic import Field
 
+from ..engine import remote
 from ..engine.spec.registry import KINDS
 from ..engine.spec.settings import Hardware, Speed
 from ..engine.worker import PARENT_PID
@@ -83,11 +84,14 @@ class TrainingResource(ConfigurableResource):
                      self.torch_compile).validate().__dict__
 
     def run_job(self, context, job: dict, workdir: Path, env: dict[str, str] | None = None,
-                on_metrics: Callable[[int, dict], None] | None = None) -> dict:
+                on_metrics: Callable[[int, dict], None] | None = None, store=None,
+                final: Path | None = None) -> dict:
         """Write the job file into workdir (it stays with the artifact), run the worker, return its result.
 
         on_metrics(step, values) gets the worker's step metrics while it runs (the stages log them to MLflow);
-        they arrive as Pipes messages, whichever launcher ran the worker.
+        they arrive as Pipes messages, whichever launcher ran the worker. With a store that has an
+        artifact_uri (and final, the artifact workdir becomes), the job goes through the store: the worker
+        fetches its inputs from there and uploads its output, which is collected back into workdir.
         """
         kind = job["settings"]["kind"]
         job = {**job, "hardware": self.hardware()}
@@ -97,19 +101,24 @@ class TrainingResource(ConfigurableResource):
                 job["parallel"] = self.parallel()
         job_file = Path(workdir) / "job.json"  # stays with the artifact: its own paths relative to it
         job_file.write_text(json.dumps(portable_job(job, workdir), indent=2))
-        run_file = Path(workdir) / ".job-run.json"  # absolute paths; removed after the run
+        run_file = Path(workdir) / RUN_FILE  # absolute paths (or URIs); removed after the run
         run_file.write_text(json.dumps(job))
+        shipped = ship(job, workdir, store, final, context.run_id) if store and store.artifact_uri else None
         status_file = Path(workdir) / "status.json"
         # on a cluster, the interpreter on the nodes' PATH: this process's path means nothing there
         python = self.python or ("python" if self.launcher != "subprocess" else sys.executable)
-        command = [python, "-m", "dragon_dagster.engine.worker", str(run_file)]
+        command = [python, "-m", "dragon_dagster.engine.worker", shipped or str(run_file)]
         if job.get("parallel", {}).get("backend") == "torchrun":
             command[1:3] = ["-m", "torch.distributed.run", "--standalone",
                             f"--nproc-per-node={self.workers}", "-m", "dragon_dagster.engine.worker"]
         tap = PipesTap(on_metrics, warn=context.log.warning)
         try:
             returncode = self._launch(context, command, env or {}, tap, parallel=bool(job.get("parallel")))
+            if shipped and returncode == 0 and tap.outcome.get("event") == "result":
+                remote.collect(_output_uri(shipped), workdir)
         finally:
+            if shipped:
+                remote.discard(_output_uri(shipped))
             run_file.unlink(missing_ok=True)
         status = tap.outcome or _read_status(status_file)
         status_file.unlink(missing_ok=True)
@@ -172,6 +181,27 @@ class TrainingResource(ConfigurableResource):
             gone = run_gone(context, parent)
             if gone:
                 raise Failure(description=f"{gone}: stopped the worker (pid {proc.pid}) and its process group")
+
+
+RUN_FILE = ".job-run.json"
+
+
+def ship(job: dict, workdir: Path, store, final: Path | None, run_id: str) -> str:
+    """Put the job where a worker on any node reads it, through the store's artifact_uri: what the parent
+    wrote into workdir (data, rewards), then the job itself with URIs for paths. Returns the job's URI."""
+    if final is None:
+        raise ValueError("a job through the artifact store needs the artifact it makes (final)")
+    out = store.staging_uri(final, run_id)
+    remote.push_inputs(workdir, out)
+    shipped = remote.remote_job(job, store.root, store.artifact_uri, out)
+    fs, path = remote.filesystem(out)
+    with fs.open(remote.join(path, RUN_FILE), "w") as f:  # collect brings it back into workdir: removed there
+        json.dump(shipped, f)
+    return remote.join(out, RUN_FILE)
+
+
+def _output_uri(shipped_job_uri: str) -> str:
+    return shipped_job_uri.rsplit("/", 1)[0]
 
 
 # Job fields that may name a path inside the staging dir (the artifact's directory under its temporary name).
