@@ -175,6 +175,32 @@ def test_two_workers_train_grpo_with_a_group_spanning_them(tiny_model, tmp_path)
     assert "log-prob kernel chunked" in done.stdout
 
 
+def test_under_torchrun_the_watchdog_follows_the_launcher_not_the_parent(tmp_path):
+    """A rank's parent is torchrun's agent, so the watchdog checks that the launcher's pid is alive: when the
+    launcher (here a sleep) dies while the agent lives on, the rank is signalled as a cancel would."""
+    launcher = subprocess.Popen(["sleep", "600"])
+    code = ("import os, signal, time\n"
+            "from dragon_dagster.engine.worker import watch_parent\n"
+            "signal.signal(signal.SIGTERM, lambda *a: (print('stopping on SIGTERM', flush=True), os._exit(7)))\n"
+            f"watch_parent({launcher.pid}, interval_s=0.1, grandparent=True)\n"
+            "print('watching', flush=True)\n"
+            "time.sleep(60)\n")
+    rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=worker_env())
+    try:
+        assert rank.stdout.readline().strip() == "watching"
+        time.sleep(0.5)
+        assert rank.poll() is None  # the launcher lives: the rank trains on although its parent is not it
+        launcher.kill()
+        launcher.wait()
+        assert rank.wait(timeout=30) == 7
+        assert "is gone; stopping" in rank.stdout.read()
+    finally:
+        for proc in (launcher, rank):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
 def group_alive(pgid: int) -> list[int]:
     """Pids still in the process group (zombies count as gone)."""
     alive = []
