@@ -81,18 +81,21 @@ class ChannelReporter(Reporter):
 def rank_loop(config: dict) -> None:
     """One Ray Train worker: run the stage as a torchrun rank would; rank 0 reports through the channel.
 
-    Failures are reported as the outcome, not raised, so that Ray does not retry a stage that failed on its own
-    terms; a rank that dies outright makes fit() raise on the driver."""
-    from ..worker import execute
+    A failed rank raises after rank 0 has sent the outcome: Ray Train then ends the whole group (the others
+    would wait in their next collective until its timeout) and, with no retries, fit() raises on the driver.
+    A cancel ends every rank normally, at the same step."""
+    from ..worker import EXIT_FAILED, execute
 
     channel = config["channel"]
     rank = distributed.rank()
     reporter = ChannelReporter(channel) if rank == 0 else distributed.RankReporter(rank)
-    outcome, _ = execute(config["job"], reporter)
+    outcome, code = execute(config["job"], reporter)
     if rank == 0:
         import ray
 
         ray.get(channel.finish.remote(outcome))
+    if code == EXIT_FAILED:
+        raise RuntimeError(f"rank {rank}: {outcome['error']}")
 
 
 def scaling(parallel: distributed.Parallel):
@@ -178,12 +181,17 @@ def train_on_ray(job: dict, parallel: distributed.Parallel, reporter: Reporter) 
                                scaling_config=scaling(parallel),
                                run_config=RunConfig(name="dragon-stage", storage_path=storage,
                                                     failure_config=FailureConfig(max_failures=0)))
+        failure = None
         try:
             trainer.fit()
+        except Exception as exc:  # a rank failed or died; rank 0's outcome, when it sent one, says more
+            failure = exc
         finally:
             done.set()
             relay.join()
         outcome = ray.get(channel.result.remote())
+        if outcome is None and failure is not None:
+            raise failure
         return outcome or {"event": "error", "error": "the Ray Train workers ended without an outcome"}
     finally:
         done.set()
