@@ -68,6 +68,18 @@ def under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ
 
 
+def bind_device() -> None:
+    """With several ranks on a GPU machine, each takes the GPU of its LOCAL_RANK before its model loads:
+    loading on "cuda" would otherwise put every rank's model on GPU 0 (and a 4-bit one, which the trainer
+    does not move, would stay there)."""
+    if world_size() < 2:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
 def split_batch(batch_size: int, workers: int, what: str = "batch_size") -> int:
     """Each worker's share of a global batch; the settings name the global batch so that a run's loss curve
     does not depend on how many workers share it."""

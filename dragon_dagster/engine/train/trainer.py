@@ -61,6 +61,7 @@ def prepare(job: StageJob) -> Prepared:
     if not train_rows:
         raise TrainingError(f"no training rows in {job.train_file}")
     tokenizer = load_tokenizer(job.model)
+    distributed.bind_device()
     model = load_model(job.model, hardware, adapters=job.adapters, trainable=True)
     return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size())
 
