@@ -146,12 +146,15 @@ def test_two_workers_train_dpo(tiny_model, tickets, tmp_path):
     pairs = [{"prompt": r["prompt"], "chosen": r["completion"],
               "rejected": [{"role": "assistant", "content": "Please wait."}]} for r in data.read_jsonl(tickets)]
     data.write_jsonl(tmp_path / "pairs.jsonl", pairs[:16])
+    data.write_jsonl(tmp_path / "held.jsonl", pairs[16:20])  # the evaluation is sharded: every rank takes part
     stage = Preference(name="dpo_adapter", kind="preference", dataset="pairs", method="dpo", n_samples=1,
                        max_new_tokens=4, args={**SFT_ARGS, "max_steps": 3})
-    job = write_job(tmp_path, tiny_model, stage, tmp_path / "pairs.jsonl", workers=2)
+    job = write_job(tmp_path, tiny_model, stage, tmp_path / "pairs.jsonl", workers=2,
+                    eval_file=str(tmp_path / "held.jsonl"))
     done = run(torchrun_command(job, 2), tmp_path)
     assert done.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
-    assert status(tmp_path)["result"]["global_step"] == 3
+    result = status(tmp_path)["result"]
+    assert result["global_step"] == 3 and result["eval_pairs"] == 4 and 0 <= result["pref_accuracy"] <= 1
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
     assert "trainable weights identical on all 2 ranks" in done.stdout
     assert [r["step"] for r in progress(tmp_path)] == [1, 2, 3]
