@@ -116,6 +116,8 @@ def assert_same_curve(rows: list[dict], expected: list[dict]) -> None:
 def test_two_workers_learn_what_one_does_with_the_same_global_batch(sft_runs):
     root = sft_runs["root"]
     assert_same_curve(progress(root / "two"), progress(root / "one"))
+    for key in ("num_tokens", "mean_token_accuracy"):  # counted over both ranks, as TRL counts them
+        assert [r[key] for r in progress(root / "two")] == [r[key] for r in progress(root / "one")], key
     assert progress(root / "one")[-1]["loss"] < progress(root / "one")[0]["loss"]  # it learns: a real gradient
     log = sft_runs["two"].stdout
     # the ranks compared their trained weights: identical, so the gradients were all-reduced
