@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -269,3 +270,66 @@ def served(chatty_model, tmp_path_factory):
             proc.wait()
 
 
+
+
+# ------------------------------------------------------------------------------------- a Ray head on loopback
+
+class RayHead:
+    """`ray start --head` for the tests, on loopback only, on ports of its own (a developer's Ray keeps its
+    defaults). stop() ends every process the head started, found by a variable they all inherit: Ray renames
+    some of its processes and detaches them all, and `ray stop` would stop any other Ray on the machine."""
+
+    def __init__(self, root: Path, cpus: int = 2):
+        self.temp = Path(f"/tmp/ray-{os.getpid()}-{closed_port()}")  # short: Ray's unix sockets live under it
+        self.marker = f"DRAGON_TEST_RAY_HEAD={self.temp.name}"
+        self.dashboard_port = closed_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        env = {**os.environ, "DRAGON_TEST_RAY_HEAD": self.temp.name, "RAY_USAGE_STATS_ENABLED": "0",
+               # Ray swaps 127.0.0.1 for the machine's address unless it is told it is not a cluster
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+        env.pop("RAY_ADDRESS", None)
+        ports = {"--port": closed_port(), "--dashboard-port": self.dashboard_port,
+                 "--dashboard-agent-listen-port": closed_port(), "--ray-client-server-port": closed_port()}
+        ray = Path(sys.executable).with_name("ray")
+        out = subprocess.run([str(ray), "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host",
+                              "127.0.0.1", "--num-cpus", str(cpus), "--temp-dir", str(self.temp),
+                              "--disable-usage-stats", *(str(x) for kv in ports.items() for x in kv)],
+                             env=env, capture_output=True, text=True, timeout=180, cwd=root)
+        if out.returncode != 0:
+            self.stop()
+            pytest.fail(f"ray start failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")
+
+    def client(self):
+        from ray.job_submission import JobSubmissionClient
+
+        return JobSubmissionClient(self.address)
+
+    def processes(self) -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if self.marker.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    found.append(int(pid))
+            except OSError:
+                pass
+        return found
+
+    def stop(self) -> None:
+        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 1)):
+            for pid in self.processes():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            while self.processes() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_head(tmp_path_factory):
+    """One Ray head for the session's tests (starting one takes about 10 s of a 2-core machine)."""
+    head = RayHead(tmp_path_factory.mktemp("ray"))
+    yield head
+    head.stop()

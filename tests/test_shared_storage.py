@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -24,17 +23,11 @@ from dragon_dagster.resources import ArtifactStore
 from .conftest import closed_port, write_pipeline
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_endpoint():
     from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=closed_port(), verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
@@ -312,27 +305,44 @@ def test_a_shared_mount_by_file_uri(tmp_path):
 
 # ------------------------------------------------------------------------------------- a real pipeline stage
 
-def test_pipeline_stages_publish_their_artifacts_to_the_bucket(bucket, tiny_model, tmp_path):
+def test_a_pipeline_trains_and_merges_through_the_bucket(bucket, tiny_model, tmp_path, monkeypatch):
+    """Every artifact is published; the training and merge jobs go through the store (the worker fetches what
+    it reads into its node's cache and uploads what it writes); a step whose machine lost its local copies
+    fetches them back."""
     from dagster import AssetSelection, DagsterInstance, materialize
 
     from dragon_dagster.assets.factory import build_pipeline_defs
     from dragon_dagster.engine.spec.pipeline import load
     from dragon_dagster.resources import MLflowTracking, TrainingResource
 
+    cache = tmp_path / "node-cache"
+    monkeypatch.setenv("DRAGON_ARTIFACT_CACHE", str(cache))
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
     runs = tmp_path / "runs"
     store = ArtifactStore(runs_dir=str(runs), artifact_uri=f"s3://{bucket}/shared")
     resources = {"store": store, "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
-    parts = build_pipeline_defs(pipeline)
-    result = materialize(parts["assets"], instance=DagsterInstance.ephemeral(), resources=resources,
-                         selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"]))
+    parts, instance = build_pipeline_defs(pipeline), DagsterInstance.ephemeral()
+    names = ("tickets", "sft_dataset", "sft_adapter", "merged_model")
+    result = materialize(parts["assets"], instance=instance, resources=resources,
+                         selection=AssetSelection.assets(*[["tiny", n] for n in names]))
     assert result.success
     published = keys(bucket, "shared/")
-    for name in ("tickets", "sft_dataset"):
+    for name in names:
         local = Path(result.output_for_node(f"tiny__{name}"))
         rel = local.relative_to(runs / "artifacts").as_posix()
         assert f"shared/{rel}/{MARKER}" in published, (name, published)
         assert set(remote.read_marker(store.uri_for(local))["files"]) == {
             p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
-    assert f"shared/{rel}/train.jsonl" in published and f"shared/{rel}/eval.jsonl" in published
+    assert not [k for k in published if "/.staging/" in k], "each job's staging prefix is collected and removed"
+    adapter = Path(result.output_for_node("tiny__sft_adapter"))
+    fetched = list((cache / "artifacts").glob(f"{adapter.name}-*"))
+    assert fetched and (fetched[0] / "adapter" / "adapter_model.safetensors").exists(), (
+        "the merge worker read the adapter from the bucket, not from the runs directory")
+    assert (adapter / "adapter" / "adapter_model.safetensors").exists()  # collected back: the step's own copy
+    assert not list(adapter.glob(".job-run.json")) and not list(adapter.glob("status.json"))
+
+    remove_tree(adapter)  # this machine lost its copy (another node ran the training)
+    again = materialize(parts["assets"], instance=instance, resources=resources,
+                        selection=AssetSelection.assets(["tiny", "merged_model"]))
+    assert again.success and (adapter / "adapter" / "adapter_model.safetensors").exists()

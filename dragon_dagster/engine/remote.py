@@ -294,10 +294,11 @@ def _fetch_prefix(uri: str, local: Path) -> None:
 
 
 @contextmanager
-def localized(job: dict, cache_dir: Path) -> Iterator[dict]:
+def localized(job: dict, cache_dir: Path, publish: bool = True) -> Iterator[dict]:
     """The worker's side of remote_job: yields the job with local paths (its REMOTE_KEY taken out) and a local
     temporary output_dir; when the block succeeds, the output dir goes to the output URI, files then marker.
-    A failed block uploads nothing. A job without REMOTE_KEY is yielded unchanged."""
+    A failed block uploads nothing, and neither does one with publish False (a data-parallel rank other than
+    0: it reads the inputs too, rank 0 alone writes). A job without REMOTE_KEY is yielded unchanged."""
     if REMOTE_KEY not in job:
         yield job
         return
@@ -319,7 +320,8 @@ def localized(job: dict, cache_dir: Path) -> Iterator[dict]:
             return fetch_input(value, artifact_uri, cache_dir)
 
         yield _map_fields(job, local)
-        publish_dir(out, output_uri)
+        if publish:
+            publish_dir(out, output_uri)
 
 
 def collect(output_uri: str, local_dir: Path) -> dict:

@@ -29,7 +29,7 @@ import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import distributed
+from . import distributed, remote
 from .reporter import Reporter
 
 EXIT_FAILED, EXIT_CANCELLED = 2, 3
@@ -95,11 +95,12 @@ class PipesReporter(Reporter):
         self.pipes.report_custom_message({"kind": "metrics", "step": int(step),
                                           "values": {k: float(v) for k, v in values.items()}})
 
-    def send(self, payload: dict, status_file: Path) -> None:
-        """The outcome, as a Pipes message and as a file beside the job (readable even after a crash exit)."""
+    def send(self, payload: dict, status_file: Path | None) -> None:
+        """The outcome, as a Pipes message and as a file beside a local job (readable even after a crash exit)."""
         try:
-            status_file.write_text(json.dumps(payload, default=str))
-        except OSError:  # a read-only or remote job folder: the Pipes message is what counts there
+            if status_file is not None:
+                status_file.write_text(json.dumps(payload, default=str))
+        except OSError:  # a read-only job folder: the Pipes message is what counts there
             pass
         if self.pipes is not None:
             self.pipes.report_custom_message(json.loads(json.dumps({"kind": "outcome", **payload}, default=str)))
@@ -133,7 +134,9 @@ def execute(job: dict, reporter: Reporter) -> tuple[dict, int]:
     """Run the job: (the outcome to report, the exit code). A failure is reported as a clean message; its
     traceback goes to stdout."""
     try:
-        result = run_job(job, reporter)
+        # a job shipped through the artifact store: inputs fetched to this node, the output uploaded by rank 0
+        with remote.localized(job, artifact_cache(), publish=distributed.is_main()) as local_job:
+            result = run_job(local_job, reporter)
     except (Exception, StopNow) as exc:
         from .train.trainer import Cancelled
 
@@ -179,11 +182,24 @@ def open_pipes():
     return nullcontext(None)
 
 
+def artifact_cache() -> Path:
+    """Where this node keeps the artifacts its jobs fetched from an artifact store (immutable: fetched once)."""
+    return Path(os.environ.get("DRAGON_ARTIFACT_CACHE") or Path.home() / ".cache" / "dragon-dagster")
+
+
+def read_job(source: str) -> tuple[dict, Path | None]:
+    """(job, status file) from the job's path, or its URI in an artifact store (a worker on another node:
+    no status file then, the Pipes outcome is the only one)."""
+    if remote.is_uri(source):
+        fs, path = remote.filesystem(source)
+        with fs.open(path, "r") as f:
+            return json.load(f), None
+    return json.loads(Path(source).read_text()), Path(source).parent / "status.json"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = argv if argv is not None else sys.argv[1:]
-    job_file = Path(argv[0])
-    job = json.loads(job_file.read_text())
-    status_file = job_file.parent / "status.json"
+    job, status_file = read_job(argv[0])
     parallel = distributed.Parallel.from_job(job)
     if parallel is not None and parallel.backend == "ray":  # the driver; the ranks run on_ray.rank_loop
         from .train import on_ray

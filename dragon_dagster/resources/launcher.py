@@ -109,8 +109,11 @@ class TrainingResource(ConfigurableResource):
         python = self.python or ("python" if self.launcher != "subprocess" else sys.executable)
         command = [python, "-m", "dragon_dagster.engine.worker", shipped or str(run_file)]
         if job.get("parallel", {}).get("backend") == "torchrun":
-            command[1:3] = ["-m", "torch.distributed.run", "--standalone",
-                            f"--nproc-per-node={self.workers}", "-m", "dragon_dagster.engine.worker"]
+            # torchrun forwards a terminate to the ranks and kills them after its shutdown timeout (30 s by
+            # default): give them as long as the resource does, to finish the step and save the checkpoint
+            command[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.workers}",
+                            f"--shutdown-timeout={int(self.termination_timeout_s)}", "-m",
+                            "dragon_dagster.engine.worker"]
         tap = PipesTap(on_metrics, warn=context.log.warning)
         try:
             returncode = self._launch(context, command, env or {}, tap, parallel=bool(job.get("parallel")))
