@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +22,8 @@ from dragon_dagster.engine.artifacts import checkpoint_problem
 from dragon_dagster.engine.data import tables as data
 from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
 from dragon_dagster.engine.spec.stages import GRPO, SFT, Preference
-from dragon_dagster.engine.worker import EXIT_CANCELLED
+from dragon_dagster.engine.worker import EXIT_CANCELLED, PARENT_PID
 
-from .conftest import closed_port
 
 # 2 vs 1 workers on the tiny model, 6 steps: measured loss within 2e-7 relative, grad norm equal; the bound
 # leaves room for summation order (per-rank sums, then DDP's average) on other hardware.
@@ -45,10 +43,10 @@ def worker_env(**extra) -> dict:
     return env
 
 
-def torchrun_command(job_file: Path, workers: int) -> list[str]:
-    """What the launcher runs for backend torchrun."""
+def torchrun_command(job_file: Path, workers: int, shutdown_s: int = 600) -> list[str]:
+    """What the launcher runs for backend torchrun (the training resource's termination_timeout_s: 600 s)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-            "-m", "dragon_dagster.engine.worker", str(job_file)]
+            f"--shutdown-timeout={shutdown_s}", "-m", "dragon_dagster.engine.worker", str(job_file)]
 
 
 def write_job(work: Path, model: Path, stage, train_file: Path, workers: int = 1, backend: str = "torchrun",
@@ -222,6 +220,14 @@ def group_alive(pgid: int) -> list[int]:
 def start_and_signal_after_two_steps(command: list[str], work: Path, **env) -> subprocess.Popen:
     """Start the command in a process group of its own (as the launchers do), SIGTERM the group once rank 0
     has logged two steps."""
+    proc = start_after_two_steps(command, work, **env)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the launcher does on a cancelled run
+    return proc
+
+
+def start_after_two_steps(command: list[str], work: Path, **env) -> subprocess.Popen:
+    """Start the command in a process group of its own (as the launchers do); return once rank 0 has logged
+    two steps."""
     log = (work / "log.txt").open("w")
     proc = subprocess.Popen(command, cwd=work, env=worker_env(**env), stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -231,21 +237,19 @@ def start_and_signal_after_two_steps(command: list[str], work: Path, **env) -> s
     while not (rows.exists() and len(rows.read_text().splitlines()) >= 2):
         assert proc.poll() is None and time.monotonic() < deadline, (work / "log.txt").read_text()[-4000:]
         time.sleep(0.1)
-    os.killpg(proc.pid, signal.SIGTERM)  # what the launcher does on a cancelled run
     return proc
 
 
 def test_cancel_checkpoints_on_all_ranks_and_two_workers_resume(tiny_model, tickets, tmp_path):
     stage = sft_stage(max_steps=40)
     job = write_job(tmp_path, tiny_model, stage, tickets, workers=2)
-    proc = start_and_signal_after_two_steps(torchrun_command(job, 2), tmp_path)
+    proc = start_after_two_steps(torchrun_command(job, 2), tmp_path)
+    ranks = ranks_of(proc.pid)
+    os.killpg(proc.pid, signal.SIGTERM)  # what the launcher does on a cancelled run
     proc.wait(timeout=120)  # torchrun's own exit code is 1 on a signal: the outcome says what happened
     text = (tmp_path / "log.txt").read_text()
     assert status(tmp_path)["event"] == "cancelled", text[-4000:]
-    deadline = time.monotonic() + 10
-    while group_alive(proc.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not group_alive(proc.pid)  # no rank, no agent left
+    assert_gone(proc.pid, ranks)
     checkpoints = sorted((tmp_path / "ckpt").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     assert checkpoints, text[-4000:]
     stopped = checkpoints[-1]
@@ -264,97 +268,11 @@ def test_cancel_checkpoints_on_all_ranks_and_two_workers_resume(tiny_model, tick
     assert min(trained) == stopped_at + 1 and max(trained) == 40  # picked up where it stopped
 
 
-class RayHead:
-    """`ray start --head --block` on loopback, in its own session and temp dir, with its own ports: stop()
-    ends that session's processes only (`ray stop` would stop any other Ray on the machine)."""
-
-    def __init__(self, root: Path):
-        self.temp = Path(f"/tmp/rdp-{os.getpid()}-{closed_port()}")  # short: Ray's unix sockets live under it
-        self.port = closed_port()
-        ray = Path(sys.executable).with_name("ray")
-        # ports of its own: another Ray on the machine holds the defaults (the client server's 10001, the agent's)
-        ports = {"--ray-client-server-port": closed_port(), "--dashboard-agent-listen-port": closed_port(),
-                 "--runtime-env-agent-port": closed_port(), "--metrics-export-port": closed_port()}
-        # 4 logical CPUs on 2 cores: the 2 rank actors take 1 each, and Ray Train's controller may want one
-        args = [str(ray), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.port),
-                "--num-cpus", "4", "--include-dashboard", "false", "--temp-dir", str(self.temp),
-                "--object-store-memory", str(200 * 2**20), "--disable-usage-stats"]
-        args += [str(x) for kv in ports.items() for x in kv]
-        self.log = (root / "ray-head.log").open("w")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=worker_env(),
-                                     start_new_session=True)
-        self.address = f"127.0.0.1:{self.port}"
-
-    def wait_up(self, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            assert self.proc.poll() is None, Path(self.log.name).read_text()[-3000:]
-            probe = subprocess.run([sys.executable, "-c", f"import ray; ray.init(address='{self.address}'); "
-                                    "print(ray.cluster_resources().get('CPU', 0))"],
-                                   capture_output=True, text=True, env=worker_env(), timeout=120)
-            if probe.returncode == 0 and float(probe.stdout.strip().splitlines()[-1]) >= 2:
-                return
-            assert time.monotonic() < deadline, probe.stdout[-2000:] + probe.stderr[-2000:]
-            time.sleep(1)
-
-    def stop(self) -> None:
-        """SIGTERM to the head's process group, then SIGKILL to whatever of it (or of its temp dir) is left."""
-        for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 15)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            for pid in self.pids():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait_s
-            while (self.pids() or self.proc.poll() is None) and time.monotonic() < deadline:
-                time.sleep(0.2)
-        self.log.close()
-        assert not self.pids(), f"Ray processes left: {self.pids()}"
-        shutil.rmtree(self.temp, ignore_errors=True)
-
-    def train_processes(self) -> list[str]:
-        """Ray Train's actors (the ranks, their controller) still running on this head."""
-        names = []
-        for pid in self.pids():
-            try:
-                names.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
-            except OSError:
-                continue
-        return [n for n in names if "RayTrainWorker" in n or "TrainController" in n]
-
-    def pids(self) -> list[int]:
-        """Processes of this head: in its group, or naming its temp dir (Ray workers start sessions of their own)."""
-        found = set(group_alive(self.proc.pid))
-        marker = str(self.temp).encode()
-        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                if marker in cmdline.read_bytes():
-                    found.add(int(cmdline.parent.name))
-            except OSError:
-                continue
-        found.discard(os.getpid())
-        return sorted(found)
-
-
-@pytest.fixture()
-def ray_head(tmp_path):
-    head = RayHead(tmp_path)
-    try:
-        head.wait_up()
-        yield head
-    finally:
-        head.stop()
-
-
 @pytest.mark.slow
 def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny_model, tickets, tmp_path):
     job = write_job(tmp_path, tiny_model, sft_stage(), tickets, workers=2, backend="ray")
     done = run([sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], tmp_path, timeout=400,
-               RAY_ADDRESS=ray_head.address)  # the Ray job's entrypoint, as the launcher submits it
+               RAY_ADDRESS=ray_head.gcs_address)  # the Ray job's entrypoint, as the launcher submits it
     log = (tmp_path / "log.txt").read_text()
     assert done.returncode == 0, log[-6000:]
     assert status(tmp_path)["event"] == "result" and status(tmp_path)["result"]["global_step"] == 6
@@ -369,7 +287,7 @@ def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny
     again = tmp_path / "stopped"
     job = write_job(again, tiny_model, sft_stage(max_steps=400), tickets, workers=2, backend="ray")
     proc = start_and_signal_after_two_steps([sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], again,
-                                            RAY_ADDRESS=ray_head.address)
+                                            RAY_ADDRESS=ray_head.gcs_address)
     assert proc.wait(timeout=120) == EXIT_CANCELLED, (again / "log.txt").read_text()[-4000:]
     assert status(again)["event"] == "cancelled"
     stopped = sorted((again / "ckpt").glob("checkpoint-*"))
@@ -378,3 +296,62 @@ def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny
     while ray_head.train_processes() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not ray_head.train_processes()
+
+
+def test_a_rank_that_dies_ends_the_whole_group_soon(tiny_model, tickets, tmp_path):
+    """A rank killed mid-run (out of memory, a lost GPU): the others do not wait for it, although a cancel may
+    take the launcher's whole termination timeout (600 s) to save its checkpoint."""
+    job = write_job(tmp_path, tiny_model, sft_stage(max_steps=400), tickets, workers=2)
+    proc = start_after_two_steps(torchrun_command(job, 2), tmp_path)
+    ranks = ranks_of(proc.pid)
+    started = time.monotonic()
+    os.kill(ranks[1], signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0
+    assert time.monotonic() - started < 90, "rank 0 waited on its dead peer"
+    assert_gone(proc.pid, ranks)
+
+
+def test_a_rank_whose_agent_is_killed_stops(tiny_model, tickets, tmp_path):
+    """torchrun starts the ranks in sessions of their own: a SIGKILL to the launcher's group (a terminate
+    that outlived termination_timeout_s) kills the agent only. The ranks see it and stop."""
+    job = write_job(tmp_path, tiny_model, sft_stage(max_steps=5000), tickets, workers=2)
+    proc = start_after_two_steps(torchrun_command(job, 2), tmp_path, **{PARENT_PID: str(os.getpid())})
+    ranks = ranks_of(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert_gone(proc.pid, ranks, timeout=30)
+    assert "is gone; stopping" in (tmp_path / "log.txt").read_text()
+
+
+def ranks_of(agent: int) -> dict[int, int]:
+    """{local rank: pid} of torchrun's ranks (its children, each in a session of its own)."""
+    ranks = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) != agent:
+                continue
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        local = [e for e in env if e.startswith(b"LOCAL_RANK=")]
+        if local:
+            ranks[int(local[0].split(b"=")[1])] = int(stat.parent.name)
+    assert sorted(ranks) == [0, 1], ranks
+    return ranks
+
+
+def assert_gone(agent: int, ranks: dict[int, int], timeout: float = 10) -> None:
+    """No rank and no agent left (zombies count as gone)."""
+    def left() -> list[int]:
+        return [*group_alive(agent), *(pid for pid in ranks.values() if alive(pid))]
+    deadline = time.monotonic() + timeout
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

@@ -59,13 +59,18 @@ def watch_parent(expected: int, interval_s: float = 1.0, grandparent: bool = Fal
     getppid. A thread, so it works wherever the worker runs; the launcher sets the pid it expects.
 
     grandparent: the launcher's process is not the parent (torchrun's agent is, under torchrun), so watch
-    that it is alive instead."""
+    that it is alive instead, and that the agent is still the parent: torchrun starts each rank in a session
+    of its own, out of reach of the launcher's signals to the agent's group, so a rank whose agent was killed
+    stops by itself."""
     import threading
 
+    agent = os.getppid()
+
     def watch():
-        while (alive(expected) if grandparent else os.getppid() == expected):
+        while (alive(expected) and os.getppid() == agent) if grandparent else os.getppid() == expected:
             time.sleep(interval_s)
-        print(f"worker: parent process {expected} is gone; stopping", flush=True)
+        print(f"worker: parent process {expected if os.getppid() == agent else agent} is gone; stopping",
+              flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
