@@ -31,6 +31,8 @@ def submit_params(command: list[str], env: dict[str, str], *, runtime_env: dict,
                                # the job's log is the Pipes channel: a progress bar's carriage returns would
                                # glue a message to the bar's line, where the reader no longer sees it
                                "TQDM_DISABLE": "1"}
+    if cpus >= 1:  # torch's threads: as many as the job holds (the job supervisor's environment says 1)
+        runtime_env["env_vars"].setdefault("OMP_NUM_THREADS", str(int(cpus)))
     params = {"entrypoint": shlex.join(command), "runtime_env": runtime_env, "submission_id": job_id,
               "entrypoint_num_cpus": cpus}
     if gpus:
@@ -50,7 +52,7 @@ def run_ray_job(context, *, address: str, command: list[str], env: dict[str, str
     from dagster_ray import PipesRayJobMessageReader
 
     client = _client_class()(address=address or None, message_reader=wrap_reader(PipesRayJobMessageReader()),
-                             forward_termination=True, poll_interval=1.0)
+                             forward_termination=True, poll_interval=0.25)
     job_id = f"dragon-{context.run_id[:8]}-{uuid.uuid4().hex[:6]}"
     params = submit_params(command, env, runtime_env=runtime_env, cpus=cpus, gpus=gpus, memory_gb=memory_gb,
                            stop_wait_s=stop_wait_s, job_id=job_id)
