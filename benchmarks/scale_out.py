@@ -169,7 +169,7 @@ def table(m: dict) -> str:
         for launcher, how in (("subprocess", "torchrun"), ("ray", "Ray Train")):
             one, two = m[f"{launcher}_workers1"], m[f"{launcher}_workers2"]
             lines.append(f"| {how}: materialization wall time | {one['wall_s']:.1f} s | {two['wall_s']:.1f} s | "
-                         f"{one['wall_s'] / two['wall_s']:.2f}x faster |")
+                         f"{one['wall_s'] / two['wall_s']:.2f}x speed-up |")
             if one["tokens_per_s"] and two["tokens_per_s"]:
                 lines.append(f"| {how}: trained tokens/s | {one['tokens_per_s']:.0f} | {two['tokens_per_s']:.0f} | "
                              f"{two['tokens_per_s'] / one['tokens_per_s']:.2f}x |")

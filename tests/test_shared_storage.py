@@ -305,6 +305,7 @@ def test_a_shared_mount_by_file_uri(tmp_path):
 
 # ------------------------------------------------------------------------------------- a real pipeline stage
 
+@pytest.mark.slow
 def test_a_pipeline_trains_and_merges_through_the_bucket(bucket, tiny_model, tmp_path, monkeypatch):
     """Every artifact is published; the training and merge jobs go through the store (the worker fetches what
     it reads into its node's cache and uploads what it writes); a step whose machine lost its local copies
