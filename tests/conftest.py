@@ -279,16 +279,20 @@ class RayHead:
     defaults). stop() ends every process the head started, found by a variable they all inherit: Ray renames
     some of its processes and detaches them all, and `ray stop` would stop any other Ray on the machine."""
 
-    def __init__(self, root: Path, cpus: int = 2):
+    def __init__(self, root: Path, cpus: int = 4):
         self.temp = Path(f"/tmp/ray-{os.getpid()}-{closed_port()}")  # short: Ray's unix sockets live under it
         self.marker = f"DRAGON_TEST_RAY_HEAD={self.temp.name}"
-        self.dashboard_port = closed_port()
-        self.address = f"http://127.0.0.1:{self.dashboard_port}"
+        self.dashboard_port, port = closed_port(), closed_port()
+        self.address = f"http://127.0.0.1:{self.dashboard_port}"  # where jobs are submitted
+        self.gcs_address = f"127.0.0.1:{port}"  # what a driver's ray.init joins (RAY_ADDRESS in a Ray job)
         env = {**os.environ, "DRAGON_TEST_RAY_HEAD": self.temp.name, "RAY_USAGE_STATS_ENABLED": "0",
                # Ray swaps 127.0.0.1 for the machine's address unless it is told it is not a cluster
-               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+               "RAY_AUTH_MODE": "disabled",  # a loopback test cluster needs no token (Ray would write one to ~/.ray)
+               # a node of a cluster has the project in the `python` on its PATH: here, this interpreter's
+               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
         env.pop("RAY_ADDRESS", None)
-        ports = {"--port": closed_port(), "--dashboard-port": self.dashboard_port,
+        ports = {"--port": port, "--dashboard-port": self.dashboard_port,
                  "--dashboard-agent-listen-port": closed_port(), "--ray-client-server-port": closed_port()}
         ray = Path(sys.executable).with_name("ray")
         out = subprocess.run([str(ray), "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host",
@@ -314,6 +318,16 @@ class RayHead:
                 pass
         return found
 
+    def train_processes(self) -> list[str]:
+        """Ray Train's actors (ranks, controllers) still running on this head."""
+        names = []
+        for pid in self.processes():
+            try:
+                names.append(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"))
+            except OSError:
+                continue
+        return [n for n in names if "RayTrainWorker" in n or "TrainController" in n]
+
     def stop(self) -> None:
         for sig, wait_s in ((signal.SIGTERM, 5), (signal.SIGKILL, 1)):
             for pid in self.processes():
@@ -329,7 +343,8 @@ class RayHead:
 
 @pytest.fixture(scope="session")
 def ray_head(tmp_path_factory):
-    """One Ray head for the session's tests (starting one takes about 10 s of a 2-core machine)."""
+    """One Ray head for the session's tests (starting one takes about 10 s of a 2-core machine). 4 logical CPUs
+    on 2 cores: two rank actors take one each, a job's driver and Ray Train's controller may want more."""
     head = RayHead(tmp_path_factory.mktemp("ray"))
     yield head
     head.stop()

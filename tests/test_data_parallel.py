@@ -38,8 +38,9 @@ NO_DROPOUT = {"dropout": 0.0}  # LoRA dropout draws differ per rank; without it 
 def worker_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES") and k != "RAY_ADDRESS"}
     # RAY_AUTH_MODE: a loopback test cluster needs no token (and Ray would otherwise write one to ~/.ray)
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: a driver joins the loopback head as the head's own processes see it
     env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled",
-               **extra)
+               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **extra)
     return env
 
 

@@ -301,3 +301,19 @@ def test_pipes_tap_skips_metrics_it_cannot_log_and_keeps_going():
         assert tap.take(message)
     assert seen == [1, 3] and tap.failures == 2
     assert len(warnings) == 1 and "could not forward" in warnings[0]  # said once, not per line
+
+
+def test_the_worker_command_per_launcher_and_workers():
+    from dragon_dagster.resources import TrainingResource
+
+    training = {"settings": {"kind": "sft"}}
+    one = TrainingResource().command("/runs/x/.job-run.json", training)
+    assert one == [sys.executable, "-m", "dragon_dagster.engine.worker", "/runs/x/.job-run.json"]
+    resource = TrainingResource(workers=2, termination_timeout_s=300)
+    two = resource.command("/j.json", {**training, "parallel": resource.parallel()})
+    # torchrun stops its ranks before the resource kills the agent's group, which does not hold them
+    assert two[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--shutdown-timeout=290"]
+    assert two[-3:] == ["-m", "dragon_dagster.engine.worker", "/j.json"]
+    on_ray = TrainingResource(launcher="ray", workers=2)
+    assert on_ray.command("s3://b/j.json", {**training, "parallel": on_ray.parallel()}) == [
+        "python", "-m", "dragon_dagster.engine.worker", "s3://b/j.json"]  # the driver; Ray Train runs the ranks

@@ -78,6 +78,7 @@ def test_rendered_pod_is_a_valid_v1_pod_with_everything_the_worker_needs(monkeyp
                                     {"secretRef": {"name": "s3-credentials"}}]
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 900
+    assert spec["activeDeadlineSeconds"] == 7 * 86400  # the kubelet ends a pod that hangs: nothing else would
     env = container_env(manifest)
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow.ml:5000"
     assert DAGSTER_PIPES_CONTEXT_ENV_VAR in env

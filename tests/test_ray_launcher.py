@@ -147,7 +147,8 @@ def test_two_workers_train_one_stage_with_ray_train_and_report_as_one(tiny_model
     manifest = json.loads((adapter / "manifest.json").read_text())
     assert manifest["result"]["global_step"] == 8 and (adapter / "adapter" / "adapter_model.safetensors").exists()
     job = json.loads((adapter / "job.json").read_text())
-    assert job["parallel"] == {"workers": 2, "backend": "ray", "cpus_per_worker": 1.0, "gpus_per_worker": 0.0}
+    assert job["parallel"] == {"workers": 2, "backend": "ray", "cpus_per_worker": 1.0, "gpus_per_worker": 0.0,
+                               "memory_gb_per_worker": 0.0}
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]

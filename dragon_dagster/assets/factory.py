@@ -115,8 +115,8 @@ def dataset_asset(pipeline: Pipeline, stage: st.DatasetStage):
                        f"({mapped}), split into train and held-out files.")
     def _dataset(context, config: launchpad_config(stage), store: ArtifactStore, **inputs) -> Output[str]:
         settings = effective(stage, config)
-        inputs = local_inputs(store, inputs)
         with named_failure(f"{pipeline.name}/{stage.name}"):
+            inputs = local_inputs(store, inputs)
             df = read_source(pipeline, settings, inputs.get("source"))
             kept: list[int] = []
             rows, dropped = map_dataset(settings, df, kept)

@@ -30,6 +30,7 @@ class Parallel:
     backend: str = "torchrun"
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
+    memory_gb_per_worker: float = 0.0
 
     @classmethod
     def from_job(cls, job: dict) -> Parallel | None:
@@ -37,7 +38,8 @@ class Parallel:
         values = job.get("parallel")
         if not values:
             return None
-        unknown = sorted(set(values) - {"workers", "backend", "cpus_per_worker", "gpus_per_worker"})
+        unknown = sorted(set(values) - {"workers", "backend", "cpus_per_worker", "gpus_per_worker",
+                                      "memory_gb_per_worker"})
         if unknown:
             raise ValueError(f"parallel: unknown setting(s) {unknown}")
         parallel = cls(**values)

@@ -191,6 +191,8 @@ def fetch_dir(uri: str, local: Path) -> Path:
     except RemoteStoreError:
         raise
     except Exception as exc:
+        if isinstance(exc, OSError) and local.exists():  # lost the rename race (ENOTEMPTY): the same artifact
+            return local
         raise _failure("download", uri, exc) from exc
     return local
 

@@ -134,6 +134,8 @@ def pod_spec(pod: K8sPod, *, cpus: float, gpus: float, memory_gb: float,
         # SIGTERM, then this long to save a checkpoint before SIGKILL (see the module docstring)
         "terminationGracePeriodSeconds": int(math.ceil(termination_grace_s)),
     }
+    if pod.pod_wait_timeout_s > 0:  # dagster-k8s follows the log until the container exits: the kubelet ends
+        spec["activeDeadlineSeconds"] = int(pod.pod_wait_timeout_s)  # a pod that hangs past the limit
     if volumes:
         spec["volumes"] = volumes
     if pod.node_selector:

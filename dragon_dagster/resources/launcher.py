@@ -103,25 +103,18 @@ class TrainingResource(ConfigurableResource):
         job_file.write_text(json.dumps(portable_job(job, workdir), indent=2))
         run_file = Path(workdir) / RUN_FILE  # absolute paths (or URIs); removed after the run
         run_file.write_text(json.dumps(job))
-        shipped = ship(job, workdir, store, final, context.run_id) if store and store.artifact_uri else None
         status_file = Path(workdir) / "status.json"
-        # on a cluster, the interpreter on the nodes' PATH: this process's path means nothing there
-        python = self.python or ("python" if self.launcher != "subprocess" else sys.executable)
-        command = [python, "-m", "dragon_dagster.engine.worker", shipped or str(run_file)]
-        if job.get("parallel", {}).get("backend") == "torchrun":
-            # torchrun forwards a terminate to the ranks and kills them after its shutdown timeout (30 s by
-            # default): give them as long as the resource does, to finish the step and save the checkpoint
-            command[1:3] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.workers}",
-                            f"--shutdown-timeout={int(self.termination_timeout_s)}", "-m",
-                            "dragon_dagster.engine.worker"]
         tap = PipesTap(on_metrics, warn=context.log.warning)
+        output_uri = store.staging_uri(final, context.run_id) if store and store.artifact_uri else None
         try:
-            returncode = self._launch(context, command, env or {}, tap, parallel=bool(job.get("parallel")))
+            shipped = ship(job, workdir, store, output_uri) if output_uri else None
+            returncode = self._launch(context, self.command(shipped or str(run_file), job), env or {}, tap,
+                                      parallel=bool(job.get("parallel")))
             if shipped and returncode == 0 and tap.outcome.get("event") == "result":
-                remote.collect(_output_uri(shipped), workdir)
+                remote.collect(output_uri, workdir)
         finally:
-            if shipped:
-                remote.discard(_output_uri(shipped))
+            if output_uri:  # also after a half-done upload of the inputs
+                remote.discard(output_uri)
             run_file.unlink(missing_ok=True)
         status = tap.outcome or _read_status(status_file)
         status_file.unlink(missing_ok=True)
@@ -131,10 +124,24 @@ class TrainingResource(ConfigurableResource):
                 "traceback" if returncode else f"the {kind} worker finished without a result"))
         return status["result"]
 
+    def command(self, job_source: str, job: dict) -> list[str]:
+        """The worker's command line for the job file (a path, or a URI in the artifact store)."""
+        # on a cluster, the interpreter on the nodes' PATH: this process's path means nothing there
+        python = self.python or ("python" if self.launcher != "subprocess" else sys.executable)
+        if job.get("parallel", {}).get("backend") != "torchrun":
+            return [python, "-m", "dragon_dagster.engine.worker", job_source]
+        # torchrun forwards a terminate to the ranks and kills them after its shutdown timeout (30 s by default):
+        # about as long as the resource gives, to finish the step and save the checkpoint, but before the
+        # resource kills the agent's group, which does not hold the ranks (they run in sessions of their own)
+        shutdown_s = max(5, int(self.termination_timeout_s) - 10)
+        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.workers}",
+                f"--shutdown-timeout={shutdown_s}", "-m", "dragon_dagster.engine.worker", job_source]
+
     def parallel(self) -> dict:
         """How the worker spreads one training stage over `workers` processes (engine/worker.py reads it)."""
         return {"workers": self.workers, "backend": "ray" if self.launcher == "ray" else "torchrun",
-                "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus()}
+                "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus(),
+                "memory_gb_per_worker": self.memory_gb_per_worker}
 
     def gpus(self) -> float:
         if self.gpus_per_worker >= 0:
@@ -164,8 +171,11 @@ class TrainingResource(ConfigurableResource):
     def _run_worker(self, context, command: list[str], env: dict[str, str], tap: PipesTap) -> int:
         with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
                                 message_reader=tap.wrap(PipesTempFileMessageReader())) as session:
+            # a Dagster process inside a distributed job of its own (a PyTorchJob pod, say) has RANK and the
+            # like set: a worker that read them would think itself a rank; torchrun sets its ranks' own
+            inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
             proc = subprocess.Popen(command, start_new_session=True,  # its own process group: see the docstring
-                                    env={**os.environ, **env, **session.get_bootstrap_env_vars(),
+                                    env={**inherited, **env, **session.get_bootstrap_env_vars(),
                                          PARENT_PID: str(os.getpid())})
             try:
                 return self._wait(context, proc)
@@ -187,24 +197,19 @@ class TrainingResource(ConfigurableResource):
 
 
 RUN_FILE = ".job-run.json"
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
-def ship(job: dict, workdir: Path, store, final: Path | None, run_id: str) -> str:
-    """Put the job where a worker on any node reads it, through the store's artifact_uri: what the parent
+def ship(job: dict, workdir: Path, store, out: str) -> str:
+    """Put the job where a worker on any node reads it, under out in the store's artifact_uri: what the parent
     wrote into workdir (data, rewards), then the job itself with URIs for paths. Returns the job's URI."""
-    if final is None:
-        raise ValueError("a job through the artifact store needs the artifact it makes (final)")
-    out = store.staging_uri(final, run_id)
     remote.push_inputs(workdir, out)
     shipped = remote.remote_job(job, store.root, store.artifact_uri, out)
     fs, path = remote.filesystem(out)
     with fs.open(remote.join(path, RUN_FILE), "w") as f:  # collect brings it back into workdir: removed there
         json.dump(shipped, f)
     return remote.join(out, RUN_FILE)
-
-
-def _output_uri(shipped_job_uri: str) -> str:
-    return shipped_job_uri.rsplit("/", 1)[0]
 
 
 # Job fields that may name a path inside the staging dir (the artifact's directory under its temporary name).

@@ -21,12 +21,15 @@ from collections.abc import Callable
 
 from dagster import Failure
 
+from .k8s_pod import pod_env
+
 
 def submit_params(command: list[str], env: dict[str, str], *, runtime_env: dict, cpus: float, gpus: float,
                   memory_gb: float, stop_wait_s: float, job_id: str) -> dict:
     """What JobSubmissionClient.submit_job gets (dagster-ray adds the Pipes bootstrap variables to env_vars)."""
     runtime_env = dict(runtime_env or {})
-    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **env,
+    # the dashboard shows a job's runtime env to anyone who can open it: no credentials in it
+    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **pod_env(env),
                                "PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(int(stop_wait_s)),
                                # the job's log is the Pipes channel: a progress bar's carriage returns would
                                # glue a message to the bar's line, where the reader no longer sees it
@@ -77,9 +80,21 @@ def run_ray_job(context, *, address: str, command: list[str], env: dict[str, str
         if stopped:
             raise Failure(description=f"{stopped[0]}: stopped Ray job {job_id}") from exc
         return 1
+    except BaseException:  # an interrupt before dagster-ray watched the job, a lost dashboard, ...: no job
+        _stop_unless_over(ray_client, job_id, context.log)  # may go on training with nobody to collect it
+        raise
     finally:
         done.set()
         watchdog.join(5)
+
+
+def _stop_unless_over(ray_client, job_id: str, log) -> None:
+    try:
+        if not ray_client.get_job_status(job_id).is_terminal():
+            log.warning(f"stopping Ray job {job_id}")
+            ray_client.stop_job(job_id)
+    except Exception as exc:  # noqa: BLE001 - never submitted, or the cluster is gone: nothing to stop here
+        log.warning(f"could not check or stop Ray job {job_id}: {exc}")
 
 
 class SubmitError(Exception):

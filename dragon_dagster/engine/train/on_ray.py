@@ -104,6 +104,8 @@ def scaling(parallel: distributed.Parallel):
     resources = {"CPU": parallel.cpus_per_worker}
     if parallel.gpus_per_worker > 0:
         resources["GPU"] = parallel.gpus_per_worker
+    if parallel.memory_gb_per_worker > 0:
+        resources["memory"] = int(parallel.memory_gb_per_worker * 2**30)
     return ScalingConfig(num_workers=parallel.workers, use_gpu=parallel.gpus_per_worker > 0,
                          resources_per_worker=resources)
 
