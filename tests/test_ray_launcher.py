@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,23 +12,15 @@ from pathlib import Path
 import pytest
 
 from .conftest import write_pipeline
+from .test_webserver import workers
 
 pytestmark = pytest.mark.slow
 TRAIN = [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]]
 
 
 def workers_on(runs: Path) -> list[int]:
-    """Live worker processes whose job file lies under runs (the process table, as `ps` shows it)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if b"dragon_dagster.engine.worker" in cmdline and str(runs).encode() in cmdline and state != "Z":
-            found.append(int(pid))
-    return found
+    """Live worker processes whose job file lies under runs."""
+    return workers(str(runs))
 
 
 def ray_resources(runs: Path, head, **training) -> dict:
