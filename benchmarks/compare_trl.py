@@ -192,20 +192,12 @@ def read_progress(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
 
 
-def dagster_overhead(a, model: Path, work: Path) -> dict:
-    """Materialize a one-stage SFT pipeline through Dagster, then run its own job file straight through the
-    worker; the difference is what Dagster adds (run, Pipes, MLflow, artifact store). Best of a.repeats."""
-    from dagster import AssetSelection, DagsterInstance, materialize
-
-    from dragon_dagster.assets.factory import build_pipeline_defs
-    from dragon_dagster.engine.spec.pipeline import load as load_pipeline
-    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
-    from dragon_dagster.resources.launcher import resolve_job
-
-    csv = work / "rows.csv"
+def sft_pipeline_yaml(work: Path, model: Path, n_rows: int, steps: int, batch: int, more_args: str = "") -> Path:
+    """A one-stage SFT pipeline on n_rows of the peer's rows (a CSV beside it), as a user writes one."""
     import pandas as pd
 
-    rows = sft_rows(64, random.Random(1))
+    rows = sft_rows(n_rows, random.Random(1))
+    csv = work / "rows.csv"
     pd.DataFrame({"question": [r["prompt"][0]["content"] for r in rows],
                   "answer": [r["completion"][0]["content"] for r in rows]}).to_csv(csv, index=False)
     spec = work / "bench.yaml"
@@ -216,8 +208,22 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
         stages:
           - {{name: sft_dataset, kind: chat_dataset, source: rows, prompt: question, response: answer}}
           - {{name: sft_adapter, kind: sft, dataset: sft_dataset, n_samples: 1, max_new_tokens: 4,
-              args: {{max_steps: 2, batch_size: 2, grad_accum: 1, max_seq_len: 256, logging_steps: 1}}}}
+              args: {{max_steps: {steps}, batch_size: {batch}, grad_accum: 1, max_seq_len: 256, logging_steps: 1{more_args}}}}}
         """))
+    return spec
+
+
+def dagster_overhead(a, model: Path, work: Path) -> dict:
+    """Materialize a one-stage SFT pipeline through Dagster, then run its own job file straight through the
+    worker; the difference is what Dagster adds (run, Pipes, MLflow, artifact store). Best of a.repeats."""
+    from dagster import AssetSelection, DagsterInstance, materialize
+
+    from dragon_dagster.assets.factory import build_pipeline_defs
+    from dragon_dagster.engine.spec.pipeline import load as load_pipeline
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+    from dragon_dagster.resources.launcher import resolve_job
+
+    spec = sft_pipeline_yaml(work, model, n_rows=64, steps=2, batch=2)
     parts = build_pipeline_defs(load_pipeline(spec))
     runs = work / "runs"
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),

@@ -14,38 +14,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 
-from compare_trl import sft_rows  # the peer benchmark's rows: same shape of data as the other figures
+from compare_trl import sft_pipeline_yaml  # the peer benchmark's rows: same data as the other figures
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.conftest import RayHead  # noqa: E402 - the tests' loopback head: own ports, stopped process by process
 
 
 def pipeline_yaml(work: Path, model: Path, steps: int, batch: int) -> Path:
-    import pandas as pd
-
-    rows = sft_rows(128, random.Random(1))
-    csv = work / "rows.csv"
-    pd.DataFrame({"question": [r["prompt"][0]["content"] for r in rows],
-                  "answer": [r["completion"][0]["content"] for r in rows]}).to_csv(csv, index=False)
-    spec = work / "bench.yaml"
-    spec.write_text(textwrap.dedent(f"""\
-        name: bench
-        model: {model}
-        datasets: {{rows: {{path: "{csv}"}}}}
-        stages:
-          - {{name: sft_dataset, kind: chat_dataset, source: rows, prompt: question, response: answer}}
-          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, n_samples: 1, max_new_tokens: 4,
-              args: {{max_steps: {steps}, batch_size: {batch}, grad_accum: 1, max_seq_len: 256, logging_steps: 1,
-                     save_steps: 1000}}}}
-        """))
-    return spec
+    return sft_pipeline_yaml(work, model, n_rows=128, steps=steps, batch=batch, more_args=", save_steps: 1000")
 
 
 def materialize_stage(parts, instance, runs: Path, training, *assets: str, args: dict | None = None
