@@ -3,7 +3,8 @@
 The page is a thin skin over `engine.chat.Chat`: one Chat per browser session (a `gr.State`), so context
 handling, feedback records and transcripts behave exactly as in `dragon chat` on the terminal. Features:
 multi-turn context with an optional context window (the status line says how many of the oldest exchanges
-were dropped), a system prompt box, replies streamed onto the page, thumbs up / down and in-place editing
+were dropped), a system prompt box, replies streamed onto the page as the model generates them (`Chat.stream`)
+with a Stop button that ends a reply early and keeps what it has so far, thumbs up / down and in-place editing
 of a reply (both recorded in the `FeedbackStore` with the model that answered), regenerate, undo, reset,
 and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
 .json: a list of messages).
@@ -36,7 +37,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
-from .engine.infer.chat import Chat, ChatError  # noqa: E402
+from .engine.infer.chat import Chat, ChatError, ReplyStream  # noqa: E402
 from .engine.feedback import FeedbackError, FeedbackStore  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
@@ -89,15 +90,6 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def _prefixes(text: str, steps: int = 24) -> Iterator[str]:
-    """Growing prefixes of text at word boundaries, at most `steps` of them: how a finished reply is streamed
-    onto the page when the backend returns it whole (every Backend does today)."""
-    words = text.split(" ")
-    step = max(1, -(-len(words) // steps))
-    for end in range(step, len(words) + step, step):
-        yield " ".join(words[:end])
-
-
 def _reply_index(chat: Chat, position: int) -> int:
     """Which reply (counting assistant turns only, as Chat.rate/edit do) sits at a Chatbot message index."""
     if not isinstance(position, int) or not 0 <= position < len(chat.messages) \
@@ -116,13 +108,17 @@ def context_note(chat: Chat) -> str:
     return f"Context: all {earlier} earlier exchange(s) sent."
 
 
+ANSWERING = "_answering… (Stop ends the reply here)_"
+
+
 class ChatHandlers:
     """The page's event handlers, independent of the layout so they can be tested without a browser. Every
     handler takes the session's Chat (None before the first event) plus the settings boxes, and returns the
-    Chat back for the gr.State."""
+    Chat back for the gr.State. `stream_delay` is the least time between two page updates of a reply being
+    generated (chunks that arrive faster are shown together; 0: every chunk)."""
 
     def __init__(self, backend: Backend, store: FeedbackStore | None, model_label: str = "",
-                 stream_delay: float = 0.02):
+                 stream_delay: float = 0.05):
         self.backend, self.store = backend, store
         self.model_label = model_label or backend.identity
         self.stream_delay = stream_delay
@@ -142,18 +138,47 @@ class ChatHandlers:
         chat.temperature, chat.max_new_tokens = float(temperature), int(max_new_tokens)
         return chat
 
-    def _stream(self, chat: Chat, note: str) -> Iterator[tuple]:
-        """Show the last reply growing word by word, then the whole conversation with the status note."""
-        before, reply = _display(chat.messages[:-1]), chat.messages[-1]["content"]
-        for prefix in _prefixes(reply):
-            yield before + [{"role": "assistant", "content": shown(prefix)}], chat, "_answering…_"
-            time.sleep(self.stream_delay)
-        yield _display(chat.messages), chat, note
+    def _growing(self, chat: Chat, reply: ReplyStream) -> Iterator[list[dict]]:
+        """The Chatbot value while `reply` is generated: the conversation with the reply so far, at most once
+        per stream_delay. Backend errors are raised (the history is then unchanged)."""
+        last = 0.0
+        for _ in reply:
+            if time.monotonic() - last >= self.stream_delay:
+                last = time.monotonic()
+                yield self._with_partial(chat, reply)
+
+    @staticmethod
+    def _with_partial(chat: Chat, reply: ReplyStream) -> list[dict]:
+        if reply.done:  # committed (or given up): the history says it all
+            return _display(chat.messages)
+        before = chat.messages[:-1] if reply.regenerate else chat.messages  # a regenerated reply is replaced
+        return _display(before) + [{"role": "assistant", "content": shown(reply.text)}]
+
+    @staticmethod
+    def _outcome(chat: Chat, reply: ReplyStream, done: str) -> str:
+        """The status line once a streamed reply has ended."""
+        if not reply.stopped:
+            return done + context_note(chat)
+        if not reply.text:
+            return ("Stopped before the model wrote anything; the previous reply is kept." if reply.regenerate
+                    else "Stopped before the model wrote anything; your message is back in the box.")
+        return "**Stopped**: the reply is cut short; rate or edit it like any other. " + context_note(chat)
+
+    def _streamed(self, chat: Chat, reply: ReplyStream, done: str = "") -> Iterator[tuple]:
+        """(chatbot, chat, status) while the reply is generated, then the outcome; errors go to the status."""
+        try:
+            for value in self._growing(chat, reply):
+                yield value, chat, ANSWERING
+        except ERRORS as exc:  # the turn failed: history unchanged
+            yield _display(chat.messages), chat, _error(exc)
+            return
+        yield _display(chat.messages), chat, self._outcome(chat, reply, done)
 
     # --------------------------------------------------------------------------------------- turns
 
     def send(self, text: str, chat: Chat | None, *settings) -> Iterator[tuple]:
-        """Outputs (textbox, chatbot, chat, status): the user turn shows at once, then the streamed reply."""
+        """Outputs (textbox, chatbot, chat, status): the user turn shows at once, then the reply as it is
+        generated. A failed turn, or one stopped before any text, puts the message back in the box."""
         try:
             chat = self.session(chat, *settings)
         except ERRORS as exc:
@@ -165,29 +190,38 @@ class ChatHandlers:
             return
         yield "", _display(chat.messages + [{"role": "user", "content": text}]), chat, "_waiting for the model…_"
         try:
-            chat.say(text)
-        except ERRORS as exc:  # the turn failed: history unchanged, the text goes back into the box
+            reply = chat.stream(text)
+        except ERRORS as exc:
             yield text, _display(chat.messages), chat, _error(exc)
             return
-        for value, chat, status in self._stream(chat, context_note(chat)):
-            yield "", value, chat, status
+        for value, chat, status in self._streamed(chat, reply):
+            yield ("" if reply.text else text), value, chat, status
 
     def regenerate(self, chat: Chat | None, *settings) -> Iterator[tuple]:
-        """Outputs (chatbot, chat, status): a new answer replaces the last reply."""
+        """Outputs (chatbot, chat, status): a new answer, streamed, replaces the last reply."""
         try:
             chat = self.session(chat, *settings)
-            chat.regenerate()
+            reply = chat.stream_regenerate()
         except ERRORS as exc:
             yield gr.skip(), chat, _error(exc)
             return
-        yield from self._stream(chat, "Regenerated. " + context_note(chat))
+        yield from self._streamed(chat, reply, "Regenerated. ")
+
+    def stop(self, chat: Chat | None) -> None:
+        """No outputs: end the reply being generated. The turn's own handler then shows what was kept (an
+        output here would race with its last update)."""
+        if chat is not None:
+            chat.stop()
 
     def undo(self, chat: Chat | None) -> tuple:
         """Outputs (textbox, chatbot, chat, status): drop the last exchange; its user text returns to the box
         so it can be changed and sent again."""
         if chat is None or not chat.messages:
             return gr.skip(), gr.skip(), chat, "Nothing to undo."
-        removed = chat.undo()
+        try:
+            removed = chat.undo()
+        except ChatError as exc:  # a reply is being generated
+            return gr.skip(), gr.skip(), chat, _error(exc)
         text = next((m["content"] for m in removed if m["role"] == "user"), "")
         return text, _display(chat.messages), chat, f"Removed {len(removed)} message(s)."
 
@@ -230,12 +264,14 @@ class ChatHandlers:
                 feedback_id = chat.edit(text, index=reply)
                 yield _display(chat.messages), chat, self._saved(chat, f"edit of reply {reply + 1}", feedback_id)
                 return
+            if chat.active is not None:
+                raise ChatError("a reply is still being generated: stop it (or let it finish) first")
             chat.messages = chat.messages[:data.index]  # a changed question: ask it again from there
-            chat.say(text)
+            reply = chat.stream(text)
         except (*ERRORS, IndexError, TypeError) as exc:
             yield _display(chat.messages) if chat else gr.skip(), chat, _error(exc)
             return
-        yield from self._stream(chat, "Asked again. " + context_note(chat))
+        yield from self._streamed(chat, reply, "Asked again. ")
 
     # --------------------------------------------------------------------------------- transcripts
 
@@ -264,7 +300,7 @@ class ChatHandlers:
 
 def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path | None, model_label: str = "",
               system: str | None = None, context_turns: int | None = None, temperature: float = 0.7,
-              max_new_tokens: int = 256, stream_delay: float = 0.02) -> gr.Blocks:
+              max_new_tokens: int = 256, stream_delay: float = 0.05) -> gr.Blocks:
     """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None)."""
     backend = as_backend(backend)
     if store is not None and not isinstance(store, FeedbackStore):
@@ -283,6 +319,7 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
                     box = gr.Textbox(placeholder="Message (Enter sends)", show_label=False, scale=5,
                                      elem_id="message", autofocus=True)
                     send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
+                    stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
                 with gr.Row():
                     regen = gr.Button("↻ Regenerate", size="sm", elem_id="regenerate")
                     undo = gr.Button("↶ Undo", size="sm", elem_id="undo")
@@ -311,6 +348,11 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
             trigger(h.undo, [chat], [box, *turn_out])
         for trigger in (reset.click, chatbot.clear):
             trigger(h.reset, [chat], [box, *turn_out])
+        # Stop sets the session's stop event (the Chat in gr.State is this session's object): the turn's own
+        # handler then finishes with the text so far, so the stopped reply is kept, shown and can be rated.
+        # (Gradio's cancels= would kill that handler instead and lose the reply.) No concurrency limit: it
+        # must run while the turn it stops holds its event's slot.
+        stop.click(h.stop, [chat], None, concurrency_limit=None)
         chatbot.like(h.like, [chat], [chat, status])
         chatbot.edit(h.edit, [chat, *settings], turn_out)
         save.click(h.save, [chat, fmt], [saved, status])

@@ -37,7 +37,8 @@ def test_server_replies_in_order_with_bounded_concurrency(stub):
     assert 2 <= server.max_in_flight <= 3
     sent = server.requests[0]
     assert sent["path"] == "/v1/chat/completions"
-    assert sent["headers"]["Authorization"] == "Bearer sekrit" and sent["headers"]["X-Team"] == "dragons"
+    headers = {k.lower(): v for k, v in sent["headers"].items()}  # names are case-insensitive (httpx sends lower)
+    assert headers["authorization"] == "Bearer sekrit" and headers["x-team"] == "dragons"
     assert sent["body"]["model"] == "m" and sent["body"]["max_tokens"] == 7 and sent["body"]["stream"] is False
     assert sent["body"]["temperature"] == 0.3 and sent["body"]["top_p"] == 0.9
     assert sent["body"]["messages"][0] == {"role": "system", "content": "Be brief."}

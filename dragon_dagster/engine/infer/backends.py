@@ -8,18 +8,21 @@ Everything that generates text outside training (the judge, `dragon generate`, t
   vLLM, Ollama, hosted APIs), with bounded concurrency and retries (dragonfarm's dragon_backend_server).
 
 A conversation is a list of chat messages ({"role": ..., "content": ...}); `chat` returns one reply per
-conversation, in order. Framework-free: nothing here imports Dagster.
+conversation, in order. `stream` returns one reply as text chunks while it is generated (local: transformers'
+TextIteratorStreamer; servers: the `openai` client with stream=True); a `threading.Event` passed as `stop` ends
+it early, keeping what was generated. The chunks join to what `chat` returns for the same request (stripped).
+Framework-free: nothing here imports Dagster.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..spec.settings import DEVICES, DTYPES, Hardware
 
@@ -54,6 +57,32 @@ def with_system(conversation: list[dict], system: str | None) -> list[dict]:
     return [{"role": "system", "content": system}] + rest
 
 
+def _check_settings(max_new_tokens: Any, temperature: float, top_p: float) -> None:
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise BackendError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise BackendError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature!r}, {top_p!r}")
+
+
+def _stripped(chunks: Iterator[str]) -> Iterator[str]:
+    """The chunks without the reply's leading and trailing whitespace (chat() strips replies), so joined
+    streamed chunks equal the non-streamed reply. Whitespace is held back until text follows it; closing
+    this generator closes `chunks` (which stops their generation)."""
+    started, pending = False, ""
+    try:
+        for chunk in chunks:
+            text = pending + (chunk if started else chunk.lstrip())
+            started = started or bool(text)
+            body = text.rstrip()
+            pending = text[len(body):]
+            if body:
+                yield body
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
 class Backend:
     """Chat-style text generation. Subclasses implement `_chat` on already-normalized conversations."""
 
@@ -67,10 +96,7 @@ class Backend:
         """One reply per conversation, in order. temperature 0 is greedy; `system` is prepended when given."""
         if isinstance(conversations, (str, dict)):
             raise BackendError("chat() takes a list of conversations; wrap a single one in a list")
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise BackendError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        if temperature < 0 or not 0 < top_p <= 1:
-            raise BackendError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature!r}, {top_p!r}")
+        _check_settings(max_new_tokens, temperature, top_p)
         convs = [with_system(as_conversation(c), system) for c in conversations]
         if not convs:
             return []
@@ -80,6 +106,19 @@ class Backend:
             raise BackendError(f"{self.identity} returned {len(replies)} replies for {len(convs)} conversations")
         return replies
 
+    def stream(self, conversation: list[dict] | str, *, max_new_tokens: int = 256, temperature: float = 0.0,
+               top_p: float = 1.0, system: str | None = None,
+               stop: threading.Event | None = None) -> Iterator[str]:
+        """One reply to one conversation as text chunks, as they are generated. Setting `stop` (from any
+        thread) ends the reply early; the chunks already generated still come. Joined, the chunks are the
+        reply chat() gives (leading and trailing whitespace stripped). Closing the iterator early also stops
+        the generation. Request errors are raised at the first next()."""
+        _check_settings(max_new_tokens, temperature, top_p)
+        conv = with_system(as_conversation(conversation), system)
+        stop = stop if stop is not None else threading.Event()
+        return _stripped(self._stream(conv, max_new_tokens=max_new_tokens, temperature=float(temperature),
+                                      top_p=float(top_p), stop=stop))
+
     def generate(self, prompts: list[str], **kwargs) -> list[str]:
         """Replies to plain user prompts: chat() with one user message each."""
         return self.chat([[{"role": "user", "content": p}] for p in prompts], **kwargs)
@@ -87,6 +126,13 @@ class Backend:
     def _chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float,
               top_p: float) -> list[str]:
         raise NotImplementedError
+
+    def _stream(self, conversation: list[dict], *, max_new_tokens: int, temperature: float, top_p: float,
+                stop: threading.Event) -> Iterator[str]:
+        """A backend that cannot stream yields its whole reply as one chunk (unless stopped before asking)."""
+        if not stop.is_set():
+            yield from self._chat([conversation], max_new_tokens=max_new_tokens, temperature=temperature,
+                                  top_p=top_p)
 
     def __repr__(self) -> str:
         return f"<{self.identity}>"
@@ -189,11 +235,75 @@ class LocalBackend(Backend):
             return generate(entry["model"], entry["tokenizer"], conversations, max_new_tokens=max_new_tokens,
                             temperature=temperature, top_p=top_p, batch_size=self.batch_size, seed=self.seed)
 
+    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
+        entry = self.loaded()
+        yield from stream_generate(entry["model"], entry["tokenizer"], conversation, stop, lock=entry["lock"],
+                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                   seed=self.seed)
+
+
+def _stop_criteria(*events: threading.Event):
+    """A StoppingCriteria that ends generation at the next token once any of `events` is set."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StopOnEvent(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            stop = any(event.is_set() for event in events)
+            return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+    return StopOnEvent()
+
+
+# How long a streamed local reply waits for its next token before giving up on the generating thread: far
+# beyond any token time, it only keeps a wedged generation from hanging the reader forever.
+TOKEN_TIMEOUT_S = 600.0
+
+
+def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.Event, *, max_new_tokens: int,
+                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 42,
+                    lock: threading.Lock | None = None) -> Iterator[str]:
+    """One reply as decoded text chunks while model.generate runs in a thread (settings and decoding as in
+    evaluate.replies.generate, so the chunks join to the same text). Setting `stop` ends generation at the
+    next token; leaving this generator early (close, an exception in the reader) stops it too, and the thread
+    is always joined before the generator ends. `lock` (the model's) is held by the generating thread only, so
+    a reader that is never resumed (an abandoned web request) cannot keep the model locked beyond one reply."""
+    import torch
+    from transformers import StoppingCriteriaList, TextIteratorStreamer
+
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    inputs = tokenizer([text], return_tensors="pt", add_special_tokens=False).to(next(model.parameters()).device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
+        "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=TOKEN_TIMEOUT_S, skip_special_tokens=True)
+    failure: list[BaseException] = []
+    left = threading.Event()  # the reader is gone: stop without touching the caller's event
+
+    def run() -> None:
+        try:
+            with lock or contextlib.nullcontext(), torch.no_grad():
+                torch.manual_seed(seed)
+                model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                               streamer=streamer, **sampling,
+                               stopping_criteria=StoppingCriteriaList([_stop_criteria(stop, left)]))
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            failure.append(exc)
+            streamer.end()  # the reader waits for the end signal
+
+    thread = threading.Thread(target=run, name="dragon-stream-generate", daemon=True)
+    thread.start()
+    try:
+        for chunk in streamer:
+            if chunk:
+                yield chunk
+    finally:
+        left.set()  # a reader that left early must not leave the model generating (or holding its lock)
+        thread.join()
+    if failure:
+        raise BackendError(f"local generation failed: {type(failure[0]).__name__}: {failure[0]}") from failure[0]
+
 
 # ---------------------------------------------------------------------------------------------- server
-
-RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-
 
 def chat_completions_url(base_url: str) -> str:
     """The /v1/chat/completions endpoint for a base URL given with or without /v1 (or as the endpoint)."""
@@ -207,10 +317,55 @@ def chat_completions_url(base_url: str) -> str:
     return url + "/v1/chat/completions"
 
 
+def _openai():
+    try:
+        import openai
+    except ImportError as exc:
+        raise BackendError("talking to a model server needs the openai package: pip install openai "
+                           "(dragon-dagster depends on it; a partial install may lack it)") from exc
+    return openai
+
+
+def _retried(status: int) -> bool:
+    """Whether the openai client retries a response with this status (timeouts, conflicts, rate limits, 5xx)."""
+    return status in (408, 409, 429) or status >= 500
+
+
+def _client_class():
+    """openai.OpenAI with this project's retry delays and nothing taken from OPENAI_* environment variables:
+    a ServerBackend is often not OpenAI's API, and an OpenAI key, organization or custom header in this
+    process's environment must not be sent to a local or third-party server."""
+    openai = _openai()
+
+    class Client(openai.OpenAI):
+        def __init__(self, *, key: str | None, headers: dict, backoff: float, **kwargs):
+            # the SDK insists on some key; "unused" is never sent (auth_headers below)
+            super().__init__(api_key=key or "unused", default_headers=headers, **kwargs)
+            self.organization = self.project = None  # not OPENAI_ORG_ID / OPENAI_PROJECT_ID
+            self._custom_headers = dict(headers)      # not OPENAI_CUSTOM_HEADERS
+            self.dragon_key, self.dragon_backoff = key, backoff
+
+        @property
+        def auth_headers(self) -> dict[str, str]:
+            return {"Authorization": f"Bearer {self.dragon_key}"} if self.dragon_key else {}
+
+        def _calculate_retry_timeout(self, remaining_retries, options, response_headers=None) -> float:
+            """backoff, 2*backoff, ... (the SDK's own starts at 0.5 s); a Retry-After is honoured up to 60 s."""
+            attempt = max(self.max_retries - remaining_retries, 0)
+            delay = self.dragon_backoff * (2 ** min(attempt, 30))
+            retry_after = self._parse_retry_after_header(response_headers)
+            if retry_after is not None and 0 < retry_after < float("inf"):
+                delay = max(delay, min(retry_after, 60.0))
+            return delay
+
+    return Client
+
+
 class ServerBackend(Backend):
-    """Any OpenAI-compatible chat completions server: `transformers serve`, vLLM, Ollama, hosted APIs.
-    Requests run in a thread pool of `concurrency`; connection errors, timeouts, 429 and 5xx are retried
-    `retries` times with exponential backoff (backoff, 2*backoff, ...; Retry-After is honoured, up to 60 s)."""
+    """Any OpenAI-compatible chat completions server: `transformers serve`, vLLM, Ollama, hosted APIs, through
+    the `openai` client. Requests run in a thread pool of `concurrency`; connection errors, timeouts, 408, 409,
+    429 and 5xx are retried `retries` times with exponential backoff (backoff, 2*backoff, ...; Retry-After is
+    honoured, up to 60 s). `timeout` bounds connecting and each read (for a stream: the wait for each chunk)."""
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, headers: dict | None = None,
                  timeout: float = 60, retries: int = 3, backoff: float = 0.5, concurrency: int = 4):
@@ -221,51 +376,46 @@ class ServerBackend(Backend):
         self.base_url, self.model = base_url, model
         self.url = chat_completions_url(base_url)
         self.timeout, self.retries, self.backoff, self.concurrency = timeout, retries, backoff, concurrency
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if api_key:
-            self.headers["Authorization"] = f"Bearer {api_key}"
-        self.headers.update(headers or {})
+        self.api_key, self.headers = api_key, dict(headers or {})
+        self._client = None
+        self._client_lock = threading.Lock()
 
     @property
     def identity(self) -> str:
         return f"server:{self.url}#{self.model}"
 
-    def _wait(self, attempt: int, retry_after: str | None = None) -> None:
-        delay = self.backoff * (2 ** attempt)
+    def client(self):
+        """The openai client for this server (built once, shared by the request threads: it is thread-safe)."""
+        with self._client_lock:
+            if self._client is None:
+                self._client = _client_class()(
+                    key=self.api_key, headers=self.headers, backoff=self.backoff,
+                    base_url=self.url[:-len("/chat/completions")], timeout=self.timeout, max_retries=self.retries)
+            return self._client
+
+    def _create(self, messages: list[dict], max_new_tokens: int, temperature: float, top_p: float, stream: bool):
+        """The raw HTTP response to one chat completion request (after the client's retries), or a BackendError
+        that names the URL and what went wrong."""
+        openai = _openai()
         try:
-            delay = max(delay, min(float(retry_after), 60.0)) if retry_after else delay
-        except ValueError:
-            pass
-        time.sleep(delay)
+            return self.client().chat.completions.with_raw_response.create(
+                model=self.model, messages=messages, max_tokens=max_new_tokens, temperature=temperature,
+                top_p=top_p, stream=stream)
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            tries = f" after {self.retries + 1} attempt(s)" if _retried(status) else ""
+            raise BackendError(f"{self.url} returned HTTP {status}{tries} for model {self.model!r}: "
+                               f"{exc.response.text[:500]}") from exc
+        except openai.APIConnectionError as exc:  # refused, reset, DNS, timeouts
+            cause = exc.__cause__ or exc
+            raise BackendError(f"cannot reach {self.url} after {self.retries + 1} attempt(s): "
+                               f"{type(cause).__name__}: {str(cause)[:300] or exc}") from exc
+        except openai.OpenAIError as exc:
+            raise BackendError(f"request to {self.url} failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
     def _one(self, messages: list[dict], max_new_tokens: int, temperature: float, top_p: float) -> str:
-        import requests
-
-        payload = {"model": self.model, "messages": messages, "max_tokens": max_new_tokens,
-                   "temperature": temperature, "top_p": top_p, "stream": False}
-        attempts = self.retries + 1
-        for attempt in range(attempts):
-            last = attempt == attempts - 1
-            try:
-                response = requests.post(self.url, json=payload, headers=self.headers, timeout=self.timeout)
-            except (requests.ConnectionError, requests.Timeout) as exc:
-                if last:
-                    raise BackendError(f"cannot reach {self.url} after {attempts} attempt(s): "
-                                       f"{type(exc).__name__}: {str(exc)[:300]}") from exc
-                self._wait(attempt)
-                continue
-            except requests.RequestException as exc:
-                raise BackendError(f"request to {self.url} failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
-            status = response.status_code
-            if status in RETRY_STATUS and not last:
-                self._wait(attempt, response.headers.get("Retry-After"))
-                continue
-            if status >= 400:
-                tries = f" after {attempts} attempt(s)" if status in RETRY_STATUS else ""
-                raise BackendError(f"{self.url} returned HTTP {status}{tries} for model {self.model!r}: "
-                                   f"{response.text[:500]}")
-            return self._content(response)
-        raise AssertionError("unreachable")
+        raw = self._create(messages, max_new_tokens, temperature, top_p, stream=False)
+        return self._content(raw.http_response)
 
     def _content(self, response) -> str:
         status = response.status_code
@@ -279,13 +429,16 @@ class ServerBackend(Backend):
         except (KeyError, IndexError, TypeError) as exc:
             raise BackendError(f"{self.url} returned HTTP {status} without choices[0].message.content "
                                f"(not an OpenAI chat completion): {str(body)[:300]}") from exc
+        return self._text(content, status).strip()
+
+    def _text(self, content: Any, status: int) -> str:
         if content is None:  # e.g. a refusal or a tool call only
             return ""
         if isinstance(content, list):  # content parts
             content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
         if not isinstance(content, str):
             raise BackendError(f"{self.url} returned HTTP {status} with a non-text message content: {content!r:.200}")
-        return content.strip()
+        return content
 
     def _chat(self, conversations, *, max_new_tokens, temperature, top_p):
         if len(conversations) == 1 or self.concurrency == 1:
@@ -300,6 +453,42 @@ class ServerBackend(Backend):
             raise
         pool.shutdown(wait=True)
         return replies
+
+    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
+        """Server-sent chunks as they arrive. Retries cover the request up to its response headers; a stream
+        that breaks after that is an error (retrying would repeat text already shown). Stopping closes the
+        connection, which tells the server to stop generating."""
+        raw = self._create(conversation, max_new_tokens, temperature, top_p, stream=True)
+        response = raw.http_response
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            yield self._content(response)  # a server that ignores stream=True answers with one completion
+            return
+        chunks = raw.parse()
+        try:
+            yield from self._deltas(chunks, response.status_code, stop)
+        finally:
+            chunks.close()
+
+    def _deltas(self, chunks, status: int, stop: threading.Event) -> Iterator[str]:
+        openai = _openai()
+        received = 0
+        try:
+            for chunk in chunks:
+                if stop.is_set():
+                    return
+                choices = getattr(chunk, "choices", None) or []
+                text = self._text(getattr(choices[0].delta, "content", None), status) if choices else ""
+                if text:
+                    received += len(text)
+                    yield text
+        except (openai.OpenAIError, OSError, ValueError) as exc:
+            raise BackendError(f"the reply stream from {self.url} broke after {received} character(s): "
+                               f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+        except Exception as exc:  # httpx's transport errors (read timeout, peer gone) are their own family
+            if type(exc).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore"):
+                raise
+            raise BackendError(f"the reply stream from {self.url} broke after {received} character(s): "
+                               f"{type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
 # ---------------------------------------------------------------------------------------------- config

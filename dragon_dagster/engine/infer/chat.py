@@ -6,18 +6,23 @@ many were left out. Ratings (`rate`) and edits (`edit`) go to a `FeedbackStore` 
 (`feedback.sft_conversations` / `feedback.preference_pairs`); an edit also replaces the reply in the history,
 so the conversation continues from the better one. A message (a user turn, the system prompt, an edit) longer
 than `max_message_chars` (default `feedback.MAX_MESSAGE_CHARS`) is refused with its length and the limit, before
-it reaches the model or the store. Transcripts use the training data's message format:
+it reaches the model or the store. `stream(text)` and `stream_regenerate()` give the reply as a `ReplyStream` of
+text chunks while it is generated; `stop()` (or `ReplyStream.stop()`, from any thread) ends it early, and the
+text so far becomes the reply, marked stopped (`is_stopped`), to be rated or edited like any other. Transcripts
+use the training data's message format:
 `save("x.json")` writes a list of role/content messages, `save("x.jsonl")` one conversations row
 {"messages": [...]}; `Chat.load` reads both. `run_terminal` is the interactive loop with slash commands,
-with input and output injectable for tests. Framework-free: nothing here imports Dagster.
+printing replies as they are generated (Ctrl-C stops a reply, not the program), with input and output
+injectable for tests. Framework-free: nothing here imports Dagster.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .backends import Backend, BackendError, as_backend
 from ..data.tables import DataError, conversation_row
@@ -41,6 +46,11 @@ def _messages(items: Any, where: str = "transcript") -> list[dict]:
     return out
 
 
+def _plain(message: dict) -> dict:
+    """A message as role and content only (a stopped reply carries a "stopped" mark in Chat.messages)."""
+    return {"role": message["role"], "content": message["content"]}
+
+
 def _exchanges(messages: list[dict]) -> list[list[dict]]:
     """Messages grouped into exchanges: each user turn starts one (anything before the first stays with it)."""
     groups: list[list[dict]] = []
@@ -49,6 +59,67 @@ def _exchanges(messages: list[dict]) -> list[list[dict]]:
             groups.append([])
         groups[-1].append(m)
     return groups
+
+
+class ReplyStream:
+    """A reply being generated: iterate it for text chunks as they arrive (joined: the reply). `stop()`, from
+    any thread, ends it early. When iteration ends the reply is in the chat's history: whole, or as far as it
+    got with `stopped` True and the message marked stopped. Stopped before any text, the history is left as it
+    was (a new turn's user message is taken back); a failed request leaves it as it was too and raises.
+    Closing the stream early (`close()`, or Ctrl-C in the reader) counts as a stop. Iterate it once."""
+
+    def __init__(self, chat: "Chat", regenerate: bool):
+        self.chat, self.regenerate = chat, regenerate
+        self.text, self.stopped, self.done = "", False, False
+        self._stop = threading.Event()
+        self._chunks = self._run()
+
+    def __iter__(self) -> "ReplyStream":
+        return self
+
+    def __next__(self) -> str:
+        return next(self._chunks)
+
+    def stop(self) -> None:
+        """End the reply at the next token (safe from any thread; nothing happens once it is done)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop and finish now: the text so far is kept as a stopped reply."""
+        self._stop.set()
+        self._chunks.close()
+
+    def _run(self) -> Iterator[str]:
+        chat = self.chat
+        chat._begin(self)
+        chunks, sent, dropped = None, [], 0
+        try:
+            messages = chat.messages[:-1] if self.regenerate else chat.messages
+            sent, dropped = chat._context(messages)
+            chunks = chat.backend.stream(sent, max_new_tokens=chat.max_new_tokens, temperature=chat.temperature,
+                                         top_p=chat.top_p, system=chat.system, stop=self._stop)
+            for chunk in chunks:
+                self.text += chunk
+                yield chunk
+        except (GeneratorExit, KeyboardInterrupt):  # the reader left or was interrupted: a stop
+            self._stop.set()
+            self._finish(chat, sent, dropped)
+            raise
+        except BaseException:
+            chat._abort(self)
+            raise
+        finally:
+            if chunks is not None:
+                chunks.close()  # ends the generation (a no-op when it has finished)
+        self._finish(chat, sent, dropped)
+
+    def _finish(self, chat: "Chat", sent: list[dict], dropped: int) -> None:
+        self.stopped, self.done = self._stop.is_set(), True
+        if not self.text:  # nothing to keep
+            chat._abort(self)
+            return
+        reply = {"role": "assistant", "content": self.text, **({"stopped": True} if self.stopped else {})}
+        chat._commit(self, reply, sent, dropped)
 
 
 class Chat:
@@ -72,19 +143,26 @@ class Chat:
         self.last_dropped = 0            # earlier exchanges left out of the last request (context_turns)
         self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
         self.feedback: list[dict] = []   # the feedback events of this session, with their store id (or None)
+        self.active: ReplyStream | None = None  # the reply being streamed, if any
+        self._pending = ""                       # the user turn of the stream made last
 
     def __repr__(self) -> str:
         return f"<Chat {self.conversation_id} with {self.model_label}: {len(self.messages)} message(s)>"
 
     # ------------------------------------------------------------------------------------- talking
 
-    def _ask(self, messages: list[dict]) -> str:
+    def _context(self, messages: list[dict]) -> tuple[list[dict], int]:
+        """What the backend gets for `messages` (the context window applied) and how many exchanges it drops."""
         earlier = _exchanges(messages[:-1])
         keep = len(earlier) if self.context_turns is None else min(self.context_turns, len(earlier))
-        sent = [m for group in earlier[len(earlier) - keep:] for m in group] + messages[-1:]
+        sent = [_plain(m) for group in earlier[len(earlier) - keep:] for m in group] + [_plain(messages[-1])]
+        return sent, len(earlier) - keep
+
+    def _ask(self, messages: list[dict]) -> str:
+        sent, dropped = self._context(messages)
         (reply,) = self.backend.chat([sent], max_new_tokens=self.max_new_tokens, temperature=self.temperature,
                                      top_p=self.top_p, system=self.system)
-        self.last_dropped, self.last_sent = len(earlier) - keep, sent
+        self.last_dropped, self.last_sent = dropped, sent
         return reply
 
     def _check_length(self, text: str, what: str) -> None:
@@ -92,13 +170,21 @@ class Chat:
         if problem:
             raise ChatError(problem)
 
-    def say(self, text: str) -> str:
-        """Send a user turn with the conversation so far and return the reply (kept in the history)."""
+    def _check_turn(self, text: Any, what: str) -> None:
         if not isinstance(text, str) or not text.strip():
-            raise ChatError("say() needs a non-empty message")
+            raise ChatError(f"{what}() needs a non-empty message")
         self._check_length(text, "the message")
         if self.system:
             self._check_length(self.system, "the system prompt")
+
+    def _check_idle(self) -> None:
+        if self.active is not None:
+            raise ChatError("a reply is still being generated: stop it (or let it finish) first")
+
+    def say(self, text: str) -> str:
+        """Send a user turn with the conversation so far and return the reply (kept in the history)."""
+        self._check_turn(text, "say")
+        self._check_idle()
         self.messages.append({"role": "user", "content": text})
         try:
             reply = self._ask(self.messages)
@@ -110,30 +196,88 @@ class Chat:
 
     def regenerate(self) -> str:
         """Ask again for the last reply and replace it with the new one."""
-        if not self.messages or self.messages[-1]["role"] != "assistant":
-            raise ChatError("there is no reply to regenerate")
+        self._check_regenerate()
         reply = self._ask(self.messages[:-1])
         self.messages[-1] = {"role": "assistant", "content": reply}
         return reply
 
+    def _check_regenerate(self) -> None:
+        self._check_idle()
+        if not self.messages or self.messages[-1]["role"] != "assistant":
+            raise ChatError("there is no reply to regenerate")
+
+    # ------------------------------------------------------------------------------------ streaming
+
+    def stream(self, text: str) -> ReplyStream:
+        """Send a user turn and get the reply as it is generated: iterate the ReplyStream for text chunks.
+        The user turn joins the history when iteration starts, the reply when it ends (see ReplyStream)."""
+        self._check_turn(text, "stream")
+        self._check_idle()
+        self._pending = text
+        return ReplyStream(self, regenerate=False)
+
+    def stream_regenerate(self) -> ReplyStream:
+        """regenerate(), streamed: the new reply replaces the last one when it ends with some text (a stop
+        before any text keeps the old reply)."""
+        self._check_regenerate()
+        return ReplyStream(self, regenerate=True)
+
+    def stop(self) -> bool:
+        """Stop the reply being streamed, if any (from any thread); whether there was one."""
+        active = self.active
+        if active is not None:
+            active.stop()
+        return active is not None
+
+    def is_stopped(self, index: int = -1) -> bool:
+        """Whether a reply (index over the replies; -1 is the last) was stopped before it finished."""
+        return bool(self.messages[self._reply_position(index)].get("stopped"))
+
+    def _begin(self, reply: ReplyStream) -> None:
+        self._check_idle()  # two streams made before either started: only the first may run
+        if not reply.regenerate:
+            self._check_turn(self._pending, "stream")
+            self.messages.append({"role": "user", "content": self._pending})
+        self.active = reply
+
+    def _abort(self, reply: ReplyStream) -> None:
+        """A streamed turn that failed or was stopped before any text: the history as it was."""
+        if self.active is not reply:
+            return
+        if not reply.regenerate and self.messages and self.messages[-1]["role"] == "user":
+            self.messages.pop()
+        self.active = None
+
+    def _commit(self, reply: ReplyStream, message: dict, sent: list[dict], dropped: int) -> None:
+        if self.active is not reply:  # the history was reset under it: nothing to attach the reply to
+            return
+        if reply.regenerate:
+            self.messages[-1] = message
+        else:
+            self.messages.append(message)
+        self.last_dropped, self.last_sent, self.active = dropped, sent, None
+
     def undo(self) -> list[dict]:
         """Drop the last exchange (the last user turn and what followed it); returns the removed messages."""
+        self._check_idle()
         if not self.messages:
             raise ChatError("there is nothing to undo")
         starts = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
         cut = starts[-1] if starts else 0
         removed, self.messages = self.messages[cut:], self.messages[:cut]
-        return removed
+        return [_plain(m) for m in removed]
 
     def reset(self) -> None:
-        """Clear the history and start a new conversation (new conversation_id)."""
-        self.messages, self.last_sent, self.last_dropped = [], [], 0
+        """Clear the history and start a new conversation (new conversation_id); a reply being streamed is
+        stopped and dropped."""
+        self.stop()
+        self.messages, self.last_sent, self.last_dropped, self.active = [], [], 0, None
         self.conversation_id = uuid.uuid4().hex
 
     def history(self) -> list[dict]:
         """The conversation as role/content messages, the system prompt first when there is one."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + [dict(m) for m in self.messages]
+        return system + [_plain(m) for m in self.messages]
 
     def context_usage(self) -> dict:
         """Exchanges in the history, how many the last request sent and dropped, and the context_turns limit."""
@@ -153,7 +297,7 @@ class Chat:
 
     def _record(self, position: int, verdict: str, edited: str | None = None) -> int | None:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        event = {"conversation_id": self.conversation_id, "turns": system + [dict(m) for m in self.messages[:position]],
+        event = {"conversation_id": self.conversation_id, "turns": system + [_plain(m) for m in self.messages[:position]],
                  "reply": self.messages[position]["content"], "verdict": verdict, "edited": edited,
                  "model": self.model_label}
         if not any(m["role"] == "user" for m in event["turns"]):
@@ -251,7 +395,8 @@ HELP = """commands:
   /history         show the conversation
   /help            this list
   /quit            leave
-anything else is sent to the model (start with // to send a message that begins with /)"""
+anything else is sent to the model (start with // to send a message that begins with /); the reply prints
+as it is generated, and Ctrl-C stops it there (what it wrote is kept, and can be rated or edited)"""
 
 
 def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
@@ -259,10 +404,38 @@ def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
             else f"noted {verdict} (no feedback store: not saved)")
 
 
+def _print_stream(reply: ReplyStream, print_fn: Callable[..., Any], write_fn: Callable[[str], Any] | None) -> None:
+    """Show a reply as it is generated (write_fn gets each chunk) or, without write_fn, whole at the end.
+    Ctrl-C stops the reply, keeping what it has so far, and the chat goes on."""
+    try:
+        for chunk in reply:
+            if write_fn is not None:
+                write_fn(chunk)
+    except KeyboardInterrupt:
+        reply.close()  # an interrupt in write_fn left the stream suspended: finish it as stopped
+    if write_fn is not None:
+        write_fn("\n")
+    elif reply.text:
+        print_fn(reply.text)
+    if reply.stopped:
+        print_fn("(stopped: reply kept as far as it got)" if reply.text else "(stopped before any reply)")
+
+
+def _default_writer(print_fn: Callable[..., Any]) -> Callable[[str], Any] | None:
+    """Chunks go straight to stdout when printing is the builtin print; an injected print_fn (tests, other
+    front ends) gets whole replies unless a write_fn is given too."""
+    if print_fn is not print:
+        return None
+    return lambda text: print(text, end="", flush=True)
+
+
 def run_terminal(chat: Chat, input_fn: Callable[[str], str] = input, print_fn: Callable[..., Any] = print,
-                 prompt: str = "you> ") -> Chat:
+                 prompt: str = "you> ", write_fn: Callable[[str], Any] | None = None) -> Chat:
     """Read lines from input_fn until /quit or end of input: slash commands act on the chat, anything else
-    is a message whose reply is printed. Errors (backend, bad command) are printed and the loop goes on."""
+    is a message whose reply is printed as it is generated (through write_fn, chunk by chunk; by default to
+    stdout when print_fn is print). Ctrl-C during a reply stops that reply; at the prompt it leaves. Errors
+    (backend, bad command) are printed and the loop goes on."""
+    write_fn = write_fn or _default_writer(print_fn)
     print_fn(f"chatting with {chat.model_label} (/help lists commands)")
     while True:
         try:
@@ -292,7 +465,7 @@ def run_terminal(chat: Chat, input_fn: Callable[[str], str] = input, print_fn: C
                     removed = chat.undo()
                     print_fn(f"removed {len(removed)} message(s)")
                 elif command in ("/regen", "/regenerate"):
-                    print_fn(chat.regenerate())
+                    _print_stream(chat.stream_regenerate(), print_fn, write_fn)
                 elif command == "/reset":
                     chat.reset()
                     print_fn("conversation cleared")
@@ -310,7 +483,7 @@ def run_terminal(chat: Chat, input_fn: Callable[[str], str] = input, print_fn: C
                 else:
                     print_fn(f"unknown command {command}; /help lists commands")
             else:
-                print_fn(chat.say(line[1:] if line.startswith("//") else line))
+                _print_stream(chat.stream(line[1:] if line.startswith("//") else line), print_fn, write_fn)
                 if chat.last_dropped:
                     print_fn(f"({chat.last_dropped} earlier exchange(s) not sent: context_turns="
                              f"{chat.context_turns})")
