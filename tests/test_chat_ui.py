@@ -110,6 +110,64 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     assert "error" in drain(h.send("x", None, "", -1, 0.7, 64))[-1]  # a bad window is reported, not raised
 
 
+class Words(Echo):
+    """Streams "w1 w2 ... w8" word by word, checking the stop event before each word (as a model does per token)."""
+
+    before_first = None  # called when the request starts (a Stop click while the model reads the prompt)
+
+    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
+        self.seen.append(conversation)
+        if self.before_first:
+            self.before_first()
+        for i in range(1, 9):
+            if stop.is_set():
+                return
+            yield f"w{i} "
+
+
+def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
+    import gradio as gr
+
+    store = FeedbackStore(tmp_path / "fb.db")
+    h = chat_ui.ChatHandlers(Words(), store, "words", stream_delay=0)
+    settings = ("", None, 0.7, 64)
+    steps = list(h.send("go", None, *settings))
+    growing = [shown[-1]["content"] for _, shown, _, status in steps if status == chat_ui.ANSWERING]
+    assert growing == [" ".join(f"w{i}" for i in range(1, n + 1)) for n in range(1, 9)]  # one update per chunk
+    box, shown, chat, status = steps[-1]
+    assert shown[-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8" and "Context" in status and not chat.is_stopped()
+
+    turn = h.send("again", chat, *settings)
+    for box, shown, chat, status in turn:
+        if shown[-1]["content"] == "w1 w2":
+            h.stop(chat)  # what the Stop button does, while the turn's handler is streaming
+    assert shown[-1] == {"role": "assistant", "content": "w1 w2"} and "Stopped" in status and box == ""
+    assert chat.is_stopped() and chat.active is None
+    chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["w1 w2"], "liked": True}))
+    assert "Recorded thumbs up on reply 2" in status
+    shown, chat, status = drain(h.edit(chat, *settings, data=gr.EditData(
+        None, {"index": 3, "value": "w1 w2 and the rest", "previous_value": "w1 w2"})))
+    assert "edit of reply 2" in status and not chat.is_stopped()
+    assert [(r["verdict"], r["reply"], r["edited"]) for r in store.records()] == [
+        ("up", "w1 w2", None), ("edit", "w1 w2", "w1 w2 and the rest")]
+
+    # regenerate streams too; stopped before its first word, the old reply stays
+    regen = h.regenerate(chat, *settings)
+    first = next(regen)
+    assert first[0][-1]["content"] == "w1" and first[2] == chat_ui.ANSWERING
+    assert drain(regen)[0][-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8"
+    chat.stream_regenerate()  # made but never read: nothing changes
+    regen = h.regenerate(chat, *settings)
+    h.stop(chat)  # nothing is being generated yet: a no-op
+    h.stop(None)
+    assert drain(regen)[0][-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8"
+    # a question stopped before any text goes back into the box, and the history is as it was
+    before = list(chat.messages)
+    h.backend.before_first = lambda: h.stop(chat)
+    box, shown, chat, status = drain(h.send("third", chat, *settings))
+    assert box == "third" and "Stopped before the model wrote anything" in status and chat.messages == before
+
+
 def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
     hostile = ('<form action="http://127.0.0.1:9/x"><input type="password"></form> <img src="http://x/p"> '
                '<script>alert(1)</script> <!-- c --> <?php ?> <http://auto.link> </b> ![i](http://x/p) '

@@ -339,15 +339,14 @@ def _client_class():
 
     class Client(openai.OpenAI):
         def __init__(self, *, key: str | None, headers: dict, backoff: float, **kwargs):
-            # the SDK insists on some key; "unused" is never sent (auth_headers below)
+            # the SDK insists on a key; without one, requests omit the Authorization header (see request_headers)
             super().__init__(api_key=key or "unused", default_headers=headers, **kwargs)
             self.organization = self.project = None  # not OPENAI_ORG_ID / OPENAI_PROJECT_ID
-            self._custom_headers = dict(headers)      # not OPENAI_CUSTOM_HEADERS
-            self.dragon_key, self.dragon_backoff = key, backoff
-
-        @property
-        def auth_headers(self) -> dict[str, str]:
-            return {"Authorization": f"Bearer {self.dragon_key}"} if self.dragon_key else {}
+            self._custom_headers = headers            # not OPENAI_CUSTOM_HEADERS
+            self.dragon_backoff = backoff
+            keyed = key or any(name.lower() == "authorization" for name in headers)
+            # per request, as the SDK wants an omitted Authorization header: then none is sent at all
+            self.request_headers = {} if keyed else {"Authorization": openai.Omit()}
 
         def _calculate_retry_timeout(self, remaining_retries, options, response_headers=None) -> float:
             """backoff, 2*backoff, ... (the SDK's own starts at 0.5 s); a Retry-After is honoured up to 60 s."""
@@ -398,9 +397,10 @@ class ServerBackend(Backend):
         that names the URL and what went wrong."""
         openai = _openai()
         try:
-            return self.client().chat.completions.with_raw_response.create(
+            client = self.client()
+            return client.chat.completions.with_raw_response.create(
                 model=self.model, messages=messages, max_tokens=max_new_tokens, temperature=temperature,
-                top_p=top_p, stream=stream)
+                top_p=top_p, stream=stream, extra_headers=client.request_headers)
         except openai.APIStatusError as exc:
             status = exc.status_code
             tries = f" after {self.retries + 1} attempt(s)" if _retried(status) else ""
@@ -461,7 +461,8 @@ class ServerBackend(Backend):
         raw = self._create(conversation, max_new_tokens, temperature, top_p, stream=True)
         response = raw.http_response
         if "text/event-stream" not in response.headers.get("content-type", ""):
-            yield self._content(response)  # a server that ignores stream=True answers with one completion
+            response.read()  # a server that ignores stream=True answers with one whole completion
+            yield self._content(response)
             return
         chunks = raw.parse()
         try:
@@ -481,14 +482,14 @@ class ServerBackend(Backend):
                 if text:
                     received += len(text)
                     yield text
-        except (openai.OpenAIError, OSError, ValueError) as exc:
-            raise BackendError(f"the reply stream from {self.url} broke after {received} character(s): "
-                               f"{type(exc).__name__}: {str(exc)[:300]}") from exc
-        except Exception as exc:  # httpx's transport errors (read timeout, peer gone) are their own family
-            if type(exc).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore"):
+        except Exception as exc:
+            # the SDK's errors, and httpx's transport errors (peer gone, read timeout) that it passes through
+            if not isinstance(exc, (openai.OpenAIError, OSError, ValueError)) and \
+                    type(exc).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore"):
                 raise
+            cause = exc.__cause__ or exc
             raise BackendError(f"the reply stream from {self.url} broke after {received} character(s): "
-                               f"{type(exc).__name__}: {str(exc)[:300]}") from exc
+                               f"{type(cause).__name__}: {str(cause)[:300] or exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------------- config
