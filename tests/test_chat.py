@@ -279,3 +279,11 @@ def test_over_long_message_is_refused_with_the_limit(tmp_path):
     script = iter(["w" * 32_001, "/quit"])
     run_terminal(Chat(Scripted(), store=store), input_fn=lambda p: next(script), print_fn=printed.append)
     assert any("error: the message is 32,001 characters long; the limit is 32,000" in line for line in printed)
+
+
+def test_terminal_streams_to_stdout_by_default(capsys):
+    """With the builtin print, replies are written chunk by chunk to stdout (then a newline)."""
+    script = iter(["hello", "/regen", "/quit"])
+    chat = run_terminal(Chat(Scripted()), input_fn=lambda prompt: next(script))
+    out = capsys.readouterr().out
+    assert "r1:hello\n" in out and "r2:hello\n" in out and chat.history()[-1] == a("r2:hello")

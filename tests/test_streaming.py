@@ -96,10 +96,11 @@ class Whole(Backend):
     """A backend that cannot stream (Backend's fallback: the whole reply as one chunk, unless stopped first)."""
 
     def __init__(self):
-        self.asked = 0
+        self.asked, self.seen = 0, []
 
     def _chat(self, conversations, **settings):
         self.asked += len(conversations)
+        self.seen += [c[-1]["content"] for c in conversations]
         return [f"  reply {self.asked}  " for _ in conversations]
 
 
@@ -125,6 +126,9 @@ def test_stop_before_any_text_leaves_the_history_as_it_was():
     with pytest.raises(ChatError, match="still being generated"):
         chat.undo()
     assert list(busy) == [] and chat.messages[-1] == {"role": "assistant", "content": "reply 2"}
+    # streams made before either runs each send their own message, one after the other
+    a, b = chat.stream("A"), chat.stream("B")
+    assert "".join(a) == "reply 3" and "".join(b) == "reply 4" and backend.seen[-2:] == ["A", "B"]
 
 
 def test_terminal_prints_tokens_as_they_come_and_ctrl_c_stops_only_the_reply(local, tmp_path):

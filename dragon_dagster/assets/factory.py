@@ -23,6 +23,7 @@ from .adapter_stage import run_training_stage
 from .checks import build_checks
 from .launchpad import RESUME, effective, launchpad_config
 from .metadata import length_stats, md_table
+from .registry import register_merged_model
 from .report_stage import run_report_stage
 
 TRAINING_POOL = "training"
@@ -199,7 +200,7 @@ def merge_asset(pipeline: Pipeline, stage: st.Merge, upstream: list[str] | None 
            description="The adapter chain folded into the base model: a standalone model directory that "
                        "plain transformers loads.")
     def _merge(context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource,
-               adapter: str) -> Output[str]:
+               tracking: MLflowTracking, adapter: str) -> Output[str]:
         settings = effective(stage, config)
         adapter = str(store.local(adapter))
         adapter_manifest = read_manifest(adapter)
@@ -209,13 +210,16 @@ def merge_asset(pipeline: Pipeline, stage: st.Merge, upstream: list[str] | None 
             job["output_dir"] = str(tmp)
             info = training.run_job(context, job, tmp, store=store, final=final)
             info["model_dir"] = str(final / "model")
+            version = register_merged_model(context, pipeline, tracking, tmp / "model", final, adapter_manifest)
             write_manifest(tmp, kind="merged_model", base_model=adapter_manifest["base_model"],
+                           registered_model={"name": pipeline.name, "version": version},
                            resolved_model=adapter_manifest["resolved_model"], adapters=adapter_manifest["chain"],
                            upstream_mlflow_run_id=adapter_manifest.get("mlflow_run_id"), info=info,
                            settings=settings.model_dump(), dagster_run_id=context.run_id)
         return Output(str(final), metadata={
             "artifact_dir": MetadataValue.path(str(final)), "model_dir": MetadataValue.path(info["model_dir"]),
             "size_mb": info["size_mb"], "parameters": info["parameters"],
+            "registered_model": MetadataValue.text(f"models:/{pipeline.name}/{version} (challenger)"),
             "sample": MetadataValue.md(f"**{info['sample_prompt']}**\n\n{info['sample_reply']}")})
     return _merge
 

@@ -383,6 +383,12 @@ class ServerBackend(Backend):
     def identity(self) -> str:
         return f"server:{self.url}#{self.model}"
 
+    def __getstate__(self) -> dict:  # copies and pickles build their own client (and lock)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_client", "_client_lock")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state, _client=None, _client_lock=threading.Lock())
+
     def client(self):
         """The openai client for this server (built once, shared by the request threads: it is thread-safe)."""
         with self._client_lock:

@@ -68,8 +68,8 @@ class ReplyStream:
     was (a new turn's user message is taken back); a failed request leaves it as it was too and raises.
     Closing the stream early (`close()`, or Ctrl-C in the reader) counts as a stop. Iterate it once."""
 
-    def __init__(self, chat: "Chat", regenerate: bool):
-        self.chat, self.regenerate = chat, regenerate
+    def __init__(self, chat: "Chat", regenerate: bool, user_text: str = ""):
+        self.chat, self.regenerate, self.user_text = chat, regenerate, user_text
         self.text, self.stopped, self.done = "", False, False
         self._stop = threading.Event()
         self._chunks = self._run()
@@ -144,7 +144,6 @@ class Chat:
         self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
         self.feedback: list[dict] = []   # the feedback events of this session, with their store id (or None)
         self.active: ReplyStream | None = None  # the reply being streamed, if any
-        self._pending = ""                       # the user turn of the stream made last
 
     def __repr__(self) -> str:
         return f"<Chat {self.conversation_id} with {self.model_label}: {len(self.messages)} message(s)>"
@@ -213,8 +212,7 @@ class Chat:
         The user turn joins the history when iteration starts, the reply when it ends (see ReplyStream)."""
         self._check_turn(text, "stream")
         self._check_idle()
-        self._pending = text
-        return ReplyStream(self, regenerate=False)
+        return ReplyStream(self, regenerate=False, user_text=text)
 
     def stream_regenerate(self) -> ReplyStream:
         """regenerate(), streamed: the new reply replaces the last one when it ends with some text (a stop
@@ -234,10 +232,13 @@ class Chat:
         return bool(self.messages[self._reply_position(index)].get("stopped"))
 
     def _begin(self, reply: ReplyStream) -> None:
-        self._check_idle()  # two streams made before either started: only the first may run
+        # checked again at the start: the history may have changed since the stream was made
+        if reply.regenerate:
+            self._check_regenerate()
+        self._check_idle()
         if not reply.regenerate:
-            self._check_turn(self._pending, "stream")
-            self.messages.append({"role": "user", "content": self._pending})
+            self._check_turn(reply.user_text, "stream")  # the system prompt may have changed since
+            self.messages.append({"role": "user", "content": reply.user_text})
         self.active = reply
 
     def _abort(self, reply: ReplyStream) -> None:
