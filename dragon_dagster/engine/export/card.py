@@ -1,0 +1,162 @@
+"""Model cards (README.md with Hugging Face front matter): for the merged model directory, written by the merge,
+and for the GGUF export directory, which adds the files, their quantization, the evaluation table and how to
+run them.
+
+The facts come from the artifacts' manifests (`card_facts`): the base model and its licence, and for each
+adapter stage of the chain its method, settings, dataset and held-out results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..artifacts import read_manifest
+from ..models import PRESETS
+
+# A stage's figures shown on the card, in this order (from its manifest's `result`); the rest stay in MLflow.
+RESULT_KEYS = ("held_out", "train_loss", "eval_loss", "perplexity", "preference_loss", "reward_before",
+               "reward_after")
+# Settings that shape the adapter; names, datasets and sample sizes are shown elsewhere or do not matter.
+SETTING_KEYS = ("method", "beta", "group_size", "temperature", "lora", "args", "rewards")
+
+
+def license_of(base_model: str, resolved: str | None = None) -> str:
+    """The base model's licence: its preset's, else a local model directory README's front matter, else unknown."""
+    if base_model in PRESETS:
+        return PRESETS[base_model].license
+    preset = next((p for p in PRESETS.values() if p.id == base_model), None)
+    if preset is not None:
+        return preset.license
+    for directory in (base_model, resolved):
+        readme = Path(directory or "") / "README.md"
+        if directory and readme.is_file():
+            found = re.search(r"\A---\s*\n(.*?)\n---", readme.read_text(errors="replace"), re.S)
+            licence = found and re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", found.group(1), re.M)
+            if licence:
+                return licence.group(1)
+    return "unknown"
+
+
+def hub_id(base_model: str) -> str | None:
+    """The base model's Hugging Face id, for `base_model:` (a local directory has none)."""
+    if base_model in PRESETS:
+        return PRESETS[base_model].id
+    if base_model.count("/") == 1 and not base_model.startswith((".", "/", "~")) and not Path(base_model).exists():
+        return base_model
+    return None
+
+
+def card_facts(adapters: list[str], resolved_model: str) -> dict:
+    """What the cards say, read from the chain's adapter manifests (each adapter dir's parent holds one)."""
+    manifests = [read_manifest(Path(a).parent) for a in adapters]
+    base = next((m["base_model"] for m in manifests if m.get("base_model")), resolved_model)
+    stages = []
+    for adapter, m in zip(adapters, manifests):
+        settings = m.get("settings") or {}
+        dataset = m.get("dataset")
+        stages.append({
+            "name": m.get("stage") or Path(adapter).parent.parent.name, "method": m.get("method") or settings.get("kind"),
+            "dataset": Path(dataset).parent.name if dataset else settings.get("dataset"),
+            "settings": {k: settings[k] for k in SETTING_KEYS if settings.get(k) not in (None, [], {})},
+            "result": flat_result(m.get("result") or {})})
+    datasets = []
+    for name in dict.fromkeys(s["dataset"] for s in stages if s["dataset"]):
+        dataset_dir = next((Path(m["dataset"]) for m in manifests if m.get("dataset")
+                            and Path(m["dataset"]).parent.name == name), None)
+        dm = read_manifest(dataset_dir) if dataset_dir else {}
+        datasets.append({"name": name, "kind": dm.get("kind"), "source": dm.get("source"),
+                         "train_rows": dm.get("train_rows"), "eval_rows": dm.get("eval_rows")})
+    return {"base_model": base, "base_model_id": hub_id(base), "license": license_of(base, resolved_model),
+            "stages": stages, "datasets": datasets}
+
+
+def flat_result(result: dict) -> dict:
+    out = {k: result[k] for k in RESULT_KEYS if result.get(k) is not None}
+    out.update({f"metrics/{k}": v for k, v in (result.get("metrics") or {}).items() if isinstance(v, (int, float))})
+    return out
+
+
+def front_matter(facts: dict, tags: list[str]) -> str:
+    lines = ["---", f"license: {facts.get('license') or 'unknown'}"]
+    if facts.get("base_model_id"):
+        lines.append(f"base_model: {facts['base_model_id']}")
+    lines.append(f"tags: [{', '.join(tags)}]")
+    return "\n".join(lines + ["---", ""])
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(", ", ": "))
+    return str(value)
+
+
+def training_section(facts: dict) -> list[str]:
+    lines = ["## Training", "", f"Base model: `{facts['base_model']}` (licence: {facts.get('license') or 'unknown'}).",
+             ""]
+    if not facts.get("stages"):
+        return lines + ["No adapter stages are recorded for this model (exported from a plain model directory).", ""]
+    lines += ["LoRA adapters trained one after the other, each continuing from the one before, folded into the "
+              "base model's weights:", "", "| stage | method | dataset | settings |", "|---|---|---|---|"]
+    for s in facts.get("stages", []):
+        settings = "; ".join(f"{k}: {_fmt(v)}" for k, v in s["settings"].items())
+        lines.append(f"| {s['name']} | {s['method']} | {s['dataset']} | {settings.replace('|', '/')} |")
+    if facts.get("datasets"):
+        lines += ["", "Datasets:", ""]
+        lines += [f"- {d['name']} ({d.get('kind') or 'dataset'}): {d.get('train_rows')} training and "
+                  f"{d.get('eval_rows')} held-out rows, from `{d.get('source')}`" for d in facts["datasets"]]
+    results = [s for s in facts.get("stages", []) if s["result"]]
+    if results:
+        keys = list(dict.fromkeys(k for s in results for k in s["result"]))
+        lines += ["", "## Each stage's results (its adapter's own evaluation, held-out rows when `held_out`)", "",
+                  "| stage | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        lines += [f"| {s['name']} | " + " | ".join(_fmt(s["result"].get(k, "")) for k in keys) + " |" for s in results]
+    return lines + [""]
+
+
+def merged_card(facts: dict, title: str) -> str:
+    return "\n".join([front_matter(facts, ["dragon-dagster", "lora", "merged"]), f"# {title}", "",
+                      "A standalone model: the adapter chain below merged into its base model. Load it with "
+                      "`AutoModelForCausalLM.from_pretrained(<this directory>)`.", "", *training_section(facts)])
+
+
+def evaluation_table(report: dict) -> str:
+    """The evaluation report's base-against-merged table (report.json of an evaluate stage)."""
+    base, merged = report.get("base", {}), report.get("merged", {})
+    names = [n for n in ("eval_loss", "perplexity", "reward") if n in base] + list(base.get("metrics", {}))
+    split = "held-out" if report.get("held_out", True) else "training"
+    lines = [f"{report.get('rows')} {split} rows, base model against the merged model (before quantization).", "",
+             "| metric | base | merged |", "|---|---|---|"]
+    for n in names:
+        lines.append(f"| {n} | {_fmt(base.get(n, base.get('metrics', {}).get(n)))} | "
+                     f"{_fmt(merged.get(n, merged.get('metrics', {}).get(n)))} |")
+    return "\n".join(lines)
+
+
+def export_card(facts: dict, title: str, files: list[dict], ollama_name: str | None, system: str | None,
+                evaluation: str | None) -> str:
+    """files: [{"file", "format", "size_mb", "sha256"}]."""
+    quant = {"f16": "16-bit floats (norms and biases 32-bit): the merged weights, rounded",
+             "q8_0": "8-bit blocks of 32 weights with a 16-bit scale (norms and biases 32-bit): about half the size, "
+                     "replies nearly always the same"}
+    lines = [front_matter(facts, ["dragon-dagster", "gguf", "lora", "ollama"]), f"# {title} (GGUF)", "",
+             "The merged model as GGUF files for llama.cpp and Ollama, with its tokenizer and chat template inside.",
+             "", "## Files", "", "| file | format | size (MB) | sha256 |", "|---|---|---|---|"]
+    lines += [f"| {f['file']} | {f['format']} | {f['size_mb']} | `{f['sha256']}` |" for f in files]
+    lines += [""] + [f"- {f['format']}: {quant[f['format']]}" for f in files] + [""]
+    lines += ["## Run it", ""]
+    if ollama_name:
+        lines += ["With Ollama (the Modelfile holds the chat template, the stop tokens"
+                  + (" and the system prompt" if system else "") + "):", "", "```sh",
+                  f"ollama create {ollama_name} -f Modelfile", f"ollama run {ollama_name}", "```", ""]
+    first = files[-1]["file"] if files else "model.gguf"
+    lines += ["With llama.cpp (the chat template is read from the file):", "", "```sh",
+              f"llama-cli -m {first} -cnv" + (f" -sys {json.dumps(system)}" if system else ""), "```", ""]
+    if system:
+        lines += ["System prompt the model was trained with:", "", f"> {system}", ""]
+    if evaluation:
+        lines += ["## Evaluation", "", evaluation, ""]
+    return "\n".join(lines + training_section(facts))
