@@ -10,12 +10,14 @@
       - {name: sft_adapter, kind: sft, dataset: sft_dataset, args: {epochs: 3}}
       - {name: merged_model, kind: merge}
       - {name: evaluation_report, kind: evaluate, dataset: sft_dataset}
+      - {name: gguf_export, kind: export}
     profiles:
       quick: {sft_adapter: {args: {max_steps: 20}}}
 
 Training stages chain in order (each continues from the one before, folding it in); a merge takes the
-training stages before it; an evaluation measures the merge before it. Each stage's settings are its kind's
-model in stages.py; a profile is a named overlay of per-run settings, validated by the same models.
+training stages before it; an evaluation measures the merge before it; an export writes the merge before it
+(or the one it names) as GGUF files, after that merge's evaluation when there is one. Each stage's settings are
+its kind's model in stages.py; a profile is a named overlay of per-run settings, validated by the same models.
 """
 
 from __future__ import annotations
@@ -149,11 +151,29 @@ class Pipeline(s.Settings):
                 if last_merge is None:
                     raise ValueError(f"evaluate stage {stage.name!r} has no merge stage before it")
                 upstream = [last_merge, *upstream]
+            elif role == "export":
+                upstream = [self._export_source(stage, last_merge)]
             self._upstream[stage.name] = upstream
             seen.add(stage.name)
+        for stage in self.stages:  # an export also waits for the report on its model, wherever it is listed
+            if KINDS[stage.kind].role == "export":
+                self._upstream[stage.name] += [s.name for s in self.stages if KINDS[s.kind].role == "evaluate"
+                                               and self._upstream[s.name][0] == self._upstream[stage.name][0]][:1]
         self._check_profiles()
         self._check_feedback()
         return self
+
+    def _export_source(self, stage: s.Stage, last_merge: str | None) -> str:
+        """The merge stage an export reads: the one it names (checked to be a merge), else the last before it."""
+        if stage.model is None:
+            if last_merge is None:
+                raise ValueError(f"export stage {stage.name!r} has no merge stage before it to export")
+            return last_merge
+        named = self.stage(stage.model)
+        if KINDS[named.kind].role != "merge":
+            raise ValueError(f"export stage {stage.name!r}: model {stage.model!r} is a {named.kind} stage, not a "
+                             "merge stage; name the merge stage whose model to export")
+        return stage.model
 
     def _check_profiles(self) -> None:
         for profile, overrides in self.profiles.items():

@@ -13,7 +13,7 @@ from pydantic import Field, TypeAdapter
 
 from . import stages as s
 
-Role = Literal["dataset", "synthesis", "training", "merge", "evaluate"]
+Role = Literal["dataset", "synthesis", "training", "merge", "evaluate", "export"]
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ KINDS: dict[str, StageKind] = {
     "merge": StageKind(s.Merge, "merge", f"{_ENGINE}.train.merge:MergeJob:merge_chain"),
     "evaluate": StageKind(s.Evaluate, "evaluate", f"{_ENGINE}.evaluate.report:ReportJob:evaluate_report",
                           ("report_not_worse",)),
+    "export": StageKind(s.Export, "export", f"{_ENGINE}.export.job:ExportJob:export_stage"),
 }
 
 AnyStage = Annotated[Union[tuple(kind.model for kind in KINDS.values())], Field(discriminator="kind")]
