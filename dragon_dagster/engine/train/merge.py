@@ -1,4 +1,5 @@
-"""Fold a chain of adapters into their base model: a standalone directory plain transformers loads."""
+"""Fold a chain of adapters into their base model: a standalone directory plain transformers loads, with a model
+card (README.md) saying what it was trained from and how."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from ..artifacts import dir_size
 from ..evaluate.replies import generate
+from ..export.card import card_facts, merged_card
 from ..models import load_model, load_tokenizer
 from ..reporter import Reporter
 from ..spec.settings import Hardware, build
@@ -34,9 +36,12 @@ def merge_chain(job: MergeJob, reporter: Reporter) -> dict:
     out = Path(job.output_dir) / "model"
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    facts = card_facts(job.adapters, job.model)  # from the adapters' manifests, beside each adapter directory
+    stage_names = " + ".join(s["name"] for s in facts["stages"])
+    (out / "README.md").write_text(merged_card(facts, f"{facts['base_model']} + {stage_names or 'adapters'}"))
     sample = generate(model, tokenizer, [[{"role": "user", "content": job.settings.sample_prompt}]], max_new_tokens=48)[0]
     info = {"model_dir": str(out), "size_mb": round(dir_size(out) / 1e6, 1),
             "parameters": sum(p.numel() for p in model.parameters()),
-            "sample_prompt": job.settings.sample_prompt, "sample_reply": sample}
+            "sample_prompt": job.settings.sample_prompt, "sample_reply": sample, "card": facts}
     reporter.log(f"merged model: {info['parameters']:,} parameters, {info['size_mb']} MB")
     return info
