@@ -30,6 +30,7 @@ stages:
   - {name: grpo, kind: grpo, dataset: prompts, rewards: [{type: numeric}]}
   - {name: merged, kind: merge}
   - {name: report, kind: evaluate, dataset: chat}
+  - {name: gguf, kind: export, model: merged}
 """
 # A bad value per kind: (what to replace in EVERY_KIND, its replacement, the field the error must name)
 BAD = {
@@ -45,6 +46,7 @@ BAD = {
     "grpo": ("[{type: numeric}]}", "[{type: numeric}], group_size: 1}", "stages[7].group_size"),
     "merge": ("kind: merge}", "kind: merge, sample_prompt: [not, text]}", "stages[8].sample_prompt"),
     "evaluate": ("kind: evaluate, dataset: chat}", "kind: evaluate, dataset: chat, n_judge: -1}", "stages[9].n_judge"),
+    "export": ("kind: export, model: merged}", "kind: export, model: merged, formats: [q4_k]}", "stages[10].formats[0]"),
 }
 
 
@@ -59,13 +61,14 @@ def test_bundled_support_pipeline_has_the_documented_chain():
     assert list(support.datasets) == ["tickets"]
     assert [s.name for s in support.stages] == ["sft_dataset", "sft_adapter", "preference_pairs", "dpo_adapter",
                                                 "arithmetic_prompts", "grpo_adapter", "merged_model",
-                                                "evaluation_report"]
+                                                "evaluation_report", "gguf_export"]
     upstream = {s.name: support.upstream(s.name) for s in support.stages}
     assert upstream == {"sft_dataset": ["tickets"], "sft_adapter": ["sft_dataset"],
                         "preference_pairs": ["sft_dataset", "sft_adapter"],
                         "dpo_adapter": ["preference_pairs", "sft_adapter"], "arithmetic_prompts": [],
                         "grpo_adapter": ["arithmetic_prompts", "dpo_adapter"], "merged_model": ["grpo_adapter"],
-                        "evaluation_report": ["merged_model", "sft_dataset"]}
+                        "evaluation_report": ["merged_model", "sft_dataset"],
+                        "gguf_export": ["merged_model", "evaluation_report"]}
     grpo = support.stage("grpo_adapter")
     assert [r["type"] for r in grpo.rewards] == ["numeric", "length"]
     assert (grpo.group_size, grpo.args.learning_rate, grpo.args.grad_accum) == (8, 2e-4, 1)  # YAML, then defaults

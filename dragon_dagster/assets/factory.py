@@ -21,6 +21,7 @@ from ..engine.spec.registry import KINDS
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .adapter_stage import run_training_stage
 from .checks import build_checks
+from .export_stage import run_export_stage
 from .launchpad import RESUME, effective, launchpad_config
 from .metadata import length_stats, md_table
 from .registry import register_merged_model
@@ -236,6 +237,23 @@ def evaluate_asset(pipeline: Pipeline, stage: st.Evaluate, upstream: list[str] |
     return _evaluate
 
 
+def export_asset(pipeline: Pipeline, stage: st.Export, upstream: list[str] | None = None):
+    upstream = upstream or pipeline.upstream(stage.name)
+
+    @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"gguf"}, pool=TRAINING_POOL,
+           op_tags=POOL_TAGS, ins=ins_for(pipeline, stage, "merged", "report", upstream=upstream),
+           description=f"{upstream[0]} as GGUF files ({', '.join(stage.formats)}) for llama.cpp and Ollama, with "
+                       "an Ollama Modelfile and a model card" + (f" that includes {upstream[1]}'s table"
+                                                                 if len(upstream) > 1 else "") + ".")
+    def _export(context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource,
+                **inputs) -> Output[str]:
+        inputs = local_inputs(store, inputs)
+        with named_failure(f"{pipeline.name}/{stage.name}"):
+            return run_export_stage(context, pipeline, effective(stage, config), inputs["merged"],
+                                    inputs.get("report"), store, training)
+    return _export
+
+
 def local_inputs(store: ArtifactStore, inputs: dict) -> dict:
     """Upstream artifacts as local directories: fetched from the store's artifact_uri when this machine has no
     copy (a step on another node than the one that made them)."""
@@ -249,7 +267,7 @@ def chat_tokens(tokenizer, row: dict) -> int:
 
 
 BUILDERS = {"dataset": dataset_asset, "synthesis": synthesis_asset, "training": training_asset,
-            "merge": merge_asset, "evaluate": evaluate_asset}
+            "merge": merge_asset, "evaluate": evaluate_asset, "export": export_asset}
 
 
 def build_pipeline_defs(pipeline: Pipeline) -> dict:
