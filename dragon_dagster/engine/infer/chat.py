@@ -298,7 +298,8 @@ class Chat:
 
     def _record(self, position: int, verdict: str, edited: str | None = None) -> int | None:
         system = [{"role": "system", "content": self.system}] if self.system else []
-        event = {"conversation_id": self.conversation_id, "turns": system + [_plain(m) for m in self.messages[:position]],
+        turns = system + [_plain(m) for m in self.messages[:position]]
+        event = {"conversation_id": self.conversation_id, "turns": turns,
                  "reply": self.messages[position]["content"], "verdict": verdict, "edited": edited,
                  "model": self.model_label}
         if not any(m["role"] == "user" for m in event["turns"]):
