@@ -127,7 +127,8 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
 @click.option("--system", default=None, help="System prompt.")
 def generate(target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: int, temperature: float,
              system: str | None):
-    """Reply to PROMPTS with TARGET: an adapter or merged-model artifact dir, or an asset like support/sft_adapter."""
+    """Reply to PROMPTS with TARGET: an adapter or merged-model artifact dir, an asset like support/sft_adapter,
+    or a registered model like models:/support@champion."""
     from .engine.evaluate.replies import generate as generate_replies
     from .engine.models import load_artifact_model
 
@@ -141,6 +142,12 @@ def generate(target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: 
 
 
 def resolve_target(target: str) -> Path:
+    """A directory, an asset name like support/merged_model (its latest artifact), or a registered model:
+    models:/support@champion, models:/support/3."""
+    if target.startswith("models:/"):
+        from .resources.tracking import MLflowTracking
+
+        return MLflowTracking().resolve(target)
     path = Path(target)
     if path.exists():
         return path
@@ -159,23 +166,26 @@ def runs_dir() -> Path:
 
 
 def deployed(pipeline: str) -> Path:
-    """The model people chat with: the last promoted retrained model, else the latest merged model."""
+    """The model people chat with: the champion in the MLflow Model Registry, else the latest merged model."""
     from .engine.runs import latest_artifact
+    from .resources.tracking import MLflowTracking
 
-    pointer = runs_dir() / "deployed" / f"{pipeline}.json"
-    if pointer.exists():
-        return Path(json.loads(pointer.read_text())["model_dir"])
+    champion = MLflowTracking().champion_dir(pipeline)
+    if champion is not None:
+        return champion
     found = latest_artifact(runs_dir(), f"{pipeline}/merged_model")
     if found is None:
-        raise click.ClickException(f"no merged model for pipeline {pipeline!r} yet: run `make demo` first, "
-                                   "or pass --model")
+        raise click.ClickException(f"no champion in the model registry and no merged model for pipeline "
+                                   f"{pipeline!r} yet: run `make demo` first, or pass --model")
     return found / "model"
 
 
 def chat_options(f):
     for option in reversed([
         click.option("--pipeline", default="support", show_default=True, help="Whose deployed model and feedback."),
-        click.option("--model", default=None, help="A model dir, artifact, preset, or server URL (with --server-model)."),
+        click.option("--model", default=None,
+                     help="A model dir, artifact, models:/NAME@ALIAS, preset, or server URL (with --server-model). "
+                          "Default: models:/PIPELINE@champion."),
         click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
         click.option("--system", default=None, help="System prompt."),
         click.option("--context-turns", type=int, default=None, help="Send only the last N exchanges."),
@@ -193,6 +203,8 @@ def chat_target(pipeline: str, model: str | None, server_model: str | None):
         return {"type": "server", "base_url": model, "model": server_model or "default"}, model, store_path
     if model is None:
         target = str(deployed(pipeline))
+    elif model.startswith("models:/"):
+        target = str(resolve_target(model))
     elif Path(model).exists() or (runs_dir() / "artifacts" / model).exists():  # a directory or an asset name
         target = str(resolve_target(model))
     else:  # a preset or a hub id
@@ -249,7 +261,8 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
 def serve(target: str, host: str, port: int, device: str):
     """Serve TARGET over the OpenAI protocol with `transformers serve`.
 
-    TARGET: a merged-model or adapter artifact dir, an asset like support/merged_model, or a model dir.
+    TARGET: a merged-model or adapter artifact dir, an asset like support/merged_model, a registered model like
+    models:/support@champion, or a model dir.
     Adapters are merged once into a cached directory first.
     """
     import subprocess

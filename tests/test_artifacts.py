@@ -98,19 +98,13 @@ def test_a_finished_artifact_is_fsynced_before_its_rename_then_read_only(tmp_pat
     assert not final.exists() and list(final.parent.iterdir()) == []
 
 
-def test_a_failed_write_leaves_nothing_and_a_pointer_is_replaced_whole(tmp_path):
+def test_a_failed_write_leaves_nothing(tmp_path):
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
     with pytest.raises(RuntimeError):
         with store.new_artifact("tiny", "sft_adapter", "run-1") as (tmp, final):
             (tmp / "x").write_text("half")
             raise RuntimeError("the trainer failed")
     assert list(final.parent.iterdir()) == [] and not final.exists()
-
-    pointer = store.deployed_pointer("tiny")
-    artifacts.write_json_atomic(pointer, {"model_dir": "a"})
-    artifacts.write_json_atomic(pointer, {"model_dir": "b"})
-    assert json.loads(pointer.read_text()) == {"model_dir": "b"}
-    assert [p.name for p in pointer.parent.iterdir()] == ["tiny.json"]  # no temp file left
 
 
 def test_stale_staging_is_removed_only_when_no_live_run_owns_it(tmp_path):
@@ -129,10 +123,6 @@ def test_stale_staging_is_removed_only_when_no_live_run_owns_it(tmp_path):
         path.mkdir()
         (path / "f").write_text("x")
     age(legacy_old, 3 * 86400)
-    pointer_tmp = store.deployed_pointer("tiny").with_name(".tmp-tiny.json-a1b2c3")
-    pointer_tmp.parent.mkdir(parents=True)
-    pointer_tmp.write_text("{")
-    age(pointer_tmp, 3 * 86400)
     with store.new_artifact("tiny", "sft_dataset", "done-run") as (tmp, finished):
         (tmp / "train.jsonl").write_text("{}\n")
     age(finished, 3 * 86400)
@@ -146,8 +136,8 @@ def test_stale_staging_is_removed_only_when_no_live_run_owns_it(tmp_path):
         return run_id == "live-run"
 
     removed = store.clean_stale_staging(is_live, min_age_s=600, unowned_min_age_s=86400, log=logged.append)
-    assert sorted(removed) == sorted([dead_old, legacy_old, pointer_tmp])
-    for gone in (dead_old, legacy_old, pointer_tmp):
+    assert sorted(removed) == sorted([dead_old, legacy_old])
+    for gone in (dead_old, legacy_old):
         assert not gone.exists()
     for kept in (live_old, dead_fresh, unknown, legacy_fresh, finished):
         assert kept.exists()

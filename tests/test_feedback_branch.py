@@ -34,7 +34,11 @@ def test_materialize_all_without_feedback_skips_the_feedback_branch_with_a_reaso
             (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
     assert "evaluation_report" in made and not made & set(FEEDBACK)
     gates = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
-    assert not gates and not resources["store"].deployed_pointer("tiny").exists()  # the gate did not run
+    assert not gates  # the gate did not run
+    client = resources["tracking"].client()
+    assert client.get_model_version_by_alias("tiny", "challenger").tags["asset_key"] == "tiny/merged_model"
+    assert not [v for v in client.search_model_versions("name = 'tiny'")
+                if v.tags.get("asset_key") == "tiny/retrained_model"]
     logs = [e.user_message for e in instance.all_logs(result.run_id)]
     for name in FEEDBACK[:2]:
         assert any(m.startswith(f"{name} skipped: no feedback records yet") for m in logs), name

@@ -15,6 +15,7 @@ from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.automation import PIPELINE_TAG, RANGE_TAG, last_used_id
 from dragon_dagster.assets.feedback import promotion_check
 from dragon_dagster.engine.feedback import FeedbackStore
+from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, alias_version
 
 NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter", "retrained_model",
          "retrained_report"]
@@ -64,6 +65,8 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
         [again] = sensor_def.evaluate_tick(c).run_requests
     assert again.run_key == request.run_key, "the same request: Dagster launches a run key once"
 
+    client = resources["tracking"].client()
+    champion_before = alias_version(client, "tiny", CHAMPION)
     result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
                          selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=request.tags,
                          raise_on_error=False)
@@ -80,12 +83,18 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     report = json.loads((Path(events["retrained_report"]["artifact_dir"].value) / "report.json").read_text())
     assert {"base", "merged"} <= set(report)
     [gate] = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
-    pointer = resources["store"].deployed_pointer("tiny")
+    retrained = json.loads((Path(events["retrained_model"]["artifact_dir"].value) / "manifest.json").read_text())
+    version = retrained["registered_model"]["version"]
+    assert alias_version(client, "tiny", CHALLENGER) == version, "the newest candidate is the challenger"
+    registered = client.get_model_version("tiny", version)
+    assert registered.tags["dagster_run_id"] == result.run_id and registered.tags["asset_key"] == "tiny/retrained_model"
+    assert registered.run_id == adapter_manifest["mlflow_run_id"], "logged on the run that trained it"
     if gate.passed:  # promoted: chat and the next retraining start from the retrained model
-        assert result.success and json.loads(pointer.read_text())["model_dir"].startswith(str(materialized["runs"]))
-        assert not list(pointer.parent.glob(".tmp-*")), "the pointer is written by rename, no temp file left"
-    else:  # a blocking ERROR check: the run fails and the deployed model stays the merged one
-        assert not result.success and not pointer.exists() and gate.metadata["regressions"].value != "none"
+        assert result.success and alias_version(client, "tiny", CHAMPION) == version
+        assert gate.metadata["champion"].value == f"models:/tiny/{version}"
+    else:  # a blocking ERROR check: the run fails and the champion stays what it was
+        assert not result.success and gate.metadata["regressions"].value != "none"
+        assert alias_version(client, "tiny", CHAMPION) == champion_before
 
     with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as context:
         after = sensor_def.evaluate_tick(context)
@@ -118,7 +127,6 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     materialized; the sensor and the schedule request the same records again under new run keys, wait while a
     run is going, back off after repeated failures, and stop once a retraining on them succeeded. Bad records
     in the range are skipped and counted, not fatal."""
-    from dragon_dagster.engine.artifacts import write_json_atomic
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     runs = tmp_path / "runs"
@@ -191,8 +199,10 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     # a successful retraining (deployed model present; the gate left out so the outcome does not depend on it)
     assert materialize(parts["assets"], instance=instance, resources=resources,
                        selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"])).success
-    write_json_atomic(store_resource.deployed_pointer("tiny"),
-                      {"model_dir": str(Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model")})
+    tracking = resources["tracking"]
+    version = tracking.register_model("tiny", Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model",
+                                      None, {"note": "registered by hand"})
+    assert tracking.promote("tiny", version, "by hand") is None  # the first champion of this store
     done = retrain(request, checks=False)
     assert done.success
     assert last_used_id(instance, "tiny") == 8
@@ -205,25 +215,41 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     assert (nightly.tags[RANGE_TAG], nightly.run_key) == ("9-9", "scheduled-9-9-1")
 
 
-def test_promotion_gate_writes_the_deployed_pointer_atomically(materialized, tmp_path):
-    """The gate on a report without regressions replaces the pointer through a temp file and a rename."""
-    from dragon_dagster.resources import ArtifactStore
+def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_not_worse(materialized, tmp_path):
+    """Two registered versions in a fresh MLflow store: the gate on a report without regressions makes its
+    model the champion; the gate on a worse one fails and leaves the champion where it was."""
+    from dragon_dagster.resources import MLflowTracking
 
-    report_dir = tmp_path / "report"
-    report_dir.mkdir()
-    figures = {"eval_loss": 1.0, "metrics": {"token_f1": 0.5}}
-    (report_dir / "report.json").write_text(json.dumps({"base": figures, "merged": figures}))
-    (report_dir / "manifest.json").write_text(json.dumps({"merged": str(tmp_path / "merged")}))
+    tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))
+    model = Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model"
     instance = DagsterInstance.ephemeral()
     report_key = AssetKey(["tiny", "retrained_report"])
-    instance.report_runless_asset_event(AssetMaterialization(
-        report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
-    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
-    pointer = store.deployed_pointer("tiny")
-    pointer.parent.mkdir(parents=True)
-    pointer.write_text(json.dumps({"model_dir": "/old/model"}))
     gate = promotion_check(materialized["pipeline"], report_key)
-    result = gate(build_asset_check_context(instance=instance, resources={"store": store}))
-    assert result.passed
-    assert json.loads(pointer.read_text())["model_dir"] == str(tmp_path / "merged" / "model")
-    assert sorted(p.name for p in pointer.parent.iterdir()) == ["tiny.json"]  # no temp file left behind
+
+    def gate_on(version: str, retrained_loss: float):
+        merged, report_dir = tmp_path / f"merged-{version}", tmp_path / f"report-{version}"
+        for directory in (merged, report_dir):
+            directory.mkdir()
+        (merged / "manifest.json").write_text(json.dumps({"registered_model": {"name": "tiny", "version": version}}))
+        base = {"eval_loss": 1.0, "metrics": {"token_f1": 0.5}}
+        (report_dir / "report.json").write_text(json.dumps(
+            {"base": base, "merged": {"eval_loss": retrained_loss, "metrics": {"token_f1": 0.5}}}))
+        (report_dir / "manifest.json").write_text(json.dumps({"merged": str(merged)}))
+        instance.report_runless_asset_event(AssetMaterialization(
+            report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
+        return gate(build_asset_check_context(instance=instance, resources={"tracking": tracking}))
+
+    first = tracking.register_model("tiny", model, None, {"n": 1})
+    second = tracking.register_model("tiny", model, None, {"n": 2})
+    client = tracking.client()
+    assert (first, second) == ("1", "2") and alias_version(client, "tiny", CHALLENGER) == "2"
+    assert alias_version(client, "tiny", CHAMPION) is None and tracking.champion_dir("tiny") is None
+
+    assert gate_on(first, 0.9).passed
+    assert alias_version(client, "tiny", CHAMPION) == "1"
+    assert (tracking.champion_dir("tiny") / "config.json").exists()
+    rejected = gate_on(second, 1.5)  # worse held-out loss than where it started
+    assert not rejected.passed and rejected.metadata["regressions"].value == "eval_loss"
+    assert alias_version(client, "tiny", CHAMPION) == "1", "a rejected retraining leaves the champion unchanged"
+    assert alias_version(client, "tiny", CHALLENGER) == "2"
+    assert client.get_model_version("tiny", "1").tags["promoted"].endswith("promotion_gate passed")

@@ -109,6 +109,8 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
     context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
     status = "FAILED"
     try:
+        tracking.log_datasets(run_id, Path(dataset), Path(dataset).parent.name,
+                              {"training": train_file, "evaluation": eval_file})
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
             (tmp / "data").mkdir()
             for source in (train_file, eval_file):  # the artifact holds the data that reproduces it

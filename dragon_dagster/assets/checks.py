@@ -12,6 +12,8 @@ from ..engine.rewards import ACCURACY_TYPES, FORMAT_TYPES
 from ..engine.train import progress
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.registry import KINDS
+from ..resources import MLflowTracking
+from .registry import promote_merged, report_merged_dir
 
 MAX_DUPLICATE_SHARE = 0.2
 
@@ -81,12 +83,19 @@ def adapter_check(key: AssetKey):
 
 def report_check(key: AssetKey):
     @asset_check(asset=key, name="merged_not_worse_than_base",
-                 description="The merged model's held-out loss is not above the base model's (a warning).")
-    def _check(context) -> AssetCheckResult:
-        report = json.loads((latest_path(context, key) / "report.json").read_text())
-        return AssetCheckResult(passed=bool(report["merged_not_worse"]), severity=AssetCheckSeverity.WARN,
+                 description="The merged model's held-out loss is not above the base model's (a warning). "
+                             "Passing makes the merged model the champion in the MLflow Model Registry.")
+    def _check(context, tracking: MLflowTracking) -> AssetCheckResult:
+        report_dir = latest_path(context, key)
+        report = json.loads((report_dir / "report.json").read_text())
+        passed = bool(report["merged_not_worse"])
+        promoted = {}
+        if passed:
+            promoted = promote_merged(context, key.path[0], tracking, report_merged_dir(report_dir),
+                                      f"{key.to_user_string()}: not worse than the base model")
+        return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.WARN,
                                 metadata={"base_eval_loss": report["base"]["eval_loss"],
-                                          "merged_eval_loss": report["merged"]["eval_loss"]})
+                                          "merged_eval_loss": report["merged"]["eval_loss"], **promoted})
     return _check
 
 

@@ -7,7 +7,6 @@ counted in the dataset's metadata and manifest; it never fails the range it is i
 """
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,16 +14,16 @@ from dagster import (AssetCheckResult, AssetCheckSeverity, AssetIn, AssetKey, As
                      MetadataValue, Output, asset, asset_check, define_asset_job, observable_source_asset)
 
 from ..engine.data import tables as data_lib
-from ..engine.artifacts import write_json_atomic, write_manifest
+from ..engine.artifacts import write_manifest
 from ..engine.feedback import (FeedbackStore, SKIP_REASONS, check_record, preference_pairs, sft_conversations,
                                usable_records)
 from ..engine.spec.pipeline import FeedbackDPO, FeedbackSFT, Pipeline
 from ..engine.spec.stages import Merge
-from ..engine.runs import latest_artifact
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .automation import PIPELINE_TAG, RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
 from .metadata import md_table
 from .adapter_stage import run_training_stage
+from .registry import deployed_model, promote_merged, report_merged_dir
 from .factory import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
 from .launchpad import effective, launchpad_config
 
@@ -42,18 +41,6 @@ def record_range(context, store: FeedbackStore) -> tuple[int, int]:
         first, last = (int(x) for x in tag.split("-"))
         return first, last
     return 1, store.max_id()
-
-
-def deployed_model(store: ArtifactStore, pipeline: Pipeline) -> Path:
-    """The model people chat with: the last promoted retrained model, else the latest merged model."""
-    pointer = store.deployed_pointer(pipeline.name)
-    if pointer.exists():
-        return Path(json.loads(pointer.read_text())["model_dir"])
-    merge = pipeline.first("merge")
-    found = latest_artifact(store.root, f"{pipeline.name}/{merge.name}")
-    if found is None:
-        raise Failure(description=f"no deployed model yet: materialize {pipeline.name}/{merge.name} first")
-    return found / "model"
 
 
 def feedback_source(pipeline: Pipeline):
@@ -131,7 +118,7 @@ def retrain_sft(pipeline: Pipeline, stage: FeedbackSFT):
            description="SFT on the feedback conversations, starting from the deployed model.")
     def _sft(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
              training: TrainingResource, dataset: str) -> Output[str]:
-        start = deployed_model(store, pipeline)
+        start = deployed_model(tracking, store, pipeline)
         return run_training_stage(context, pipeline, effective(stage, config), dataset, None, False, store,
                                   tracking, training, start_model=str(start),
                                   tags={"feedback_range": context.run.tags.get(RANGE_TAG)})
@@ -157,22 +144,21 @@ def retrain_dpo(pipeline: Pipeline, stage: FeedbackDPO, after: str):
 def promotion_check(pipeline: Pipeline, report_key: AssetKey):
     @asset_check(asset=report_key, name="promotion_gate", blocking=True,
                  description="The retrained model is not worse than the model it started from on held-out loss "
-                             "and task metrics; passing promotes it to the deployed model.")
-    def _gate(context, store: ArtifactStore) -> AssetCheckResult:
+                             "and task metrics; passing makes it the champion in the MLflow Model Registry "
+                             "(the model chat and the next retraining use).")
+    def _gate(context, tracking: MLflowTracking) -> AssetCheckResult:
         event = context.instance.get_latest_materialization_event(report_key)
         report_dir = Path(event.asset_materialization.metadata["artifact_dir"].value)
         report = json.loads((report_dir / "report.json").read_text())
         worse = regressions(report["base"], report["merged"])
+        promoted = {}
         if not worse:
-            merged_dir = json.loads((report_dir / "manifest.json").read_text())["merged"]
-            # temp file + fsync + rename: chat and retraining read the old pointer or the new one, never half
-            write_json_atomic(store.deployed_pointer(pipeline.name),
-                              {"model_dir": str(Path(merged_dir) / "model"), "report": str(report_dir),
-                               "promoted_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            promoted = promote_merged(context, pipeline.name, tracking, report_merged_dir(report_dir),
+                                      f"{report_key.to_user_string()}: promotion_gate passed")
         return AssetCheckResult(passed=not worse, severity=AssetCheckSeverity.ERROR,
                                 metadata={"regressions": ", ".join(worse) or "none",
                                           "start_eval_loss": report["base"]["eval_loss"],
-                                          "retrained_eval_loss": report["merged"]["eval_loss"]})
+                                          "retrained_eval_loss": report["merged"]["eval_loss"], **promoted})
     return _gate
 
 

@@ -134,23 +134,6 @@ def remove_tree(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def write_json_atomic(path: Path, data: dict) -> None:
-    """Write a small JSON file (a pointer, a status) so that readers see the old or the new one, never half."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{STAGING_PREFIX}{path.name}-{uuid.uuid4().hex[:6]}")
-    try:
-        with tmp.open("w") as f:
-            json.dump(data, f, indent=2, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
-
-
 def write_manifest(directory: Path, **fields) -> None:
     fields.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     (Path(directory) / MANIFEST).write_text(json.dumps(fields, indent=2, default=str))

@@ -29,8 +29,9 @@ import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
-from . import distributed, remote
+from . import distributed, remote, system_metrics
 from .reporter import Reporter
+from .system_metrics import INTERVAL_S
 
 EXIT_FAILED, EXIT_CANCELLED = 2, 3
 PARENT_PID = "DRAGON_WORKER_PARENT_PID"  # set by the launcher: the watchdog compares os.getppid() with it
@@ -219,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         reporter = PipesReporter(pipes)
         handle_stop_signals(reporter, is_trainer(job))
         watch_launcher()
-        outcome, code = execute(job, reporter)
+        with system_metrics.sampling(reporter.metrics, INTERVAL_S if is_trainer(job) else 0):
+            outcome, code = execute(job, reporter)
         reporter.send(outcome, status_file)
     return code
 

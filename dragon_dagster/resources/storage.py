@@ -123,13 +123,11 @@ class ArtifactStore(ConfigurableResource):
 
         A `.tmp-*` directory under artifacts/<pipeline>/<stage>/ goes when the run its name carries is not live
         (is_live(run_id) is False) and nothing in it was written for min_age_s. One whose name carries no run
-        (older staging names), and a `.tmp-*` pointer file under deployed/, goes after unowned_min_age_s
-        without a write. is_live raising keeps the directory.
+        (older staging names) goes after unowned_min_age_s without a write. is_live raising keeps the directory.
         """
         log = log or logger.warning
         now, removed, verdicts = time.time(), [], {}
-        candidates = [*(self.root / "artifacts").glob(f"*/*/{STAGING_PREFIX}*"),
-                      *(self.root / "deployed").glob(f"{STAGING_PREFIX}*")]
+        candidates = list((self.root / "artifacts").glob(f"*/*/{STAGING_PREFIX}*"))
         for path in candidates:
             owner = staging_owner(path.name) if path.is_dir() else None
             try:
@@ -162,11 +160,6 @@ class ArtifactStore(ConfigurableResource):
     def feedback_path(self, pipeline: str) -> Path:
         """The pipeline's chat feedback store (append-only SQLite, WAL)."""
         return self.root / "feedback" / f"{pipeline}.sqlite"
-
-    def deployed_pointer(self, pipeline: str) -> Path:
-        """Written when a retrained model passes its promotion check; chat and retraining start from it.
-        Write it with engine.artifacts.write_json_atomic."""
-        return self.root / "deployed" / f"{pipeline}.json"
 
     def checkpoints_root(self, pipeline: str, stage: str) -> Path:
         """checkpoints/<pipeline>/<stage>: one directory per Dagster run below it."""

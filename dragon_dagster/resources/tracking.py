@@ -8,11 +8,12 @@ import os
 import sqlite3
 from contextlib import closing
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
+from ..engine import model_registry as registry
+from ..engine.model_registry import local_path
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
@@ -20,16 +21,6 @@ logger = logging.getLogger(__name__)
 
 class RelocatedStoreError(RuntimeError):
     """The MLflow store points its artifacts outside the runs directory, at a place that is not ours."""
-
-
-def local_path(uri: str) -> Path | None:
-    """The local path of a file: URI or a plain path; None for anything remote (s3:, mlflow-artifacts:...)."""
-    parsed = urlparse(uri)
-    if parsed.scheme == "file":
-        return Path(unquote(parsed.path))
-    if parsed.scheme == "" and uri:
-        return Path(uri)
-    return None
 
 
 def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
@@ -54,6 +45,7 @@ def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
     return moved.get("runs", 0)
 
 
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
 _READY: set[str] = set()  # sqlite stores this process has seen created
 
 
@@ -88,7 +80,8 @@ def flatten(prefix: str, values: dict) -> dict[str, str]:
 class MLflowTracking(ConfigurableResource):
     """Logs params, step metrics, eval metrics, lineage tags and artifacts to an MLflow tracking server."""
 
-    tracking_uri: str = Field(default="", description="MLflow tracking URI. Empty: a sqlite store in the runs dir.")
+    tracking_uri: str = Field(default="", description="MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI when set, "
+                                                      "else a sqlite store in the runs dir.")
     ui_url: str = Field(default="http://127.0.0.1:5000", description="Where `make ui` serves MLflow, for links.")
     runs_dir: str = Field(default="", description="Runs directory for the default sqlite store and artifacts.")
 
@@ -98,9 +91,13 @@ class MLflowTracking(ConfigurableResource):
 
     @property
     def uri(self) -> str:
-        if self.tracking_uri:
-            return self.tracking_uri
+        """MLflow's own convention first: the resource's setting, then $MLFLOW_TRACKING_URI, then our sqlite."""
+        if self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI"):
+            return self.tracking_uri or os.environ["MLFLOW_TRACKING_URI"]
         self.root.mkdir(parents=True, exist_ok=True)
+        return self.default_uri()
+
+    def default_uri(self) -> str:
         return f"sqlite:///{self.root / 'mlflow.db'}"
 
     def client(self):
@@ -113,7 +110,7 @@ class MLflowTracking(ConfigurableResource):
     def artifact_location(self, pipeline: str) -> str | None:
         """Where a pipeline's experiment keeps artifacts: beside the default sqlite store in the runs dir, not
         in the current directory; None (MLflow's choice) for a tracking_uri of the user's."""
-        if self.tracking_uri or not self.uri.startswith("sqlite:"):
+        if self.uri != self.default_uri():
             return None
         return (self.root / "mlartifacts" / pipeline).as_uri()
 
@@ -122,9 +119,12 @@ class MLflowTracking(ConfigurableResource):
         experiment = client.get_experiment_by_name(pipeline)
         if experiment is not None:
             self.check_location(experiment)
+            if EXPERIMENT_KIND_TAG not in experiment.tags:  # made before the tag was set
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return experiment.experiment_id
-        try:
-            return client.create_experiment(pipeline, artifact_location=self.artifact_location(pipeline))
+        try:  # the kind tag opens the experiment on MLflow's model-training view, not the GenAI overview
+            return client.create_experiment(pipeline, artifact_location=self.artifact_location(pipeline),
+                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
         except Exception:  # created by a concurrent run in the meantime
             return client.get_experiment_by_name(pipeline).experiment_id
 
@@ -176,6 +176,30 @@ class MLflowTracking(ConfigurableResource):
         if metrics:
             self.client().log_batch(run_id, metrics=metrics)
 
+    def log_datasets(self, run_id: str, dataset_dir: Path, name: str, files: dict[str, Path]) -> None:
+        """The run's data as MLflow dataset inputs (its Dataset column and lineage): one per split file, named
+        after the dataset asset, with the file's digest and the artifact directory as its source. files: MLflow
+        context ("training", "evaluation") -> JSONL file; missing files are left out."""
+        import hashlib
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        inputs = []
+        for context, path in files.items():
+            if not Path(path).exists():
+                continue
+            data = Path(path).read_bytes()
+            rows = [json.loads(line) for line in data.splitlines() if line.strip()]
+            columns = sorted({key for row in rows for key in row})
+            dataset = Dataset(name=name, digest=hashlib.sha256(data).hexdigest()[:16], source_type="local",
+                              source=json.dumps({"uri": str(dataset_dir), "file": Path(path).name}),
+                              schema=json.dumps({"columns": columns}),
+                              profile=json.dumps({"num_rows": len(rows)}))
+            inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+        if inputs:
+            self.client().log_inputs(run_id, datasets=inputs)
+
     def log_artifacts(self, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
         client = self.client()
         for path in paths:
@@ -190,6 +214,36 @@ class MLflowTracking(ConfigurableResource):
 
     def run_url(self, pipeline: str, run_id: str) -> str:
         return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs/{run_id}"
+
+    # --- the model registry: which model is live (engine/model_registry.py) ---
+
+    def register_model(self, pipeline: str, model_dir: Path, run_id: str | None, tags: dict,
+                       description: str = "") -> str:
+        """Log model_dir as an MLflow model on run_id (the run that trained it) and register it as a new
+        version of the pipeline's registered model, aliased `challenger`; returns the version."""
+        return registry.log_and_register(self.client(), self.experiment_id(pipeline), pipeline, Path(model_dir),
+                                         run_id, {k: str(v)[:5000] for k, v in tags.items() if v is not None},
+                                         scratch=self.root / ".staging", description=description)
+
+    def promote(self, pipeline: str, version: str, reason: str) -> str | None:
+        """Make version the champion; returns the version it replaced (None for the first)."""
+        client = self.client()
+        before = registry.alias_version(client, pipeline, registry.CHAMPION)
+        client.set_registered_model_alias(pipeline, registry.CHAMPION, str(version))
+        client.set_model_version_tag(pipeline, str(version), "promoted", reason[:5000])
+        return before
+
+    def champion_dir(self, pipeline: str) -> Path | None:
+        """The champion's model directory (local or downloaded); None when there is no champion yet."""
+        client = self.client()
+        if registry.alias_version(client, pipeline, registry.CHAMPION) is None:
+            return None
+        return registry.model_dir(client, registry.ModelRef(pipeline, alias=registry.CHAMPION),
+                                  self.root / "cache" / "models")
+
+    def resolve(self, uri: str) -> Path:
+        """A models:/ URI as a local model directory."""
+        return registry.model_dir(self.client(), registry.parse_uri(uri), self.root / "cache" / "models")
 
     def env(self) -> dict[str, str]:
         return {"MLFLOW_TRACKING_URI": self.uri, **({"MLFLOW_ALLOW_FILE_STORE": "true"}

@@ -1,0 +1,184 @@
+"""The MLflow Model Registry as the source of truth for the live model, datasets and system metrics on the
+training runs, and MLflow's own conventions (MLFLOW_TRACKING_URI, a real `mlflow server` on loopback)."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from click.testing import CliRunner
+from dagster import AssetSelection, DagsterInstance, materialize
+
+from dragon_dagster.assets.factory import build_pipeline_defs
+from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, ModelRef, RegistryError, alias_version, \
+    model_dir, parse_uri
+from dragon_dagster.engine.spec.pipeline import load
+from dragon_dagster.resources import MLflowTracking
+
+from .conftest import write_pipeline
+
+
+def runs_of(client, experiment: str) -> dict:
+    """The latest run of each stage in an experiment, by stage tag."""
+    exp = client.get_experiment_by_name(experiment)
+    found = {}
+    for run in client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"]):
+        found[run.data.tags.get("stage")] = run
+    return found
+
+
+def test_a_merged_model_is_a_registered_version_and_the_passing_report_makes_it_champion(materialized):
+    tracking, outcome = materialized["tracking"], materialized["outcome"]
+    client = tracking.client()
+    merged = Path(outcome["artifacts"]["merged_model"])
+    manifest = json.loads((merged / "manifest.json").read_text())
+    version = manifest["registered_model"]["version"]
+    registered = client.get_model_version("tiny", version)
+    sft = json.loads((Path(outcome["artifacts"]["sft_adapter"]) / "manifest.json").read_text())
+    assert registered.run_id == sft["mlflow_run_id"], "logged on the run that trained its (last) adapter"
+    assert registered.tags["dagster_run_id"] == outcome["run_id"]
+    assert registered.tags["asset_key"] == "tiny/merged_model" and registered.tags["model_dir"] == str(merged / "model")
+    assert registered.tags["upstream_mlflow_run_ids"] == sft["mlflow_run_id"]
+    assert alias_version(client, "tiny", CHALLENGER) == version
+
+    # an MLflow model: logged on the run (its Logged models), a pyfunc that answers prompts
+    run = client.get_run(sft["mlflow_run_id"])
+    [output] = run.outputs.model_outputs
+    assert client.get_logged_model(output.model_id).artifact_location == registered.source
+    import mlflow.pyfunc
+
+    pyfunc = mlflow.pyfunc.load_model(client.get_model_version_download_uri("tiny", version))
+    replies = pyfunc.predict(["Hub Pro blinks red"], params={"max_new_tokens": 4})
+    assert len(replies) == 1 and isinstance(replies[0], str)
+
+    [check] = [c for c in outcome["checks"] if c["name"] == "merged_not_worse_than_base"]
+    champion = alias_version(client, "tiny", CHAMPION)
+    assert champion == (version if check["passed"] else None)
+
+
+def test_training_runs_show_their_data_system_metrics_and_the_experiment_kind(materialized):
+    client = materialized["tracking"].client()
+    experiment = client.get_experiment_by_name("tiny")
+    assert experiment.tags["mlflow.experimentKind"] == "finetuning"  # MLflow's model-training view
+    sft = runs_of(client, "tiny")["sft_adapter"]
+    inputs = {i.tags[0].value: i.dataset for i in sft.inputs.dataset_inputs}
+    assert set(inputs) == {"training", "evaluation"}
+    dataset_dir = Path(materialized["outcome"]["artifacts"]["sft_dataset"])
+    for context, name in (("training", "train.jsonl"), ("evaluation", "eval.jsonl")):
+        data = inputs[context]
+        assert data.name == "sft_dataset" and json.loads(data.source) == {"uri": str(dataset_dir), "file": name}
+        rows = sum(1 for line in (dataset_dir / name).read_text().splitlines() if line.strip())
+        assert json.loads(data.profile)["num_rows"] == rows and len(data.digest) == 16
+    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
+            "system/process_rss_megabytes"} <= set(sft.data.metrics)
+
+
+def test_models_uris_name_registered_versions_in_generate_and_chat(materialized, monkeypatch):
+    from dragon_dagster import cli
+
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(materialized["runs"]))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    client = materialized["tracking"].client()
+    version = alias_version(client, "tiny", CHALLENGER)
+    merged = Path(materialized["outcome"]["artifacts"]["merged_model"])
+    assert cli.resolve_target("models:/tiny@challenger") == merged / "model"
+    assert cli.resolve_target(f"models:/tiny/{version}") == merged / "model"
+    result = CliRunner().invoke(cli.main, ["generate", "models:/tiny@challenger", "Hello", "--max-new-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    assert f"model {merged / 'model'}" in result.output
+    spec, label, _ = cli.chat_target("tiny", "models:/tiny@challenger", None)
+    assert spec == {"type": "local", "model": str(merged / "model")}
+    # no alias of that name: one line naming it
+    missing = CliRunner().invoke(cli.main, ["generate", "models:/tiny@nobody", "Hello"])
+    assert missing.exit_code == 1 and "models:/tiny@nobody" in missing.output and "Traceback" not in missing.output
+    with pytest.raises(RegistryError, match="models:/<name>@<alias>"):
+        parse_uri("models:/tiny")
+    assert parse_uri("runs/x") is None and parse_uri("models:/a/3") == ModelRef("a", version="3")
+
+
+def test_tracking_uri_follows_mlflow_s_variable_when_the_resource_leaves_it_empty(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert MLflowTracking(runs_dir=str(tmp_path)).uri == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert MLflowTracking(runs_dir=str(tmp_path)).uri == "http://127.0.0.1:1"
+    assert MLflowTracking(runs_dir=str(tmp_path)).artifact_location("p") is None  # the server decides
+    assert MLflowTracking(runs_dir=str(tmp_path), tracking_uri="sqlite:///x.db").uri == "sqlite:///x.db"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on loopback with its own sqlite store and proxied artifact store."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    log = (root / "server.log").open("w")
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
+         f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts"),
+         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=1).ok:
+                break
+        except requests.RequestException:
+            pass
+        assert process.poll() is None, (root / "server.log").read_text()
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"mlflow server did not answer in 90 s: {(root / 'server.log').read_text()}")
+    yield {"url": url, "root": root}
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=30)
+
+
+@pytest.mark.slow  # a server start and a tiny chain: about 100 s on 2 cores
+def test_a_stage_tracks_and_registers_on_a_real_mlflow_server(mlflow_server, tiny_model, tmp_path, monkeypatch,
+                                                             resources_for):
+    """MLFLOW_TRACKING_URI alone points the pipeline at the server: runs, metrics, datasets and the registered
+    model (uploaded through the server's artifact proxy) are there, and a models:/ URI downloads the model."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server["url"])
+    monkeypatch.setenv("DRAGON_SYSTEM_METRICS_INTERVAL_S", "1")
+    pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
+    resources = resources_for(tmp_path / "runs")  # tracking_uri empty: the variable decides
+    assert resources["tracking"].uri == mlflow_server["url"]
+    (tmp_path / "home").mkdir()
+    parts = build_pipeline_defs(pipeline)
+    result = materialize(parts["assets"], resources=resources, instance=DagsterInstance.local_temp(
+        str(tmp_path / "home")), selection=AssetSelection.assets(
+        *[["tiny", n] for n in ("tickets", "sft_dataset", "sft_adapter", "merged_model")]))
+    assert result.success
+    assert not (tmp_path / "runs" / "mlflow.db").exists(), "nothing went to the local sqlite store"
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(mlflow_server["url"])  # what anyone with the URL sees
+    sft = runs_of(client, "tiny")["sft_adapter"]
+    assert sft.info.status == "FINISHED" and "train/loss" in client.get_run(sft.info.run_id).data.metrics
+    assert len(client.get_metric_history(sft.info.run_id, "system/cpu_utilization_percentage")) >= 1
+    assert {i.dataset.name for i in sft.inputs.dataset_inputs} == {"sft_dataset"}
+    version = client.get_model_version_by_alias("tiny", "challenger")
+    assert version.run_id == sft.info.run_id
+    stored = list((mlflow_server["root"] / "artifacts").rglob("model.safetensors"))
+    assert stored, "the model files were uploaded to the server's artifact store"
+
+    # another machine: the artifact directory is not there, so the model comes from the server, once
+    client.delete_model_version_tag("tiny", version.version, "model_dir")
+    cache = tmp_path / "cache"
+    local = model_dir(client, ModelRef("tiny", alias="challenger"), cache)
+    assert local == cache / "tiny" / version.version / "artifacts" / "model"
+    assert (local / "config.json").exists() and (local / "tokenizer_config.json").exists()
+    assert model_dir(client, ModelRef("tiny", version=version.version), cache) == local  # cached
