@@ -306,10 +306,16 @@ def compare(pipeline: str | None, tracking_uri: str | None, as_json: bool):
 
 @main.command()
 @click.option("--pipeline", default=None)
-def runs(pipeline: str | None):
+@click.option("--prune", is_flag=True,
+              help="Show the artifact directories that no current materialization, registered model version or "
+                   "running job refers to; with --yes, remove them.")
+@click.option("--yes", is_flag=True, help="With --prune: remove what it shows.")
+def runs(pipeline: str | None, prune: bool, yes: bool):
     """Materialized artifacts, newest first, with their directories."""
     from .engine.runs import list_artifacts
 
+    if prune:
+        return prune_artifacts(pipeline, yes)
     # plain lines rather than a table, so that directories are never cut and can be copied
     rows = list_artifacts(runs_dir(), pipeline)
     click.echo(f"{'asset':<32} {'kind':<18} {'created':<25} {'mlflow run':<34} directory")
@@ -319,6 +325,58 @@ def runs(pipeline: str | None):
     if not rows:
         of = f" of pipeline {pipeline!r}" if pipeline else ""
         click.echo(f"(no artifacts{of} under {runs_dir() / 'artifacts'})", err=True)
+
+
+def referenced_artifacts() -> set[Path]:
+    """What must stay: the artifact of each asset's latest materialization in the Dagster instance, every
+    artifact a registered model version was made from, and the artifacts of runs still going."""
+    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+
+    from .engine.artifacts import read_manifest
+    from .engine.runs import list_artifacts
+    from .resources.tracking import MLflowTracking
+
+    ensure_dagster_home()
+    keep: set[Path] = set()
+    with DagsterInstance.get() as instance:
+        for key in instance.get_asset_keys():
+            event = instance.get_latest_materialization_event(key)
+            path = event and event.asset_materialization and event.asset_materialization.metadata.get("artifact_dir")
+            if path is not None:
+                keep.add(Path(str(path.value)))
+        going = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
+                 DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
+        live = {r.run_id for r in instance.get_runs(RunsFilter(statuses=going))}
+    keep |= {Path(r["dir"]) for r in list_artifacts(runs_dir())
+             if read_manifest(r["dir"]).get("dagster_run_id") in live}
+    client = MLflowTracking().client()
+    for version in client.search_model_versions(max_results=10000):
+        if version.tags.get("artifact_dir"):
+            keep.add(Path(version.tags["artifact_dir"]))
+    return keep
+
+
+def prune_artifacts(pipeline: str | None, yes: bool) -> None:
+    from .engine.artifacts import dir_size, remove_tree
+    from .engine.runs import prunable
+
+    removable, kept = prunable(runs_dir(), referenced_artifacts())
+    if pipeline:
+        removable = [d for d in removable if d.parent.parent.name == pipeline]
+    sizes = {d: dir_size(d) for d in removable}
+    for directory in removable:
+        click.echo(f"{sizes[directory] / 1e6:>10.1f} MB  {directory}")
+    total = sum(sizes.values()) / 1e6
+    if not removable:
+        click.echo(f"nothing to prune: every artifact is referred to ({len(kept)} kept)")
+    elif not yes:
+        click.echo(f"{len(removable)} artifact directories ({total:.1f} MB) are referred to by nothing; "
+                   f"{len(kept)} kept. Remove them with: dragon runs --prune --yes"
+                   + (f" --pipeline {pipeline}" if pipeline else ""))
+    else:
+        for directory in removable:
+            remove_tree(directory)
+        click.echo(f"removed {len(removable)} artifact directories ({total:.1f} MB); {len(kept)} kept")
 
 
 @main.command()

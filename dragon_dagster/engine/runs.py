@@ -28,6 +28,49 @@ def latest_artifact(runs_dir: Path, asset: str) -> Path | None:
     return Path(matches[0]["dir"]) if matches else None
 
 
+def artifact_dir_of(path: str | Path, runs_dir: Path) -> Path | None:
+    """The artifact directory (artifacts/<pipeline>/<stage>/<id>) a path is in, None outside them."""
+    root = (Path(runs_dir) / "artifacts").resolve()
+    try:
+        parts = Path(path).resolve().relative_to(root).parts
+    except (ValueError, OSError):
+        return None
+    return root.joinpath(*parts[:3]) if len(parts) >= 3 else None
+
+
+def _paths_in(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _paths_in(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _paths_in(item)
+
+
+def prunable(runs_dir: Path, keep: set[Path]) -> tuple[list[Path], set[Path]]:
+    """(artifact directories nothing refers to, the ones kept). Kept: the roots in keep, the newest artifact
+    of each asset (what chat falls back to), and whatever a kept manifest names (its adapters, datasets,
+    merged model...), followed to the end of the chain."""
+    everything = {Path(r["dir"]).resolve() for r in list_artifacts(runs_dir)}
+    newest = {}
+    for row in list_artifacts(runs_dir):  # newest first
+        newest.setdefault(row["asset"], Path(row["dir"]).resolve())
+    pending = [d for d in ({artifact_dir_of(k, runs_dir) for k in keep} | set(newest.values())) if d is not None]
+    kept: set[Path] = set()
+    while pending:
+        directory = pending.pop()
+        if directory in kept:
+            continue
+        kept.add(directory)
+        for value in _paths_in(read_manifest(directory)):
+            found = artifact_dir_of(value, runs_dir) if "/" in value else None
+            if found is not None and found not in kept:
+                pending.append(found)
+    return sorted(everything - kept), kept
+
+
 # What each run's row carries besides the headline: every held-out figure, the judge's, and the last training step's.
 ROW_METRICS = ("eval/", "judge/")
 LAST_STEP = ("train/loss", "train/reward", "train/kl")
