@@ -113,9 +113,21 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
         console.print(f"check {check['asset']} {check['name']}: {verdict}")
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
+    print_registry(found.name)
     console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")
     if not outcome["success"]:
         raise SystemExit(1)
+
+
+def print_registry(pipeline: str) -> None:
+    """Which registered versions the demo left as champion and challenger."""
+    from .engine.model_registry import CHALLENGER, CHAMPION, alias_version
+    from .resources.tracking import MLflowTracking
+
+    client = MLflowTracking().client()
+    for alias in (CHAMPION, CHALLENGER):
+        version = alias_version(client, pipeline, alias)
+        console.print(f"models:/{pipeline}@{alias}: " + (f"version {version}" if version else "none yet"))
 
 
 @main.command()
@@ -377,6 +389,36 @@ def prune_artifacts(pipeline: str | None, yes: bool) -> None:
         for directory in removable:
             remove_tree(directory)
         click.echo(f"removed {len(removable)} artifact directories ({total:.1f} MB); {len(kept)} kept")
+
+
+@main.command()
+@click.argument("pipeline", default="support")
+@click.option("--promote", "version", default=None, metavar="VERSION",
+              help="Make VERSION the champion (a rollback, say): chat, serve and the next retraining use it.")
+def models(pipeline: str, version: str | None):
+    """PIPELINE's model versions in the MLflow Model Registry, newest first, with their aliases."""
+    from .engine.model_registry import CHAMPION
+    from .resources.tracking import MLflowTracking
+
+    tracking = MLflowTracking()
+    client = tracking.client()
+    if version is not None:
+        client.get_model_version(pipeline, version)  # an unknown version fails here, named by MLflow
+        before = tracking.promote(pipeline, version, "promoted by hand (dragon models --promote)")
+        click.echo(f"models:/{pipeline}@{CHAMPION} is now version {version} (was {before or 'none'})")
+    versions = sorted(client.search_model_versions(f"name = '{pipeline}'"), key=lambda v: -int(v.version))
+    if not versions:
+        raise click.ClickException(f"no registered model {pipeline!r} in {tracking.uri}: materialize a merge first")
+    aliases = client.get_registered_model(pipeline).aliases
+    table = Table(title=f"models:/{pipeline} in {tracking.uri}")
+    for column in ("version", "aliases", "asset", "dagster run", "mlflow run", "created", "artifact"):
+        table.add_column(column)
+    for v in versions:
+        table.add_row(str(v.version), ", ".join(a for a, n in aliases.items() if str(n) == str(v.version)),
+                      v.tags.get("asset_key", ""), v.tags.get("dagster_run_id", "")[:8], (v.run_id or "")[:8],
+                      time.strftime("%Y-%m-%d %H:%M", time.localtime(v.creation_timestamp / 1000)),
+                      v.tags.get("artifact_dir", ""))
+    console.print(table)
 
 
 @main.command()

@@ -94,6 +94,13 @@ def test_models_uris_name_registered_versions_in_generate_and_chat(materialized,
     assert f"model {merged / 'model'}" in result.output
     spec, label, _ = cli.chat_target("tiny", "models:/tiny@challenger", None)
     assert spec == {"type": "local", "model": str(merged / "model")}
+    # the registry from the command line: versions with aliases, and a rollback by hand
+    listed = CliRunner().invoke(cli.main, ["models", "tiny"])
+    assert listed.exit_code == 0 and "tiny/merged_model" in listed.output and "challenger" in listed.output
+    promoted = CliRunner().invoke(cli.main, ["models", "tiny", "--promote", version])
+    assert promoted.exit_code == 0 and f"models:/tiny@champion is now version {version}" in promoted.output
+    assert alias_version(client, "tiny", CHAMPION) == version
+    assert cli.deployed("tiny") == merged / "model"
     # no alias of that name: one line naming it
     missing = CliRunner().invoke(cli.main, ["generate", "models:/tiny@nobody", "Hello"])
     assert missing.exit_code == 1 and "models:/tiny@nobody" in missing.output and "Traceback" not in missing.output
