@@ -271,7 +271,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
 @click.option("--port", default=8000, show_default=True)
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, mps or cpu.")
 def serve(target: str, host: str, port: int, device: str):
-    """Serve TARGET over the OpenAI protocol with `transformers serve`.
+    """Serve TARGET over the OpenAI protocol with `transformers serve` (pip install 'dragon-dagster[serve]').
 
     TARGET: a merged-model or adapter artifact dir, an asset like support/merged_model, a registered model like
     models:/support@champion, or a model dir.
@@ -279,8 +279,13 @@ def serve(target: str, host: str, port: int, device: str):
     """
     import subprocess
 
+    from transformers.utils.import_utils import is_serve_available
+
     from .engine.models import servable_dir
 
+    if not is_serve_available():  # transformers would say which module is missing, not how to get it
+        raise click.ClickException("dragon serve runs `transformers serve`, which needs its serving extra: "
+                                   "pip install 'dragon-dagster[serve]'")
     model_dir = servable_dir(resolve_target(target))
     exe = Path(sys.executable).with_name("transformers")
     console.print(f"serving {model_dir}\nOpenAI base URL: http://{host}:{port}/v1  (model name: {model_dir})\n"
@@ -288,6 +293,45 @@ def serve(target: str, host: str, port: int, device: str):
     command = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", host,
                "--port", str(port)] + ([] if device == "auto" else ["--device", device])
     raise SystemExit(subprocess.call(command))
+
+
+@main.command()
+@click.argument("target")
+@click.option("--ollama", is_flag=True, help="Print the `ollama create` line for the Modelfile.")
+@click.option("--out", default=None, type=click.Path(file_okay=False),
+              help="Where to write when TARGET is a model (default: runs/exports/<name>-<time>).")
+@click.option("--format", "formats", multiple=True, type=click.Choice(["f16", "q8_0"]),
+              help="GGUF format(s) to write for a model (default: f16 and q8_0).")
+@click.option("--system", default=None, help="The Modelfile's system prompt, for a model.")
+@click.option("--name", default=None, help="Model and file name, for a model (default: its pipeline).")
+def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...], system: str | None,
+           name: str | None):
+    """GGUF files of TARGET for llama.cpp and Ollama, with a Modelfile and a model card.
+
+    TARGET: an export artifact or asset (support/gguf_export: its files are listed, nothing is written); or a
+    merged model artifact or asset, a models:/NAME@ALIAS, or a model directory, exported now."""
+    from .engine.artifacts import read_manifest
+    from .engine.export.job import EXPORT_SUBDIR, export_model
+
+    source = resolve_target(target)
+    manifest = read_manifest(source)
+    if manifest.get("kind") == "gguf_export":
+        files, command = manifest["files"], manifest.get("ollama_create")
+        export_dir = source / EXPORT_SUBDIR
+    else:
+        if (source / "config.json").exists() and source.name == "model" and \
+                read_manifest(source.parent).get("kind") == "merged_model":
+            source = source.parent  # a registered model read in place: its artifact has the card's facts
+        out_dir = Path(out) if out else runs_dir() / "exports" / f"{name or source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        info = export_model(source, out_dir, formats=formats or ("f16", "q8_0"), system=system, name=name)
+        files, command, export_dir = info["files"], info["ollama_create"], Path(info["export_dir"])
+    for f in files:
+        console.print(f"{f['format']:>5}  {f['size_mb']:>8.1f} MB  {f['path']}", soft_wrap=True, markup=False)
+    console.print(f"model card: {export_dir / 'README.md'}", soft_wrap=True, markup=False)
+    if ollama:
+        if not command:
+            raise click.ClickException(f"{target} was exported without a Modelfile (ollama: false)")
+        click.echo(command)
 
 
 @main.command()

@@ -189,3 +189,21 @@ def test_a_stage_tracks_and_registers_on_a_real_mlflow_server(mlflow_server, tin
     assert local == cache / "tiny" / version.version / "artifacts" / "model"
     assert (local / "config.json").exists() and (local / "tokenizer_config.json").exists()
     assert model_dir(client, ModelRef("tiny", version=version.version), cache) == local  # cached
+
+
+def test_dragon_export_writes_gguf_and_a_modelfile_for_a_registered_model(materialized, monkeypatch, tmp_path):
+    from dragon_dagster import cli
+
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(materialized["runs"]))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "export"
+    result = CliRunner().invoke(cli.main, ["export", "models:/tiny@challenger", "--ollama", "--out", str(out),
+                                           "--system", "Be brief."])
+    assert result.exit_code == 0, result.output
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["Modelfile", "README.md", "tiny-f16.gguf", "tiny-q8_0.gguf"]
+    assert result.output.strip().splitlines()[-1] == f"ollama create tiny -f {out / 'Modelfile'}"
+    modelfile = (out / "Modelfile").read_text()
+    assert "FROM ./tiny-q8_0.gguf" in modelfile and "Be brief." in modelfile
+    card = (out / "README.md").read_text()
+    assert "sft_adapter" in card, "the card of a registered model names the stages it was trained with"
