@@ -255,6 +255,40 @@ def test_template_that_is_not_per_message_is_refused(tokenizer, template):
         chat_template.derive(tok)
 
 
+# ------------------------------------------------------------------------------------------------- cards
+
+def test_cards_from_manifests(tmp_path):
+    from dragon_dagster.engine.artifacts import write_manifest
+    from dragon_dagster.engine.export import card
+
+    data = tmp_path / "artifacts" / "p" / "sft_dataset" / "r1"
+    adapter = tmp_path / "artifacts" / "p" / "sft_adapter" / "r1"
+    for directory in (data, adapter / "adapter"):
+        directory.mkdir(parents=True)
+    write_manifest(data, kind="chat_dataset", source="/data/tickets.csv", train_rows=190, eval_rows=10)
+    write_manifest(adapter, kind="adapter", stage="sft_adapter", method="sft", base_model="smollm2-135m",
+                   dataset=str(data), settings={"kind": "sft", "lora": {"r": 8, "alpha": 16}, "args": {"epochs": 2}},
+                   result={"held_out": True, "eval_loss": 1.25, "metrics": {"token_f1": 0.5}, "speed": {}})
+    facts = card.card_facts([str(adapter / "adapter")], "/cache/smollm2")
+    merged = card.merged_card(facts, "smollm2-135m + sft_adapter")
+    assert merged.startswith("---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n"
+                             "tags: [dragon-dagster, lora, merged]\n---\n")
+    assert "| sft_adapter | sft | sft_dataset | lora.r: 8; lora.alpha: 16; epochs: 2 |" in merged
+    assert "| sft_adapter | True | 1.25 | 0.5 |" in merged  # held_out, eval_loss, metrics/token_f1
+    assert "- sft_dataset (chat_dataset): 190 training and 10 held-out rows, from `/data/tickets.csv`" in merged
+    report = {"rows": 10, "held_out": True, "base": {"eval_loss": 2.0, "metrics": {"token_f1": 0.1}},
+              "merged": {"eval_loss": 1.5, "metrics": {"token_f1": 0.4}}}
+    files = [{"file": "p-q8_0.gguf", "format": "q8_0", "size_mb": 145.0, "sha256": "ab"}]
+    exported = card.export_card(facts, "p", files, "p", "Be kind.", card.evaluation_table(report))
+    assert "| eval_loss | 2 | 1.5 |" in exported and "| token_f1 | 0.1 | 0.4 |" in exported
+    assert "ollama create p -f Modelfile" in exported and 'llama-cli -m p-q8_0.gguf -cnv -sys "Be kind."' in exported
+    local = tmp_path / "base"
+    local.mkdir()
+    (local / "README.md").write_text("---\nlicense: mit\ntags: [x]\n---\n# A model\n")
+    assert card.license_of(str(local)) == "mit" and card.hub_id(str(local)) is None
+    assert card.license_of(str(tmp_path / "nowhere")) == "unknown"
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 
 def test_unknown_format_and_architecture(tiny_model, tmp_path):

@@ -18,8 +18,10 @@ from ..models import PRESETS
 # A stage's figures shown on the card, in this order (from its manifest's `result`); the rest stay in MLflow.
 RESULT_KEYS = ("held_out", "train_loss", "eval_loss", "perplexity", "preference_loss", "reward_before",
                "reward_after")
-# Settings that shape the adapter; names, datasets and sample sizes are shown elsewhere or do not matter.
-SETTING_KEYS = ("method", "beta", "group_size", "temperature", "lora", "args", "rewards")
+# Settings that shape the adapter (the rest stay in its job.json and MLflow run).
+SETTING_KEYS = ("beta", "group_size", "temperature")
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+ARG_KEYS = ("epochs", "max_steps", "learning_rate", "batch_size", "grad_accum", "max_seq_len")
 
 
 def license_of(base_model: str, resolved: str | None = None) -> str:
@@ -59,17 +61,33 @@ def card_facts(adapters: list[str], resolved_model: str) -> dict:
         stages.append({
             "name": m.get("stage") or Path(adapter).parent.parent.name, "method": m.get("method") or settings.get("kind"),
             "dataset": Path(dataset).parent.name if dataset else settings.get("dataset"),
-            "settings": {k: settings[k] for k in SETTING_KEYS if settings.get(k) not in (None, [], {})},
+            "settings": shown_settings(settings),
             "result": flat_result(m.get("result") or {})})
     datasets = []
     for name in dict.fromkeys(s["dataset"] for s in stages if s["dataset"]):
         dataset_dir = next((Path(m["dataset"]) for m in manifests if m.get("dataset")
                             and Path(m["dataset"]).parent.name == name), None)
         dm = read_manifest(dataset_dir) if dataset_dir else {}
-        datasets.append({"name": name, "kind": dm.get("kind"), "source": dm.get("source"),
-                         "train_rows": dm.get("train_rows"), "eval_rows": dm.get("eval_rows")})
+        counts = {**(dm.get("result") or {}), **dm}  # a synthesized dataset counts its rows in its result
+        source = dm.get("source")
+        if source and Path(source).is_dir():  # a source snapshot artifact names the file it copied
+            source = read_manifest(source).get("source", source)
+        if not source and dm.get("dataset"):  # synthesized from an earlier dataset stage
+            source = f"the {Path(dm['dataset']).parent.name} stage"
+        datasets.append({"name": name, "kind": dm.get("kind"), "source": source,
+                         "train_rows": counts.get("train_rows"), "eval_rows": counts.get("eval_rows")})
     return {"base_model": base, "base_model_id": hub_id(base), "license": license_of(base, resolved_model),
             "stages": stages, "datasets": datasets}
+
+
+def shown_settings(settings: dict) -> dict:
+    out = {k: settings[k] for k in SETTING_KEYS if settings.get(k) is not None}
+    lora, args = settings.get("lora") or {}, settings.get("args") or {}
+    out.update({f"lora.{k}": lora[k] for k in LORA_KEYS if lora.get(k) is not None})
+    out.update({k: args[k] for k in ARG_KEYS if args.get(k) is not None})
+    if settings.get("rewards"):
+        out["rewards"] = ", ".join(f"{r.get('name') or r.get('type')} x{r.get('weight', 1)}" for r in settings["rewards"])
+    return out
 
 
 def flat_result(result: dict) -> dict:
@@ -88,7 +106,7 @@ def front_matter(facts: dict, tags: list[str]) -> str:
 
 def _fmt(value) -> str:
     if isinstance(value, float):
-        return f"{value:.4f}"
+        return f"{value:.4g}"
     if isinstance(value, (dict, list)):
         return json.dumps(value, separators=(", ", ": "))
     return str(value)
@@ -107,7 +125,9 @@ def training_section(facts: dict) -> list[str]:
     if facts.get("datasets"):
         lines += ["", "Datasets:", ""]
         lines += [f"- {d['name']} ({d.get('kind') or 'dataset'}): {d.get('train_rows')} training and "
-                  f"{d.get('eval_rows')} held-out rows, from `{d.get('source')}`" for d in facts["datasets"]]
+                  f"{d.get('eval_rows')} held-out rows, from "
+                  + (d["source"] if str(d.get("source")).startswith("the ") else f"`{d.get('source')}`")
+                  for d in facts["datasets"]]
     results = [s for s in facts.get("stages", []) if s["result"]]
     if results:
         keys = list(dict.fromkeys(k for s in results for k in s["result"]))
