@@ -48,6 +48,8 @@ def expected(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (ValueError, FileNotFoundError, ModuleNotFoundError, click.ClickException)):
         return True
+    if any(c.__name__ == "MlflowException" for c in type(exc).__mro__):  # a server down, a name unknown to it
+        return True
     return any(c.__module__.startswith("dragon_dagster.") and c.__name__.endswith("Error")
                for c in type(exc).__mro__)
 
@@ -322,6 +324,8 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
         if (source / "config.json").exists() and source.name == "model" and \
                 read_manifest(source.parent).get("kind") == "merged_model":
             source = source.parent  # a registered model read in place: its artifact has the card's facts
+        elif target.startswith("models:/") and name is None:  # downloaded: named after the registered model
+            name = target[len("models:/"):].split("@")[0].split("/")[0]
         out_dir = Path(out) if out else runs_dir() / "exports" / f"{name or source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         info = export_model(source, out_dir, formats=formats or ("f16", "q8_0"), system=system, name=name)
         files, command, export_dir = info["files"], info["ollama_create"], Path(info["export_dir"])
@@ -447,7 +451,9 @@ def models(pipeline: str, version: str | None):
     tracking = MLflowTracking()
     client = tracking.client()
     if version is not None:
-        client.get_model_version(pipeline, version)  # an unknown version fails here, named by MLflow
+        from .engine.model_registry import ModelRef, version_of
+
+        version_of(client, ModelRef(pipeline, version=version))  # an unknown version fails here, named
         before = tracking.promote(pipeline, version, "promoted by hand (dragon models --promote)")
         click.echo(f"models:/{pipeline}@{CHAMPION} is now version {version} (was {before or 'none'})")
     versions = sorted(client.search_model_versions(f"name = '{pipeline}'"), key=lambda v: -int(v.version))

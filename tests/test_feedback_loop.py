@@ -15,7 +15,7 @@ from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.automation import PIPELINE_TAG, RANGE_TAG, last_used_id
 from dragon_dagster.assets.feedback import promotion_check
 from dragon_dagster.engine.feedback import FeedbackStore
-from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, alias_version
+from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 
 NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter", "retrained_model",
          "retrained_report"]
@@ -83,8 +83,7 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     report = json.loads((Path(events["retrained_report"]["artifact_dir"].value) / "report.json").read_text())
     assert {"base", "merged"} <= set(report)
     [gate] = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
-    retrained = json.loads((Path(events["retrained_model"]["artifact_dir"].value) / "manifest.json").read_text())
-    version = retrained["registered_model"]["version"]
+    version = version_for(client, "tiny", events["retrained_model"]["artifact_dir"].value)
     assert alias_version(client, "tiny", CHALLENGER) == version, "the newest candidate is the challenger"
     registered = client.get_model_version("tiny", version)
     assert registered.tags["dagster_run_id"] == result.run_id and registered.tags["asset_key"] == "tiny/retrained_model"
@@ -216,40 +215,53 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
 
 
 def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_not_worse(materialized, tmp_path):
-    """Two registered versions in a fresh MLflow store: the gate on a report without regressions makes its
-    model the champion; the gate on a worse one fails and leaves the champion where it was."""
-    from dragon_dagster.resources import MLflowTracking
+    """Registered versions in a fresh MLflow store: the gate on a report without regressions makes its model
+    the champion; the gate on a worse one, or on one that started from a model that is no longer the champion,
+    fails and leaves the champion where it was."""
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking
 
-    tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))
+    runs = tmp_path / "runs"
+    tracking, store = MLflowTracking(runs_dir=str(runs)), ArtifactStore(runs_dir=str(runs))
     model = Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model"
     instance = DagsterInstance.ephemeral()
     report_key = AssetKey(["tiny", "retrained_report"])
     gate = promotion_check(materialized["pipeline"], report_key)
+    merged = {}
 
-    def gate_on(version: str, retrained_loss: float):
-        merged, report_dir = tmp_path / f"merged-{version}", tmp_path / f"report-{version}"
-        for directory in (merged, report_dir):
-            directory.mkdir()
-        (merged / "manifest.json").write_text(json.dumps({"registered_model": {"name": "tiny", "version": version}}))
+    def register(name: str) -> str:
+        merged[name] = tmp_path / f"merged-{name}"
+        merged[name].mkdir()
+        return tracking.register_model("tiny", model, None, {"artifact_dir": str(merged[name])})
+
+    def gate_on(name: str, retrained_loss: float, started_from: str | None = None):
+        (merged[name] / "manifest.json").write_text(json.dumps({"resolved_model": started_from}))
+        report_dir = tmp_path / f"report-{name}-{uuid.uuid4().hex[:6]}"
+        report_dir.mkdir()
         base = {"eval_loss": 1.0, "metrics": {"token_f1": 0.5}}
         (report_dir / "report.json").write_text(json.dumps(
             {"base": base, "merged": {"eval_loss": retrained_loss, "metrics": {"token_f1": 0.5}}}))
-        (report_dir / "manifest.json").write_text(json.dumps({"merged": str(merged)}))
+        (report_dir / "manifest.json").write_text(json.dumps({"merged": str(merged[name])}))
         instance.report_runless_asset_event(AssetMaterialization(
             report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
-        return gate(build_asset_check_context(instance=instance, resources={"tracking": tracking}))
+        return gate(build_asset_check_context(instance=instance, resources={"tracking": tracking, "store": store}))
 
-    first = tracking.register_model("tiny", model, None, {"n": 1})
-    second = tracking.register_model("tiny", model, None, {"n": 2})
+    assert (register("a"), register("b"), register("c")) == ("1", "2", "3")
     client = tracking.client()
-    assert (first, second) == ("1", "2") and alias_version(client, "tiny", CHALLENGER) == "2"
+    assert alias_version(client, "tiny", CHALLENGER) == "3"
     assert alias_version(client, "tiny", CHAMPION) is None and tracking.champion_dir("tiny") is None
 
-    assert gate_on(first, 0.9).passed
+    assert gate_on("a", 0.9).passed
     assert alias_version(client, "tiny", CHAMPION) == "1"
-    assert (tracking.champion_dir("tiny") / "config.json").exists()
-    rejected = gate_on(second, 1.5)  # worse held-out loss than where it started
+    champion_dir = tracking.champion_dir("tiny")
+    assert (champion_dir / "config.json").exists()
+    rejected = gate_on("b", 1.5, started_from=str(champion_dir))  # worse held-out loss than where it started
     assert not rejected.passed and rejected.metadata["regressions"].value == "eval_loss"
     assert alias_version(client, "tiny", CHAMPION) == "1", "a rejected retraining leaves the champion unchanged"
-    assert alias_version(client, "tiny", CHALLENGER) == "2"
     assert client.get_model_version("tiny", "1").tags["promoted"].endswith("promotion_gate passed")
+
+    # better, but it started from a model that is no longer the champion (rolled back meanwhile, say)
+    moved = gate_on("c", 0.5, started_from=str(tmp_path / "an-older-champion" / "model"))
+    assert not moved.passed and "champion moved during the retraining" in moved.metadata["regressions"].value
+    assert alias_version(client, "tiny", CHAMPION) == "1"
+    assert gate_on("c", 0.5, started_from=str(champion_dir)).passed  # from the live champion: promoted
+    assert alias_version(client, "tiny", CHAMPION) == "3"

@@ -17,7 +17,7 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, ModelRef, RegistryError, alias_version, \
-    model_dir, parse_uri
+    model_dir, parse_uri, version_for
 from dragon_dagster.engine.spec.pipeline import load
 from dragon_dagster.resources import MLflowTracking
 
@@ -37,8 +37,7 @@ def test_a_merged_model_is_a_registered_version_and_the_passing_report_makes_it_
     tracking, outcome = materialized["tracking"], materialized["outcome"]
     client = tracking.client()
     merged = Path(outcome["artifacts"]["merged_model"])
-    manifest = json.loads((merged / "manifest.json").read_text())
-    version = manifest["registered_model"]["version"]
+    version = version_for(client, "tiny", merged)
     registered = client.get_model_version("tiny", version)
     sft = json.loads((Path(outcome["artifacts"]["sft_adapter"]) / "manifest.json").read_text())
     assert registered.run_id == sft["mlflow_run_id"], "logged on the run that trained its (last) adapter"
@@ -207,3 +206,58 @@ def test_dragon_export_writes_gguf_and_a_modelfile_for_a_registered_model(materi
     assert "FROM ./tiny-q8_0.gguf" in modelfile and "Be brief." in modelfile
     card = (out / "README.md").read_text()
     assert "sft_adapter" in card, "the card of a registered model names the stages it was trained with"
+
+
+def test_the_pipeline_report_promotes_over_its_own_merges_but_keeps_a_retrained_champion(tmp_path, tiny_model):
+    from dagster import AssetKey, AssetMaterialization, MetadataValue, build_asset_check_context
+
+    from dragon_dagster.assets.checks import report_check
+
+    tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))
+    instance = DagsterInstance.ephemeral()
+    key = AssetKey(["tiny", "evaluation_report"])
+    check = report_check(key)
+
+    def merged(stage: str, name: str, asset: str) -> Path:
+        directory = tmp_path / stage / name
+        directory.mkdir(parents=True)
+        tracking.register_model("tiny", tiny_model, None, {"artifact_dir": str(directory), "asset_key": asset})
+        return directory
+
+    def report_on(directory: Path):
+        report_dir = tmp_path / f"report-{directory.name}"
+        report_dir.mkdir()
+        figures = {"eval_loss": 1.0, "metrics": {}}
+        (report_dir / "report.json").write_text(json.dumps({"merged_not_worse": True, "base": figures,
+                                                            "merged": figures}))
+        (report_dir / "manifest.json").write_text(json.dumps({"merged": str(directory)}))
+        instance.report_runless_asset_event(AssetMaterialization(
+            key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
+        return check(build_asset_check_context(instance=instance, resources={"tracking": tracking}))
+
+    client = tracking.client()
+    first = report_on(merged("merged_model", "m1", "tiny/merged_model"))
+    assert first.passed and alias_version(client, "tiny", CHAMPION) == "1"  # the first champion
+    assert report_on(merged("merged_model", "m2", "tiny/merged_model")).passed
+    assert alias_version(client, "tiny", CHAMPION) == "2"  # a newer pipeline model replaces an older one
+    retrained = merged("retrained_model", "r1", "tiny/retrained_model")
+    tracking.promote("tiny", "3", "promotion_gate passed")
+    kept = report_on(merged("merged_model", "m3", "tiny/merged_model"))
+    assert kept.passed and alias_version(client, "tiny", CHAMPION) == "3", "a retrained champion stays"
+    assert alias_version(client, "tiny", CHALLENGER) == "4"
+    assert kept.metadata["to_promote"].value == "dragon models tiny --promote 4"
+    assert retrained.exists()
+
+
+def test_a_registry_that_does_not_answer_is_an_error_not_no_champion(tmp_path, monkeypatch):
+    """A tracking server down must not make chat or retraining fall back to another model silently."""
+    from dragon_dagster import cli
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
+    with pytest.raises(RegistryError, match="did not answer"):
+        MLflowTracking(runs_dir=str(tmp_path / "runs")).champion_dir("tiny")
+    result = CliRunner().invoke(cli.main, ["generate", "models:/tiny@champion", "Hi"])
+    assert result.exit_code == 1 and "did not answer" in result.output and "Traceback" not in result.output

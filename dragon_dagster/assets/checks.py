@@ -84,15 +84,20 @@ def adapter_check(key: AssetKey):
 def report_check(key: AssetKey):
     @asset_check(asset=key, name="merged_not_worse_than_base",
                  description="The merged model's held-out loss is not above the base model's (a warning). "
-                             "Passing makes the merged model the champion in the MLflow Model Registry.")
+                             "Passing makes the merged model the champion in the MLflow Model Registry, unless "
+                             "the champion is a model retrained from feedback.")
     def _check(context, tracking: MLflowTracking) -> AssetCheckResult:
         report_dir = latest_path(context, key)
         report = json.loads((report_dir / "report.json").read_text())
         passed = bool(report["merged_not_worse"])
         promoted = {}
         if passed:
-            promoted = promote_merged(context, key.path[0], tracking, report_merged_dir(report_dir),
-                                      f"{key.to_user_string()}: not worse than the base model")
+            merged = report_merged_dir(report_dir)
+            # replaces a champion from this pipeline's own merges, never a retrained one (that one learned from
+            # feedback, and this report does not compare with it): then this model stays the challenger
+            promoted = promote_merged(context, key.path[0], tracking, merged,
+                                      f"{key.to_user_string()}: not worse than the base model",
+                                      only_over=(f"{key.path[0]}/{Path(merged).parent.name}",))
         return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.WARN,
                                 metadata={"base_eval_loss": report["base"]["eval_loss"],
                                           "merged_eval_loss": report["merged"]["eval_loss"], **promoted})

@@ -211,12 +211,12 @@ def merge_asset(pipeline: Pipeline, stage: st.Merge, upstream: list[str] | None 
             job["output_dir"] = str(tmp)
             info = training.run_job(context, job, tmp, store=store, final=final)
             info["model_dir"] = str(final / "model")
-            version = register_merged_model(context, pipeline, tracking, tmp / "model", final, adapter_manifest)
             write_manifest(tmp, kind="merged_model", base_model=adapter_manifest["base_model"],
-                           registered_model={"name": pipeline.name, "version": version},
                            resolved_model=adapter_manifest["resolved_model"], adapters=adapter_manifest["chain"],
                            upstream_mlflow_run_id=adapter_manifest.get("mlflow_run_id"), info=info,
                            settings=settings.model_dump(), dagster_run_id=context.run_id)
+        # after the artifact is published: a registry that fails cannot take the merged model with it
+        version = register_merged_model(context, pipeline, tracking, final)
         return Output(str(final), metadata={
             "artifact_dir": MetadataValue.path(str(final)), "model_dir": MetadataValue.path(info["model_dir"]),
             "size_mb": info["size_mb"], "parameters": info["parameters"],

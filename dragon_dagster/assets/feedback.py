@@ -14,7 +14,7 @@ from dagster import (AssetCheckResult, AssetCheckSeverity, AssetIn, AssetKey, As
                      MetadataValue, Output, asset, asset_check, define_asset_job, observable_source_asset)
 
 from ..engine.data import tables as data_lib
-from ..engine.artifacts import write_manifest
+from ..engine.artifacts import read_manifest, write_manifest
 from ..engine.feedback import (FeedbackStore, SKIP_REASONS, check_record, preference_pairs, sft_conversations,
                                usable_records)
 from ..engine.spec.pipeline import FeedbackDPO, FeedbackSFT, Pipeline
@@ -144,16 +144,22 @@ def retrain_dpo(pipeline: Pipeline, stage: FeedbackDPO, after: str):
 def promotion_check(pipeline: Pipeline, report_key: AssetKey):
     @asset_check(asset=report_key, name="promotion_gate", blocking=True,
                  description="The retrained model is not worse than the model it started from on held-out loss "
-                             "and task metrics; passing makes it the champion in the MLflow Model Registry "
-                             "(the model chat and the next retraining use).")
-    def _gate(context, tracking: MLflowTracking) -> AssetCheckResult:
+                             "and task metrics, and that model is still the champion; passing makes it the "
+                             "champion in the MLflow Model Registry (the model chat and the next retraining use).")
+    def _gate(context, store: ArtifactStore, tracking: MLflowTracking) -> AssetCheckResult:
         event = context.instance.get_latest_materialization_event(report_key)
         report_dir = Path(event.asset_materialization.metadata["artifact_dir"].value)
         report = json.loads((report_dir / "report.json").read_text())
+        merged_dir = report_merged_dir(report_dir)
         worse = regressions(report["base"], report["merged"])
+        started_from = read_manifest(merged_dir).get("resolved_model")
+        live = deployed_model(tracking, store, pipeline)
+        if started_from and Path(started_from) != live:
+            # compared with a model that is no longer live (a rollback or a new pipeline model meanwhile)
+            worse.append(f"champion moved during the retraining (started from {started_from}, now {live})")
         promoted = {}
         if not worse:
-            promoted = promote_merged(context, pipeline.name, tracking, report_merged_dir(report_dir),
+            promoted = promote_merged(context, pipeline.name, tracking, merged_dir,
                                       f"{report_key.to_user_string()}: promotion_gate passed")
         return AssetCheckResult(passed=not worse, severity=AssetCheckSeverity.ERROR,
                                 metadata={"regressions": ", ".join(worse) or "none",

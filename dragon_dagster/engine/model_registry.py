@@ -13,6 +13,7 @@ downloaded once into a local cache when used.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import tempfile
@@ -28,7 +29,18 @@ _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[\w-]+)|/(?P<version>
 
 
 class RegistryError(RuntimeError):
-    """A models:/ URI that names nothing, or a registry that cannot be reached."""
+    """A registry that cannot be reached or read, or a models:/ URI that names nothing."""
+
+
+class NotRegistered(RegistryError):
+    """The registered model, version or alias does not exist (as opposed to a registry that failed)."""
+
+
+def _not_found(exc) -> bool:
+    """MLflow's way of saying 'no such model/version/alias': RESOURCE_DOES_NOT_EXIST, or for a missing alias
+    INVALID_PARAMETER_VALUE with 'not found'. Anything else (refused connection, 401, 500) is a real failure."""
+    code = getattr(exc, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(exc))
 
 
 class ChatModel(mlflow.pyfunc.PythonModel):
@@ -128,7 +140,8 @@ def log_and_register(client, experiment_id: str, name: str, model_dir: Path, run
 
 
 def version_of(client, ref: ModelRef):
-    """The ModelVersion a ref names, or RegistryError saying what is missing."""
+    """The ModelVersion a ref names; NotRegistered when it names nothing, RegistryError when the registry
+    could not answer (a server down must not look like "no champion yet")."""
     from mlflow.exceptions import MlflowException
 
     try:
@@ -136,16 +149,26 @@ def version_of(client, ref: ModelRef):
             return client.get_model_version_by_alias(ref.name, ref.alias)
         return client.get_model_version(ref.name, ref.version)
     except MlflowException as exc:
-        raise RegistryError(f"{ref}: no such registered model version in the MLflow registry at "
-                            f"{client.tracking_uri} ({str(exc).splitlines()[0]})") from exc
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if _not_found(exc):
+            raise NotRegistered(f"{ref}: no such registered model version in the MLflow registry at "
+                                f"{client.tracking_uri} ({first})") from exc
+        raise RegistryError(f"{ref}: the MLflow registry at {client.tracking_uri} did not answer: {first}") from exc
 
 
 def alias_version(client, name: str, alias: str) -> str | None:
     """The version an alias points at, None when the model or the alias does not exist."""
     try:
         return str(version_of(client, ModelRef(name, alias=alias)).version)
-    except RegistryError:
+    except NotRegistered:
         return None
+
+
+def version_for(client, name: str, artifact_dir: str | Path) -> str | None:
+    """The version registered from a merged-model artifact directory (its artifact_dir tag), None if that
+    directory was not registered in this registry: versions are small numbers that mean nothing elsewhere."""
+    found = client.search_model_versions(f"name = '{name}' and tags.artifact_dir = '{artifact_dir}'")
+    return str(max(int(v.version) for v in found)) if found else None
 
 
 def model_dir(client, ref: ModelRef, cache: Path) -> Path:
@@ -159,17 +182,23 @@ def model_dir(client, ref: ModelRef, cache: Path) -> Path:
     local = local_path(uri)
     if local is not None and (local / "artifacts" / MODEL_SUBDIR).is_dir():
         return local / "artifacts" / MODEL_SUBDIR
-    target = cache / ref.name / str(version.version)
+    # keyed by the logged model, not only name/version: another server's (or a reset one's) version 3 differs
+    key = version.model_id or hashlib.sha256(f"{client.tracking_uri}|{uri}".encode()).hexdigest()[:16]
+    target = cache / ref.name / f"{version.version}-{key}"
     if not (target / "artifacts" / MODEL_SUBDIR / "config.json").exists():  # target: the logged model's root
         import mlflow.artifacts
 
-        partial = Path(tempfile.mkdtemp(prefix=".download-", dir=cache.mkdir(parents=True, exist_ok=True) or cache))
+        cache.mkdir(parents=True, exist_ok=True)
+        partial = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
         try:
             got = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(partial),
                                                       tracking_uri=client.tracking_uri)
             target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.rmtree(target, ignore_errors=True)
-            Path(got).rename(target)  # whole or not at all: a killed download leaves only a .download-* dir
+            try:  # whole or not at all: a killed download leaves only a .download-* dir
+                Path(got).rename(target)
+            except OSError:  # another process finished the same download first: use theirs, never delete it
+                if not (target / "artifacts" / MODEL_SUBDIR / "config.json").exists():
+                    raise
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return target / "artifacts" / MODEL_SUBDIR

@@ -30,15 +30,17 @@ def sample(process) -> dict[str, float]:
 
 
 def gpu_sample() -> dict[str, float]:
-    """Memory of each visible CUDA device from torch (already loaded by the trainer); utilisation where
-    pynvml is installed. Nothing on a machine without CUDA."""
+    """Memory of each CUDA device this process uses, from torch (already loaded by the trainer); utilisation
+    where pynvml is installed. Nothing on a machine without CUDA. Only rank 0's worker samples."""
     import sys
 
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
         return {}
     values = {}
     for i in range(torch.cuda.device_count()):
+        if not torch.cuda.memory_reserved(i):  # a device this process does not use: asking would open a context
+            continue
         free, total = torch.cuda.mem_get_info(i)
         values[f"system/gpu_{i}_memory_usage_megabytes"] = (total - free) / 2**20
         values[f"system/gpu_{i}_memory_usage_percentage"] = 100 * (total - free) / total
