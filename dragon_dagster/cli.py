@@ -116,6 +116,7 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
     print_registry(found.name)
+    print_exports(outcome["stages"])
     console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")
     if not outcome["success"]:
         raise SystemExit(1)
@@ -130,6 +131,19 @@ def print_registry(pipeline: str) -> None:
     for alias in (CHAMPION, CHALLENGER):
         version = alias_version(client, pipeline, alias)
         console.print(f"models:/{pipeline}@{alias}: " + (f"version {version}" if version else "none yet"))
+
+
+def print_exports(stages: list[dict]) -> None:
+    """Where the demo's GGUF files and Modelfile are, and the line that makes them an Ollama model."""
+    from .engine.artifacts import read_manifest
+
+    for row in stages:
+        manifest = read_manifest(row["artifact"]) if row.get("artifact") else {}
+        if manifest.get("kind") == "gguf_export":
+            for f in manifest["files"]:
+                console.print(f"GGUF {f['format']}: {f['path']}", soft_wrap=True, markup=False)
+            if manifest.get("ollama_create"):
+                console.print(f"Ollama: {manifest['ollama_create']}", soft_wrap=True, markup=False)
 
 
 @main.command()

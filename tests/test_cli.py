@@ -170,6 +170,7 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     assert ("pipeline 'plain' has no profile 'quick' (it has none): running without a profile"
             in demo.stderr.splitlines())
     assert "profile none" in demo.stdout and "plain/sft_dataset" in demo.stdout
+    assert "models:/plain@champion: none yet" in demo.stdout  # no merge in this pipeline: nothing registered
     assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))
     missing = subprocess.run([str(BIN / "dragon"), "demo", "--pipeline", "nope"], cwd=project, env=env,
                              capture_output=True, text=True, timeout=600)

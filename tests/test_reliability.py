@@ -60,7 +60,8 @@ def test_a_server_judge_s_key_comes_from_the_environment_and_is_written_nowhere(
     instance = DagsterInstance.local_temp(str(home))
     outcome = materialize_pipeline(load(path), resources=resources_for(tmp_path / "runs"), instance=instance)
     assert outcome["success"], outcome["stages"]
-    seen = [r["headers"].get("Authorization") for r in server.requests]
+    # header names as sent: httpx (under the openai client) sends them in lower case
+    seen = [{k.lower(): v for k, v in r["headers"].items()}.get("authorization") for r in server.requests]
     assert seen and set(seen) == {f"Bearer {KEY}"}, "the judge was called with the key from the environment"
     written = everything_written(tmp_path / "runs", home)
     assert KEY.encode() not in written and b"DRAGON_TEST_JUDGE_KEY" in written  # the name is on record, not the key

@@ -153,7 +153,7 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
         merged_dir = report_merged_dir(report_dir)
         worse = regressions(report["base"], report["merged"])
         started_from = read_manifest(merged_dir).get("resolved_model")
-        live = deployed_model(tracking, store, pipeline)
+        live = deployed_model(tracking, store, pipeline) if started_from else None
         if started_from and Path(started_from) != live:
             # compared with a model that is no longer live (a rollback or a new pipeline model meanwhile)
             worse.append(f"champion moved during the retraining (started from {started_from}, now {live})")
