@@ -195,17 +195,13 @@ def runs_dir() -> Path:
 
 def deployed(pipeline: str) -> Path:
     """The model people chat with: the champion in the MLflow Model Registry, else the latest merged model."""
-    from .engine.runs import latest_artifact
     from .resources.tracking import MLflowTracking
 
-    champion = MLflowTracking().champion_dir(pipeline)
-    if champion is not None:
-        return champion
-    found = latest_artifact(runs_dir(), f"{pipeline}/merged_model")
-    if found is None:
+    live = MLflowTracking().live_model(pipeline, runs_dir())
+    if live is None:
         raise click.ClickException(f"no champion in the model registry and no merged model for pipeline "
                                    f"{pipeline!r} yet: run `make demo` first, or pass --model")
-    return found / "model"
+    return live
 
 
 def chat_options(f):
@@ -404,8 +400,9 @@ def runs(pipeline: str | None, prune: bool, yes: bool):
 def referenced_artifacts() -> set[Path]:
     """What must stay: the artifact of each asset's latest materialization in the Dagster instance, every
     artifact a registered model version was made from, and the artifacts of runs still going."""
-    from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
+    from dagster import DagsterInstance, RunsFilter
 
+    from .assets.automation import UNFINISHED
     from .engine.artifacts import read_manifest
     from .engine.runs import list_artifacts
     from .resources.tracking import MLflowTracking
@@ -418,9 +415,7 @@ def referenced_artifacts() -> set[Path]:
             path = event and event.asset_materialization and event.asset_materialization.metadata.get("artifact_dir")
             if path is not None:
                 keep.add(Path(str(path.value)))
-        going = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-                 DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING]
-        live = {r.run_id for r in instance.get_runs(RunsFilter(statuses=going))}
+        live = {r.run_id for r in instance.get_runs(RunsFilter(statuses=UNFINISHED))}
     keep |= {Path(r["dir"]) for r in list_artifacts(runs_dir())
              if read_manifest(r["dir"]).get("dagster_run_id") in live}
     client = MLflowTracking().client()

@@ -15,7 +15,6 @@ from dagster import Failure
 
 from ..engine.artifacts import read_manifest
 from ..engine.model_registry import CHAMPION, RegistryError, alias_version, version_for
-from ..engine.runs import latest_artifact
 from ..engine.spec.pipeline import Pipeline
 
 
@@ -73,18 +72,15 @@ def promote_merged(context, pipeline: str, tracking, merged_dir: str | Path, rea
 def deployed_model(tracking, store, pipeline: Pipeline) -> Path:
     """The model people chat with and retraining starts from: the registry's champion, else (no gate has
     passed yet) the latest merged model."""
+    merge = pipeline.first("merge")
+    merge_stage = merge.name if merge else "merged_model"
     try:
-        champion = tracking.champion_dir(pipeline.name)
+        live = tracking.live_model(pipeline.name, store.root, merge_stage)
     except RegistryError as exc:
         raise Failure(description=str(exc)) from exc
-    if champion is not None:
-        return champion
-    merge = pipeline.first("merge")
-    found = latest_artifact(store.root, f"{pipeline.name}/{merge.name}") if merge else None
-    if found is None:
-        raise Failure(description=f"no deployed model yet: materialize {pipeline.name}/"
-                                  f"{merge.name if merge else 'merged_model'} first")
-    return found / "model"
+    if live is None:
+        raise Failure(description=f"no deployed model yet: materialize {pipeline.name}/{merge_stage} first")
+    return live
 
 
 def report_merged_dir(report_dir: Path) -> str:

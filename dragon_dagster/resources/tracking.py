@@ -241,6 +241,17 @@ class MLflowTracking(ConfigurableResource):
         return registry.model_dir(client, registry.ModelRef(pipeline, alias=registry.CHAMPION),
                                   self.root / "cache" / "models")
 
+    def live_model(self, pipeline: str, runs_dir: Path, merge_stage: str = "merged_model") -> Path | None:
+        """The model people chat with and retraining starts from: the champion, else (no gate has passed yet)
+        the latest merged model under runs_dir; None when there is neither."""
+        from ..engine.runs import latest_artifact
+
+        champion = self.champion_dir(pipeline)
+        if champion is not None:
+            return champion
+        found = latest_artifact(runs_dir, f"{pipeline}/{merge_stage}")
+        return found / "model" if found is not None else None
+
     def resolve(self, uri: str) -> Path:
         """A models:/ URI as a local model directory."""
         return registry.model_dir(self.client(), registry.parse_uri(uri), self.root / "cache" / "models")
