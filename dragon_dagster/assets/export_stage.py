@@ -4,7 +4,6 @@ when the pipeline evaluates that model, and describe the files in the asset's me
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from dagster import MetadataValue, Output
@@ -15,25 +14,12 @@ from ..engine.export.job import EXPORT_SUBDIR
 from ..engine.export.ollama import create_command
 from ..engine.spec import stages as st
 from ..engine.spec.pipeline import Pipeline
-from ..engine.spec.registry import KINDS
 from .metadata import md_table
-
-TEMPLATED = re.compile(r"\{[^{}]+\}")  # a system prompt filled from each row's columns: no single prompt
-
 
 def default_system(pipeline: Pipeline, stage: st.Export) -> str | None:
     """The stage's system prompt, else the fixed system prompt of the chat dataset the exported merge's first
     training stage trained on (what the model learned to answer after), else none."""
-    if stage.system:
-        return stage.system
-    merge = pipeline.upstream(stage.name)[0]
-    names = [s.name for s in pipeline.stages]
-    training = [s for s in pipeline.stages[: names.index(merge)] if KINDS[s.kind].role == "training"]
-    if not training:
-        return None
-    dataset = pipeline.stage(training[0].dataset) if training[0].dataset in names else None
-    system = getattr(dataset, "system", None) if isinstance(dataset, st.ChatDataset) else None
-    return system if system and not TEMPLATED.search(system) else None
+    return stage.system or pipeline.system_prompt(before=pipeline.upstream(stage.name)[0])
 
 
 def run_export_stage(context, pipeline: Pipeline, stage: st.Export, merged: str, report: str | None, store,

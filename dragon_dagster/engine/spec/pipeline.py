@@ -22,6 +22,7 @@ its kind's model in stages.py; a profile is a named overlay of per-run settings,
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +32,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 from . import stages as s
 from .registry import AnyStage, KINDS, overlay, tunable_fields
 
+TEMPLATED = re.compile(r"\{[^{}]+\}")  # a system prompt filled from each row's columns: no single prompt
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "example_data"
 
 
@@ -207,6 +209,19 @@ class Pipeline(s.Settings):
 
     def stage(self, name: str) -> s.Stage:
         return next(st for st in self.stages if st.name == name)
+
+    def system_prompt(self, before: str | None = None) -> str | None:
+        """The fixed system prompt of the chat dataset the first training stage (before stage `before`, default
+        anywhere) trained on: what the model learned to answer after, so chat and feedback should send it too.
+        None when that dataset has none, or fills it per row from a template such as '{persona}'."""
+        names = [st.name for st in self.stages]
+        stages = self.stages[: names.index(before)] if before else self.stages
+        training = [st for st in stages if KINDS[st.kind].role == "training"]
+        if not training or training[0].dataset not in names:
+            return None
+        dataset = self.stage(training[0].dataset)
+        system = dataset.system if isinstance(dataset, s.ChatDataset) else None
+        return system if system and not TEMPLATED.search(system) else None
 
     def upstream(self, name: str) -> list[str]:
         """Asset names the stage reads, in the order its asset takes them."""
