@@ -211,8 +211,11 @@ def chat_options(f):
                      help="A model dir, artifact, models:/NAME@ALIAS, preset, or server URL (with --server-model). "
                           "Default: models:/PIPELINE@champion."),
         click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
-        click.option("--system", default=None, help="System prompt."),
-        click.option("--context-turns", type=int, default=None, help="Send only the last N exchanges."),
+        click.option("--system", default=None,
+                     help="System prompt. Default: the pipeline's own (the one every training row carries, so "
+                          "feedback is stored with it); --system '' sends none."),
+        click.option("--context-turns", type=click.IntRange(min=0), default=None,
+                     help="Send only the last N earlier exchanges. Default: the whole conversation."),
     ]):
         f = option(f)
     return f
@@ -236,6 +239,30 @@ def chat_target(pipeline: str, model: str | None, server_model: str | None):
     return {"type": "local", "model": target}, target, store_path
 
 
+def chat_system(pipeline: str, system: str | None, model: str | None) -> str | None:
+    """The system prompt to chat with: --system when given ('' for none), else the pipeline's own
+    (Pipeline.system_prompt(), what its model trained after). A pipeline not in the loaded definitions has none
+    with --model (any model can be chatted with), and is an error for its deployed model (its feedback would
+    be stored without the prompt it trains with)."""
+    if system is not None:
+        return system.strip() or None
+    from .assets.launch import find_pipeline
+
+    try:
+        return find_pipeline(pipeline).system_prompt()
+    except Exception as exc:  # not found, or definitions that do not load
+        if model is not None:
+            console.print(f"no system prompt: pipeline {pipeline!r} not found ({one_line(exc)})", style="dim",
+                          soft_wrap=True, markup=False)
+            return None
+        raise click.ClickException(f"cannot find the system prompt of pipeline {pipeline!r}: {one_line(exc)}; "
+                                   f"pass --system TEXT (or --system '' for none)") from exc
+
+
+def system_note(system: str | None) -> str:
+    return f"system prompt: {system!r}" if system else "no system prompt"
+
+
 @main.command()
 @chat_options
 def chat(pipeline, model, server_model, system, context_turns):
@@ -244,7 +271,10 @@ def chat(pipeline, model, server_model, system, context_turns):
     from .engine.feedback import FeedbackStore
 
     spec, label, store_path = chat_target(pipeline, model, server_model)
-    console.print(f"[dim]chatting with {label}; feedback goes to {store_path}. /help lists commands.[/dim]")
+    system = chat_system(pipeline, system, model)
+    console.print(f"chatting with {label}; feedback goes to {store_path}; {system_note(system)}; context: "
+                  + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
+                  + ". /help lists commands.", style="dim", soft_wrap=True, markup=False)
     run_terminal(Chat(spec, system=system, context_turns=context_turns, model_label=label,
                       store=FeedbackStore(store_path)))
 
@@ -267,11 +297,13 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
         if not password:
             raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
     spec, label, store_path = chat_target(pipeline, model, server_model)
+    system = chat_system(pipeline, system, model)
     warning = exposure_warning(host, password)
     if warning:
         console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
     login = f"login {username!r}, password from ${password_env}" if password else "no password"
-    console.print(f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path}; {login})",
+    console.print(f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path}; "
+                  f"{system_note(system)}; {login})",
                   soft_wrap=True, markup=False)
     launch(spec, store_path, host=host, port=port, system=system, context_turns=context_turns, model_label=label,
            password=password, username=username, warn=False)

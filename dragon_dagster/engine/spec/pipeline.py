@@ -76,6 +76,21 @@ class FeedbackDPO(s.Preference):
     max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
 
 
+class FeedbackKTOArgs(s.PreferenceArgs):
+    epochs: float = Field(1, gt=0, description="Passes over the feedback ratings.")
+
+
+class FeedbackKTO(s.Preference):
+    kind: Literal["preference"] = "preference"
+    name: Literal["feedback_kto_adapter"] = Field("feedback_kto_adapter", description="The asset's name (fixed).")
+    dataset: Literal["feedback_ratings"] = Field("feedback_ratings", description="Ratings without a pair from the "
+                                                                                 "feedback store (fixed).")
+    method: Literal["kto"] = Field("kto", description="kto (fixed): unpaired liked/disliked replies.")
+    args: FeedbackKTOArgs = Field(default_factory=FeedbackKTOArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out ratings answered after training.")
+    max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
+
+
 class FeedbackEvaluate(s.Evaluate):
     kind: Literal["evaluate"] = "evaluate"
     name: Literal["retrained_report"] = Field("retrained_report", description="The asset's name (fixed).")
@@ -83,15 +98,67 @@ class FeedbackEvaluate(s.Evaluate):
     n_judge: int = Field(0, ge=0, description="Held-out prompts judged pairwise (0: none).")
 
 
+# the most a task metric may fall (eval_loss: rise) before the gate calls the retrained model worse
+TASK_TOLERANCE = {"eval_loss": 0.02, "token_f1": 0.02, "exact": 0.0, "contains": 0.0, "numeric": 0.0}
+GATE_METRICS = ("reward", "pair_accuracy", "liked_share")
+
+
+class Gate(s.Settings):
+    """The promotion gate of a retraining: better on held-out feedback, not worse on the pipeline's task."""
+
+    metric: Literal["reward", "pair_accuracy", "liked_share"] = Field(
+        "reward", description="What must rise on the held-out feedback (conversations never trained on): reward "
+                              "(the mean implicit reward: per-token log-probability of liked replies up and of "
+                              "disliked ones down, retrained against the starting model), pair_accuracy (share of "
+                              "held-out pairs whose chosen reply is the likelier), or liked_share (share of fresh "
+                              "replies to held-out feedback prompts that `taste` likes).")
+    min_gain: float | None = Field(
+        0.0, allow_inf_nan=False, description="The retrained model must beat the starting model on `metric` by more "
+                                              "than this; null: only 'not worse' (no gain asked for).")
+    task_tolerance: dict[str, float] = Field(
+        default_factory=lambda: dict(TASK_TOLERANCE),
+        description="How far each task metric of the pipeline's held-out rows may fall (eval_loss: rise) before "
+                    "the retrained model counts as worse.")
+    taste: list[dict[str, Any]] | None = Field(
+        None, description="liked_share: rewards scoring a reply (the GRPO reward types, e.g. a custom file); a "
+                          "reply is liked when their weighted sum is at least liked_at.")
+    liked_at: float = Field(1.0, allow_inf_nan=False, description="liked_share: the least score of a liked reply.")
+    held_out_frac: float = Field(0.2, ge=0, lt=1, description="Share of feedback conversations held out of "
+                                                              "training, to measure the gain on.")
+
+    @model_validator(mode="after")
+    def _taste_for_liked_share(self):
+        if self.metric == "liked_share" and not self.taste:
+            raise ValueError("gate metric liked_share needs `taste`: the rewards that say which replies are liked")
+        if self.taste:
+            from ..rewards import OPTIONS
+
+            for i, reward in enumerate(self.taste):
+                if reward.get("type") not in OPTIONS:
+                    raise ValueError(f"gate.taste[{i}]: unknown reward type {reward.get('type')!r}; "
+                                     f"known: {', '.join(OPTIONS)}")
+        return self
+
+
+OBJECTIVES = ("sft", "dpo", "kto")
+
+
 class Feedback(s.Settings):
     """Retraining from chat feedback (`dragon chat`, `dragon chat-ui`), continuing from the deployed model."""
 
     min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
     cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
+    objectives: list[Literal["sft", "dpo", "kto"]] = Field(
+        default_factory=lambda: list(OBJECTIVES), min_length=1,
+        description="What the retraining runs, always in the order sft, dpo, kto: sft (liked and edited replies), "
+                    "dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
+                    "turns), kto (liked or disliked replies without a pair). Each is skipped when it has no records.")
     sft: FeedbackSFT = Field(default_factory=FeedbackSFT, description="SFT on liked and edited replies.")
     dpo: FeedbackDPO = Field(default_factory=FeedbackDPO, description="DPO on pairs, after the feedback SFT.")
+    kto: FeedbackKTO = Field(default_factory=FeedbackKTO, description="KTO on ratings without a pair, last.")
     evaluate: FeedbackEvaluate = Field(default_factory=FeedbackEvaluate,
                                        description="The report the promotion gate reads.")
+    gate: Gate = Field(default_factory=Gate, description="When a retrained model becomes the champion.")
 
 
 class Pipeline(s.Settings):
