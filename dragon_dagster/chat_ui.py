@@ -2,8 +2,10 @@
 
 The page is a thin skin over `engine.chat.Chat`: one Chat per browser session (a `gr.State`), so context
 handling, feedback records and transcripts behave exactly as in `dragon chat` on the terminal. Features:
-multi-turn context with an optional context window (the status line says how many of the oldest exchanges
-were dropped), a system prompt box, replies streamed onto the page as the model generates them (`Chat.stream`)
+multi-turn context, by default the whole conversation (the context window box shows "all"; a number N sends
+only the last N earlier exchanges, 0 none, and the status line says how many of the oldest were dropped), a
+system prompt box (`dragon chat-ui` fills it with the pipeline's system prompt, `Pipeline.system_prompt()`: the
+one every training row carries, so ratings and edits are stored with the prompt the model trains with), replies streamed onto the page as the model generates them (`Chat.stream`)
 with a Stop button that ends a reply early and keeps what it has so far, thumbs up / down and in-place editing
 of a reply (both recorded in the `FeedbackStore` with the model that answered), regenerate, undo, reset,
 and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
@@ -108,6 +110,27 @@ def context_note(chat: Chat) -> str:
     return f"Context: all {earlier} earlier exchange(s) sent."
 
 
+ALL = "all"  # the context window box's value for "every earlier exchange"
+
+
+def window_turns(value: Any) -> int | None:
+    """The context window box's value as Chat.context_turns: "all" (or empty) is None, every earlier exchange;
+    a whole number N >= 0 is the last N (0: none)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = "" if value is None else str(value).strip()
+    if text.lower() in ("", ALL):
+        return None
+    if not re.fullmatch(r"[0-9]{1,9}", text):
+        raise ChatError(f"the context window must be {ALL} or a whole number >= 0, not {text[:40]!r}")
+    return int(text)
+
+
+def window_value(context_turns: int | None) -> str:
+    """What the context window box shows for Chat.context_turns (None: "all")."""
+    return ALL if context_turns is None else str(int(context_turns))
+
+
 ANSWERING = "_answering… (Stop ends the reply here)_"
 
 
@@ -131,9 +154,7 @@ class ChatHandlers:
         read on every event, so a changed system prompt or window applies from the next turn on."""
         if chat is None:
             chat = Chat(self.backend, model_label=self.model_label, store=self.store)
-        turns = None if context_turns in (None, "") else int(context_turns)
-        if turns is not None and turns < 0:
-            raise ChatError("the context window must be empty (everything) or a number >= 0")
+        turns = window_turns(context_turns)
         chat.system, chat.context_turns = (system or "").strip() or None, turns
         chat.temperature, chat.max_new_tokens = float(temperature), int(max_new_tokens)
         return chat
@@ -327,8 +348,11 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
                 status = gr.Markdown("", elem_id="status")
             with gr.Column(scale=2):
                 system_box = gr.Textbox(value=system or "", label="System prompt", lines=4, elem_id="system")
-                window = gr.Number(value=context_turns, precision=0, minimum=0, elem_id="context",
-                                   label="Context window: earlier exchanges sent (empty = all)")
+                # A Textbox, not a gr.Number: a Number cannot be empty (None shows and sends 0, which would
+                # send no earlier exchange at all), and "all" must be a value the box can show.
+                window = gr.Textbox(value=window_value(context_turns), elem_id="context", max_lines=1,
+                                    label=f"Context window: earlier exchanges sent with each message ({ALL}, or a "
+                                          f"number: the last N; 0: none)")
                 with gr.Accordion("Generation", open=False):
                     temp = gr.Slider(0.0, 2.0, value=temperature, step=0.05, label="Temperature")
                     tokens = gr.Slider(16, 4096, value=max_new_tokens, step=16, label="Max new tokens")

@@ -110,6 +110,25 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     assert "error" in drain(h.send("x", None, "", -1, 0.7, 64))[-1]  # a bad window is reported, not raised
 
 
+def test_the_context_window_box_all_or_a_number():
+    """The box shows "all" for the whole conversation; what it sends back becomes Chat.context_turns."""
+    assert chat_ui.window_value(None) == "all" and chat_ui.window_value(0) == "0" and chat_ui.window_value(3) == "3"
+    for value, turns in ((None, None), ("", None), ("all", None), (" All ", None), ("0", 0), (0, 0), (0.0, 0),
+                         (" 2 ", 2), (5, 5)):
+        assert chat_ui.window_turns(value) == turns, value
+    for bad in (-1, "-1", "1.5", 1.5, "two", "nan", "1e3"):
+        with pytest.raises(chat_ui.ChatError, match="all or a whole number"):
+            chat_ui.window_turns(bad)
+
+    backend = Echo()
+    h = chat_ui.ChatHandlers(backend, None, "echo", stream_delay=0)
+    chat = drain(h.send("My name is Ada.", None, "", "all", 0.7, 64))[2]
+    status = drain(h.send("What is my name?", chat, "", "all", 0.7, 64))[-1]
+    assert backend.seen[-1][0] == {"role": "user", "content": "My name is Ada."} and "all 1 earlier" in status
+    status = drain(h.send("And now?", chat, "", "0", 0.7, 64))[-1]  # a typed 0: no earlier exchange
+    assert backend.seen[-1] == [{"role": "user", "content": "And now?"}] and "dropped the 2 oldest" in status
+
+
 class Words(Echo):
     """Streams "w1 w2 ... w8" word by word, checking the stop event before each word (as a model does per token)."""
 
@@ -452,3 +471,75 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
     rows = store.records()
     assert [(r["verdict"], r["reply"], r["edited"]) for r in rows] == [("edit", reply, reply + " Fixed.")]
     assert rows[0]["turns"][-1] == {"role": "user", "content": "<b>tell</b> me"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, tmp_path):
+    """`dragon chat-ui` with nothing set, over a real OpenAI-compatible server on loopback: the system prompt box
+    holds the pipeline's system prompt and the context window box "all"; the name given in the first turn
+    reaches the server in the second; a rating is stored with the system prompt first; a typed 0 sends none."""
+    from click.testing import CliRunner
+    from playwright.sync_api import expect, sync_playwright
+
+    import dragon_dagster
+    from dragon_dagster.cli import main
+    from dragon_dagster.engine.spec.pipeline import load
+    from tests.conftest import completion
+
+    trained = load(Path(dragon_dagster.__file__).parent / "defs" / "support" / "defs.yaml").system_prompt()
+    assert trained
+
+    def respond(n, body):
+        said = " ".join(m["content"] for m in body["messages"][:-1])
+        if n == 1:
+            return 200, completion("Nice to meet you.")
+        return 200, completion("Your name is Ada." if "Ada" in said else "I do not know your name.")
+
+    server = stub(respond)
+    served = []
+    real_launch = chat_ui.launch
+    monkeypatch.setattr(chat_ui, "launch", lambda *a, **kw: served.append((a, real_launch(*a, **{**kw, "block": False}))))
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path))
+    port = free_port()
+    out = CliRunner().invoke(main, ["chat-ui", "--model", server.url, "--port", str(port)], catch_exceptions=False)
+    assert out.exit_code == 0, out.output
+    (_, store_path), app = served[0]
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(WAIT_MS)
+            page.goto(f"http://127.0.0.1:{port}/")
+            bot, status = page.locator("#chatbot"), page.locator("#status")
+            window = page.locator("#context textarea, #context input")
+            expect(page.locator("#system textarea")).to_have_value(trained)
+            expect(window).to_have_value("all")
+
+            def say(text: str, reply: str) -> None:
+                page.locator("#message textarea").fill(text)
+                page.locator("#message textarea").press("Enter")
+                expect(bot.get_by_label(f"bot's message: {reply}")).to_be_visible()
+                expect(status).to_contain_text("Context")  # the reply has finished
+
+            say("My name is Ada.", "Nice to meet you.")
+            say("What is my name?", "Your name is Ada.")
+            expect(status).to_contain_text("all 1 earlier exchange(s) sent")
+            bot.get_by_label("Like", exact=True).first.click()  # thumbs up on the first reply
+            expect(status).to_contain_text("Recorded thumbs up on reply 1")
+            window.fill("0")  # explicitly no earlier exchange
+            say("And now?", "I do not know your name.")
+            expect(status).to_contain_text("dropped the 2 oldest")
+            browser.close()
+    finally:
+        app.close()
+
+    system = {"role": "system", "content": trained}
+    sent = [r["body"]["messages"] for r in server.requests]
+    assert sent[1] == [system, {"role": "user", "content": "My name is Ada."},
+                       {"role": "assistant", "content": "Nice to meet you."},
+                       {"role": "user", "content": "What is my name?"}]
+    assert sent[2] == [system, {"role": "user", "content": "And now?"}]
+    rows = FeedbackStore(store_path).records()
+    assert [(r["verdict"], r["reply"]) for r in rows] == [("up", "Nice to meet you.")]
+    assert rows[0]["turns"] == [system, {"role": "user", "content": "My name is Ada."}]

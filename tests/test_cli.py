@@ -209,3 +209,39 @@ def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(mater
                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert (tmp_path / "again" / "model" / "config.json").exists()
+
+
+def test_chat_defaults_to_the_pipeline_s_system_prompt_and_the_whole_conversation(monkeypatch, tmp_path):
+    """`dragon chat` and `dragon chat-ui` send the system prompt every training row carries unless --system says
+    otherwise ('' for none), and every earlier exchange unless --context-turns limits them."""
+    import dragon_dagster
+    from dragon_dagster import chat_ui
+    from dragon_dagster.engine.infer import chat as chat_module
+    from dragon_dagster.engine.spec.pipeline import load
+
+    trained = load(Path(dragon_dagster.__file__).parent / "defs" / "support" / "defs.yaml").system_prompt()
+    assert trained  # the bundled pipeline trains with a fixed system prompt
+    chats, pages = [], []
+    monkeypatch.setattr(chat_module, "run_terminal", lambda chat: chats.append(chat))
+    monkeypatch.setattr(chat_ui, "launch", lambda *a, **kw: pages.append(kw))
+    server = ["--model", "http://127.0.0.1:9/v1"]
+
+    def chat(*args):
+        out = run_cli(["chat", *server, *args], tmp_path, monkeypatch)
+        assert out.exit_code == 0, out.output
+        return chats[-1]
+
+    default = chat()
+    assert (default.system, default.context_turns) == (trained, None)
+    said = " ".join(run_cli(["chat", *server], tmp_path, monkeypatch).output.split())
+    assert f"system prompt: {trained!r}" in said and "context: all earlier exchanges" in said
+    assert chat("--system", "Talk like a pirate.").system == "Talk like a pirate."
+    assert chat("--system", "").system is None  # explicitly none
+    assert chat("--context-turns", "0").context_turns == 0  # explicitly no earlier exchange
+    assert chat("--pipeline", "no_such_pipeline").system is None  # any model can be chatted with: no prompt
+    assert run_cli(["chat", *server, "--context-turns", "-1"], tmp_path, monkeypatch).exit_code != 0
+
+    assert run_cli(["chat-ui", *server], tmp_path, monkeypatch).exit_code == 0
+    assert (pages[-1]["system"], pages[-1]["context_turns"]) == (trained, None)
+    assert run_cli(["chat-ui", *server, "--system", "Be brief."], tmp_path, monkeypatch).exit_code == 0
+    assert pages[-1]["system"] == "Be brief."
