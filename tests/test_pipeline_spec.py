@@ -31,6 +31,7 @@ stages:
   - {name: merged, kind: merge}
   - {name: report, kind: evaluate, dataset: chat}
   - {name: gguf, kind: export, model: merged}
+  - {name: rated, kind: rated_dataset, source: tickets, prompt: subject, reply: reply, label: product}
 """
 # A bad value per kind: (what to replace in EVERY_KIND, its replacement, the field the error must name)
 BAD = {
@@ -47,6 +48,7 @@ BAD = {
     "merge": ("kind: merge}", "kind: merge, sample_prompt: [not, text]}", "stages[8].sample_prompt"),
     "evaluate": ("kind: evaluate, dataset: chat}", "kind: evaluate, dataset: chat, n_judge: -1}", "stages[9].n_judge"),
     "export": ("kind: export, model: merged}", "kind: export, model: merged, formats: [q4_k]}", "stages[10].formats[0]"),
+    "rated_dataset": ("label: product}", "label: product, eval_frac: -1}", "stages[11].eval_frac"),
 }
 
 

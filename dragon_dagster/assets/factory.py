@@ -83,6 +83,8 @@ def map_dataset(stage: st.DatasetStage, df, kept: list[int] | None = None) -> tu
     if isinstance(stage, st.PairsDataset):
         return data_lib.map_pairs(df, data_lib.PairsMapping(stage.prompt, stage.chosen, stage.rejected, stage.system),
                                   kept)
+    if isinstance(stage, st.RatedDataset):
+        return data_lib.map_rated(df, data_lib.RatedMapping(stage.prompt, stage.reply, stage.label, stage.system))
     if isinstance(stage, st.PromptDataset):
         return data_lib.map_prompts(df, data_lib.PromptsMapping(stage.prompt, stage.reference, stage.system)), {}
     return data_lib.map_rows(df, data_lib.Mapping(stage.prompt, stage.response, stage.system,
@@ -96,6 +98,8 @@ def preview_row(row: dict) -> dict:
             out[column] = row[column][-1]["content"]
     if "reference" in row:
         out["reference"] = row["reference"]
+    if "label" in row:
+        out["label"] = "liked" if row["label"] else "disliked"
     return out
 
 
@@ -108,8 +112,8 @@ def read_source(pipeline: Pipeline, stage: st.DatasetStage, source: str | None):
 
 
 def dataset_asset(pipeline: Pipeline, stage: st.DatasetStage):
-    mapped = ", ".join(f"{k} {getattr(stage, k)!r}" for k in ("prompt", "response", "chosen", "rejected", "reference",
-                                                               "conversations") if getattr(stage, k, None))
+    mapped = ", ".join(f"{k} {getattr(stage, k)!r}" for k in ("prompt", "response", "chosen", "rejected", "reply", "label",
+                                                               "reference", "conversations") if getattr(stage, k, None))
 
     @asset(key=key(pipeline, stage.name), group_name=pipeline.name, kinds={"dataset"},
            ins=ins_for(pipeline, stage, "source"),

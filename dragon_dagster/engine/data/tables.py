@@ -221,7 +221,7 @@ def row_key(row: dict) -> str:
     """What makes two rows the same example: the prompt turns and the reply (a pair's both replies, a prompt's
     reference). Other columns a prompt row carries do not count."""
     return json.dumps([row.get("prompt"), row.get("completion"), row.get("chosen"), row.get("rejected"),
-                       row.get("reference")], sort_keys=True, ensure_ascii=False)
+                       row.get("reference"), row.get("label")], sort_keys=True, ensure_ascii=False)
 
 
 def dedupe_rows(rows: list[dict], groups: list[str] | None = None) -> tuple[list[dict], list[str] | None, int]:
@@ -248,7 +248,10 @@ def group_values(df: pd.DataFrame, spec: str) -> list[str]:
 
 
 def answer_text(row: dict) -> str:
-    """The answer a row holds: its reply (a pair's chosen one) or, for a prompt row, its reference."""
+    """The answer a row holds: its reply (a pair's chosen one) or, for a prompt row, its reference. A disliked
+    reply is no answer: the same bad reply to many prompts teaches nothing about the held-out ones."""
+    if row.get("label") is False:
+        return ""
     return reply_text(row) or _text(row.get("reference"))
 
 
@@ -332,6 +335,73 @@ def map_pairs(df: pd.DataFrame, mapping: PairsMapping,
     if not rows:
         raise DataError(f"no usable preference pairs: every row was dropped ({dropped})")
     return rows, dropped
+
+
+LIKED = {"true", "1", "yes", "y", "up", "good", "liked", "like", "desirable", "positive", "+1", "chosen"}
+DISLIKED = {"false", "0", "no", "n", "down", "bad", "disliked", "dislike", "undesirable", "negative", "-1",
+            "rejected"}
+
+
+def parse_label(value: Any) -> bool:
+    """A liked/disliked label from a table cell; DataError naming the value when it is neither."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text.endswith(".0") and text[:-2] in ("0", "1"):  # a numeric column read as floats
+        text = text[:-2]
+    if text in LIKED or text in DISLIKED:
+        return text in LIKED
+    raise DataError(f"label {value!r} is neither liked ({', '.join(sorted(LIKED))}) nor disliked "
+                    f"({', '.join(sorted(DISLIKED))})")
+
+
+@dataclass(frozen=True)
+class RatedMapping:
+    """Rated replies (for KTO): a prompt, a reply and a liked/disliked label column."""
+
+    prompt: str
+    reply: str
+    label: str
+    system: str | None = None
+
+
+def map_rated(df: pd.DataFrame, mapping: RatedMapping) -> tuple[list[dict], dict[str, int]]:
+    """Rows in TRL's unpaired preference format ({"prompt", "completion", "label"}), and counts dropped."""
+    check_columns(df, {"prompt": mapping.prompt, "reply": mapping.reply, "label": mapping.label,
+                       "system": mapping.system})
+    if mapping.label not in df.columns:
+        raise DataError(f"label {mapping.label!r} must name one column (not a template); the dataset has "
+                        f"{list(df.columns)}")
+    rows, dropped = [], {"empty": 0}
+    for position, record in enumerate(df.to_dict(orient="records")):
+        prompt, reply = render(mapping.prompt, record), render(mapping.reply, record)
+        if not prompt.strip() or not reply.strip():
+            dropped["empty"] += 1
+            continue
+        try:
+            label = parse_label(record[mapping.label])
+        except DataError as exc:
+            raise DataError(f"row {position + 1}, column {mapping.label!r}: {exc}") from None
+        rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
+                     "completion": [{"role": "assistant", "content": reply}], "label": label})
+    if not rows:
+        raise DataError(f"no usable rated replies: every row was dropped ({dropped})")
+    return rows, dropped
+
+
+def unpaired(rows: list[dict]) -> list[dict]:
+    """Rows for KTO: rated rows as they are; each preference pair as its chosen reply (liked) and its rejected
+    reply (disliked), as TRL's unpair_preference_dataset does."""
+    out = []
+    for row in rows:
+        if "chosen" in row:
+            out += [{"prompt": row["prompt"], "completion": row["chosen"], "label": True},
+                    {"prompt": row["prompt"], "completion": row["rejected"], "label": False}]
+        else:
+            out.append({"prompt": row["prompt"], "completion": row["completion"], "label": bool(row["label"])})
+    return out
 
 
 @dataclass(frozen=True)

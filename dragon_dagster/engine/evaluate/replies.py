@@ -69,15 +69,14 @@ def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
     return full_ids[:max_len], min(len(prompt_ids), max_len)
 
 
-def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> dict:
-    """Mean next-token loss over the assistant reply tokens of the rows (token-weighted)."""
+def reply_logprobs(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> list[tuple[float, int]]:
+    """(summed log-probability, token count) of each row's reply (its completion, or a pair's chosen reply)
+    given its prompt turns: what a KTO/DPO implicit reward and the held-out loss are made of."""
     import torch
 
-    if not rows:
-        return {"eval_loss": float("nan"), "perplexity": float("nan"), "eval_tokens": 0}
     device = next(model.parameters()).device
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    total, count = 0.0, 0
+    out = []
     for start in range(0, len(rows), batch_size):
         encoded = [_encode(tokenizer, r, max_len) for r in rows[start:start + batch_size]]
         width = max(len(ids) for ids, _ in encoded)
@@ -91,11 +90,20 @@ def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, bat
         with torch.no_grad():
             logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
         shift_logits, shift_labels = logits[:, :-1], labels[:, 1:].to(device)
-        loss = torch.nn.functional.cross_entropy(shift_logits.reshape(-1, shift_logits.size(-1)),
-                                                 shift_labels.reshape(-1), ignore_index=-100, reduction="sum")
-        total += loss.item()
-        count += int((shift_labels != -100).sum())
-    mean_loss = total / max(1, count)
+        nll = torch.nn.functional.cross_entropy(shift_logits.transpose(1, 2), shift_labels, ignore_index=-100,
+                                                reduction="none")
+        counts = (shift_labels != -100).sum(dim=1)
+        out += [(-float(total), int(n)) for total, n in zip(nll.sum(dim=1), counts)]
+    return out
+
+
+def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> dict:
+    """Mean next-token loss over the assistant reply tokens of the rows (token-weighted)."""
+    if not rows:
+        return {"eval_loss": float("nan"), "perplexity": float("nan"), "eval_tokens": 0}
+    scored = reply_logprobs(model, tokenizer, rows, max_len, batch_size)
+    count = sum(n for _, n in scored)
+    mean_loss = -sum(logp for logp, _ in scored) / max(1, count)
     return {"eval_loss": mean_loss, "perplexity": math.exp(min(mean_loss, 50)), "eval_tokens": count}
 
 

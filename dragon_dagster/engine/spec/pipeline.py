@@ -228,9 +228,25 @@ class Pipeline(s.Settings):
             if KINDS[stage.kind].role == "export":
                 self._upstream[stage.name] += [s.name for s in self.stages if KINDS[s.kind].role == "evaluate"
                                                and self._upstream[s.name][0] == self._upstream[stage.name][0]][:1]
+        self._check_preference_data()
         self._check_profiles()
         self._check_feedback()
         return self
+
+    def _check_preference_data(self) -> None:
+        """DPO and ORPO need pairs; KTO takes rated replies or pairs (split into a liked and a disliked reply)."""
+        for stage in self.stages:
+            if stage.kind != "preference":
+                continue
+            data = self.stage(stage.dataset).kind
+            paired = data in ("pairs_dataset", "preference_pairs")
+            if stage.method == "kto" and not (paired or data == "rated_dataset"):
+                raise ValueError(f"stage {stage.name!r} (kto) trains on rated replies: its dataset "
+                                 f"{stage.dataset!r} is a {data}; use a rated_dataset or a pairs_dataset")
+            if stage.method != "kto" and not paired:
+                raise ValueError(f"stage {stage.name!r} ({stage.method}) trains on pairs: its dataset "
+                                 f"{stage.dataset!r} is a {data}; use a pairs_dataset or preference_pairs"
+                                 + (", or method: kto for rated replies" if data == "rated_dataset" else ""))
 
     def _export_source(self, stage: s.Stage, last_merge: str | None) -> str:
         """The merge stage an export reads: the one it names (checked to be a merge), else the last before it."""

@@ -43,7 +43,7 @@ def columns_of(path: str | Path, format: str | None = None) -> list[str] | None:
 
 def mapped_columns(stage: st.DatasetStage) -> dict[str, str]:
     """role -> the column or template a dataset stage reads."""
-    roles = ("prompt", "response", "conversations", "chosen", "rejected", "reference", "system")
+    roles = ("prompt", "response", "conversations", "chosen", "rejected", "reply", "label", "reference", "system")
     return {role: getattr(stage, role) for role in roles if getattr(stage, role, None)}
 
 

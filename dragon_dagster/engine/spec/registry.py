@@ -34,6 +34,7 @@ _ENGINE = "dragon_dagster.engine"
 KINDS: dict[str, StageKind] = {
     "chat_dataset": StageKind(s.ChatDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
     "pairs_dataset": StageKind(s.PairsDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
+    "rated_dataset": StageKind(s.RatedDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
     "prompt_dataset": StageKind(s.PromptDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
     "preference_pairs": StageKind(s.PreferencePairs, "synthesis", f"{_ENGINE}.data.synthesis:PairsJob:synthesize_pairs",
                                   ("dataset_quality",)),

@@ -141,6 +141,16 @@ class PairsDataset(DatasetStage):
     rejected: str = Field(description="The worse reply: a column or a template.")
 
 
+class RatedDataset(DatasetStage):
+    """Single replies labelled liked or disliked, without a pair (for KTO): a prompt, a reply and a label."""
+
+    kind: Literal["rated_dataset"]
+    prompt: str = Field(description="The user turn: a column or a template.")
+    reply: str = Field(description="The rated reply: a column or a template.")
+    label: str = Field(description="The column saying whether the reply is liked: true/false, 1/0, yes/no, "
+                                   "up/down, good/bad, liked/disliked or desirable/undesirable.")
+
+
 class PromptDataset(DatasetStage):
     """Prompts to practise on with rewards (dragon_map_prompts); every other column reaches the rewards."""
 
@@ -266,12 +276,30 @@ class SFT(TrainerStage):
 
 
 class Preference(TrainerStage):
-    """Preference optimization on pairs: DPO (no reference model needed with LoRA) or ORPO."""
+    """Preference optimization: DPO (no reference model needed with LoRA) or ORPO on pairs, or KTO on single
+    liked/disliked replies (a rated_dataset; pairs are split into a liked and a disliked reply)."""
 
     kind: Literal["preference"]
-    method: Literal["dpo", "orpo"] = Field("dpo", description="dpo or orpo.")
+    method: Literal["dpo", "orpo", "kto"] = Field(
+        "dpo", description="dpo or orpo (pairs), or kto (TRL's KTOTrainer: rated replies without a pair).")
     beta: float = Field(0.1, gt=0, allow_inf_nan=False,
-                        description="Strength of the preference (DPO: KL to the starting model).")
+                        description="Strength of the preference (DPO, KTO: KL to the starting model).")
+    desirable_weight: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="KTO: weight of the liked replies' loss. Default: both weights balance the counts (the side "
+                    "with fewer replies weighs more, as the KTO paper advises).")
+    undesirable_weight: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                             description="KTO: weight of the disliked replies' loss.")
+
+    @model_validator(mode="after")
+    def _kto_weights(self):
+        if self.method != "kto" and (self.desirable_weight or self.undesirable_weight):
+            raise ValueError(f"stage {self.name!r}: desirable_weight and undesirable_weight are KTO settings; "
+                             f"method is {self.method}")
+        if self.method == "kto" and self.args.batch_size < 2:
+            raise ValueError(f"stage {self.name!r}: KTO needs batch_size >= 2 (it estimates its KL term from the "
+                             "other replies in a batch)")
+        return self
     args: PreferenceArgs = Field(default_factory=PreferenceArgs, description="Trainer arguments.")
 
     def objective(self) -> str:
@@ -374,5 +402,5 @@ class Export(Stage):
 
 
 __all__ = ["Settings", "Lora", "TrainArgs", "PreferenceArgs", "GRPOArgs", "Stage", "DatasetStage", "ChatDataset",
-           "PairsDataset", "PromptDataset", "PreferencePairs", "SyntheticDataset", "TrainerStage", "SFT",
+           "PairsDataset", "RatedDataset", "PromptDataset", "PreferencePairs", "SyntheticDataset", "TrainerStage", "SFT",
            "Preference", "GRPO", "Merge", "Evaluate", "Export"]

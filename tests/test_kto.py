@@ -1,0 +1,126 @@
+"""KTO on rated replies (a thumbs up or down without a matching opposite): the rated_dataset kind, the kto
+method of a preference stage end to end through Dagster on the tiny model, and bad rated input."""
+
+import json
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from dagster import DagsterInstance
+
+from dragon_dagster.assets.launch import materialize_pipeline
+from dragon_dagster.engine.artifacts import read_manifest
+from dragon_dagster.engine.data.tables import DataError, RatedMapping, map_rated, parse_label, unpaired
+from dragon_dagster.engine.spec.pipeline import PipelineError, load, parse
+
+STEPS = "{max_steps: 4, batch_size: 4, grad_accum: 1, logging_steps: 1, max_seq_len: 128, learning_rate: 1.0e-3}"
+BAD_REPLY = "I cannot help with that."
+
+
+def rated_csv(path: Path, n: int = 40) -> Path:
+    """Tickets rated the way people rate in a chat: the real reply liked, a useless one disliked, unpaired
+    (each ticket gets one or the other)."""
+    tickets = pd.read_csv(Path(__file__).parents[1] / "dragon_dagster" / "example_data" / "tickets.csv").head(n)
+    liked = [i % 3 != 0 for i in range(n)]
+    pd.DataFrame({"subject": tickets["subject"], "answer": [r if ok else BAD_REPLY for r, ok in
+                                                            zip(tickets["reply"], liked)],
+                  "rating": ["up" if ok else "down" for ok in liked]}).to_csv(path, index=False)
+    return path
+
+
+def kto_yaml(directory: Path, model: Path, label: str = "rating", method: str = "kto") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    rated_csv(directory / "rated.csv")
+    path = directory / "kto.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        name: kto
+        model: {model}
+        stages:
+          - {{name: sft_dataset, kind: chat_dataset, path: "example:tickets.csv", prompt: "{{subject}}",
+              response: reply}}
+          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {STEPS}, n_samples: 1, max_new_tokens: 4}}
+          - {{name: ratings, kind: rated_dataset, path: rated.csv, prompt: "{{subject}}", reply: answer,
+              label: {label}, eval_frac: 0.2}}
+          - {{name: kto_adapter, kind: preference, method: {method}, dataset: ratings, args: {STEPS}, n_samples: 2,
+              max_new_tokens: 4}}
+          - {{name: merged_model, kind: merge}}
+        """))
+    return path
+
+
+def test_labels_read_from_the_usual_spellings_and_a_bad_one_is_named():
+    assert [parse_label(v) for v in (True, 1, 0.0, "up", "Down", "liked", "1.0", "no")] == \
+        [True, True, False, True, False, True, True, False]
+    df = pd.DataFrame({"q": ["a", "b"], "r": ["x", "y"], "ok": ["up", "maybe"]})
+    with pytest.raises(DataError, match=r"row 2, column 'ok': label 'maybe' is neither liked"):
+        map_rated(df, RatedMapping("q", "r", "ok"))
+    with pytest.raises(DataError, match=r"label mapping 'verdict' names missing column\(s\) \['verdict'\]"):
+        map_rated(df, RatedMapping("q", "r", "verdict"))
+
+
+def test_pairs_unpair_into_a_liked_and_a_disliked_reply():
+    pair = {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "good"}],
+            "rejected": [{"role": "assistant", "content": "bad"}]}
+    rated = {"prompt": pair["prompt"], "completion": pair["rejected"], "label": False}
+    assert unpaired([pair, rated]) == [{"prompt": pair["prompt"], "completion": pair["chosen"], "label": True},
+                                       {"prompt": pair["prompt"], "completion": pair["rejected"], "label": False},
+                                       rated]
+
+
+def test_methods_need_their_kind_of_data(tiny_model, tmp_path):
+    with pytest.raises(PipelineError, match=r"kto_adapter.*\(dpo\) trains on pairs.*rated_dataset.*method: kto"):
+        load(kto_yaml(tmp_path / "dpo", tiny_model, method="dpo"))
+    stages = [{"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
+              {"name": "s", "kind": "sft", "dataset": "d"},
+              {"name": "k", "kind": "preference", "method": "kto", "dataset": "d"}]
+    with pytest.raises(PipelineError, match=r"\(kto\) trains on rated replies: its dataset 'd' is a chat_dataset"):
+        parse({"name": "p", "stages": stages})
+    stages[2].update(args={"batch_size": 1})
+    with pytest.raises(PipelineError, match="KTO needs batch_size >= 2"):
+        parse({"name": "p", "stages": stages})
+
+
+@pytest.fixture(scope="module")
+def kto_run(tiny_model, tmp_path_factory):
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+
+    root = tmp_path_factory.mktemp("kto")
+    runs = root / "runs"
+    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
+                 "training": TrainingResource(device="cpu")}
+    outcome = materialize_pipeline(load(kto_yaml(root / "p", tiny_model)), resources=resources,
+                                   instance=DagsterInstance.ephemeral())
+    return {"outcome": outcome, "tracking": resources["tracking"]}
+
+
+def test_kto_stage_trains_on_rated_replies_end_to_end(kto_run):
+    from mlflow import MlflowClient
+
+    outcome = kto_run["outcome"]
+    assert outcome["success"], [s for s in outcome["stages"] if s["status"] != "SUCCESS"]
+    art = {k: Path(v) for k, v in outcome["artifacts"].items()}
+    data = [json.loads(line) for line in (art["ratings"] / "train.jsonl").read_text().splitlines()]
+    held = [json.loads(line) for line in (art["ratings"] / "eval.jsonl").read_text().splitlines()]
+    assert len(data) + len(held) + read_manifest(art["ratings"])["duplicates_dropped"] == 40 and held and {r["label"] for r in data} == {True, False}
+    assert all(r["completion"][0]["content"] == BAD_REPLY for r in data if not r["label"])
+
+    manifest = read_manifest(art["kto_adapter"])
+    sft = read_manifest(art["sft_adapter"])
+    assert manifest["method"] == "kto" and manifest["chain"] == sft["chain"] + [str(art["kto_adapter"] / "adapter")]
+    result = manifest["result"]
+    liked = sum(r["label"] for r in data)
+    assert (result["train_liked"], result["train_disliked"]) == (liked, len(data) - liked)
+    # fewer disliked replies: the liked ones weigh less, so both sides pull about equally
+    assert result["desirable_weight"] == pytest.approx((len(data) - liked) / liked) and result["undesirable_weight"] == 1
+    assert result["eval_rows"] == len(held) and result["eval_liked"] + result["eval_disliked"] == len(held)
+    assert 0.0 <= result["pref_accuracy"] <= 1.0 and result["reward_margin"] is not None
+    assert (art["kto_adapter"] / "adapter" / "adapter_config.json").exists()
+    samples = [json.loads(line) for line in (art["kto_adapter"] / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 and {"reply", "label", "generated"} <= set(samples[0])
+
+    run = MlflowClient(kto_run["tracking"].uri).get_run(manifest["mlflow_run_id"])
+    assert run.data.tags["method"] == "kto" and run.data.params["method"] == "kto"
+    assert {"train/kl", "train/rewards/chosen", "eval/pref_accuracy", "eval/kto_loss"} <= set(run.data.metrics)
+    checks = {c["name"]: c for c in outcome["checks"] if c["asset"].endswith("kto_adapter")}
+    assert checks["losses_finite_and_falling"]["passed"] is not None
