@@ -64,6 +64,7 @@ def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str =
           min_new_records: 3
           sft: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
+          kto: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           evaluate: {{max_new_tokens: 4, n_samples: 1}}
         """)))
     return path

@@ -17,8 +17,9 @@ import pytest
 
 from dragon_dagster.engine.data.tables import conversation_row
 from dragon_dagster.engine.feedback import (MAX_MESSAGE_CHARS, SCHEMA_VERSION, SKIP_REASONS, FeedbackError,
-                                            FeedbackStore, check_record, check_turns, preference_pairs,
-                                            sft_conversations, usable_records)
+                                            FeedbackStore, check_record, check_turns, objective_records,
+                                            preference_pairs, sft_conversations, split_by_conversation,
+                                            unpaired_ratings, usable_records)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -194,6 +195,28 @@ def test_preference_pairs_from_crafted_records():
     rejected = [p["rejected"][0]["content"] for p in preference_pairs(more) if p["prompt"] == P2]
     assert rejected == ["Refunds take 5 days.", "Ask someone else."]
     assert preference_pairs(list(reversed(more))) == preference_pairs(more)
+
+
+def test_unpaired_ratings_are_the_votes_no_pair_uses():
+    # P1 (liked and disliked) and P2 (an edit) give pairs; P3's votes have no opposite: KTO gets them
+    assert unpaired_ratings(CRAFTED) == [
+        {"prompt": P3, "completion": [{"role": "assistant", "content": "meh"}], "label": False},
+        {"prompt": P3, "completion": [{"role": "assistant", "content": "changed my mind"}], "label": False}]
+    liked_alone = [record(1, "a", P1, "Click 'forgot password'.", "up")]
+    assert unpaired_ratings(liked_alone) == [
+        {"prompt": P1, "completion": [{"role": "assistant", "content": "Click 'forgot password'."}], "label": True}]
+    assert objective_records(CRAFTED) == {"sft": [1, 3, 5], "dpo": [1, 2, 3, 5], "kto": [4, 7]}
+
+
+def test_held_out_conversations_are_whole_and_stable():
+    records = [record(i, f"c{i // 2}", turns(f"q{i}"), "r", "up") for i in range(20)]  # 10 conversations
+    train, held = split_by_conversation(records, 0.2)
+    assert len({r["conversation_id"] for r in held}) == 2 and len(held) == 4
+    assert not {r["conversation_id"] for r in held} & {r["conversation_id"] for r in train}
+    assert split_by_conversation(list(reversed(records)), 0.2)[1] == list(reversed(held))  # same conversations
+    assert split_by_conversation(records[:2], 0.2) == (records[:2], [])  # one conversation: nothing held out
+    assert len(split_by_conversation(records[:4], 0.2)[1]) == 2  # two: one held out, one trained on
+    assert split_by_conversation(records, 0) == (records, [])
 
 
 def test_store_records_feed_the_datasets(tmp_path):

@@ -7,6 +7,7 @@ import sqlite3
 import uuid
 from pathlib import Path
 
+import pytest
 from dagster import (AssetKey, AssetMaterialization, AssetSelection, DagsterInstance, DagsterRun, DagsterRunStatus,
                      MetadataValue, build_asset_check_context, build_schedule_context, build_sensor_context,
                      materialize)
@@ -17,8 +18,8 @@ from dragon_dagster.assets.feedback import promotion_check
 from dragon_dagster.engine.feedback import FeedbackStore
 from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 
-NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_sft_adapter", "feedback_dpo_adapter", "retrained_model",
-         "retrained_report"]
+NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_ratings", "feedback_sft_adapter", "feedback_dpo_adapter",
+         "feedback_kto_adapter", "retrained_model", "retrained_report"]
 
 
 def parts_and_resources(materialized):
@@ -214,10 +215,11 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     assert (nightly.tags[RANGE_TAG], nightly.run_key) == ("9-9", "scheduled-9-9-1")
 
 
-def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_not_worse(materialized, tmp_path):
-    """Registered versions in a fresh MLflow store: the gate on a report without regressions makes its model
-    the champion; the gate on a worse one, or on one that started from a model that is no longer the champion,
-    fails and leaves the champion where it was."""
+def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_better(materialized, tmp_path):
+    """Registered versions in a fresh MLflow store: the gate on a report with a gain on the held-out feedback and
+    no task regression makes its model the champion; the gate on one without a gain, without held-out feedback,
+    worse on the task, or started from a model that is no longer the champion fails and leaves the champion where
+    it was, saying which figure decided."""
     from dragon_dagster.resources import ArtifactStore, MLflowTracking
 
     runs = tmp_path / "runs"
@@ -233,13 +235,17 @@ def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_not_worse
         merged[name].mkdir()
         return tracking.register_model("tiny", model, None, {"artifact_dir": str(merged[name])})
 
-    def gate_on(name: str, retrained_loss: float, started_from: str | None = None):
+    def gate_on(name: str, retrained_loss: float, started_from: str | None = None, gain: float | None = 0.05):
         (merged[name] / "manifest.json").write_text(json.dumps({"resolved_model": started_from}))
         report_dir = tmp_path / f"report-{name}-{uuid.uuid4().hex[:6]}"
         report_dir.mkdir()
         base = {"eval_loss": 1.0, "metrics": {"token_f1": 0.5}}
+        held = {"rated_replies": 0 if gain is None else 4, "liked": 2, "disliked": 2, "pairs": 0, "prompts": 4}
+        feedback = {"held_out": held, "reward": None if gain is None else {"start": 0.0, "retrained": gain,
+                                                                           "gain": gain}}
         (report_dir / "report.json").write_text(json.dumps(
-            {"base": base, "merged": {"eval_loss": retrained_loss, "metrics": {"token_f1": 0.5}}}))
+            {"base": base, "merged": {"eval_loss": retrained_loss, "metrics": {"token_f1": 0.5}},
+             "feedback": feedback}))
         (report_dir / "manifest.json").write_text(json.dumps({"merged": str(merged[name])}))
         instance.report_runless_asset_event(AssetMaterialization(
             report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
@@ -250,7 +256,18 @@ def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_not_worse
     assert alias_version(client, "tiny", CHALLENGER) == "3"
     assert alias_version(client, "tiny", CHAMPION) is None and tracking.champion_dir("tiny") is None
 
-    assert gate_on("a", 0.9).passed
+    flat = gate_on("a", 0.9, gain=0.0)  # better task loss, but it learned nothing of what people liked
+    assert not flat.passed and flat.metadata["regressions"].value == "none"
+    assert flat.metadata["decision"].value == "reward gain 0 is not above min_gain 0 on the held-out feedback"
+    assert flat.metadata["feedback/reward_gain"].value == 0.0 and flat.metadata["gate_metric"].value == "reward"
+    unmeasured = gate_on("a", 0.9, gain=None)
+    assert not unmeasured.passed and "no held-out feedback to measure reward on" in \
+        unmeasured.metadata["decision"].value
+    assert alias_version(client, "tiny", CHAMPION) is None, "a retraining that is not better is not promoted"
+
+    passed = gate_on("a", 0.9)
+    assert passed.passed and passed.metadata["feedback/reward_gain"].value == 0.05
+    assert passed.metadata["decision"].value == "promoted: reward gain above 0.0 and no task regression"
     assert alias_version(client, "tiny", CHAMPION) == "1"
     champion_dir = tracking.champion_dir("tiny")
     assert (champion_dir / "config.json").exists()
@@ -265,3 +282,81 @@ def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_not_worse
     assert alias_version(client, "tiny", CHAMPION) == "1"
     assert gate_on("c", 0.5, started_from=str(champion_dir)).passed  # from the live champion: promoted
     assert alias_version(client, "tiny", CHAMPION) == "3"
+
+
+def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(materialized, tmp_path):
+    """Only thumbs up and down on different prompts (no pair anywhere): SFT trains on the liked replies, DPO is
+    skipped, KTO trains on every rating; then only thumbs down: SFT and DPO are skipped and KTO starts from the
+    deployed model itself. The run's tags and the report say which objective ran on how many records, and the
+    gate shows the held-out feedback figures that decided it."""
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+
+    runs = tmp_path / "runs"
+    parts = build_pipeline_defs(materialized["pipeline"])
+    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
+                 "training": TrainingResource(device="cpu")}
+    instance = DagsterInstance.ephemeral()
+    tracking, store_resource = resources["tracking"], resources["store"]
+    deployed = Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model"
+    tracking.promote("tiny", tracking.register_model("tiny", deployed, None, {"note": "by hand"}), "by hand")
+    assert materialize(parts["assets"], instance=instance, resources=resources,
+                       selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"])).success
+    store = FeedbackStore(store_resource.feedback_path("tiny"))
+    subjects = ["Hub Pro blinks red", "Doorbell Cam lags", "Smart Plug Mini offline", "Thermostat too warm",
+                "Camera will not pair", "Chime is silent", "Light strip flickers", "Lock jams"]
+    for i, subject in enumerate(subjects):
+        liked = i % 2 == 0
+        store.record(f"u{i}", turns(subject), f"Reply {i} about {subject}.", "up" if liked else "down")
+    [sensor_def] = parts["sensors"]
+
+    def retrain():
+        [request], _ = tick(sensor_def, instance, store_resource)
+        result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
+                             selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=request.tags,
+                             raise_on_error=False)
+        steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(result.run_id)}
+        assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in NAMES), steps
+        events = {e.asset_key.path[-1]: e.metadata for e in
+                  (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
+        report_dir = Path(events["retrained_report"]["artifact_dir"].value)
+        [gate] = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
+        return instance.get_run_by_id(result.run_id).tags, events, json.loads(
+            (report_dir / "report.json").read_text()), gate
+
+    tags, events, report, gate = retrain()
+    ratings = json.loads((Path(events["feedback_ratings"]["artifact_dir"].value) / "manifest.json").read_text())
+    held_out = ratings["eval_rows"]
+    assert held_out == 2 and ratings["train_rows"] == 6, "2 of 8 conversations held out for the gate"
+    assert events["feedback_pairs"]["rows"].value == 0
+    assert tags["dragon/feedback_dpo"] == "skipped: no pairs"
+    assert tags["dragon/feedback_kto"] == "6 rows from 6 records"
+    liked_in_train = sum(1 for r in store.records() if r["verdict"] == "up"
+                         and r["conversation_id"] in {f"u{i}" for i in range(8)}) - sum(
+        1 for line in (Path(events["feedback_ratings"]["artifact_dir"].value) / "eval.jsonl").read_text().splitlines()
+        if json.loads(line)["label"])
+    assert tags["dragon/feedback_sft"] == f"{liked_in_train} rows from {liked_in_train} records"
+    kto = json.loads((Path(events["feedback_kto_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
+    sft = json.loads((Path(events["feedback_sft_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
+    assert kto["method"] == "kto" and kto["chain"] == sft["chain"] + [str(Path(kto["chain"][-1]))]
+    assert events["feedback_dpo_adapter"]["skipped"].value == "no pairs"
+    run = tracking.client().get_run(kto["mlflow_run_id"])
+    assert (run.data.tags["objective"], run.data.tags["feedback_records"]) == ("kto", "6")
+    by_objective = {o["objective"]: o for o in report["objectives"]}
+    assert [by_objective[o]["ran"] for o in ("sft", "dpo", "kto")] == [True, False, True]
+    assert by_objective["dpo"]["skipped"] == "no pairs" and by_objective["kto"]["records"] == 6
+    assert report["feedback"]["held_out"]["rated_replies"] == 2 and report["feedback"]["reward"] is not None
+    assert "## Retraining from feedback" in (Path(events["retrained_report"]["artifact_dir"].value)
+                                              / "report.md").read_text()
+    figures = report["feedback"]["reward"]
+    assert gate.metadata["feedback/reward_gain"].value == pytest.approx(figures["gain"])
+    assert gate.passed == (figures["gain"] > 0 and gate.metadata["regressions"].value == "none")
+
+    for i, subject in enumerate(subjects):  # only thumbs down now: nothing for SFT or DPO
+        store.record(f"d{i}", turns(f"{subject} again"), f"Whatever {i}.", "down")
+    start = tracking.live_model("tiny", runs, "merged_model")
+    tags, events, report, gate = retrain()
+    assert tags["dragon/feedback_sft"] == "skipped: no liked or edited replies"
+    assert tags["dragon/feedback_dpo"] == "skipped: no pairs" and tags["dragon/feedback_kto"].startswith("6 rows")
+    kto = json.loads((Path(events["feedback_kto_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
+    assert kto["resolved_model"] == str(start) and len(kto["chain"]) == 1, "KTO starts from the deployed model"
+    assert [o["ran"] for o in report["objectives"]] == [False, False, True]

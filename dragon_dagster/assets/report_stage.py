@@ -10,7 +10,7 @@ from ..engine.artifacts import read_manifest, write_manifest
 from ..engine.evaluate.replies import eval_metrics
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.stages import Evaluate
-from .metadata import finite
+from .metadata import finite, md_table
 
 
 def judge_metrics(judged: dict) -> dict:
@@ -19,8 +19,9 @@ def judge_metrics(judged: dict) -> dict:
 
 
 def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, dataset: str, store, tracking,
-                     training) -> Output[str]:
-    """stage: the effective settings (YAML, defaults and this run's config)."""
+                     training, feedback: dict | None = None) -> Output[str]:
+    """stage: the effective settings (YAML, defaults and this run's config). feedback: a retraining's held-out
+    feedback files, objectives and taste (a RewardSet), for the gate's figures."""
     settings = stage.model_dump()
     merged_manifest = read_manifest(merged)
     adapters = [read_manifest(Path(a).parent) for a in merged_manifest["adapters"]]
@@ -36,6 +37,9 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
                "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
                "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp),
                "stage_results": stage_results, "first_stage_adapters": first_stage, "rewards": rewards}
+        if feedback:
+            taste = feedback.get("taste")
+            job["feedback"] = {**feedback, "taste": taste.localize(tmp).to_list(relative_to=tmp) if taste else None}
         report = training.run_job(context, job, tmp, env=tracking.env(), store=store, final=final)
         tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
                 "dagster_run_id": context.run_id, "base_model": pipeline.model}
@@ -48,6 +52,7 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
             {**tags, "stage": stage.name, "upstream_mlflow_run_id": merged_manifest.get("upstream_mlflow_run_id"),
              "base_mlflow_run_id": base_run}, {"model": pipeline.model, "merged": merged, **settings})
         tracking.log_metrics(report_run, {**eval_metrics(report["merged"]), **judge_metrics(report.get("judge", {})),
+                                          **feedback_metrics(report.get("feedback")),
                                           **{f"stage_nll/{s['stage']}": s["eval_loss"]
                                              for s in report.get("stage_nll", []) if s.get("stage")}})
         tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
@@ -65,7 +70,21 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
     else:
         metadata.update({"base_eval_loss": report["base"]["eval_loss"], "merged_eval_loss": report["merged"]["eval_loss"]})
     metadata.update({f"merged/{k}": v for k, v in eval_metrics(report["merged"]).items()})
+    metadata.update(feedback_metrics(report.get("feedback")))
+    if report.get("objectives"):
+        metadata["objectives"] = md_table([{k: o.get(k) for k in ("objective", "ran", "rows", "unit", "records",
+                                                                   "skipped")} for o in report["objectives"]])
     return Output(str(final), metadata=metadata)
+
+
+def feedback_metrics(figures: dict | None) -> dict:
+    """A retraining's held-out feedback figures as flat numbers: feedback/<metric>_start, _retrained, _gain."""
+    out = {}
+    for name in ("reward", "pair_accuracy", "liked_share"):
+        for when, value in ((figures or {}).get(name) or {}).items():
+            if when in ("start", "retrained", "gain"):
+                out[f"feedback/{name}_{when}"] = value
+    return finite(out)
 
 
 def reward_table(report: dict) -> str:

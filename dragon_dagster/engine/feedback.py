@@ -1,5 +1,5 @@
 """Chat feedback as training data (dragonfarm's dragon_feedback): an append-only SQLite store of ratings and
-edits, and the two datasets it turns into.
+edits, and the three datasets it turns into (SFT conversations, DPO pairs, KTO rated replies).
 
 `FeedbackStore` keeps one row per feedback event: a reference to the conversation's turns before the rated
 reply, the reply, the verdict ('up', 'down' or 'edit' with the improved text) and which model answered. The
@@ -27,7 +27,13 @@ the old code.
   disliked one, {"prompt", "chosen", "rejected"} in TRL's conversational preference format; every edit also
   gives the pair (chosen=edited text, rejected=the original reply).
 
-Both skip records that cannot be used (turns not JSON or malformed, no user turn, an edit without text, a bad
+- `unpaired_ratings(records)`: thumbs up or down on replies to turns that give no pair (most ratings), as KTO's
+  rated replies {"prompt", "completion", "label"}.
+- `objective_records(records)`: which record ids each objective's rows come from (for the run's tags).
+- `split_by_conversation(records, frac)`: whole conversations held out, the same for every objective, so the
+  promotion gate measures on feedback no objective trained on.
+
+All skip records that cannot be used (turns not JSON or malformed, no user turn, an edit without text, a bad
 verdict or reply) instead of failing; `usable_records` gives the usable ones and the skipped counts by reason.
 Both are deterministic: records are taken in id order, so the same records give the same output.
 Framework-free: nothing here imports Dagster.
@@ -472,10 +478,6 @@ def preference_pairs(records: Iterable[dict]) -> list[dict]:
     """{"prompt": turns, "chosen": [assistant], "rejected": [assistant]} rows (TRL conversational preference
     format). Every edit gives (edited, original reply); every prompt (same turns) with both a liked-or-edited
     reply and a disliked one gives each good x bad combination. Deduplicated; chosen never equals rejected."""
-    groups: dict[str, dict] = {}
-    for r in _ratings(_ordered(records)):
-        group = groups.setdefault(_key(r["turns"]), {"turns": r["turns"], "events": []})
-        group["events"].append(r)
     out, seen = [], set()
 
     def add(turns, chosen, rejected):
@@ -487,7 +489,7 @@ def preference_pairs(records: Iterable[dict]) -> list[dict]:
             out.append({"prompt": turns, "chosen": [{"role": "assistant", "content": chosen}],
                         "rejected": [{"role": "assistant", "content": rejected}]})
 
-    for group in groups.values():  # dicts keep insertion order: groups by first id
+    for group in _groups(list(records)):
         goods = [g for g in (_good(r) for r in group["events"]) if g is not None]
         bads = [r["reply"] for r in group["events"] if r["verdict"] == "down"]
         for r in group["events"]:
@@ -497,3 +499,61 @@ def preference_pairs(records: Iterable[dict]) -> list[dict]:
             for bad in bads:
                 add(group["turns"], good, bad)
     return out
+
+
+def _groups(records: list[dict]) -> list[dict]:
+    """Ratings grouped by the turns they answer (the same prompt), in order of first id: {"turns", "events"}."""
+    groups: dict[str, dict] = {}
+    for r in _ratings(_ordered(records)):
+        groups.setdefault(_key(r["turns"]), {"turns": r["turns"], "events": []})["events"].append(r)
+    return list(groups.values())
+
+
+def _paired(group: dict) -> bool:
+    """Whether a group gives pairs: it has an edit, or both a liked-or-edited reply and a disliked one."""
+    verdicts = {r["verdict"] for r in group["events"]}
+    return "edit" in verdicts or ("up" in verdicts and "down" in verdicts)
+
+
+def unpaired_ratings(records: Iterable[dict]) -> list[dict]:
+    """Thumbs up or down on replies to turns that give no pair (no edit, no opposite verdict on the same turns),
+    as KTO rows {"prompt": turns, "completion": [assistant reply], "label": liked}. Most ratings people give are
+    of this kind; pairs need both sides. Deduplicated, in id order."""
+    out, seen = [], set()
+    for group in _groups(list(records)):
+        if _paired(group):
+            continue
+        for r in group["events"]:
+            key = _key([group["turns"], r["reply"], r["verdict"]])
+            if key not in seen:
+                seen.add(key)
+                out.append({"prompt": group["turns"], "completion": [{"role": "assistant", "content": r["reply"]}],
+                            "label": r["verdict"] == "up"})
+    return out
+
+
+def objective_records(records: Iterable[dict]) -> dict[str, list[int]]:
+    """The ids of the records each objective's rows come from: sft (liked and edited replies), dpo (records in a
+    pair), kto (votes without a pair)."""
+    out = {"sft": [], "dpo": [], "kto": []}
+    for group in _groups(list(records)):
+        paired = _paired(group)
+        for r in group["events"]:
+            if _good(r) is not None:
+                out["sft"].append(r.get("id"))
+            out["dpo" if paired else "kto"].append(r.get("id"))
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def split_by_conversation(records: Iterable[dict], held_out_frac: float, seed: int = 42) -> tuple[list, list]:
+    """(train records, held-out records): whole conversations held out, about held_out_frac of them (at least
+    one when there are two or more, never all), chosen by seed; the same records always split the same way.
+    Every dataset made from feedback splits by it, so no held-out conversation is trained on by any objective."""
+    records = list(records)
+    conversations = sorted({str(r.get("conversation_id")) for r in records})
+    n_held = 0 if len(conversations) < 2 or held_out_frac <= 0 else \
+        min(len(conversations) - 1, max(1, round(len(conversations) * held_out_frac)))
+    random.Random(seed).shuffle(conversations)
+    held = set(conversations[:n_held])
+    return ([r for r in records if str(r.get("conversation_id")) not in held],
+            [r for r in records if str(r.get("conversation_id")) in held])

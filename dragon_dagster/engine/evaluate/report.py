@@ -10,6 +10,7 @@ from pathlib import Path
 from ..train import progress
 from ..data.tables import read_jsonl
 from ..rewards import ACCURACY_TYPES
+from .feedback_gain import gain, held_out_feedback, model_figures
 from .replies import completion_loss, evaluate_rows, has_replies, score_prompt_rows
 from ..models import load_model, load_tokenizer
 from ..reporter import Reporter
@@ -32,6 +33,9 @@ class ReportJob:
     stage_results: list[dict] = field(default_factory=list)  # [{"name", "method", "result"}] from manifests
     first_stage_adapters: list[str] = field(default_factory=list)  # the model after the first stage
     rewards: list[dict] = field(default_factory=list)  # [{"name", "dir", "rewards"}] of the chain's GRPO stages
+    # a retraining from feedback: {"held_out": {objective: eval file}, "taste": rewards or None, "liked_at",
+    # "objectives": [what each objective trained on, or why it was skipped]}
+    feedback: dict = field(default_factory=dict)
 
 
 def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
@@ -46,7 +50,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
     prompts_only = not has_replies(rows)  # a prompt dataset: no reference replies, so no loss
     rewards, reward_specs = reward_set(job.rewards) if prompts_only else (None, [])
     split = "held-out" if held_out else "training"
-    results = {}
+    results, feedback_raw = {}, {}
+    rated, pairs, taste = held_out_feedback_of(job)
     for name, path in (("base", job.base_model), ("merged", job.merged_model)):
         reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
         tokenizer = load_tokenizer(path)
@@ -59,6 +64,10 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
             results[name] = evaluate_rows(model, tokenizer, rows, n_samples=None,
                                           max_new_tokens=job.settings.max_new_tokens, max_len=job.max_len,
                                           metric_names=job.settings.metrics)
+        if job.feedback:
+            reporter.log(f"the {name} model on the held-out feedback: {len(rated)} rated replies, {len(pairs)} pairs")
+            feedback_raw[name] = model_figures(model, tokenizer, rated, pairs, taste, max_len=job.max_len,
+                                               max_new_tokens=job.settings.max_new_tokens)
         del model
     out = Path(job.output_dir)
     judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
@@ -88,6 +97,14 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
             "metrics": f"all {len(rows)} {split} rows: greedy replies against their reference replies (an "
                        "adapter's metrics.json is on its first n_samples rows only)",
             "samples": f"the first {n_samples} of those rows"}
+    if job.feedback:
+        report["feedback"] = gain(feedback_raw["base"], feedback_raw["merged"], rated, pairs,
+                                  job.feedback.get("liked_at", 1.0))
+        report["objectives"] = job.feedback.get("objectives", [])
+        if "taste_samples" in feedback_raw["base"]:
+            report["feedback"]["taste_samples"] = [
+                {"prompt": b["prompt"], "start": b["reply"], "retrained": m["reply"]} for b, m in
+                zip(feedback_raw["base"]["taste_samples"], feedback_raw["merged"]["taste_samples"])][:n_samples]
     report.update({
         "base": {k: v for k, v in results["base"].items() if k != "samples"},
         "merged": {k: v for k, v in results["merged"].items() if k != "samples"},
@@ -98,6 +115,15 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> dict:
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def held_out_feedback_of(job: ReportJob):
+    """(rated replies, pairs, taste RewardSet or None) a retraining's report measures; empty otherwise."""
+    if not job.feedback:
+        return [], [], None
+    rated, pairs = held_out_feedback(job.feedback["held_out"])
+    taste = job.feedback.get("taste")
+    return rated, pairs, RewardSet.from_list(taste, base_dir=job.output_dir) if taste else None
 
 
 def reward_set(stages: list[dict]) -> tuple[RewardSet | None, list[dict]]:
@@ -253,6 +279,8 @@ def markdown(report: dict) -> str:
         lines += [f"| {s['stage']} | {s.get('method')} | " + " | ".join(_fmt(s.get(c, "")) for c in columns) + " |"
                   for s in report["stages"]]
         lines.append("")
+    if "feedback" in report:
+        lines += _feedback_markdown(report)
     if report.get("judge"):
         lines += ["## Pairwise judge (merged model as A, each prompt judged in both orders)", "",
                   f"Judge: {report['judge']['judge']}", "", "| against | wins | ties | losses | unparsed | "
@@ -270,6 +298,31 @@ def markdown(report: dict) -> str:
         if "base_reward" in s:
             lines += [f"Weighted reward: base {_fmt(s['base_reward'])}, merged {_fmt(s['merged_reward'])}.", ""]
     return "\n".join(lines)
+
+
+def _feedback_markdown(report: dict) -> list[str]:
+    """What the retraining trained on, objective by objective, and its figures on the held-out feedback."""
+    lines = ["## Retraining from feedback", "", "| objective | ran | trained on | records | why not |",
+             "|---|---|---|---|---|"]
+    for o in report.get("objectives", []):
+        lines.append(f"| {o['objective']} | {'yes' if o['ran'] else 'no'} | {o.get('rows', 0)} {o.get('unit', 'rows')} "
+                     f"| {o.get('records', 0)} | {o.get('skipped') or ''} |")
+    held = report["feedback"]["held_out"]
+    lines += ["", f"Held-out feedback (conversations never trained on): {held['rated_replies']} rated replies "
+                  f"({held['liked']} liked or edited, {held['disliked']} disliked), {held['pairs']} pairs, "
+                  f"{held['prompts']} prompts; starting model against the retrained one.", "",
+              "| figure | start | retrained | gain |", "|---|---|---|---|"]
+    for name in ("reward", "pair_accuracy", "liked_share"):
+        figures = report["feedback"].get(name)
+        if figures:
+            lines.append(f"| {name} | {_fmt(figures['start'])} | {_fmt(figures['retrained'])} | "
+                         f"{_fmt(figures['gain'])} |")
+        else:
+            lines.append(f"| {name} | not measured | | |")
+    lines += ["", "reward: mean change of the per-token log-probability of held-out replies, + for liked and - for "
+                  "disliked ones (above 0: towards what people liked). pair_accuracy: share of held-out pairs whose "
+                  "chosen reply is the likelier. liked_share: share of fresh replies the gate's taste likes.", ""]
+    return lines
 
 
 def _prompts_markdown(report: dict) -> list[str]:
