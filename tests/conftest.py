@@ -66,7 +66,10 @@ def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str =
           dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           kto: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           evaluate: {{max_new_tokens: 4, n_samples: 1}}
+          gate: {{taste: [{{type: custom, file: taste.py, name: short}}]}}  # liked_share reported; reward decides
         """)))
+    (path.parent / "taste.py").write_text("def reward(prompt, completion, reference, row):\n"
+                                          "    return 1.0 if len(completion.split()) < 3 else 0.0\n")
     return path
 
 

@@ -81,7 +81,33 @@ def test_gate_decisions_name_the_deciding_figure():
     assert gain_decision(measured, Gate(metric="pair_accuracy", min_gain=None))[0] == []  # "not worse" alone
     with pytest.raises(ValueError, match="liked_share needs `taste`"):
         Gate(metric="liked_share")
+    # min_gain: null promotes on "not worse": a measured fall of the feedback figure still refuses
+    fell = {**measured, "reward": {"start": 0.0, "retrained": -0.01, "gain": -0.01}}
+    assert gain_decision(fell, Gate(min_gain=None))[0] == ["reward fell by 0.01 on the held-out feedback"]
+    with pytest.raises(ValueError, match="exact compares with a reference answer"):
+        Gate(taste=[{"type": "exact"}])
+    with pytest.raises(ValueError, match="held_out_frac is 0"):
+        Gate(held_out_frac=0)
+    with pytest.raises(ValueError, match=r"unknown metric\(s\) \['tokenf1'\]"):
+        Gate(task_tolerance={"tokenf1": 0.1})
+    tolerance = Gate(task_tolerance={"token_f1": 0.05}).task_tolerance  # given values replace defaults one by one
+    assert tolerance["token_f1"] == 0.05 and tolerance["eval_loss"] == 0.02 and tolerance["exact"] == 0.0
     stages = [{"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
               {"name": "s", "kind": "sft", "dataset": "d"}, {"name": "m", "kind": "merge"}]
     with pytest.raises(PipelineError, match=r"feedback.gate: .*gate.taste\[0\]: unknown reward type 'vibes'"):
         parse({"name": "p", "stages": stages, "feedback": {"gate": {"taste": [{"type": "vibes"}]}}})
+
+
+def test_a_missing_taste_file_fails_the_retraining_before_it_trains(tmp_path):
+    from dagster import Failure
+
+    from dragon_dagster.assets.feedback import taste_rewards
+
+    stages = [{"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
+              {"name": "s", "kind": "sft", "dataset": "d"}, {"name": "m", "kind": "merge"}]
+    pipeline = parse({"name": "p", "stages": stages, "feedback": {"gate": {
+        "metric": "liked_share", "taste": [{"type": "custom", "file": "taste.py"}]}}}, tmp_path / "p.yaml")
+    with pytest.raises(Failure, match=r"p feedback.gate.taste: .*taste.py' does not exist"):
+        taste_rewards(pipeline)
+    (tmp_path / "taste.py").write_text("def reward(prompt, completion, reference, row):\n    return 1.0\n")
+    assert len(taste_rewards(pipeline)) == 1

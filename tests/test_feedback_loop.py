@@ -18,6 +18,8 @@ from dragon_dagster.assets.feedback import promotion_check
 from dragon_dagster.engine.feedback import FeedbackStore
 from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 
+from .test_pipeline_materialize import failed_message
+
 NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_ratings", "feedback_sft_adapter", "feedback_dpo_adapter",
          "feedback_kto_adapter", "retrained_model", "retrained_report"]
 
@@ -30,6 +32,19 @@ def parts_and_resources(materialized):
     resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
                  "training": TrainingResource(device="cpu")}
     return parts, resources
+
+
+def retrain_every_step(parts, instance, resources, tags):
+    """The retraining job's assets and the gate, run for a requested range; every step must succeed (the gate's
+    check may pass or fail). Returns (result, {asset name: materialization metadata})."""
+    result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
+                         selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=tags,
+                         raise_on_error=False)
+    steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(result.run_id)}
+    assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in NAMES), steps
+    events = {e.asset_key.path[-1]: e.metadata for e in
+              (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
+    return result, events
 
 
 def turns(text):
@@ -68,13 +83,7 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
 
     client = resources["tracking"].client()
     champion_before = alias_version(client, "tiny", CHAMPION)
-    result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
-                         selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=request.tags,
-                         raise_on_error=False)
-    steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(result.run_id)}
-    assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in NAMES), steps
-    events = {e.asset_key.path[-1]: e.metadata for e in
-              (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
+    result, events = retrain_every_step(parts, instance, resources, request.tags)
     assert events["feedback_sft_dataset"]["rows"].value == 2  # the liked reply and the edited one
     assert events["feedback_pairs"]["rows"].value == 2        # liked vs disliked, and edited vs original
     assert "skipped" not in events["feedback_dpo_adapter"]
@@ -93,7 +102,9 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
         assert result.success and alias_version(client, "tiny", CHAMPION) == version
         assert gate.metadata["champion"].value == f"models:/tiny/{version}"
     else:  # a blocking ERROR check: the run fails and the champion stays what it was
-        assert not result.success and gate.metadata["regressions"].value != "none"
+        decision = gate.metadata["decision"].value
+        assert not result.success and not decision.startswith("promoted")
+        assert gate.metadata["regressions"].value != "none" or "not above min_gain" in decision, decision
         assert alias_version(client, "tiny", CHAMPION) == champion_before
 
     with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as context:
@@ -311,13 +322,7 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
 
     def retrain():
         [request], _ = tick(sensor_def, instance, store_resource)
-        result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
-                             selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=request.tags,
-                             raise_on_error=False)
-        steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(result.run_id)}
-        assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in NAMES), steps
-        events = {e.asset_key.path[-1]: e.metadata for e in
-                  (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
+        result, events = retrain_every_step(parts, instance, resources, request.tags)
         report_dir = Path(events["retrained_report"]["artifact_dir"].value)
         [gate] = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
         return instance.get_run_by_id(result.run_id).tags, events, json.loads(
@@ -345,6 +350,10 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     assert [by_objective[o]["ran"] for o in ("sft", "dpo", "kto")] == [True, False, True]
     assert by_objective["dpo"]["skipped"] == "no pairs" and by_objective["kto"]["records"] == 6
     assert report["feedback"]["held_out"]["rated_replies"] == 2 and report["feedback"]["reward"] is not None
+    liked_share = report["feedback"]["liked_share"]  # the pipeline's taste: fewer than 3 words
+    assert 0 <= liked_share["start"] <= 1 and liked_share["gain"] == liked_share["retrained"] - liked_share["start"]
+    assert (Path(events["retrained_report"]["artifact_dir"].value) / "rewards" / "taste.py").exists(), \
+        "the taste file travels with the report"
     assert "## Retraining from feedback" in (Path(events["retrained_report"]["artifact_dir"].value)
                                               / "report.md").read_text()
     figures = report["feedback"]["reward"]
@@ -360,3 +369,26 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     kto = json.loads((Path(events["feedback_kto_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
     assert kto["resolved_model"] == str(start) and len(kto["chain"]) == 1, "KTO starts from the deployed model"
     assert [o["ran"] for o in report["objectives"]] == [False, False, True]
+
+
+def test_feedback_from_one_conversation_fails_before_training(materialized, tmp_path):
+    """The gate asks for a gain on held-out conversations: a range that is one conversation fails at its
+    datasets, naming why, instead of after a whole retraining the gate could only refuse."""
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+
+    parts = build_pipeline_defs(materialized["pipeline"])
+    store_resource = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    resources = {"store": store_resource, "tracking": MLflowTracking(runs_dir=str(tmp_path / "runs")),
+                 "training": TrainingResource(device="cpu")}
+    store = FeedbackStore(store_resource.feedback_path("tiny"))
+    store.record("one", turns("Hub Pro blinks red"), "It is fine.", "down")
+    store.record("one", turns("Hub Pro blinks red") + [{"role": "assistant", "content": "It is fine."},
+                                                     {"role": "user", "content": "Really?"}], "Check the cable.", "up")
+    instance = DagsterInstance.ephemeral()
+    result = materialize(parts["assets"], instance=instance, resources=resources,
+                         selection=AssetSelection.assets(["tiny", "feedback_ratings"]), raise_on_error=False,
+                         tags={RANGE_TAG: "1-2", PIPELINE_TAG: "tiny"})
+    assert not result.success
+    message = failed_message(instance, result.run_id)
+    assert "all in one conversation: none can be held out for the promotion gate" in message
+    assert "gate.min_gain: null" in message

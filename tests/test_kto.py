@@ -2,6 +2,7 @@
 method of a preference stage end to end through Dagster on the tiny model, and bad rated input."""
 
 import json
+import math
 import textwrap
 from pathlib import Path
 
@@ -59,6 +60,27 @@ def test_labels_read_from_the_usual_spellings_and_a_bad_one_is_named():
         map_rated(df, RatedMapping("q", "r", "verdict"))
 
 
+def test_rated_rows_keep_their_source_positions_and_numeric_labels():
+    df = pd.DataFrame({"q": ["a", "", "c", "d"], "r": ["x", "y", "z", "w"], "ok": [1.0, -1.0, -1.0, 0.0]})
+    kept = []
+    rows, dropped = map_rated(df, RatedMapping("q", "r", "ok"), kept)
+    assert kept == [0, 2, 3] and dropped == {"empty": 1}, "group_by values follow the rows kept"
+    assert [r["label"] for r in rows] == [True, False, False]
+    assert [parse_label(v) for v in ("-1.0", "+1", -1, "-1")] == [False, True, False, False]
+
+
+def test_a_preference_method_refuses_the_other_kind_of_rows():
+    from dragon_dagster.engine.train.preference import check_rows
+    from dragon_dagster.engine.train.trainer import TrainingError
+
+    rated = [{"prompt": [], "completion": [], "label": True}]
+    with pytest.raises(TrainingError, match="dpo trains on pairs .* or method: kto for rated replies"):
+        check_rows("dpo", rated, 4)  # a run's config switched the method of a stage on rated replies
+    with pytest.raises(TrainingError, match="kto needs at least 2 rows per device step.*this run has 1"):
+        check_rows("kto", rated, 1)  # batch_size 2 split over 2 workers
+    check_rows("kto", rated, 2)
+
+
 def test_pairs_unpair_into_a_liked_and_a_disliked_reply():
     pair = {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "good"}],
             "rejected": [{"role": "assistant", "content": "bad"}]}
@@ -76,7 +98,10 @@ def test_methods_need_their_kind_of_data(tiny_model, tmp_path):
               {"name": "k", "kind": "preference", "method": "kto", "dataset": "d"}]
     with pytest.raises(PipelineError, match=r"\(kto\) trains on rated replies: its dataset 'd' is a chat_dataset"):
         parse({"name": "p", "stages": stages})
-    stages[2].update(args={"batch_size": 1})
+    stages[2].update(dataset="tickets")
+    with pytest.raises(PipelineError, match=r"names 'tickets', a source file: map it with a rated_dataset or"):
+        parse({"name": "p", "datasets": {"tickets": {"path": "t.csv"}}, "stages": stages})
+    stages[2].update(dataset="d", args={"batch_size": 1})
     with pytest.raises(PipelineError, match="KTO needs batch_size >= 2"):
         parse({"name": "p", "stages": stages})
 
@@ -122,5 +147,6 @@ def test_kto_stage_trains_on_rated_replies_end_to_end(kto_run):
     run = MlflowClient(kto_run["tracking"].uri).get_run(manifest["mlflow_run_id"])
     assert run.data.tags["method"] == "kto" and run.data.params["method"] == "kto"
     assert {"train/kl", "train/rewards/chosen", "eval/pref_accuracy", "eval/kto_loss"} <= set(run.data.metrics)
-    checks = {c["name"]: c for c in outcome["checks"] if c["asset"].endswith("kto_adapter")}
-    assert checks["losses_finite_and_falling"]["passed"] is not None
+    losses = [json.loads(line).get("loss") for line in (art["kto_adapter"] / "progress.jsonl").read_text().splitlines()]
+    assert len([x for x in losses if x is not None]) == 4 and all(math.isfinite(x) for x in losses if x is not None)
+    assert "losses_finite_and_falling" in {c["name"] for c in outcome["checks"] if c["asset"] == "kto/kto_adapter"}

@@ -84,7 +84,8 @@ def map_dataset(stage: st.DatasetStage, df, kept: list[int] | None = None) -> tu
         return data_lib.map_pairs(df, data_lib.PairsMapping(stage.prompt, stage.chosen, stage.rejected, stage.system),
                                   kept)
     if isinstance(stage, st.RatedDataset):
-        return data_lib.map_rated(df, data_lib.RatedMapping(stage.prompt, stage.reply, stage.label, stage.system))
+        return data_lib.map_rated(df, data_lib.RatedMapping(stage.prompt, stage.reply, stage.label, stage.system),
+                                  kept)
     if isinstance(stage, st.PromptDataset):
         return data_lib.map_prompts(df, data_lib.PromptsMapping(stage.prompt, stage.reference, stage.system)), {}
     return data_lib.map_rows(df, data_lib.Mapping(stage.prompt, stage.response, stage.system,
@@ -128,7 +129,8 @@ def dataset_asset(pipeline: Pipeline, stage: st.DatasetStage):
             rows, dropped = map_dataset(settings, df, kept)
             if settings.group_by:  # read from the source table, carried along with the rows it maps to
                 values = data_lib.group_values(df, settings.group_by)
-                groups = [values[i] for i in kept] if isinstance(settings, st.PairsDataset) else values
+                groups = [values[i] for i in kept] if isinstance(settings, (st.PairsDataset, st.RatedDataset)) \
+                    else values
             else:  # rows asking the same prompt stay on one side
                 groups = [data_lib.user_text(r) for r in rows]
             duplicates = 0

@@ -19,7 +19,7 @@ from ..engine.data import tables as data_lib
 from ..engine.artifacts import read_manifest, write_manifest
 from ..engine.feedback import (FeedbackStore, SKIP_REASONS, check_record, objective_records, preference_pairs,
                                sft_conversations, split_by_conversation, unpaired_ratings, usable_records)
-from ..engine.rewards import RewardSet
+from ..engine.rewards import RewardError, RewardSet
 from ..engine.spec.pipeline import TASK_TOLERANCE, FeedbackEvaluate, Gate, Pipeline
 from ..engine.spec.stages import Merge
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
@@ -73,6 +73,18 @@ def feedback_rows(context, store: ArtifactStore, pipeline: Pipeline) -> dict:
             "used": objective_records(train), "held_out_records": len(held)}
 
 
+def taste_rewards(pipeline: Pipeline) -> RewardSet | None:
+    """The gate's taste as rewards (custom files found relative to the pipeline's YAML); a Failure naming the
+    problem when one cannot be built (a missing file, say), so a retraining fails before it trains."""
+    if not pipeline.feedback.gate.taste:
+        return None
+    base = Path(pipeline.source_file).parent if pipeline.source_file else None
+    try:
+        return RewardSet.from_list(pipeline.feedback.gate.taste, base_dir=base)
+    except RewardError as exc:
+        raise Failure(description=f"{pipeline.name} feedback.gate.taste: {exc}") from exc
+
+
 def feedback_dataset(pipeline: Pipeline, objective: str):
     name = DATASETS[objective]
 
@@ -88,6 +100,7 @@ def feedback_dataset(pipeline: Pipeline, objective: str):
                          "retraining run (\"Materialize all\") it is skipped, with the reason in the run's log, while "
                          "there is no feedback to retrain on: the retraining after it is skipped too.")
     def _dataset(context, store: ArtifactStore) -> Iterator[Output[str]]:
+        taste_rewards(pipeline)  # a broken taste fails here, before anything trains
         found = feedback_rows(context, store, pipeline)
         first, last, records, skipped = found["first"], found["last"], found["records"], found["skipped"]
         n_skipped = sum(skipped.values())
@@ -102,6 +115,11 @@ def feedback_dataset(pipeline: Pipeline, objective: str):
             return
         if reason:  # the sensor or schedule asked for this range: a failure, which their retry back-off counts
             raise Failure(description=reason)
+        if pipeline.feedback.gate.min_gain is not None and not found["held_out_records"]:
+            # the gate could only refuse, after the whole retraining: say so now
+            raise Failure(description=f"feedback records {first}-{last} are all in one conversation: none can be "
+                                      "held out for the promotion gate, which asks for a gain on held-out feedback "
+                                      "(gate.min_gain); wait for more conversations, or set gate.min_gain: null")
         train, held = found["rows"][objective]
         with store.new_artifact(pipeline.name, name, context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)
@@ -159,7 +177,8 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
                          f"{OBJECTIVE_TAG.format(objective)} says which.")
     def _train(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
                training: TrainingResource, **inputs) -> Output[str]:
-        data, previous = inputs["data"], inputs.get("previous", "")  # "": nothing ran before this stage
+        data = str(store.local(inputs["data"]))
+        previous = str(store.local(inputs["previous"])) if inputs.get("previous") else ""  # "": nothing ran yet
         manifest = read_manifest(data)
         rows, records = manifest["train_rows"], len(manifest["records_used"])
         skipped = ("off (feedback.objectives)" if objective not in pipeline.feedback.objectives
@@ -170,7 +189,9 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
             context.log.info(f"{stage.name}: {skipped}; the chain goes on unchanged")
             return Output(previous, metadata={"skipped": MetadataValue.text(skipped),
                                               **({"artifact_dir": MetadataValue.path(previous)} if previous else {})})
-        start = None if previous else str(deployed_model(tracking, store, pipeline))
+        # the deployed model, also when an earlier objective ran: the chain continues from its adapters
+        start = read_manifest(previous)["resolved_model"] if previous else str(deployed_model(tracking, store,
+                                                                                              pipeline))
         return run_training_stage(context, pipeline, effective(stage, config), data, previous or None, False, store,
                                   tracking, training, start_model=start,
                                   tags={"feedback_range": context.run.tags.get(RANGE_TAG), "objective": objective,
@@ -206,15 +227,15 @@ def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
                        "reads (reward, pair accuracy, liked share); which objectives ran, on how much.")
     def _report(context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking,
                 training: TrainingResource, merged: str, dataset: str, sft: str, dpo: str, kto: str) -> Output[str]:
-        data = {"sft": sft, "dpo": dpo, "kto": kto}
+        data = {o: str(store.local(d)) for o, d in (("sft", sft), ("dpo", dpo), ("kto", kto))}
+        merged = str(store.local(merged))
         gate = pipeline.feedback.gate
-        feedback = {"held_out": {o: str(Path(d) / "eval.jsonl") for o, d in data.items()}, "liked_at": gate.liked_at,
+        feedback = {"held_out": {o: Path(d) / "eval.jsonl" for o, d in data.items()}, "liked_at": gate.liked_at,
                     "objectives": objectives_summary(pipeline, data, read_manifest(merged)["adapters"])}
         if gate.taste:  # custom taste files travel with the report, so it reproduces
-            base = Path(pipeline.source_file).parent if pipeline.source_file else None
-            feedback["taste"] = RewardSet.from_list(gate.taste, base_dir=base)
-        return run_report_stage(context, pipeline, effective(stage, config), str(store.local(merged)),
-                                str(store.local(dataset)), store, tracking, training, feedback=feedback)
+            feedback["taste"] = taste_rewards(pipeline)
+        return run_report_stage(context, pipeline, effective(stage, config), merged, str(store.local(dataset)),
+                                store, tracking, training, feedback=feedback)
     return _report
 
 
@@ -266,7 +287,9 @@ def gain_decision(feedback: dict | None, gate: Gate) -> tuple[list[str], dict]:
         deciding.update({f"feedback/{gate.metric}_start": figures["start"],
                          f"feedback/{gate.metric}_retrained": figures["retrained"],
                          f"feedback/{gate.metric}_gain": figures["gain"]})
-    if gate.min_gain is None:
+    if gate.min_gain is None:  # "not worse" alone: a measured loss on the held-out feedback still counts
+        if figures and figures["gain"] < 0:
+            return [f"{gate.metric} fell by {-figures['gain']:.4g} on the held-out feedback"], deciding
         return [], deciding
     if not figures:
         return [f"no held-out feedback to measure {gate.metric} on ({held or 'none'}); hold out more "

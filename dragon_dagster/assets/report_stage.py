@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from dagster import MetadataValue, Output
@@ -37,9 +38,15 @@ def run_report_stage(context, pipeline: Pipeline, stage: Evaluate, merged: str, 
                "merged_model": merged_manifest["info"]["model_dir"], "eval_file": str(Path(dataset) / "eval.jsonl"),
                "train_file": str(Path(dataset) / "train.jsonl"), "stages": stages, "output_dir": str(tmp),
                "stage_results": stage_results, "first_stage_adapters": first_stage, "rewards": rewards}
-        if feedback:
+        if feedback:  # the held-out feedback and taste files travel with the report (and to a remote worker)
+            (tmp / "feedback").mkdir()
+            held_out = {}
+            for objective, path in feedback["held_out"].items():
+                shutil.copyfile(path, tmp / "feedback" / f"{objective}.jsonl")
+                held_out[objective] = f"feedback/{objective}.jsonl"
             taste = feedback.get("taste")
-            job["feedback"] = {**feedback, "taste": taste.localize(tmp).to_list(relative_to=tmp) if taste else None}
+            job["feedback"] = {**feedback, "held_out": held_out,
+                               "taste": taste.localize(tmp).to_list(relative_to=tmp) if taste else None}
         report = training.run_job(context, job, tmp, env=tracking.env(), store=store, final=final)
         tags = {"pipeline": pipeline.name, "asset_key": context.asset_key.to_user_string(),
                 "dagster_run_id": context.run_id, "base_model": pipeline.model}

@@ -547,13 +547,14 @@ def objective_records(records: Iterable[dict]) -> dict[str, list[int]]:
 
 def split_by_conversation(records: Iterable[dict], held_out_frac: float, seed: int = 42) -> tuple[list, list]:
     """(train records, held-out records): whole conversations held out, about held_out_frac of them (at least
-    one when there are two or more, never all), chosen by seed; the same records always split the same way.
-    Every dataset made from feedback splits by it, so no held-out conversation is trained on by any objective."""
+    one when there are two or more, never all). Conversations are ranked by a hash of their id and the seed,
+    so a conversation keeps its rank whatever else is in the range, and the same records always split the same
+    way. Every dataset made from feedback splits by it, so no objective trains on a held-out conversation."""
     records = list(records)
-    conversations = sorted({str(r.get("conversation_id")) for r in records})
+    conversations = {str(r.get("conversation_id")) for r in records}
     n_held = 0 if len(conversations) < 2 or held_out_frac <= 0 else \
         min(len(conversations) - 1, max(1, round(len(conversations) * held_out_frac)))
-    random.Random(seed).shuffle(conversations)
-    held = set(conversations[:n_held])
+    rank = sorted(conversations, key=lambda c: hashlib.sha256(f"{seed}\0{c}".encode()).hexdigest())
+    held = set(rank[:n_held])
     return ([r for r in records if str(r.get("conversation_id")) not in held],
             [r for r in records if str(r.get("conversation_id")) in held])

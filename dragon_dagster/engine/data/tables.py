@@ -346,10 +346,10 @@ def parse_label(value: Any) -> bool:
     """A liked/disliked label from a table cell; DataError naming the value when it is neither."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
+    if isinstance(value, (int, float)) and value in (-1, 0, 1):  # a numeric column read as floats too
+        return value == 1
     text = str(value).strip().lower()
-    if text.endswith(".0") and text[:-2] in ("0", "1"):  # a numeric column read as floats
+    if text.endswith(".0") and text[:-2] in ("0", "1", "-1", "+1"):  # numbers read as text
         text = text[:-2]
     if text in LIKED or text in DISLIKED:
         return text in LIKED
@@ -367,8 +367,10 @@ class RatedMapping:
     system: str | None = None
 
 
-def map_rated(df: pd.DataFrame, mapping: RatedMapping) -> tuple[list[dict], dict[str, int]]:
-    """Rows in TRL's unpaired preference format ({"prompt", "completion", "label"}), and counts dropped."""
+def map_rated(df: pd.DataFrame, mapping: RatedMapping,
+              kept: list[int] | None = None) -> tuple[list[dict], dict[str, int]]:
+    """Rows in TRL's unpaired preference format ({"prompt", "completion", "label"}), and counts dropped. kept: a
+    list the source position of every kept row is appended to (to carry a group_by value along)."""
     check_columns(df, {"prompt": mapping.prompt, "reply": mapping.reply, "label": mapping.label,
                        "system": mapping.system})
     if mapping.label not in df.columns:
@@ -386,6 +388,8 @@ def map_rated(df: pd.DataFrame, mapping: RatedMapping) -> tuple[list[dict], dict
             raise DataError(f"row {position + 1}, column {mapping.label!r}: {exc}") from None
         rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
                      "completion": [{"role": "assistant", "content": reply}], "label": label})
+        if kept is not None:
+            kept.append(position)
     if not rows:
         raise DataError(f"no usable rated replies: every row was dropped ({dropped})")
     return rows, dropped

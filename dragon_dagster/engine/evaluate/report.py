@@ -121,7 +121,8 @@ def held_out_feedback_of(job: ReportJob):
     """(rated replies, pairs, taste RewardSet or None) a retraining's report measures; empty otherwise."""
     if not job.feedback:
         return [], [], None
-    rated, pairs = held_out_feedback(job.feedback["held_out"])
+    # relative to the report's own directory, where the asset copied them
+    rated, pairs = held_out_feedback({o: str(Path(job.output_dir) / f) for o, f in job.feedback["held_out"].items()})
     taste = job.feedback.get("taste")
     return rated, pairs, RewardSet.from_list(taste, base_dir=job.output_dir) if taste else None
 

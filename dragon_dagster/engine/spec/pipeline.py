@@ -68,6 +68,7 @@ class FeedbackDPOArgs(s.PreferenceArgs):
 
 class FeedbackDPO(s.Preference):
     kind: Literal["preference"] = "preference"
+    method: Literal["dpo", "orpo"] = Field("dpo", description="dpo or orpo (kto runs on the unpaired ratings).")
     name: Literal["feedback_dpo_adapter"] = Field("feedback_dpo_adapter", description="The asset's name (fixed).")
     dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store "
                                                                                  "(fixed).")
@@ -118,7 +119,7 @@ class Gate(s.Settings):
     task_tolerance: dict[str, float] = Field(
         default_factory=lambda: dict(TASK_TOLERANCE),
         description="How far each task metric of the pipeline's held-out rows may fall (eval_loss: rise) before "
-                    "the retrained model counts as worse.")
+                    "the retrained model counts as worse; the values given replace those defaults one by one.")
     taste: list[dict[str, Any]] | None = Field(
         None, description="liked_share: rewards scoring a reply (the GRPO reward types, e.g. a custom file); a "
                           "reply is liked when their weighted sum is at least liked_at.")
@@ -131,13 +132,35 @@ class Gate(s.Settings):
         if self.metric == "liked_share" and not self.taste:
             raise ValueError("gate metric liked_share needs `taste`: the rewards that say which replies are liked")
         if self.taste:
-            from ..rewards import OPTIONS
+            from ..rewards import NEEDS_REFERENCE, OPTIONS
 
             for i, reward in enumerate(self.taste):
                 if reward.get("type") not in OPTIONS:
                     raise ValueError(f"gate.taste[{i}]: unknown reward type {reward.get('type')!r}; "
                                      f"known: {', '.join(OPTIONS)}")
+                if reward["type"] in NEEDS_REFERENCE:
+                    raise ValueError(f"gate.taste[{i}]: {reward['type']} compares with a reference answer, which "
+                                     "feedback prompts do not have; use regex, length, keyword, json, command or "
+                                     "custom")
         return self
+
+    @model_validator(mode="after")
+    def _tolerances(self):
+        unknown = sorted(set(self.task_tolerance) - set(TASK_TOLERANCE) - _task_metric_names())
+        if unknown:
+            raise ValueError(f"gate.task_tolerance: unknown metric(s) {unknown}; known: eval_loss, "
+                             + ", ".join(sorted(_task_metric_names())))
+        self.task_tolerance = {**TASK_TOLERANCE, **self.task_tolerance}
+        if self.min_gain is not None and self.held_out_frac == 0:
+            raise ValueError("gate.min_gain asks for a gain on held-out feedback, but held_out_frac is 0: hold some "
+                             "out, or set min_gain: null")
+        return self
+
+
+def _task_metric_names() -> set[str]:
+    from ..evaluate.metrics import METRICS
+
+    return set(METRICS)
 
 
 OBJECTIVES = ("sft", "dpo", "kto")
@@ -235,9 +258,13 @@ class Pipeline(s.Settings):
 
     def _check_preference_data(self) -> None:
         """DPO and ORPO need pairs; KTO takes rated replies or pairs (split into a liked and a disliked reply)."""
+        names = {st.name for st in self.stages}
         for stage in self.stages:
             if stage.kind != "preference":
                 continue
+            if stage.dataset not in names:
+                raise ValueError(f"stage {stage.name!r} names {stage.dataset!r}, a source file: map it with a "
+                                 f"{'rated_dataset or ' if stage.method == 'kto' else ''}pairs_dataset first")
             data = self.stage(stage.dataset).kind
             paired = data in ("pairs_dataset", "preference_pairs")
             if stage.method == "kto" and not (paired or data == "rated_dataset"):

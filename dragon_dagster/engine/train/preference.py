@@ -17,7 +17,7 @@ from ..data.tables import unpaired
 from ..evaluate.replies import generate, reply_logprobs
 from ..reporter import Reporter
 from ..spec.stages import Preference
-from .trainer import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
+from .trainer import StageJob, TrainingError, common_args, lora_config, prepare, progress_callback, run_trainer
 
 @dataclass
 class PreferenceJob(StageJob):
@@ -31,11 +31,14 @@ def build_trainer(job: PreferenceJob, p, callback):
                   beta=job.settings.beta, max_length=p.args.max_seq_len)
     train = Dataset.from_list(p.train_rows)
     evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
+    check_rows(job.settings.method, p.train_rows, kwargs["per_device_train_batch_size"])
     if job.settings.method == "kto":
         from trl import KTOConfig, KTOTrainer
 
-        train, evals = Dataset.from_list(unpaired(p.train_rows)), (
-            Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None)
+        # shuffled: KTO reads batches in order (its KL term pairs each reply with another prompt of the same batch),
+        # and rated files, unpaired pairs and feedback come grouped by label or prompt
+        train = Dataset.from_list(unpaired(p.train_rows)).shuffle(seed=p.args.seed)
+        evals = Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None
         weights = kto_weights(job.settings, [bool(r["label"]) for r in train])
         return KTOTrainer(model=p.model, ref_model=None, args=KTOConfig(**kwargs, **weights), train_dataset=train,
                           eval_dataset=evals, processing_class=p.tokenizer, peft_config=lora_config(p.lora),
@@ -50,6 +53,20 @@ def build_trainer(job: PreferenceJob, p, callback):
     return DPOTrainer(model=p.model, ref_model=None, args=DPOConfig(**kwargs), train_dataset=train,
                       eval_dataset=evals, processing_class=p.tokenizer, peft_config=lora_config(p.lora),
                       callbacks=[callback])
+
+
+def check_rows(method: str, rows: list[dict], per_device_batch: int) -> None:
+    """Refuse data the method cannot train on, naming what it needs (a run's settings can switch the method)."""
+    if method == "kto":
+        if not all("chosen" in r or "label" in r for r in rows):
+            raise TrainingError("kto trains on rated replies (a rated_dataset) or pairs; these rows have neither a "
+                                "label nor a chosen reply")
+        if per_device_batch < 2:
+            raise TrainingError(f"kto needs at least 2 rows per device step (it estimates its KL term from the other "
+                                f"replies in a batch); this run has {per_device_batch}: raise args.batch_size")
+    elif not all("chosen" in r and "rejected" in r for r in rows):
+        raise TrainingError(f"{method} trains on pairs (chosen and rejected replies); these rows are not pairs: use a "
+                            "pairs_dataset or preference_pairs, or method: kto for rated replies")
 
 
 def kto_weights(settings: Preference, labels: list[bool]) -> dict:
