@@ -284,6 +284,7 @@ def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_better(ma
     assert (champion_dir / "config.json").exists()
     rejected = gate_on("b", 1.5, started_from=str(champion_dir))  # worse held-out loss than where it started
     assert not rejected.passed and rejected.metadata["regressions"].value == "eval_loss"
+    assert rejected.metadata["decision"].value == "eval_loss worse than the starting model beyond its task_tolerance"
     assert alias_version(client, "tiny", CHAMPION) == "1", "a rejected retraining leaves the champion unchanged"
     assert client.get_model_version("tiny", "1").tags["promoted"].endswith("promotion_gate passed")
 

@@ -261,7 +261,8 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
         if started_from and Path(started_from) != live:
             # compared with a model that is no longer live (a rollback or a new pipeline model meanwhile)
             worse.append(f"champion moved during the retraining (started from {started_from}, now {live})")
-        problems = worse + short
+        problems = [f"{name} worse than the starting model beyond its task_tolerance" if name in
+                    gate.task_tolerance else name for name in worse] + short
         promoted = {}
         if not problems:
             promoted = promote_merged(context, pipeline.name, tracking, merged_dir,
