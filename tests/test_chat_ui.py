@@ -266,6 +266,17 @@ def chromium() -> Path:
     return CHROMIUM
 
 
+def send(page, text: str, reply: str) -> None:
+    """Type a message on the chat page and wait until the whole reply is on it (the status line then says what
+    context was sent)."""
+    from playwright.sync_api import expect
+
+    page.locator("#message textarea").fill(text)
+    page.locator("#message textarea").press("Enter")
+    expect(page.locator("#chatbot").get_by_label(f"bot's message: {reply}")).to_be_visible()
+    expect(page.locator("#status")).to_contain_text("Context")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -332,14 +343,8 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             status = page.locator("#status")
             page.locator("#system textarea").fill("Be brief.")
 
-            def say(text: str, reply: str) -> None:
-                page.locator("#message textarea").fill(text)
-                page.locator("#message textarea").press("Enter")
-                expect(bot.get_by_label(f"bot's message: {reply}")).to_be_visible()
-                expect(status).to_contain_text("Context")  # the stream has finished
-
-            say("hello", "Reply 1 to: hello")
-            say("second", "Reply 2 to: second")
+            send(page, "hello", "Reply 1 to: hello")
+            send(page, "second", "Reply 2 to: second")
             bot.get_by_label("Dislike").first.click()  # thumbs down on the first reply
             expect(status).to_contain_text("Recorded thumbs down on reply 1")
             bot.get_by_label("Edit").last.click()  # the last message's pencil: the second reply
@@ -347,7 +352,7 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             bot.get_by_label("Submit").click()
             expect(status).to_contain_text("Recorded edit of reply 2")
             expect(bot.get_by_label("bot's message: A better second reply.")).to_be_visible()
-            say("third", "Reply 3 to: third")  # context window 1: the first exchange is left out, and said so
+            send(page, "third", "Reply 3 to: third")  # context window 1: the first exchange is left out, and said so
             expect(status).to_contain_text("dropped the 1 oldest")
             page.locator("#regenerate").click()
             expect(bot.get_by_label("bot's message: Reply 4 to: third")).to_be_visible()
@@ -516,19 +521,13 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
             expect(page.locator("#system textarea")).to_have_value(trained)
             expect(window).to_have_value("all")
 
-            def say(text: str, reply: str) -> None:
-                page.locator("#message textarea").fill(text)
-                page.locator("#message textarea").press("Enter")
-                expect(bot.get_by_label(f"bot's message: {reply}")).to_be_visible()
-                expect(status).to_contain_text("Context")  # the reply has finished
-
-            say("My name is Ada.", "Nice to meet you.")
-            say("What is my name?", "Your name is Ada.")
+            send(page, "My name is Ada.", "Nice to meet you.")
+            send(page, "What is my name?", "Your name is Ada.")
             expect(status).to_contain_text("all 1 earlier exchange(s) sent")
             bot.get_by_label("Like", exact=True).first.click()  # thumbs up on the first reply
             expect(status).to_contain_text("Recorded thumbs up on reply 1")
             window.fill("0")  # explicitly no earlier exchange
-            say("And now?", "I do not know your name.")
+            send(page, "And now?", "I do not know your name.")
             expect(status).to_contain_text("dropped the 2 oldest")
             browser.close()
     finally:
