@@ -162,6 +162,13 @@ def nothing_to_train(pipeline: Pipeline, found: dict) -> str | None:
             + " and no ".join(WHAT[o] for o in objectives) + " to train " + ", ".join(objectives) + " on")
 
 
+def skip_reason(pipeline: Pipeline, objective: str, train_rows: int) -> str | None:
+    """Why a feedback objective does not train (off, or nothing to train on); None when it does."""
+    if objective not in pipeline.feedback.objectives:
+        return "off (feedback.objectives)"
+    return None if train_rows else f"no {WHAT[objective]}"
+
+
 def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
     """A feedback objective's adapter: continues from the stage before it (or the deployed model when none ran),
     and passes the chain on unchanged when its objective is off or it has no training rows."""
@@ -181,8 +188,7 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
         previous = str(store.local(inputs["previous"])) if inputs.get("previous") else ""  # "": nothing ran yet
         manifest = read_manifest(data)
         rows, records = manifest["train_rows"], len(manifest["records_used"])
-        skipped = ("off (feedback.objectives)" if objective not in pipeline.feedback.objectives
-                   else f"no {WHAT[objective]}" if not rows else None)
+        skipped = skip_reason(pipeline, objective, rows)
         tag = f"skipped: {skipped}" if skipped else f"{rows} rows from {records} records"
         context.instance.add_run_tags(context.run_id, {OBJECTIVE_TAG.format(objective): tag})
         if skipped:
@@ -206,8 +212,7 @@ def objectives_summary(pipeline: Pipeline, data: dict[str, str], chain: list[str
     for objective, stage in (("sft", pipeline.feedback.sft), ("dpo", pipeline.feedback.dpo),
                              ("kto", pipeline.feedback.kto)):
         manifest = read_manifest(data[objective])
-        skipped = ("off (feedback.objectives)" if objective not in pipeline.feedback.objectives
-                   else f"no {WHAT[objective]}" if not manifest["train_rows"] else None)
+        skipped = skip_reason(pipeline, objective, manifest["train_rows"])
         out.append({"objective": objective, "stage": stage.name, "ran": stage.name in ran,
                     "rows": manifest["train_rows"], "unit": "conversations" if objective == "sft" else
                     "pairs" if objective == "dpo" else "rated replies",
