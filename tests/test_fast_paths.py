@@ -134,6 +134,8 @@ def progress_rows(out: Path) -> list[dict]:
 def sft_losses(tmp_path, tiny_model, train, held, kernel: str) -> list[float]:
     (tmp_path / kernel).mkdir()
     run = job(tmp_path / kernel, tiny_model, train, held, max_steps=4, grad_accum=2, learning_rate=5e-2)
+    # no LoRA dropout: the chunked path drops over the unpadded tokens, so its masks differ from the padded run's
+    run.settings.lora.dropout = 0.0
     run.speed = {"loss_kernel": kernel, "packing": "off"}
     assert sft.train_sft(run, Reporter())["speed"]["loss_kernel"] == kernel  # the path asked for is the one taken
     return [r["loss"] for r in progress_rows(tmp_path / kernel / "out") if r.get("loss") is not None]
@@ -161,13 +163,14 @@ def grpo_rows_logged(tmp_path, tiny_model, kernel: str) -> list[dict]:
                     args={"max_steps": 2, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
                           "learning_rate": 5e-2, "warmup_ratio": 0.0},
                     rewards=[{"type": "length", "max_chars": 24}], group_size=8, beta=0.04, temperature=0.7,
-                    max_new_tokens=6, max_eval_prompts=2, n_samples=1)
+                    max_new_tokens=6, max_eval_prompts=2, n_samples=1, lora={"dropout": 0.0})
     run = GRPOJob(settings=settings, model=str(tiny_model), train_file=str(work / "prompts.jsonl"),
                   output_dir=str(work / "out"), checkpoint_dir=str(work / "ckpt"), hardware={"device": "cpu"},
                   # one sampling round for both steps: step 2 weighs the same samples against step 1's update
                   speed={"loss_kernel": kernel, "generation_batch_size": 32})
     result = train_grpo(run, Reporter())
-    assert result["speed"] == {"loss_kernel": kernel, "generation_batch_size": 32}
+    assert result["speed"]["loss_kernel"] == kernel and result["speed"]["generation_batch_size"] == 32
+    assert result["speed"]["unpad"] == (kernel == "chunked")
     return [r for r in progress_rows(work / "out") if r.get("grad_norm") is not None]
 
 
@@ -214,11 +217,15 @@ def test_sft_packing_trains_and_says_so(tiny_model, tmp_path):
 
 
 def test_speed_settings_resolve_per_device_and_name_bad_values():
-    assert Speed().resolve("cuda") == Speed(packing="on", loss_kernel="trl")
-    assert Speed().resolve("cpu") == Speed(packing="off", loss_kernel="chunked")
+    assert Speed().resolve("cuda") == Speed(packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch")
+    assert Speed().resolve("cpu") == Speed(packing="off", loss_kernel="chunked", unpad="on", dropout_mask="fast")
     assert Speed(packing="off", loss_kernel="chunked").resolve("cuda").packing == "off"  # overrides win
     with pytest.raises(SettingsError, match="speed.packing"):
         build(Speed, {"packing": "yes"}, "speed")
+    with pytest.raises(SettingsError, match="speed.unpad"):
+        build(Speed, {"unpad": True}, "speed")
+    with pytest.raises(SettingsError, match="speed.dropout_mask"):
+        build(Speed, {"dropout_mask": "quick"}, "speed")
     with pytest.raises(SettingsError, match="speed.generation_batch_size"):
         build(Speed, {"generation_batch_size": 0}, "speed")
     with pytest.raises(SettingsError, match="unknown setting"):
@@ -233,7 +240,7 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
     resource = TrainingResource(device="cpu", loss_kernel="trl", generation_batch_size=64,
                                 python=sys.executable)
     assert resource.speed() == {"packing": "auto", "loss_kernel": "trl", "generation_batch_size": 64,
-                                "torch_compile": False}
+                                "torch_compile": False, "unpad": "auto", "dropout_mask": "auto"}
     seen = {}
     for kind in ("sft", "merge"):
         (tmp_path / kind).mkdir()
@@ -317,3 +324,236 @@ def test_the_worker_command_per_launcher_and_workers():
     on_ray = TrainingResource(launcher="ray", workers=2)
     assert on_ray.command("s3://b/j.json", {**training, "parallel": on_ray.parallel()}) == [
         "python", "-m", "dragon_dagster.engine.worker", "s3://b/j.json"]  # the driver; Ray Train runs the ranks
+
+
+# ------------------------------------------------------------------ unpadded forward, preference heads, dropout
+
+def ragged_batch(vocab=300, rows=4, length=12, seed=3):
+    """Token ids and a mask padded every way a trainer pads: left (a prompt), right (an early end), both."""
+    ids = torch.randint(0, vocab, (rows, length), generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    mask[2, -2:] = 0
+    mask[3, :2] = 0
+    mask[3, -1] = 0
+    return ids, mask
+
+
+def test_unpadded_forward_gives_the_padded_log_probs_and_gradients():
+    from dragon_dagster.engine.train import unpadded
+
+    model = small_lora_model()
+    ids, mask = ragged_batch()
+    n, weights = 6, torch.randn(4, 6)
+    logps, entropy = lm_head.completion_logprobs(model, ids, mask, n, 0.7, chunk=4)
+    (logps * weights).sum().backward()
+    expected = lora_grads(model)
+    with pytest.raises(RuntimeError, match="unpadded.use"):  # plain SDPA would let the rows attend to each other
+        lm_head.completion_logprobs(model, ids, mask, n, 0.7, unpad=True)
+    unpadded.use(model)
+    fast, fast_entropy = lm_head.completion_logprobs(model, ids, mask, n, 0.7, chunk=4, unpad=True)
+    assert torch.allclose(fast, logps, atol=1e-5) and torch.allclose(fast_entropy, entropy, atol=1e-4)
+    assert (fast[2, -2:] == 0).all() and (fast[3, -1] == 0)  # padding after a completion scores zero
+    (fast * weights).sum().backward()
+    assert_same_grads(lora_grads(model), expected)
+    # the padded path (generation, evaluation) goes on through transformers' SDPA and its mask
+    again, _ = lm_head.completion_logprobs(model, ids, mask, n, 0.7)
+    assert torch.allclose(again, logps, atol=1e-6)
+
+
+def test_unpadded_sft_loss_equals_the_padded_loss_and_generation_is_unchanged():
+    from dragon_dagster.engine.train import unpadded
+
+    model = small_lora_model()
+    padded = collate(examples(), padding_free=False)
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    before = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
+    plain, counts = lm_head.causal_lm_loss(model, padded, padded["labels"])
+    plain.backward()
+    expected = lora_grads(model)
+    unpadded.use(model)
+    fast, fast_counts = lm_head.causal_lm_loss(model, padded, padded["labels"], unpad=True)
+    assert fast.item() == pytest.approx(plain.item(), rel=1e-5) and fast_counts == counts
+    fast.backward()
+    assert_same_grads(lora_grads(model), expected)
+    after = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
+    assert torch.equal(before, after)
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_chunked_preference_head_gives_trl_fused_head_values_and_gradients(unpad):
+    """What DPO and KTO read from TRL's fused head (add_fused_lm_head), from the chunked one."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    from dragon_dagster.engine.train import unpadded
+    from dragon_dagster.engine.train.preference_head import use_chunked_head
+
+    model = small_lora_model()
+    ids, mask = ragged_batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :6] = -100  # the prompt is not scored
+    fields = ("log_probs", "entropy", "mean_logits", "is_top1", "log_sum_sq_probs")
+    add_fused_lm_head(model.get_base_model(), outputs=fields)
+    weights = torch.randn(4, 11)
+
+    def run():
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        ((out.log_probs * weights).sum() + out.loss).backward()
+        return out, lora_grads(model)
+
+    expected, expected_grads = run()
+    if unpad:
+        unpadded.use(model)
+    use_chunked_head(model.get_base_model(), unpad=unpad, weighting=True)
+    ours, grads = run()
+    for field in fields:
+        assert torch.allclose(getattr(ours, field).float(), getattr(expected, field).float(), atol=1e-4), field
+    assert torch.equal(ours.label_mask, expected.label_mask)
+    assert ours.loss.item() == pytest.approx(expected.loss.item(), rel=1e-5)
+    assert_same_grads(grads, expected_grads)
+    # generation goes through TRL's forward, unchanged
+    assert model.generate(ids[:1, :4], max_new_tokens=3, do_sample=False).shape == (1, 7)
+
+
+def test_chunked_orpo_forward_gives_trl_values_and_gradients():
+    from types import SimpleNamespace
+
+    from trl.experimental.orpo import ORPOTrainer
+
+    from dragon_dagster.engine.train import unpadded
+    from dragon_dagster.engine.train.preference_head import orpo_forward
+
+    model = small_lora_model()
+    ids, mask = ragged_batch(rows=4, length=10)
+    ids, mask = ids[[0, 2, 1, 3]], mask[[0, 2, 1, 3]]  # right padding only, as ORPO's collator pads
+    mask[2:] = 1
+    mask[2, -3:] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :4] = -100
+    batch = {"chosen_input_ids": ids[:2], "chosen_attention_mask": mask[:2], "chosen_labels": labels[:2],
+             "rejected_input_ids": ids[2:], "rejected_attention_mask": mask[2:], "rejected_labels": labels[2:]}
+    trainer = SimpleNamespace(concatenated_inputs=ORPOTrainer.concatenated_inputs, is_encoder_decoder=False,
+                              get_batch_logps=ORPOTrainer.get_batch_logps, padding_value=0, aux_loss_enabled=False,
+                              accelerator=SimpleNamespace(device=torch.device("cpu")))
+
+    def loss(out):  # every output that carries a gradient, weighted apart
+        return out[0].sum() * 0.3 - out[1].sum() * 0.7 + out[4]
+
+    expected = ORPOTrainer.concatenated_forward(trainer, model, batch)
+    loss(expected).backward()
+    expected_grads = lora_grads(model)
+    unpadded.use(model)
+    concatenated = ORPOTrainer.concatenated_inputs(batch)
+    for unpad in (False, True):
+        ours = orpo_forward(model, concatenated, 2, unpad)
+        for i in (0, 1, 4):
+            assert torch.allclose(ours[i], expected[i], atol=1e-5), i
+        # logits/* metrics: the mean logit over the scored positions, not over every position
+        assert ours[2].shape[0] == int(mask[:2, 1:].sum()) and ours[2].mean().abs() < 1
+        loss(ours).backward()
+        assert_same_grads(lora_grads(model), expected_grads)
+
+
+def test_fast_dropout_drops_at_the_rate_asked_keeps_the_expectation_and_swaps_into_lora():
+    from dragon_dagster.engine.train.dropout import FastDropout, keep_mask, use_fast_dropout
+
+    torch.manual_seed(0)
+    keep, scale = keep_mask((1000, 1000), 0.05)
+    assert keep.float().mean().item() == pytest.approx(0.95, abs=0.001)  # 1e6 draws: sd 0.0002
+    assert scale == pytest.approx(1 / 0.95, rel=1e-4)
+    lanes = keep.view(-1, 4).float().mean(dim=0)  # each 16-bit quarter of a 64-bit draw drops alike
+    assert torch.allclose(lanes, torch.full((4,), 0.95), atol=0.002)
+    x = torch.ones(500, 1000, requires_grad=True)
+    dropout = FastDropout(0.1).train()
+    y = dropout(x)
+    assert y.mean().item() == pytest.approx(1.0, abs=0.01)
+    assert y.unique().tolist() == [0.0, pytest.approx(1 / 0.9, rel=1e-4)]
+    y.sum().backward()
+    assert torch.equal(x.grad, y.detach())  # backward scales by the same mask
+    assert torch.equal(dropout.eval()(x), x)
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1)
+    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules="all-linear", lora_dropout=0.05))
+    assert use_fast_dropout(model) == 14  # seven adapted projections per layer
+    assert sum(isinstance(m, FastDropout) and m.p == 0.05 for m in model.modules()) == 14
+
+
+def dpo_batch(vocab=300, seed=5):
+    """DPO's [chosen; rejected] rows, right-padded: pairs 0 and 1 share their prompt, pair 2's prompts differ."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=g) for n in (5, 3, 4)]
+    other = torch.randint(0, vocab, (4,), generator=g)
+    replies = [torch.randint(0, vocab, (n,), generator=g) for n in (4, 6, 3, 2, 5, 3)]
+    rows = [torch.cat([prompts[i], replies[i]]) for i in range(3)]
+    rows += [torch.cat([prompts[0], replies[3]]), torch.cat([prompts[1], replies[4]]), torch.cat([other, replies[5]])]
+    starts = [5, 3, 4, 5, 3, 4]
+    length = max(len(r) for r in rows)
+    ids = torch.zeros(6, length, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    labels = torch.full_like(ids, -100)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)], mask[i, :len(row)] = row, 1
+        labels[i, starts[i]:len(row)] = row[starts[i]:]
+    return ids, mask, labels
+
+
+def test_dpo_pairs_run_their_common_prompt_once_and_give_trl_values_and_gradients():
+    from trl.trainer.utils import add_fused_lm_head
+
+    from dragon_dagster.engine.train import unpadded
+    from dragon_dagster.engine.train.preference_head import use_chunked_head
+
+    model = small_lora_model()
+    ids, mask, labels = dpo_batch()
+    starts = (labels[:, 1:] != -100).int().argmax(dim=1) + 1
+    flat = unpadded.layout(ids, mask, reply_starts=starts)
+    assert len(flat.tokens) == int(mask.sum()) - 5 - 3  # pairs 0 and 1 lay their prompt down once, pair 2 twice
+    assert flat.prefixes.count(None) == 4 and flat.prefixes[3] == (0, 5)  # rejected reply 0 attends to prompt 0
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+    weights = torch.randn(ids.shape[0], ids.shape[1] - 1)
+
+    def run():
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+        (out.log_probs * weights).sum().backward()
+        return out, lora_grads(model)
+
+    expected, expected_grads = run()
+    unpadded.use(model)
+    use_chunked_head(model.get_base_model(), unpad=True, paired=True)
+    ours, grads = run()
+    for field in ("log_probs", "entropy", "mean_logits", "is_top1"):
+        assert torch.allclose(getattr(ours, field).float(), getattr(expected, field).float(), atol=1e-4), field
+    assert_same_grads(grads, expected_grads)
+
+
+def test_a_grpo_group_runs_its_prompt_once_and_scores_as_the_padded_batch():
+    from dragon_dagster.engine.train import unpadded
+
+    model = small_lora_model()
+    g = torch.Generator().manual_seed(7)
+    n = 5
+    prompts = [torch.randint(0, 300, (k,), generator=g) for k in (6, 4)]  # two prompts, three completions each
+    ids = torch.zeros(6, 6 + n, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row in range(6):
+        prompt = prompts[row // 3]
+        ids[row, 6 - len(prompt):6] = prompt  # left-padded to one width, as TRL pads prompts
+        ids[row, 6:] = torch.randint(0, 300, (n,), generator=g)
+        mask[row, 6 - len(prompt):] = 1
+    mask[4, -2:] = 0  # a completion that ended early
+    replies = torch.zeros(6, ids.shape[1] - 1, dtype=torch.bool)
+    replies[:, -n:] = True
+    flat = unpadded.layout(ids, mask, reply_starts=replies.int().argmax(dim=1) + 1)
+    assert len(flat.tokens) == int(mask.sum()) - 2 * 6 - 2 * 4  # each prompt once, not three times
+    weights = torch.randn(6, n)
+    logps, _ = lm_head.completion_logprobs(model, ids, mask, n, 0.9)
+    (logps * weights).sum().backward()
+    expected = lora_grads(model)
+    unpadded.use(model)
+    fast, _ = lm_head.completion_logprobs(model, ids, mask, n, 0.9, unpad=True)
+    assert torch.allclose(fast, logps, atol=1e-5)
+    (fast * weights).sum().backward()
+    assert_same_grads(lora_grads(model), expected)

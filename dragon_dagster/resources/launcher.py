@@ -53,6 +53,12 @@ class TrainingResource(ConfigurableResource):
         default=0, description="GRPO: completions sampled per generation round, reused over several optimizer "
                                "steps (TRL generation_batch_size). 0: one step's worth.")
     torch_compile: bool = Field(default=False, description="Compile the model with torch.compile before training.")
+    unpad: Literal["auto", "on", "off"] = Field(
+        default="auto", description="With the chunked head, run the model over the real tokens of a batch only, "
+                                    "each row attending to itself. auto: on except for CUDA.")
+    dropout_mask: Literal["auto", "fast", "torch"] = Field(
+        default="auto", description="LoRA dropout masks: fast draws 16 bits per element (CPU), torch one 32-bit "
+                                    "number. auto: fast except for CUDA.")
     launcher: Literal["subprocess", "ray", "k8s"] = Field(
         default="subprocess", description="Where the worker runs. subprocess: a child process of the Dagster run "
                                           "(torchrun with workers > 1); ray: a Ray job on the cluster at "
@@ -81,7 +87,7 @@ class TrainingResource(ConfigurableResource):
 
     def speed(self) -> dict:
         return Speed(self.packing, self.loss_kernel, self.generation_batch_size or None,
-                     self.torch_compile).validate().__dict__
+                     self.torch_compile, self.unpad, self.dropout_mask).validate().__dict__
 
     def run_job(self, context, job: dict, workdir: Path, env: dict[str, str] | None = None,
                 on_metrics: Callable[[int, dict], None] | None = None, store=None,

@@ -37,6 +37,7 @@ class Hardware:
 
 SWITCHES = ("auto", "on", "off")
 LOSS_KERNELS = ("auto", "chunked", "trl")
+DROPOUT_MASKS = ("auto", "fast", "torch")
 
 
 @dataclass(frozen=True)
@@ -47,11 +48,16 @@ class Speed:
     loss_kernel: str = "auto"         # chunked: ours, trained positions only; trl: TRL's fused head
     generation_batch_size: int | None = None  # GRPO: completions sampled per generation round (None: one step's)
     torch_compile: bool = False
+    unpad: str = "auto"               # chunked head: the backbone runs over real tokens only (no padding)
+    dropout_mask: str = "auto"        # fast: LoRA dropout masks from 16-bit draws (train/dropout.py); torch
 
     def validate(self) -> "Speed":
         _check(self.packing in SWITCHES, f"speed.packing must be one of {SWITCHES}, got {self.packing!r}")
         _check(self.loss_kernel in LOSS_KERNELS,
                f"speed.loss_kernel must be one of {LOSS_KERNELS}, got {self.loss_kernel!r}")
+        _check(self.unpad in SWITCHES, f"speed.unpad must be one of {SWITCHES}, got {self.unpad!r}")
+        _check(self.dropout_mask in DROPOUT_MASKS,
+               f"speed.dropout_mask must be one of {DROPOUT_MASKS}, got {self.dropout_mask!r}")
         _check(self.generation_batch_size is None or (isinstance(self.generation_batch_size, int)
                                                       and self.generation_batch_size > 0),
                f"speed.generation_batch_size must be a positive integer or null, got {self.generation_batch_size!r}")
@@ -60,11 +66,14 @@ class Speed:
     def resolve(self, device: str) -> "Speed":
         """Concrete choices for a device. On CUDA, packing fills the GPU and TRL's Triton head is used; elsewhere
         the chunked head wins (3-4x faster than TRL's torch fallback on a CPU) and rows stay unpacked, so a step
-        holds batch_size examples as the user set it."""
+        holds batch_size examples as the user set it, but run without their padding (unpad), and LoRA dropout
+        draws its masks 16 bits at a time (torch's per-element draws cost a CPU more than the attention)."""
         gpu = device == "cuda"
         packing = self.packing if self.packing != "auto" else ("on" if gpu else "off")
         kernel = self.loss_kernel if self.loss_kernel != "auto" else ("trl" if gpu else "chunked")
-        return dataclasses.replace(self, packing=packing, loss_kernel=kernel)
+        unpad = self.unpad if self.unpad != "auto" else ("off" if gpu else "on")
+        mask = self.dropout_mask if self.dropout_mask != "auto" else ("torch" if gpu else "fast")
+        return dataclasses.replace(self, packing=packing, loss_kernel=kernel, unpad=unpad, dropout_mask=mask)
 
 
 def build(cls: type, values: dict[str, Any] | None, where: str):

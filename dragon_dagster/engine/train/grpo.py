@@ -20,7 +20,7 @@ from ..evaluate.replies import generate
 from ..reporter import Reporter
 from ..rewards import RewardSet, trl_reward_funcs
 from ..spec.stages import GRPO
-from .trainer import StageJob, common_args, lora_config, prepare, progress_callback, run_trainer
+from .trainer import StageJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
 
 @dataclass
 class GRPOJob(StageJob):
@@ -139,11 +139,12 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
                         log_completions=False)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
-    reporter.log(f"speed: log-prob kernel {'chunked' if chunked else 'trl'}, "
-                 f"{config.generation_batch_size} completions per generation round")
     trainer = (chunked_logprob_trainer() if chunked else GRPOTrainer)(
         model=p.model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(p.train_rows),
         processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
+    speed = apply_speed(trainer, p.speed, chunked, reporter)
+    trainer.unpad = speed["unpad"]
+    reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
     held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
     main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
     if main:
@@ -162,8 +163,7 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
         reporter.log(warning)
-    return {**summary, "speed": {"loss_kernel": "chunked" if chunked else "trl",
-                                 "generation_batch_size": config.generation_batch_size}}
+    return {**summary, "speed": {**speed, "generation_batch_size": config.generation_batch_size}}
 
 
 @functools.cache
@@ -175,6 +175,8 @@ def chunked_logprob_trainer():
     from . import lm_head
 
     class ChunkedLogProbGRPOTrainer(GRPOTrainer):
+        unpad = False  # run the backbone over the real tokens only (unpadded.py)
+
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                **multimodal):
@@ -188,7 +190,8 @@ def chunked_logprob_trainer():
                 rows = slice(start, start + batch_size)
                 with self.accelerator.autocast():  # through DDP's forward, so that its backward all-reduces
                     lp, ent = lm_head.through_wrapper(model, lm_head.completion_logprobs, input_ids[rows],
-                                                      attention_mask[rows], logits_to_keep, self.temperature)
+                                                      attention_mask[rows], logits_to_keep, self.temperature,
+                                                      None, self.unpad)
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None

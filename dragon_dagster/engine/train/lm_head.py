@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import torch
 
+from . import unpadded
+
 CHUNK_TOKENS = 1024  # positions projected at once: 1024 x 49,152 fp32 logits is 200 MB
 
 
@@ -135,42 +137,43 @@ def through_wrapper(model, fn, *args):
             inner.forward = shadowed
 
 
-def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None) -> tuple[torch.Tensor, dict]:
-    """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
-    backbone, head = backbone_and_head(model)
-    passed = {k: v for k, v in inputs.items() if k != "labels"}  # packed batches carry cu_seq_lens and the like
-    hidden = backbone(**passed, use_cache=False).last_hidden_state[:, :-1]
-    targets = labels[:, 1:].to(hidden.device)
-    mask = targets != -100
-    count = mask.sum()
-    denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
-    scale = 1.0 / float(denominator)
-    loss, correct = ChunkedCrossEntropy.apply(hidden[mask], head.weight, targets[mask], scale, CHUNK_TOKENS)
-    return loss, {"tokens": int(count), "correct": int(correct)}
+STATS = ("entropy", "mean_logits", "is_top1", "log_sum_sq_probs")  # what TRL's fused head can also return
 
 
 class ChunkedLogProbs(torch.autograd.Function):
-    """(log softmax(hidden @ weight.T / temperature)[target], entropy) per row; entropy carries no gradient."""
+    """log softmax(hidden @ weight.T / temperature)[target] per row, and the STATS asked for (without gradient):
+    entropy, mean logit, whether the target is the top token, log sum of squared probabilities (WPO's weights)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int):
+    def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, stats: tuple = ("entropy",)):
         n = hidden.shape[0]
         logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy, log_z = torch.empty_like(logps), torch.empty_like(logps)
+        log_z = torch.empty_like(logps)
+        extra = {name: torch.empty(n if name in stats else 0, dtype=torch.bool if name == "is_top1" else torch.float32,
+                                   device=hidden.device) for name in STATS}
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
             logits = (hidden[rows] @ weight.t()).float().div_(temperature)
             log_z[rows] = torch.logsumexp(logits, dim=1)
-            logps[rows] = logits.gather(1, targets[rows, None]).squeeze(1) - log_z[rows]
-            probs = (logits - log_z[rows, None]).exp_()
-            entropy[rows] = log_z[rows] - (probs * logits).sum(dim=1)
+            target_logit = logits.gather(1, targets[rows, None]).squeeze(1)
+            logps[rows] = target_logit - log_z[rows]
+            if "mean_logits" in stats:
+                extra["mean_logits"][rows] = logits.mean(dim=1)
+            if "is_top1" in stats:
+                extra["is_top1"][rows] = target_logit >= logits.max(dim=1).values
+            if "entropy" in stats or "log_sum_sq_probs" in stats:
+                log_probs = logits.sub_(log_z[rows, None])      # in place: logits are not needed after this
+                if "log_sum_sq_probs" in stats:
+                    extra["log_sum_sq_probs"][rows] = torch.logsumexp(2 * log_probs, dim=1)
+                if "entropy" in stats:
+                    extra["entropy"][rows] = -(log_probs.exp() * log_probs).sum(dim=1)
         ctx.save_for_backward(hidden, weight, targets, log_z)
         ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
-        return logps, entropy
+        ctx.mark_non_differentiable(*extra.values())
+        return logps, *extra.values()
 
     @staticmethod
-    def backward(ctx, grad_logps, _grad_entropy):
+    def backward(ctx, grad_logps, *_grad_stats):
         hidden, weight, targets, log_z = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
@@ -185,18 +188,65 @@ class ChunkedLogProbs(torch.autograd.Function):
             grad_hidden[rows] = grad_logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t().float(), h.float())
-        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
+
+
+def logprobs(hidden, weight, targets, temperature: float = 1.0, chunk: int | None = None,
+             stats: tuple = ("entropy",)) -> dict:
+    """{"log_probs": ..., and each of stats}: ChunkedLogProbs of the rows of hidden against targets."""
+    values = ChunkedLogProbs.apply(hidden, weight, targets, temperature, chunk or CHUNK_TOKENS, tuple(stats))
+    return {"log_probs": values[0], **{name: v for name, v in zip(STATS, values[1:]) if name in stats}}
+
+
+def scored_hidden(model, score: torch.Tensor, unpad: bool = False, replies: torch.Tensor | None = None,
+                  **inputs) -> torch.Tensor:
+    """The backbone's last hidden states at the positions score marks, (marked positions, hidden).
+
+    score is (rows, length - 1): True where position t predicts a scored token t + 1. With unpad the backbone runs
+    over the real tokens only (unpadded.py); its hidden states at the real positions are the same. replies, like
+    score, marks the reply tokens of DPO's [chosen; rejected] rows: a pair's common prompt then runs once.
+    """
+    backbone, _ = backbone_and_head(model)
+    attention_mask = inputs.pop("attention_mask", None)
+    if unpad and attention_mask is not None and attention_mask.shape[0] > 1:
+        starts = None if replies is None else replies.int().argmax(dim=1) + 1
+        flat, index = unpadded.hidden_states(backbone, attention_mask=attention_mask, reply_starts=starts, **inputs)
+        rows = index[:, :-1][score.to(attention_mask.device)]
+        if bool((rows < 0).any()):
+            raise ValueError("a scored token follows padding: rows must be padded on the left or the right only")
+        return flat[rows]
+    hidden = backbone(attention_mask=attention_mask, use_cache=False, **inputs).last_hidden_state[:, :-1]
+    return hidden[score.to(hidden.device)]
+
+
+def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None,
+                   unpad: bool = False) -> tuple[torch.Tensor, dict]:
+    """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
+    _, head = backbone_and_head(model)
+    passed = {k: v for k, v in inputs.items() if k != "labels"}  # packed batches carry cu_seq_lens and the like
+    targets = labels[:, 1:]
+    mask = targets != -100
+    hidden = scored_hidden(model, mask, unpad, **passed)
+    count = mask.sum()
+    denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
+    scale = 1.0 / float(denominator)
+    loss, correct = ChunkedCrossEntropy.apply(hidden, head.weight, targets[mask].to(hidden.device), scale,
+                                              CHUNK_TOKENS)
+    return loss, {"tokens": int(count), "correct": int(correct)}
 
 
 def completion_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
-                        chunk: int = CHUNK_TOKENS) -> tuple[torch.Tensor, torch.Tensor]:
+                        chunk: int | None = None, unpad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities and entropies of the last n_completion tokens of each row, (rows, n_completion) each;
-    zero where attention_mask is 0, as TRL returns them."""
-    backbone, head = backbone_and_head(model)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-    hidden = hidden[:, -n_completion - 1:-1]
-    targets = input_ids[:, -n_completion:]
-    logps, entropy = ChunkedLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
-                                           temperature, chunk)
-    keep = attention_mask[:, -n_completion:] != 0
-    return logps.view(targets.shape) * keep, entropy.view(targets.shape) * keep
+    zero where attention_mask is 0, as TRL returns them. Padding after a completion costs nothing; with unpad,
+    a prompt shared by several rows (a GRPO group) runs once."""
+    _, head = backbone_and_head(model)
+    score = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, dtype=torch.bool, device=input_ids.device)
+    score[:, -n_completion:] = attention_mask[:, -n_completion:] != 0
+    replies = torch.zeros_like(score)
+    replies[:, -n_completion:] = True  # every completion starts at the same column: prompts are left-padded
+    hidden = scored_hidden(model, score, unpad, replies, input_ids=input_ids, attention_mask=attention_mask)
+    out = logprobs(hidden, head.weight, input_ids[:, 1:][score], temperature, chunk)
+    shape = (input_ids.shape[0], n_completion)
+    return tuple(x.new_zeros(score.shape).masked_scatter(score, x)[:, -n_completion:].reshape(shape)
+                 for x in (out["log_probs"], out["entropy"]))

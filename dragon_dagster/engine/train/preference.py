@@ -17,17 +17,22 @@ from ..data.tables import unpaired
 from ..evaluate.replies import generate, reply_logprobs
 from ..reporter import Reporter
 from ..spec.stages import Preference
-from .trainer import StageJob, TrainingError, common_args, lora_config, prepare, progress_callback, run_trainer
+from .preference_head import chunked_orpo_trainer, use_chunked_head
+from .trainer import (StageJob, TrainingError, apply_speed, common_args, lora_config, prepare, progress_callback,
+                      run_trainer)
 
 @dataclass
 class PreferenceJob(StageJob):
     settings: Preference
 
 
-def build_trainer(job: PreferenceJob, p, callback):
+def build_trainer(job: PreferenceJob, p, callback, chunked: bool = False):
+    """The method's TRL trainer; with chunked, ORPO's is the subclass that scores through the chunked head (DPO's
+    and KTO's fused head is swapped after construction, by use_chunked_head)."""
     from datasets import Dataset
 
-    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, workers=p.workers),
+    kwargs = dict(common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked,
+                              workers=p.workers),
                   beta=job.settings.beta, max_length=p.args.max_seq_len)
     train = Dataset.from_list(p.train_rows)
     evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
@@ -46,7 +51,7 @@ def build_trainer(job: PreferenceJob, p, callback):
     if job.settings.method == "orpo":
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-        return ORPOTrainer(model=p.model, args=ORPOConfig(**kwargs), train_dataset=train, eval_dataset=evals,
+        return (chunked_orpo_trainer() if chunked else ORPOTrainer)(model=p.model, args=ORPOConfig(**kwargs), train_dataset=train, eval_dataset=evals,
                            processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
     from trl import DPOConfig, DPOTrainer
 
@@ -95,14 +100,30 @@ def kto_accuracy(model, tokenizer, rows: list[dict], beta: float, max_len: int) 
             "reward_disliked": mean(disliked), "eval_liked": len(liked), "eval_disliked": len(disliked)}
 
 
+def use_speed(trainer, p, chunked: bool, method: str, reporter: Reporter) -> dict:
+    """The trainer's speed choices (trainer.apply_speed), and the chunked head where it scores."""
+    speed = apply_speed(trainer, p.speed, chunked, reporter)
+    if chunked and method == "orpo":
+        trainer.unpad = speed["unpad"]
+    elif chunked:
+        use_chunked_head(trainer.model.get_base_model(), speed["unpad"], getattr(trainer, "use_weighting", False),
+                         paired=method == "dpo")
+    return speed
+
+
 def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
+    from . import lm_head
+
     p = prepare(job)
     out = Path(job.output_dir)
     callback = progress_callback(reporter, out)
-    trainer = build_trainer(job, p, callback)
+    chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
+    trainer = build_trainer(job, p, callback, chunked)
+    speed = use_speed(trainer, p, chunked, job.settings.method, reporter)
     result = run_trainer(trainer, callback, job, reporter)
     kto = job.settings.method == "kto"
     summary = {"method": job.settings.method, "beta": job.settings.beta, "global_step": trainer.state.global_step,
+               "speed": speed,
                "train_loss": result.training_loss, "held_out": bool(p.eval_rows),
                "eval_rows" if kto else "eval_pairs": len(p.eval_rows)}
     if kto:

@@ -18,8 +18,8 @@ from ..evaluate.replies import eval_metrics, evaluate_rows
 from ..reporter import Reporter
 from ..spec.settings import Hardware
 from ..spec.stages import TrainArgs
-from .trainer import (Cancelled, StageJob, TrainingError, common_args, last_checkpoint, lora_config, prepare,
-                       progress_callback, run_trainer)
+from .trainer import (Cancelled, StageJob, TrainingError, apply_speed, common_args, last_checkpoint, lora_config,
+                       prepare, progress_callback, run_trainer)
 
 __all__ = ["SFTJob", "train_sft", "Cancelled", "TrainingError", "last_checkpoint", "common_args", "Hardware",
            "TrainArgs"]
@@ -42,18 +42,19 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
     config = SFTConfig(**args, max_length=p.args.max_seq_len, completion_only_loss=True,
                        packing=p.speed.packing == "on", packing_strategy="bfd")
     callback = progress_callback(reporter, Path(job.output_dir))
-    reporter.log(f"speed: packing {p.speed.packing}, loss kernel {'chunked' if chunked else 'trl'}"
-                 + (", torch.compile" if p.speed.torch_compile else ""))
     trainer = (chunked_loss_trainer() if chunked else SFTTrainer)(
         model=p.model, args=config, train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
         peft_config=lora_config(p.lora), callbacks=[callback])
+    speed = apply_speed(trainer, p.speed, chunked, reporter)
+    trainer.unpad = speed["unpad"]
+    reporter.log(f"speed: packing {p.speed.packing}" + (", torch.compile" if p.speed.torch_compile else ""))
     result = run_trainer(trainer, callback, job, reporter)
     if not distributed.is_main():  # rank 0 evaluates and writes the artifact
         return {"global_step": trainer.state.global_step, "rank": distributed.rank()}
     rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
     summary = summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
                         reporter)
-    return {**summary, "speed": {"packing": p.speed.packing, "loss_kernel": "chunked" if chunked else "trl"}}
+    return {**summary, "speed": {"packing": p.speed.packing, "torch_compile": p.speed.torch_compile, **speed}}
 
 
 @functools.cache
@@ -67,8 +68,10 @@ def chunked_loss_trainer():
         """SFTTrainer whose training loss comes from lm_head: the same loss, a fraction of the head's cost.
 
         It logs what TRL logs (num_tokens, mean_token_accuracy) except entropy, which would cost another pass
-        over the vocabulary.
+        over the vocabulary. With unpad the backbone runs over the real tokens only.
         """
+
+        unpad = False
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             plain_nll = (self.args.loss_type == "nll" and self.compute_loss_func is None
@@ -77,7 +80,8 @@ def chunked_loss_trainer():
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             labels = inputs["labels"]
             # through the DDP wrapper's forward when there is one: that is what makes its backward all-reduce
-            loss, counts = lm_head.through_wrapper(model, lm_head.causal_lm_loss, inputs, labels, num_items_in_batch)
+            loss, counts = lm_head.through_wrapper(model, lm_head.causal_lm_loss, inputs, labels, num_items_in_batch,
+                                                   self.unpad)
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes
             seen = inputs["attention_mask"].sum() if "attention_mask" in inputs else inputs["position_ids"].size(1)

@@ -66,6 +66,24 @@ def prepare(job: StageJob) -> Prepared:
     return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size())
 
 
+def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dict:
+    """The speed choices that act on the trainer's (PEFT-wrapped) model; returns what was used, for the manifest.
+
+    Unpadding needs the chunked head: it is what runs the backbone itself, over the real tokens.
+    """
+    from . import unpadded
+    from .dropout import use_fast_dropout
+
+    used = {"loss_kernel": "chunked" if chunked else "trl", "unpad": speed.unpad == "on" and chunked,
+            "dropout_mask": speed.dropout_mask}
+    if used["unpad"]:
+        unpadded.use(trainer.model)
+    if speed.dropout_mask == "fast":
+        used["fast_dropouts"] = use_fast_dropout(trainer.model)
+    reporter.log("speed: " + ", ".join(f"{k} {v}" for k, v in used.items()))
+    return used
+
+
 def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
     """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput.
 
