@@ -11,6 +11,10 @@ measurement, then a table of ratios (this project / plain TRL):
 - SFT trained tokens/s (non-padding tokens through the model per second, TRL's num_tokens), unpacked
   and packed, against the anchor's matching row;
 - GRPO completions/s and completion tokens/s;
+- DPO pairs/s and KTO rows/s (rows per second, from the median step after the first 3), plus trained tokens/s
+  (TRL's num_tokens, which both trainers log); the peer here is PEER_PREFERENCE below, plain TRL as its docs
+  show DPOTrainer and KTOTrainer (ref_model None with a LoRA), run on the same saved model and the same rows
+  (conversational pairs from the anchor's sentence generator; KTO: the same prompts, liked/disliked alternating);
 - peak memory (CUDA max allocated on a GPU, else the process's peak RSS);
 - Dagster overhead: a materialization of the SFT asset (run, Pipes child, MLflow, artifact store) minus
   the same job run straight through the engine's worker, best of --repeats.
@@ -105,6 +109,101 @@ def grpo_rows(n: int, rng: random.Random) -> list[dict]:
              "reference": str(x + y)} for x, y in pairs]
 
 
+def dpo_rows(n: int, rng: random.Random) -> list[dict]:
+    """Conversational preference pairs, as the project's pairs_dataset writes them."""
+    def text(low, high):
+        return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
+    return [{"prompt": [{"role": "user", "content": text(2, 6)}],
+             "chosen": [{"role": "assistant", "content": text(2, 8)}],
+             "rejected": [{"role": "assistant", "content": text(2, 8)}]} for _ in range(n)]
+
+
+def kto_rows(n: int, rng: random.Random) -> list[dict]:
+    """Rated replies, as the project's rated_dataset writes them: liked and disliked alternating."""
+    def text(low, high):
+        return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
+    return [{"prompt": [{"role": "user", "content": text(2, 6)}],
+             "completion": [{"role": "assistant", "content": text(2, 8)}], "label": i % 2 == 0} for i in range(n)]
+
+
+PREFERENCE_ROWS = {"dpo": dpo_rows, "kto": kto_rows}
+
+# The peer for DPO and KTO, written as the anchor is: plain TRL as its docs show it, timed by the anchor's
+# Timer and steady. It loads the saved random model (the anchor's shape) and trains on the rows file both sides
+# get. One JSON line: pairs_per_s (DPO) or rows_per_s (KTO) = bs / median step seconds, and TRL's num_tokens/s.
+PEER_PREFERENCE = textwrap.dedent("""\
+    import argparse, json, time
+
+    import datasets
+    import pyarrow as pa
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", required=True)
+    p.add_argument("--rows", required=True)
+    p.add_argument("--what", choices=["dpo", "kto"], required=True)
+    p.add_argument("--arch", default="tiny")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--bs", type=int, default=16)
+    p.add_argument("--gc", type=int, default=1)
+    a = p.parse_args()
+    datasets.disable_caching()
+    cuda = torch.cuda.is_available()
+    tok = AutoTokenizer.from_pretrained(a.model)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.rows = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "num_tokens" in logs:
+                if cuda:
+                    torch.cuda.synchronize()
+                self.rows.append((time.perf_counter(), float(logs["num_tokens"])))
+
+
+    def steady(rows, skip=3):
+        r = rows[skip:] if len(rows) > skip + 1 else rows
+        d = sorted(r[i][0] - r[i - 1][0] for i in range(1, len(r)))
+        return d[len(d) // 2], (r[-1][1] - r[0][1]) / (r[-1][0] - r[0][0])
+
+
+    rows = [json.loads(line) for line in open(a.rows)]
+    ds = Dataset(pa.Table.from_pylist(rows), fingerprint=a.what)
+    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+    common = dict(output_dir="/tmp/anchor_out", report_to=[], save_strategy="no", logging_steps=1,
+                  bf16=cuda, max_steps=a.steps, disable_tqdm=True, gradient_checkpointing=bool(a.gc))
+    torch.manual_seed(0)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
+    timer = Timer()
+    if a.what == "dpo":
+        cfg = DPOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
+        tr = DPOTrainer(model=model, ref_model=None, args=cfg, train_dataset=ds, processing_class=tok,
+                        peft_config=lora, callbacks=[timer])
+    else:
+        cfg = KTOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
+        tr = KTOTrainer(model=model, ref_model=None, args=cfg, train_dataset=ds, processing_class=tok,
+                        peft_config=lora, callbacks=[timer])
+    t0 = time.perf_counter(); tr.train(); wall = time.perf_counter() - t0
+    s, tps = steady(timer.rows)
+    out = dict(what=a.what, arch=a.arch, bs=a.bs, gc=a.gc, step_s=s, tokens_per_s=tps, wall_s=wall,
+               steps_timed=len(timer.rows))
+    out["pairs_per_s" if a.what == "dpo" else "rows_per_s"] = a.bs / s
+    if cuda:
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    print(json.dumps(out), flush=True)
+    """)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -131,6 +230,19 @@ def anchor(what: str, a, tokenizer_dir: Path) -> dict:
     lines, peak, _ = run_measured([str(a.anchor), "--tok", str(tokenizer_dir), "--arch", a.arch, "--steps",
                                    str(a.steps), "--only", what, "--bs", str(a.bs), "--gen_bs", str(a.gen_bs),
                                    "--comp", str(a.comp), "--gc", str(a.anchor_gc)])
+    row = json.loads(next(line for line in lines if line.startswith('{"what"')))
+    row["peak_gib"] = row.get("peak_gib", peak_gib(peak))
+    return row
+
+
+def peer_preference(what: str, a, model: Path, work: Path) -> dict:
+    """The DPO or KTO peer (PEER_PREFERENCE) in its own process, on the rows ours_preference trains on."""
+    script = work / "peer_preference.py"
+    script.write_text(PEER_PREFERENCE)
+    rows = write_jsonl(work / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
+    lines, peak, _ = run_measured([str(script), "--model", str(model), "--rows", str(rows), "--what", what,
+                                   "--arch", a.arch, "--steps", str(a.steps), "--bs", str(a.bs),
+                                   "--gc", str(a.anchor_gc)])
     row = json.loads(next(line for line in lines if line.startswith('{"what"')))
     row["peak_gib"] = row.get("peak_gib", peak_gib(peak))
     return row
@@ -186,6 +298,27 @@ def ours_grpo(a, model: Path, work: Path) -> dict:
     return {"what": "grpo", "step_s": step_s, "completions_per_s": a.gen_bs / step_s,
             "completion_tokens_per_s": a.gen_bs * mean_len / step_s, "all_tokens_per_s": tps,
             "mean_completion_len": mean_len, "peak_gib": peak_gib(peak), "wall_s": wall}
+
+
+def ours_preference(what: str, a, model: Path, work: Path) -> dict:
+    """The same rows through the worker's preference stage (method dpo or kto); rows/s from the median step."""
+    rows = write_jsonl(work.parent / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
+    job = engine_job("preference", model, rows, work,
+                     {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 5e-5},
+                     {"loss_kernel": a.loss_kernel, "torch_compile": a.torch_compile}, method=what, beta=0.1)
+    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
+    progress = [r for r in read_progress(work / "out") if r.get("elapsed_s") is not None]
+    tps = steady(progress, skip=3)[1] if any("num_tokens" in r for r in progress) else None
+    # the median step, as the anchor's steady takes it: elapsed_s between consecutive logged steps
+    timed = [r for r in progress if "num_tokens" in r] or progress
+    timed = timed[3:] if len(timed) > 4 else timed
+    gaps = sorted((later["elapsed_s"] - before["elapsed_s"]) / (later["step"] - before["step"])
+                  for before, later in zip(timed, timed[1:]) if later["step"] > before["step"])
+    step_s = gaps[len(gaps) // 2]
+    summary = work / "out" / "metrics.json"  # the worker's summary names the speed choices it resolved
+    speed = json.loads(summary.read_text()).get("speed") if summary.exists() else None
+    return {"what": what, "step_s": step_s, "tokens_per_s": tps, "pairs_per_s" if what == "dpo" else "rows_per_s":
+            a.bs / step_s, "peak_gib": peak_gib(peak), "wall_s": wall, "steps_timed": len(timed), "speed": speed}
 
 
 def read_progress(out: Path) -> list[dict]:
@@ -277,6 +410,11 @@ def report(measured: dict[str, dict], a) -> str:
     add("grpo completions/s", "completions_per_s", ours, theirs, "{:.2f}")
     add("grpo completion tokens/s", "completion_tokens_per_s", ours, theirs)
     add("grpo peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
+    for what, unit in (("dpo", "pairs"), ("kto", "rows")):
+        ours, theirs = measured.get(f"ours_{what}"), measured.get(f"trl_{what}")
+        add(f"{what} {unit}/s", f"{unit}_per_s", ours, theirs, "{:.2f}")
+        add(f"{what} trained tokens/s", "tokens_per_s", ours, theirs)
+        add(f"{what} peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
     overhead = measured.get("dagster_overhead")
     if overhead:
         lines.append(f"| Dagster overhead per materialization | - | {overhead['overhead_s']:.2f} s "
@@ -308,7 +446,7 @@ def main() -> None:
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])
     p.add_argument("--torch-compile", dest="torch_compile", action="store_true", help="ours: torch.compile the model")
     p.add_argument("--anchor-gc", dest="anchor_gc", type=int, default=1, help="the peer's gradient checkpointing")
-    p.add_argument("--only", default="sft,sft_packed,grpo,dagster_overhead")
+    p.add_argument("--only", default="sft,sft_packed,grpo,dpo,kto,dagster_overhead")
     p.add_argument("--repeats", type=int, default=2, help="Dagster overhead: materializations to take the best of")
     p.add_argument("--skip-peer", dest="skip_peer", action="store_true",
                    help="measure this project only (for shapes where the peer runs out of memory)")
@@ -342,6 +480,17 @@ def main() -> None:
                 ours_sft(a, model, run_dir / "w", "on" if what == "sft_packed" else "off")
             measured[f"ours_{what}"] = ours
             print(json.dumps({"side": "dragon-dagster", **ours}), flush=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+        for what in ("dpo", "kto"):
+            if what not in only:
+                continue
+            run_dir = work / f"{what}"
+            run_dir.mkdir()
+            if not a.skip_peer:
+                measured[f"trl_{what}"] = peer_preference(what, a, model, run_dir)
+                print(json.dumps({"side": "trl", **measured[f"trl_{what}"]}), flush=True)
+            measured[f"ours_{what}"] = ours_preference(what, a, model, run_dir / "w")
+            print(json.dumps({"side": "dragon-dagster", **measured[f"ours_{what}"]}), flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
         if "dagster_overhead" in only:
             overhead_dir = work / "overhead"

@@ -1,0 +1,163 @@
+"""Where one training step on the real SmolLM2-135M shape spends its time on this machine's CPU.
+
+    python benchmarks/profile_step.py                 # SFT, batch 4 of the peer's rows, this project's CPU defaults
+    python benchmarks/profile_step.py --kind dpo      # DPO: chosen and rejected, the policy and the reference pass
+    python benchmarks/profile_step.py --plain         # padded batch, torch's dropout: the step before the CPU levers
+
+A random-weight model of the anchor's `smol` shape (30 layers, hidden 576, 49,152-word vocabulary) with the
+peer's LoRA (r 16, all linear layers, dropout 0.05) runs a few steps of this project's own path (collator,
+chunked head, AdamW); the forward and backward of the last one are profiled with torch.profiler and every
+operator's own time is put in a bucket by its name and operand shapes: the MLP, the attention (projections, the kernel, rotary), the LoRA
+adapters, their dropout, the output head, norms/activations/residuals; collation and the optimizer step
+are timed around them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_trl import random_model, sentence, sft_rows  # noqa: E402  (the peer's shapes and rows)
+
+
+def bucket(name: str, shapes: list, hidden: int, inner: int, vocab: int, rank: int) -> str:
+    """The part of the model an operator belongs to, from its name and operand shapes."""
+    dims = {d for shape in shapes if isinstance(shape, (list, tuple)) for d in shape}
+    if "bernoulli" in name or "random_" in name or "dropout" in name:
+        return "LoRA dropout masks"
+    if "scaled_dot_product" in name or "flash_attention" in name:
+        return "attention kernel"
+    if name in ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear"):
+        if vocab in dims:
+            return "output head"
+        if rank in dims:
+            return "LoRA matmuls"
+        if inner in dims:
+            return "MLP matmuls"
+        return "attention projections"
+    if vocab in dims:
+        return "output head"
+    if inner in dims:
+        return "MLP elementwise (SiLU, gate)"
+    return "norms, rotary, residuals, other"
+
+
+def tokenized(tokenizer, rows: list[dict]) -> list[dict]:
+    """Prompt-completion rows as TRL's SFT preparation leaves them: labels -100 on the prompt."""
+    out = []
+    for row in rows:
+        full = tokenizer.apply_chat_template(row["prompt"] + row["completion"], tokenize=False)
+        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        ids = tokenizer(full)["input_ids"]
+        n = len(tokenizer(prompt)["input_ids"])
+        out.append({"input_ids": ids, "labels": [-100] * n + ids[n:]})
+    return out
+
+
+def pair_rows(tokenizer, n: int, rng: random.Random) -> list[dict]:
+    """Chosen and rejected replies to one prompt each, tokenized as DPO sees them (prompt, then a reply)."""
+    def text(low, high):
+        return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
+    rows = []
+    for _ in range(n):
+        prompt = [{"role": "user", "content": text(2, 6)}]
+        for reply in (text(2, 8), text(2, 8)):
+            rows.append({"prompt": prompt, "completion": [{"role": "assistant", "content": reply}]})
+    return tokenized(tokenizer, rows)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--kind", default="sft", choices=["sft", "dpo"])
+    p.add_argument("--bs", type=int, default=4, help="rows (SFT) or pairs (DPO) per step")
+    p.add_argument("--plain", action="store_true", help="padded rows and torch's dropout (the levers off)")
+    p.add_argument("--steps", type=int, default=3, help="warm-up steps before the profiled one")
+    a = p.parse_args()
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from dragon_dagster.engine.models import embedded_model_dir
+    from dragon_dagster.engine.train import lm_head, unpadded
+    from dragon_dagster.engine.train.dropout import use_fast_dropout
+
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = random_model("smol", embedded_model_dir(), Path(tmp) / "smol")
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear",
+                                             task_type="CAUSAL_LM"))
+    unpad = not a.plain
+    if unpad:
+        unpadded.use(model)
+        use_fast_dropout(model)
+    model.train()
+    config = model.config
+    rng = random.Random(0)
+    rows = (sft_rows(a.bs * (a.steps + 1), rng) if a.kind == "sft" else None)
+    examples = tokenized(tokenizer, rows) if rows else pair_rows(tokenizer, a.bs * (a.steps + 1), rng)
+    per_step = a.bs if a.kind == "sft" else 2 * a.bs
+    collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id or 0)
+    optimizer = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=1e-4)
+
+    def step(i: int, prof=None) -> tuple[dict, int, int]:
+        """Collate, forward and backward (profiled when prof is given), optimizer; wall seconds of the unprofiled."""
+        start = time.perf_counter()
+        batch = collator(examples[i * per_step:(i + 1) * per_step])
+        seconds = {"collation": time.perf_counter() - start}
+        if prof:
+            prof.start()
+        if a.kind == "sft":
+            loss, _ = lm_head.causal_lm_loss(model, batch, batch["labels"], unpad=unpad)
+        else:  # DPO's passes: the reference (adapter off, no gradient), then the policy
+            score = batch["labels"][:, 1:] != -100
+            with torch.no_grad(), model.disable_adapter():
+                lm_head.scored_hidden(model, score, unpad, input_ids=batch["input_ids"],
+                                      attention_mask=batch["attention_mask"])
+            hidden = lm_head.scored_hidden(model, score, unpad, input_ids=batch["input_ids"],
+                                           attention_mask=batch["attention_mask"])
+            out = lm_head.logprobs(hidden, lm_head.backbone_and_head(model)[1].weight,
+                                   batch["input_ids"][:, 1:][score])
+            loss = -out["log_probs"].mean()
+        loss.backward()
+        if prof:
+            prof.stop()
+        start = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad()
+        seconds["optimizer"] = time.perf_counter() - start
+        return seconds, int(batch["attention_mask"].sum()), batch["input_ids"].numel()
+
+    for i in range(a.steps):
+        step(i)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+    start = time.perf_counter()
+    spent, tokens, positions = step(a.steps, prof)
+    wall = time.perf_counter() - start
+    spent = defaultdict(float, spent)
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key.startswith(("ProfilerStep", "autograd::engine")):
+            continue
+        spent[bucket(event.key, event.input_shapes, config.hidden_size, config.intermediate_size,
+                     config.vocab_size, 16)] += event.self_cpu_time_total / 1e6
+    total = sum(spent.values())
+    print(f"{a.kind} step, batch {a.bs}, {'padded, torch dropout' if a.plain else 'unpadded, fast dropout'}: "
+          f"{wall:.2f} s wall ({total:.2f} s of operator time), {tokens} real tokens in {positions} padded positions, "
+          f"{torch.get_num_threads()} threads")
+    print("| part | seconds | share |\n|---|---|---|")
+    for part, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
+        print(f"| {part} | {seconds:.3f} | {seconds / total:.0%} |")
+
+
+if __name__ == "__main__":
+    main()
