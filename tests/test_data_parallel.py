@@ -176,7 +176,7 @@ def test_two_workers_train_grpo_with_a_group_spanning_them(tiny_model, tmp_path)
     assert status(tmp_path)["result"]["global_step"] == 2
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
     assert "trainable weights identical on all 2 ranks" in done.stdout
-    assert "log-prob kernel chunked" in done.stdout
+    assert "loss_kernel chunked" in done.stdout
 
 
 def test_under_torchrun_the_watchdog_follows_the_launcher_not_the_parent(tmp_path):

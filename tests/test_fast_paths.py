@@ -217,8 +217,10 @@ def test_sft_packing_trains_and_says_so(tiny_model, tmp_path):
 
 
 def test_speed_settings_resolve_per_device_and_name_bad_values():
-    assert Speed().resolve("cuda") == Speed(packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch")
-    assert Speed().resolve("cpu") == Speed(packing="off", loss_kernel="chunked", unpad="on", dropout_mask="fast")
+    assert Speed().resolve("cuda") == Speed(packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch",
+                                            sampling="grouped")
+    assert Speed().resolve("cpu") == Speed(packing="off", loss_kernel="chunked", unpad="on", dropout_mask="fast",
+                                           sampling="grouped")
     assert Speed(packing="off", loss_kernel="chunked").resolve("cuda").packing == "off"  # overrides win
     with pytest.raises(SettingsError, match="speed.packing"):
         build(Speed, {"packing": "yes"}, "speed")
@@ -240,7 +242,7 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
     resource = TrainingResource(device="cpu", loss_kernel="trl", generation_batch_size=64,
                                 python=sys.executable)
     assert resource.speed() == {"packing": "auto", "loss_kernel": "trl", "generation_batch_size": 64,
-                                "torch_compile": False, "unpad": "auto", "dropout_mask": "auto"}
+                                "torch_compile": False, "unpad": "auto", "dropout_mask": "auto", "sampling": "auto"}
     seen = {}
     for kind in ("sft", "merge"):
         (tmp_path / kind).mkdir()
@@ -557,3 +559,65 @@ def test_a_grpo_group_runs_its_prompt_once_and_scores_as_the_padded_batch():
     assert torch.allclose(fast, logps, atol=1e-5)
     (fast * weights).sum().backward()
     assert_same_grads(lora_grads(model), expected)
+
+
+def test_grouped_sampling_prefills_each_prompt_once_and_decodes_the_same_tokens():
+    from dragon_dagster.engine.train import rollout
+
+    model = small_lora_model()
+    prompts = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]])  # one left-padded
+    ids = prompts.repeat_interleave(3, dim=0)  # each prompt three times, as TRL's rows repeat it
+    mask = (ids != 0).long()
+    assert rollout.groups_of(ids, mask) == 3
+    assert rollout.groups_of(ids[[0, 3, 1, 4, 2, 5]], mask[[0, 3, 1, 4, 2, 5]]) == 1  # interleaved: no groups
+    assert rollout.groups_of(ids[:4], mask[:4]) == 1  # a group cut short
+    model.eval()
+    plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+    model.train()
+    calls = []
+    forward = model.forward
+
+    def counted(*args, **kwargs):
+        calls.append(((kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape, model.training))
+        return forward(*args, **kwargs)
+
+    model.forward = counted
+    with rollout.sampling(model):
+        grouped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                 pad_token_id=0)
+    del model.forward
+    assert torch.equal(grouped, plain)  # same tokens (greedy)
+    assert calls[0][0] == (2, 4)  # the prefill: one row per prompt, all but its last token
+    assert not any(training for _, training in calls)  # sampled in eval mode: no LoRA dropout
+    assert model.training and "generate" not in model.__dict__  # train mode and the method are restored
+
+
+def test_inverse_cdf_sampling_draws_the_same_distribution_as_multinomial():
+    from dragon_dagster.engine.train import rollout
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.0, 0.0, 0.0, 1.0]]) * 3  # unnormalized, as multinomial accepts
+    draws = rollout.inverse_cdf(probs.repeat(50_000, 1), num_samples=1)
+    assert draws.shape == (100_000, 1)
+    first = torch.bincount(draws[0::2, 0], minlength=4).float() / 50_000
+    assert torch.allclose(first, torch.tensor([0.5, 0.0, 0.3, 0.2]), atol=0.01)  # sd about 0.002
+    assert first[1] == 0 and (draws[1::2] == 3).all()  # a word of probability 0 is never drawn
+    assert rollout.inverse_cdf(probs, num_samples=2).shape == (2, 2)  # other uses go to torch.multinomial
+    model = small_lora_model()
+    ids = torch.tensor([[5, 6, 7]])
+    with rollout.sampling(model):
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=True,
+                       pad_token_id=0)
+    assert torch.multinomial is rollout._multinomial  # restored after sampling
+
+
+def test_a_cpu_samples_several_steps_completions_per_round_unless_told():
+    from dragon_dagster.engine.train.grpo import CPU_ROUND_STEPS, generation_batch
+
+    assert CPU_ROUND_STEPS == 4
+    assert generation_batch(None, 16, None, 1, "cpu", steps_in_data=100) == 64
+    assert generation_batch(None, 16, 2, 1, "cpu", steps_in_data=100) == 32  # no round longer than the run
+    assert generation_batch(None, 16, 3, 2, "cpu", steps_in_data=100) == 64  # micro-steps under accumulation
+    assert generation_batch(None, 16, None, 1, "cpu", steps_in_data=1) is None  # one step of data: one step's
+    assert generation_batch(16, 16, None, 1, "cpu", steps_in_data=100) == 16  # asked: on-policy
+    assert generation_batch(None, 16, None, 1, "cuda", steps_in_data=100) is None

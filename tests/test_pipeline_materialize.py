@@ -86,7 +86,8 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     assert sft.data.params["args.max_steps"] == "8" and sft.data.params["lora.r"] == "16"
     assert sft.data.params["speed.loss_kernel"] == "auto"  # the resource's setting; the manifest has what it became
     manifest = read_manifest(materialized["outcome"]["artifacts"]["sft_adapter"])
-    assert manifest["result"]["speed"] == {"packing": "off", "loss_kernel": "chunked"}  # CPU defaults
+    assert manifest["result"]["speed"] == {"packing": "off", "loss_kernel": "chunked", "unpad": True,  # CPU defaults
+                                           "dropout_mask": "fast", "fast_dropouts": 14, "torch_compile": False}
     history = client.get_metric_history(sft.info.run_id, "train/loss")
     assert len(history) >= 4 and history[-1].value < history[0].value and history[-1].step == 8
     assert "eval/loss" in sft.data.metrics and "eval/perplexity" in sft.data.metrics

@@ -59,6 +59,9 @@ class TrainingResource(ConfigurableResource):
     dropout_mask: Literal["auto", "fast", "torch"] = Field(
         default="auto", description="LoRA dropout masks: fast draws 16 bits per element (CPU), torch one 32-bit "
                                     "number. auto: fast except for CUDA.")
+    sampling: Literal["auto", "grouped", "trl"] = Field(
+        default="auto", description="GRPO sampling. grouped: each prompt's forward pass once for its group, and "
+                                    "no LoRA dropout while sampling; trl: TRL's generate as is. auto: grouped.")
     launcher: Literal["subprocess", "ray", "k8s"] = Field(
         default="subprocess", description="Where the worker runs. subprocess: a child process of the Dagster run "
                                           "(torchrun with workers > 1); ray: a Ray job on the cluster at "
@@ -87,7 +90,7 @@ class TrainingResource(ConfigurableResource):
 
     def speed(self) -> dict:
         return Speed(self.packing, self.loss_kernel, self.generation_batch_size or None,
-                     self.torch_compile, self.unpad, self.dropout_mask).validate().__dict__
+                     self.torch_compile, self.unpad, self.dropout_mask, self.sampling).validate().__dict__
 
     def run_job(self, context, job: dict, workdir: Path, env: dict[str, str] | None = None,
                 on_metrics: Callable[[int, dict], None] | None = None, store=None,

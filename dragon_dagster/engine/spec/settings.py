@@ -38,6 +38,7 @@ class Hardware:
 SWITCHES = ("auto", "on", "off")
 LOSS_KERNELS = ("auto", "chunked", "trl")
 DROPOUT_MASKS = ("auto", "fast", "torch")
+SAMPLINGS = ("auto", "grouped", "trl")
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Speed:
     torch_compile: bool = False
     unpad: str = "auto"               # chunked head: the backbone runs over real tokens only (no padding)
     dropout_mask: str = "auto"        # fast: LoRA dropout masks from 16-bit draws (train/dropout.py); torch
+    sampling: str = "auto"            # GRPO: grouped prefills each prompt once, samples in eval mode (rollout.py)
 
     def validate(self) -> "Speed":
         _check(self.packing in SWITCHES, f"speed.packing must be one of {SWITCHES}, got {self.packing!r}")
@@ -58,6 +60,7 @@ class Speed:
         _check(self.unpad in SWITCHES, f"speed.unpad must be one of {SWITCHES}, got {self.unpad!r}")
         _check(self.dropout_mask in DROPOUT_MASKS,
                f"speed.dropout_mask must be one of {DROPOUT_MASKS}, got {self.dropout_mask!r}")
+        _check(self.sampling in SAMPLINGS, f"speed.sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
         _check(self.generation_batch_size is None or (isinstance(self.generation_batch_size, int)
                                                       and self.generation_batch_size > 0),
                f"speed.generation_batch_size must be a positive integer or null, got {self.generation_batch_size!r}")
@@ -73,7 +76,9 @@ class Speed:
         kernel = self.loss_kernel if self.loss_kernel != "auto" else ("trl" if gpu else "chunked")
         unpad = self.unpad if self.unpad != "auto" else ("off" if gpu else "on")
         mask = self.dropout_mask if self.dropout_mask != "auto" else ("torch" if gpu else "fast")
-        return dataclasses.replace(self, packing=packing, loss_kernel=kernel, unpad=unpad, dropout_mask=mask)
+        sampling = "grouped" if self.sampling == "auto" else self.sampling  # less work on any device
+        return dataclasses.replace(self, packing=packing, loss_kernel=kernel, unpad=unpad, dropout_mask=mask,
+                                   sampling=sampling)
 
 
 def build(cls: type, values: dict[str, Any] | None, where: str):

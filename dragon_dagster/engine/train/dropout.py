@@ -17,7 +17,8 @@ SMALL = 1 << 16  # fewer elements than this (a sampling step's few rows): torch'
 
 
 def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
-    """(boolean mask keeping each element with probability 1 - p', the scale 1 / (1 - p')), p' = round(p x 2^16) / 2^16."""
+    """(boolean mask keeping each element with probability 1 - p', the scale 1 / (1 - p')),
+    p' = round(p x 2^16) / 2^16."""
     numel = 1
     for size in shape:
         numel *= size

@@ -17,6 +17,7 @@ from statistics import mean
 from . import progress
 from .. import distributed
 from ..evaluate.replies import generate
+from ..models import pick_device
 from ..reporter import Reporter
 from ..rewards import RewardSet, trl_reward_funcs
 from ..spec.stages import GRPO
@@ -37,6 +38,24 @@ def validate(job: GRPOJob) -> RewardSet:
         raise ValueError(f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
                          f"completions, batch_size x group_size = {step}")
     return RewardSet.from_list(job.settings.rewards, base_dir=job.output_dir)  # custom files were copied in there
+
+
+CPU_ROUND_STEPS = 4  # a CPU samples this many steps' completions at once: decoding is bound by reading the weights
+
+
+def generation_batch(asked: int | None, per_step: int, max_steps: int | None, grad_accum: int,
+                     device: str, steps_in_data: int) -> int | None:
+    """Completions per sampling round (TRL's generation_batch_size; None: one step's).
+
+    asked wins. On a CPU a round serves CPU_ROUND_STEPS steps (at most the run's and the data's): each decoding
+    step reads every weight of the model whatever the number of rows, so on the 2-core benchmark machine 32 rows
+    of SmolLM2 took 1.9 s per 8 against 4.3 s for 8 alone. The later steps of a round train on completions of a policy a few
+    updates old, which TRL weighs by the probability ratio (clipped), as with its own steps_per_generation.
+    """
+    if asked or device != "cpu":
+        return asked
+    steps = min(CPU_ROUND_STEPS, steps_in_data, max_steps * grad_accum if max_steps else CPU_ROUND_STEPS)
+    return per_step * steps if steps > 1 else None
 
 
 def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
@@ -120,7 +139,7 @@ def score_prompts(model, tokenizer, rows: list[dict], rewards: RewardSet, max_ne
 
 def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from . import lm_head
 
@@ -132,18 +151,21 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
     args["per_device_train_batch_size"] = per_worker_completions(p.args.batch_size, job.settings.group_size,
                                                                  p.workers)  # batch_size counts prompts
-    if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
-        args["generation_batch_size"] = p.speed.generation_batch_size
+    generation = generation_batch(p.speed.generation_batch_size, p.args.batch_size * job.settings.group_size,
+                                  p.args.max_steps, p.args.grad_accum, pick_device(p.hardware),
+                                  len(p.train_rows) // p.args.batch_size)
+    if generation:  # one sampling round feeds several optimizer steps
+        args["generation_batch_size"] = generation
     config = GRPOConfig(**args, num_generations=job.settings.group_size, max_completion_length=job.settings.max_new_tokens,
                         temperature=job.settings.temperature, beta=job.settings.beta, reward_weights=rewards.weights(),
                         log_completions=False)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
-    trainer = (chunked_logprob_trainer() if chunked else GRPOTrainer)(
+    trainer = grpo_trainer()(
         model=p.model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(p.train_rows),
         processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
-    speed = apply_speed(trainer, p.speed, chunked, reporter)
-    trainer.unpad = speed["unpad"]
+    speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": p.speed.sampling}
+    trainer.chunked, trainer.unpad, trainer.grouped_sampling = chunked, speed["unpad"], p.speed.sampling == "grouped"
     reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
     held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
     main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
@@ -167,20 +189,30 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
 
 
 @functools.cache
-def chunked_logprob_trainer():
-    """GRPOTrainer scoring completions with lm_head.completion_logprobs (text-only models; built on first use)."""
+def grpo_trainer():
+    """GRPOTrainer with this project's speed paths, each off until set (built on first use):
+
+    chunked: completions scored by lm_head.completion_logprobs (text-only models), over the real tokens only with
+    unpad; grouped_sampling: rollout.sample (each group's prompt prefilled once, no dropout while sampling).
+    """
     import torch
     from trl import GRPOTrainer
 
-    from . import lm_head
+    from . import lm_head, rollout
 
-    class ChunkedLogProbGRPOTrainer(GRPOTrainer):
-        unpad = False  # run the backbone over the real tokens only (unpadded.py)
+    class FastGRPOTrainer(GRPOTrainer):
+        chunked = unpad = grouped_sampling = False
+
+        def _generate_single_turn(self, *args, **kwargs):
+            if not self.grouped_sampling or self.use_vllm or self.use_transformers_continuous_batching:
+                return super()._generate_single_turn(*args, **kwargs)
+            with rollout.sampling(self.accelerator.unwrap_model(self.model_wrapped)):
+                return super()._generate_single_turn(*args, **kwargs)
 
         def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
                                                batch_size=None, compute_entropy=False, compute_aux_loss=False,
                                                **multimodal):
-            if compute_aux_loss or any(v is not None for v in multimodal.values()):
+            if not self.chunked or compute_aux_loss or any(v is not None for v in multimodal.values()):
                 return super()._get_per_token_logps_and_entropies(
                     model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                     compute_aux_loss, **multimodal)
@@ -191,12 +223,12 @@ def chunked_logprob_trainer():
                 with self.accelerator.autocast():  # through DDP's forward, so that its backward all-reduces
                     lp, ent = lm_head.through_wrapper(model, lm_head.completion_logprobs, input_ids[rows],
                                                       attention_mask[rows], logits_to_keep, self.temperature,
-                                                      None, self.unpad)
+                                                      None, self.unpad, compute_entropy)
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
 
-    return ChunkedLogProbGRPOTrainer
+    return FastGRPOTrainer
 
 
 def summarize(job, trainer, result, rewards, held, held_out, before, after, out: Path, reporter,

@@ -236,17 +236,20 @@ def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch
 
 
 def completion_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
-                        chunk: int | None = None, unpad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probabilities and entropies of the last n_completion tokens of each row, (rows, n_completion) each;
-    zero where attention_mask is 0, as TRL returns them. Padding after a completion costs nothing; with unpad,
-    a prompt shared by several rows (a GRPO group) runs once."""
+                        chunk: int | None = None, unpad: bool = False,
+                        entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probabilities and entropies (None unless entropy) of the last n_completion tokens of each row,
+    (rows, n_completion) each; zero where attention_mask is 0, as TRL returns them. Padding after a completion
+    costs nothing; with unpad, a prompt shared by several rows (a GRPO group) runs once."""
     _, head = backbone_and_head(model)
     score = torch.zeros(input_ids.shape[0], input_ids.shape[1] - 1, dtype=torch.bool, device=input_ids.device)
     score[:, -n_completion:] = attention_mask[:, -n_completion:] != 0
     replies = torch.zeros_like(score)
     replies[:, -n_completion:] = True  # every completion starts at the same column: prompts are left-padded
     hidden = scored_hidden(model, score, unpad, replies, input_ids=input_ids, attention_mask=attention_mask)
-    out = logprobs(hidden, head.weight, input_ids[:, 1:][score], temperature, chunk)
+    out = logprobs(hidden, head.weight, input_ids[:, 1:][score], temperature, chunk,
+                   stats=("entropy",) if entropy else ())
     shape = (input_ids.shape[0], n_completion)
-    return tuple(x.new_zeros(score.shape).masked_scatter(score, x)[:, -n_completion:].reshape(shape)
-                 for x in (out["log_probs"], out["entropy"]))
+    return tuple(None if x is None else
+                 x.new_zeros(score.shape).masked_scatter(score, x)[:, -n_completion:].reshape(shape)
+                 for x in (out["log_probs"], out.get("entropy")))

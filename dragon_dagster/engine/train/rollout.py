@@ -1,0 +1,88 @@
+"""Sampling GRPO's completions: each group's prompt prefilled once, no LoRA dropout, one draw per token.
+
+TRL's GRPO (without vLLM) calls model.generate on rows that repeat every prompt group_size times, with the
+model in train mode. On the benchmark CPU two things in that cost more than they give:
+
+- the prompt's forward pass runs group_size times over the same tokens. Here it runs once per group, and its
+  KV cache is repeated for the group's rows; the rows then decode as before. Greedy decoding gives the same
+  tokens (tests/test_fast_paths.py).
+- in train mode every LoRA adapter draws a dropout mask for every sampled token: one torch call per adapter
+  per token, 210 calls a token for SmolLM2, a fifth of the decoding time for eight rows. Here the model samples
+  in eval mode, as TRL's vLLM path does: the completions come from the policy itself, not from the policy
+  under a random dropout mask. Training passes keep their dropout.
+- torch.multinomial draws an exponential variate for every word of the 49,152-word vocabulary at every step
+  (9 ms for eight rows). Inverse-CDF sampling draws one uniform number per row and finds it in the running
+  sum of the probabilities (in float64, so a word's share is kept to 1e-16): the same distribution, 2.4 ms.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+
+def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """How many consecutive rows repeat each prompt (TRL's rows: each prompt group_size times); 1 when they do not."""
+    rows = input_ids.shape[0]
+    size = 1
+    while size < rows and torch.equal(input_ids[size], input_ids[0]) and torch.equal(attention_mask[size],
+                                                                                      attention_mask[0]):
+        size += 1
+    if size < 2 or rows % size:
+        return 1
+    firsts = torch.arange(rows, device=input_ids.device) // size * size
+    alike = torch.equal(input_ids, input_ids[firsts]) and torch.equal(attention_mask, attention_mask[firsts])
+    return size if alike else 1
+
+
+def inverse_cdf(probs: torch.Tensor, num_samples: int = 1, replacement: bool = False, *, generator=None,
+                out=None) -> torch.Tensor:
+    """torch.multinomial for one sample per row of a 2-D probs: index i with probability probs[i] / sum(probs)."""
+    if probs.dim() != 2 or num_samples != 1 or out is not None:
+        return _multinomial(probs, num_samples, replacement, generator=generator, out=out)
+    running = probs.double().cumsum(dim=-1)
+    draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
+    return torch.searchsorted(running, draw * running[:, -1:], right=True).clamp_(max=probs.shape[1] - 1)
+
+
+_multinomial = torch.multinomial
+
+
+def sample(generate, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+    """generate(input_ids, attention_mask, **kwargs) in eval mode, with repeated prompts prefilled once and
+    tokens drawn by inverse_cdf."""
+    training = model.training
+    model.eval()
+    torch.multinomial = inverse_cdf  # generate's sampling step calls torch.multinomial(probs, num_samples=1)
+    try:
+        size = groups_of(input_ids, attention_mask) if attention_mask is not None and input_ids.shape[1] > 1 else 1
+        if size > 1 and "past_key_values" not in kwargs and "cache" not in kwargs:
+            kwargs["cache"] = prefill(model, input_ids[::size, :-1], attention_mask[::size, :-1], size)
+        return generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+    finally:
+        torch.multinomial = _multinomial
+        model.train(training)
+
+
+def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int):
+    """The KV cache of the prompts but their last token (generate runs that one), each row repeated `repeats` times;
+    position ids as generate gives left-padded rows."""
+    positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+    with torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)
+    cache = getattr(out, "cache", None) or out.past_key_values
+    cache.batch_repeat_interleave(repeats)
+    return cache
+
+
+@contextlib.contextmanager
+def sampling(model):
+    """model.generate goes through sample() for the duration (TRL calls it on the same unwrapped model)."""
+    model.generate = functools.partial(sample, type(model).generate.__get__(model), model)
+    try:
+        yield
+    finally:
+        del model.generate
