@@ -11,9 +11,10 @@ measurement, then a table of ratios (this project / plain TRL):
 - SFT trained tokens/s (non-padding tokens through the model per second, TRL's num_tokens), unpacked
   and packed, against the anchor's matching row;
 - GRPO completions/s and completion tokens/s;
-- DPO pairs/s and KTO rows/s (rows per second, from the median step after the first 3), plus trained tokens/s
-  (TRL's num_tokens, which both trainers log); the peer here is PEER_PREFERENCE below, plain TRL as its docs
-  show DPOTrainer and KTOTrainer (ref_model None with a LoRA), run on the same saved model and the same rows
+- DPO and ORPO pairs/s and KTO rows/s (rows per second, from the median step after the first 3), plus trained tokens/s
+  (TRL's num_tokens, which DPO and KTO log; ORPO does not); the peer here is PEER_PREFERENCE below, plain TRL
+  as its docs show DPOTrainer, ORPOTrainer and KTOTrainer (no reference model with a LoRA), run on the same
+  saved model and the same rows
   (conversational pairs from the anchor's sentence generator; KTO: the same prompts, liked/disliked alternating);
 - peak memory (CUDA max allocated on a GPU, else the process's peak RSS);
 - Dagster overhead: a materialization of the SFT asset (run, Pipes child, MLflow, artifact store) minus
@@ -126,7 +127,8 @@ def kto_rows(n: int, rng: random.Random) -> list[dict]:
              "completion": [{"role": "assistant", "content": text(2, 8)}], "label": i % 2 == 0} for i in range(n)]
 
 
-PREFERENCE_ROWS = {"dpo": dpo_rows, "kto": kto_rows}
+PREFERENCE_ROWS = {"dpo": dpo_rows, "orpo": dpo_rows, "kto": kto_rows}
+PAIRED = ("dpo", "orpo")  # rows are pairs: pairs/s; KTO's are single rated replies: rows/s
 
 # The peer for DPO and KTO, written as the anchor is: plain TRL as its docs show it, timed by the anchor's
 # Timer and steady. It loads the saved random model (the anchor's shape) and trains on the rows file both sides
@@ -145,7 +147,7 @@ PEER_PREFERENCE = textwrap.dedent("""\
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
     p.add_argument("--rows", required=True)
-    p.add_argument("--what", choices=["dpo", "kto"], required=True)
+    p.add_argument("--what", choices=["dpo", "orpo", "kto"], required=True)
     p.add_argument("--arch", default="tiny")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--bs", type=int, default=16)
@@ -163,10 +165,10 @@ PEER_PREFERENCE = textwrap.dedent("""\
             self.rows = []
 
         def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "num_tokens" in logs:
+            if logs and ("num_tokens" in logs or "loss" in logs):  # ORPO logs no num_tokens
                 if cuda:
                     torch.cuda.synchronize()
-                self.rows.append((time.perf_counter(), float(logs["num_tokens"])))
+                self.rows.append((time.perf_counter(), float(logs.get("num_tokens", 0))))
 
 
     def steady(rows, skip=3):
@@ -189,6 +191,12 @@ PEER_PREFERENCE = textwrap.dedent("""\
         cfg = DPOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
         tr = DPOTrainer(model=model, ref_model=None, args=cfg, train_dataset=ds, processing_class=tok,
                         peft_config=lora, callbacks=[timer])
+    elif a.what == "orpo":
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+
+        cfg = ORPOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
+        tr = ORPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, peft_config=lora,
+                         callbacks=[timer])
     else:
         cfg = KTOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
         tr = KTOTrainer(model=model, ref_model=None, args=cfg, train_dataset=ds, processing_class=tok,
@@ -197,7 +205,7 @@ PEER_PREFERENCE = textwrap.dedent("""\
     s, tps = steady(timer.rows)
     out = dict(what=a.what, arch=a.arch, bs=a.bs, gc=a.gc, step_s=s, tokens_per_s=tps, wall_s=wall,
                steps_timed=len(timer.rows))
-    out["pairs_per_s" if a.what == "dpo" else "rows_per_s"] = a.bs / s
+    out["rows_per_s" if a.what == "kto" else "pairs_per_s"] = a.bs / s
     if cuda:
         out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
     print(json.dumps(out), flush=True)
@@ -275,11 +283,17 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
 def ours_sft(a, model: Path, work: Path, packing: str) -> dict:
     train = write_jsonl(work.parent / "sft.jsonl", sft_rows(a.bs * (a.steps + 2), random.Random(0)))
     job = engine_job("sft", model, train, work, {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4},
-                     {"packing": packing, "loss_kernel": a.loss_kernel, "torch_compile": a.torch_compile})
+                     speed_settings(a, packing=packing))
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
     step_s, tps, _ = steady(read_progress(work / "out"), skip=3)
     return {"what": "sft_packed" if packing == "on" else "sft", "step_s": step_s, "tokens_per_s": tps,
             "peak_gib": peak_gib(peak), "wall_s": wall}
+
+
+def speed_settings(a, **more) -> dict:
+    """Our side's speed settings (the training resource's): --loss-kernel, --torch-compile, each --speed KEY=VALUE."""
+    given = {key: int(value) if value.isdigit() else value for key, value in (i.split("=", 1) for i in a.speed)}
+    return {"loss_kernel": a.loss_kernel, "torch_compile": a.torch_compile, **more, **given}
 
 
 def ours_grpo(a, model: Path, work: Path) -> dict:
@@ -287,7 +301,7 @@ def ours_grpo(a, model: Path, work: Path) -> dict:
     rewards = [{"type": "numeric", "weight": 1.0}, {"type": "length", "max_chars": 12, "weight": 1.0}]
     job = engine_job("grpo", model, train, work,
                      {"max_steps": a.steps, "batch_size": a.gen_bs // 8, "learning_rate": 1e-5},
-                     {"generation_batch_size": a.gen_rounds * a.gen_bs if a.gen_rounds > 1 else None},
+                     speed_settings(a, generation_batch_size=a.gen_rounds * a.gen_bs or None),
                      rewards=rewards, group_size=8, beta=0.04, temperature=1.0, max_eval_prompts=2,
                      max_new_tokens=a.comp)
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
@@ -305,7 +319,7 @@ def ours_preference(what: str, a, model: Path, work: Path) -> dict:
     rows = write_jsonl(work.parent / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
     job = engine_job("preference", model, rows, work,
                      {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 5e-5},
-                     {"loss_kernel": a.loss_kernel, "torch_compile": a.torch_compile}, method=what, beta=0.1)
+                     speed_settings(a), method=what, beta=0.1)
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
     progress = [r for r in read_progress(work / "out") if r.get("elapsed_s") is not None]
     tps = steady(progress, skip=3)[1] if any("num_tokens" in r for r in progress) else None
@@ -317,7 +331,7 @@ def ours_preference(what: str, a, model: Path, work: Path) -> dict:
     step_s = gaps[len(gaps) // 2]
     summary = work / "out" / "metrics.json"  # the worker's summary names the speed choices it resolved
     speed = json.loads(summary.read_text()).get("speed") if summary.exists() else None
-    return {"what": what, "step_s": step_s, "tokens_per_s": tps, "pairs_per_s" if what == "dpo" else "rows_per_s":
+    return {"what": what, "step_s": step_s, "tokens_per_s": tps, "pairs_per_s" if what in PAIRED else "rows_per_s":
             a.bs / step_s, "peak_gib": peak_gib(peak), "wall_s": wall, "steps_timed": len(timed), "speed": speed}
 
 
@@ -410,7 +424,7 @@ def report(measured: dict[str, dict], a) -> str:
     add("grpo completions/s", "completions_per_s", ours, theirs, "{:.2f}")
     add("grpo completion tokens/s", "completion_tokens_per_s", ours, theirs)
     add("grpo peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
-    for what, unit in (("dpo", "pairs"), ("kto", "rows")):
+    for what, unit in (("dpo", "pairs"), ("orpo", "pairs"), ("kto", "rows")):
         ours, theirs = measured.get(f"ours_{what}"), measured.get(f"trl_{what}")
         add(f"{what} {unit}/s", f"{unit}_per_s", ours, theirs, "{:.2f}")
         add(f"{what} trained tokens/s", "tokens_per_s", ours, theirs)
@@ -441,12 +455,15 @@ def main() -> None:
     p.add_argument("--bs", type=int, default=16, help="SFT rows per step (both sides)")
     p.add_argument("--gen-bs", dest="gen_bs", type=int, default=16, help="GRPO completions per step (8 per prompt)")
     p.add_argument("--comp", type=int, default=32, help="GRPO max completion tokens")
-    p.add_argument("--gen-rounds", dest="gen_rounds", type=int, default=1,
-                   help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs)")
+    p.add_argument("--gen-rounds", dest="gen_rounds", type=int, default=0,
+                   help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs); "
+                        "0: the device's default (4 on a CPU), 1: on-policy, as the peer")
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])
     p.add_argument("--torch-compile", dest="torch_compile", action="store_true", help="ours: torch.compile the model")
+    p.add_argument("--speed", action="append", default=[], metavar="KEY=VALUE",
+                   help="ours: another speed setting, e.g. unpad=off, dropout_mask=torch, sampling=trl (repeatable)")
     p.add_argument("--anchor-gc", dest="anchor_gc", type=int, default=1, help="the peer's gradient checkpointing")
-    p.add_argument("--only", default="sft,sft_packed,grpo,dpo,kto,dagster_overhead")
+    p.add_argument("--only", default="sft,sft_packed,grpo,dpo,orpo,kto,dagster_overhead")
     p.add_argument("--repeats", type=int, default=2, help="Dagster overhead: materializations to take the best of")
     p.add_argument("--skip-peer", dest="skip_peer", action="store_true",
                    help="measure this project only (for shapes where the peer runs out of memory)")
@@ -481,7 +498,7 @@ def main() -> None:
             measured[f"ours_{what}"] = ours
             print(json.dumps({"side": "dragon-dagster", **ours}), flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)
-        for what in ("dpo", "kto"):
+        for what in ("dpo", "orpo", "kto"):
             if what not in only:
                 continue
             run_dir = work / f"{what}"

@@ -39,7 +39,6 @@ import json
 import math
 import random
 import re
-import shutil
 import sqlite3
 import sys
 import tempfile

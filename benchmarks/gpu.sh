@@ -34,13 +34,19 @@ run() {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.log"
   bench() { python3 benchmarks/compare_trl.py --tok "$BENCH/tok" --anchor "$BENCH/anchor_trl.py" --arch smol "$@" 2>&1 \
               | grep -v -i warn | tee -a "$OUT/gpu.log"; }
-  # 1. The peer's own shapes, side by side: SFT batch 16 (unpacked and packed 16 x 1024), GRPO 64 x 128 tokens.
-  bench --steps 10 --bs 16 --gen-bs 64 --comp 128 --only sft,sft_packed,grpo --json "$OUT/peer_shapes.json"
+  # 1. The peer's own shapes, side by side: SFT batch 16 (unpacked and packed 16 x 1024), GRPO 64 x 128 tokens,
+  #    DPO and KTO batch 16 (the peer is compare_trl.py's PEER_PREFERENCE, plain TRL).
+  bench --steps 10 --bs 16 --gen-bs 64 --comp 128 --only sft,sft_packed,grpo,dpo,kto --json "$OUT/peer_shapes.json"
   # 2. Ours at the sizes the targets name: packed batch 64 x 1024 without checkpointing (where the peer runs out
   #    of memory); GRPO sampling 512 completions per round (8 per prompt) for 8 optimizer steps of 64.
   bench --steps 8 --bs 64 --only sft_packed --skip-peer --json "$OUT/sft_bs64.json" || true
   bench --steps 8 --bs 64 --only sft_packed --skip-peer --loss-kernel chunked --json "$OUT/sft_bs64_chunked.json" || true
   bench --steps 16 --gen-bs 64 --gen-rounds 8 --comp 128 --only grpo --skip-peer --json "$OUT/grpo_512.json" || true
+  # 3. The CPU levers on CUDA, against its defaults: GRPO with TRL's generate (sampling=trl) instead of grouped
+  #    sampling; the chunked head with the unpadded forward (unpad=on) instead of TRL's Triton head, unpacked.
+  bench --steps 8 --gen-bs 64 --comp 128 --only grpo --skip-peer --speed sampling=trl --json "$OUT/grpo_trl_sampling.json" || true
+  bench --steps 8 --bs 16 --only sft,dpo --skip-peer --loss-kernel chunked --speed unpad=on --speed packing=off \
+    --json "$OUT/unpadded_chunked.json" || true
 }
 
 "${1:-run}"

@@ -3,18 +3,21 @@
     python benchmarks/profile_step.py                 # SFT, batch 4 of the peer's rows, this project's CPU defaults
     python benchmarks/profile_step.py --kind dpo      # DPO: chosen and rejected, the policy and the reference pass
     python benchmarks/profile_step.py --plain         # padded batch, torch's dropout: the step before the CPU levers
+    python benchmarks/profile_step.py --kind sampling # GRPO's generate(): 8 completions x 32 tokens, lever by lever
 
 A random-weight model of the anchor's `smol` shape (30 layers, hidden 576, 49,152-word vocabulary) with the
 peer's LoRA (r 16, all linear layers, dropout 0.05) runs a few steps of this project's own path (collator,
 chunked head, AdamW); the forward and backward of the last one are profiled with torch.profiler and every
-operator's own time is put in a bucket by its name and operand shapes: the MLP, the attention (projections, the kernel, rotary), the LoRA
-adapters, their dropout, the output head, norms/activations/residuals; collation and the optimizer step
-are timed around them.
+operator's own time is put in a bucket by its name and operand shapes: the MLP, the attention (projections,
+the kernel, rotary), the LoRA adapters, their dropout, the output head, norms/activations/residuals;
+collation and the optimizer step are timed around them. `--kind sampling` times GRPO's sampling instead, one
+change at a time from TRL's call (train mode, one prompt repeated per completion).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -76,7 +79,7 @@ def pair_rows(tokenizer, n: int, rng: random.Random) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kind", default="sft", choices=["sft", "dpo"])
+    p.add_argument("--kind", default="sft", choices=["sft", "dpo", "sampling"])
     p.add_argument("--bs", type=int, default=4, help="rows (SFT) or pairs (DPO) per step")
     p.add_argument("--plain", action="store_true", help="padded rows and torch's dropout (the levers off)")
     p.add_argument("--steps", type=int, default=3, help="warm-up steps before the profiled one")
@@ -102,6 +105,8 @@ def main() -> None:
         unpadded.use(model)
         use_fast_dropout(model)
     model.train()
+    if a.kind == "sampling":
+        return sampling_table(model, tokenizer)
     config = model.config
     rng = random.Random(0)
     rows = (sft_rows(a.bs * (a.steps + 1), rng) if a.kind == "sft" else None)
@@ -157,6 +162,44 @@ def main() -> None:
     print("| part | seconds | share |\n|---|---|---|")
     for part, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"| {part} | {seconds:.3f} | {seconds / total:.0%} |")
+
+
+def sampling_table(model, tokenizer, tokens: int = 32) -> None:
+    """Seconds for GRPO's generate() on 8 completions of one prompt (and more rows), lever by lever."""
+    from transformers import GenerationConfig
+
+    from dragon_dagster.engine.train import rollout
+
+    tokenizer.padding_side = "left"
+    questions = [f"What is {100 + i} + {200 + 3 * i}? Reply with just the number." for i in range(4)]
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                             add_generation_prompt=True) for q in questions]
+
+    def timed(label: str, groups: int = 1, grouped: bool = False, train: bool = True, **config) -> None:
+        rows = tokenizer([q for q in prompts[:groups] for _ in range(8)], return_tensors="pt", padding=True)
+        settings = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
+                        min_new_tokens=tokens, pad_token_id=tokenizer.pad_token_id)
+        generation = GenerationConfig(**{**settings, **config})
+        model.train(train)
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            with torch.no_grad(), (rollout.sampling(model) if grouped else contextlib.nullcontext()):
+                model.generate(**rows, generation_config=generation)
+            best = min(best, time.perf_counter() - start)
+        print(f"| {label} | {8 * groups} | {best:.2f} | {best / groups:.2f} |", flush=True)
+
+    print(f"GRPO sampling, {tokens} tokens per completion, {torch.get_num_threads()} threads (best of 2)")
+    print("| sampling | completions | seconds | per 8 completions |\n|---|---|---|---|")
+    timed("TRL's generate: train mode (LoRA dropout on every token)")
+    timed("eval mode (no dropout)", train=False)
+    timed("train mode, top-k 50 before sampling", top_k=50)
+    timed("train mode, static cache", cache_implementation="static")
+    with model.disable_adapter():
+        timed("eval mode, adapter off (the cost of LoRA's extra matmuls)", train=False)
+    timed("rollout.sample: eval mode, prompt prefilled once, inverse-CDF draw", grouped=True)
+    timed("rollout.sample, 2 prompts at once", groups=2, grouped=True)
+    timed("rollout.sample, 4 prompts at once", groups=4, grouped=True)
 
 
 if __name__ == "__main__":
