@@ -257,12 +257,18 @@ def peer_preference(what: str, a, model: Path, work: Path) -> dict:
 
 
 def steady(rows: list[dict], skip: int) -> tuple[float, float, int]:
-    """(seconds per step, tokens/s, steps) over the logged steps after the first `skip`, as the anchor does."""
-    rows = [r for r in rows if "num_tokens" in r]
+    """(seconds per step, tokens/s, steps) over the logged steps after the first `skip`, as the anchor does.
+
+    Time runs over every logged step; tokens over the rows that carry TRL's num_tokens (GRPO logs it on the steps
+    that sampled, so a window of whole sampling rounds counts them right).
+    """
+    rows = [r for r in rows if r.get("elapsed_s") is not None and "step" in r]
     rows = rows[skip:] if len(rows) > skip + 1 else rows
     seconds = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]
     steps = rows[-1]["step"] - rows[0]["step"]
-    return seconds / max(steps, 1), (rows[-1]["num_tokens"] - rows[0]["num_tokens"]) / seconds, steps
+    counted = [r for r in rows if "num_tokens" in r]
+    tokens = counted[-1]["num_tokens"] - counted[0]["num_tokens"] if len(counted) > 1 else 0
+    return seconds / max(steps, 1), tokens / seconds if seconds else 0.0, steps
 
 
 def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, speed: dict, **extra) -> Path:
