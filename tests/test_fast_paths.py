@@ -621,3 +621,41 @@ def test_a_cpu_samples_several_steps_completions_per_round_unless_told():
     assert generation_batch(None, 16, None, 1, "cpu", steps_in_data=1) is None  # one step of data: one step's
     assert generation_batch(16, 16, None, 1, "cpu", steps_in_data=100) == 16  # asked: on-policy
     assert generation_batch(None, 16, None, 1, "cuda", steps_in_data=100) is None
+
+
+def test_sampling_records_the_log_probabilities_a_forward_pass_gives():
+    """What a round serving several GRPO steps keeps as the old policy's log-probabilities."""
+    from dragon_dagster.engine.train import rollout
+
+    model = small_lora_model()
+    ids = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]]).repeat_interleave(2, dim=0)
+    mask = (ids != 0).long()
+    record = []
+    torch.manual_seed(0)
+    with rollout.sampling(model, record):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=True, temperature=0.7,
+                             top_k=0, pad_token_id=0, eos_token_id=None)
+    recorded = torch.stack(record, dim=1)
+    assert recorded.shape == (4, 6) and (recorded < 0).all()
+    model.eval()
+    with torch.no_grad():
+        logps, _ = lm_head.completion_logprobs(model, out, torch.cat([mask, torch.ones(4, 6, dtype=torch.long)], 1),
+                                               6, 0.7)
+    assert torch.allclose(recorded, logps, atol=1e-4)
+
+
+def test_a_round_serving_two_steps_takes_the_old_policy_from_sampling_not_another_pass(tiny_model, tmp_path,
+                                                                                         monkeypatch):
+    calls = []
+    scored = lm_head.completion_logprobs
+
+    def counted(model, input_ids, *args, **kwargs):
+        calls.append((input_ids.shape[0], torch.is_grad_enabled()))
+        return scored(model, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(lm_head, "completion_logprobs", counted)
+    rows = grpo_rows_logged(tmp_path, tiny_model, "chunked")  # 2 steps from one round of 32 completions, beta 0.04
+    assert [r["step"] for r in rows] == [1, 2] and rows[1]["kl"] > 0
+    without_grad = [n for n, grad in calls if not grad]
+    # the reference pass over the round's 32 completions (in chunks of a step's 16), and no old-policy pass
+    assert sum(without_grad) == 32 and sum(n for n, grad in calls if grad) == 32

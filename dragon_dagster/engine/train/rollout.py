@@ -13,6 +13,9 @@ model in train mode. On the benchmark CPU two things in that cost more than they
 - torch.multinomial draws an exponential variate for every word of the 49,152-word vocabulary at every step
   (9 ms for eight rows). Inverse-CDF sampling draws one uniform number per row and finds it in the running
   sum of the probabilities (in float64, so a word's share is kept to 1e-16): the same distribution, 2.4 ms.
+- the log-probability of each sampled token is kept: when a sampling round serves several steps, these are
+  the old policy's log-probabilities that GRPO's probability ratio divides by, which TRL would otherwise
+  recompute with one more forward pass over every completion (in train mode, under a dropout mask).
 """
 
 from __future__ import annotations
@@ -38,24 +41,32 @@ def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
 
 
 def inverse_cdf(probs: torch.Tensor, num_samples: int = 1, replacement: bool = False, *, generator=None,
-                out=None) -> torch.Tensor:
-    """torch.multinomial for one sample per row of a 2-D probs: index i with probability probs[i] / sum(probs)."""
+                out=None, record: list | None = None) -> torch.Tensor:
+    """torch.multinomial for one sample per row of a 2-D probs: index i with probability probs[i] / sum(probs).
+
+    record, when given, gets each draw's log-probability, (rows,) per call.
+    """
     if probs.dim() != 2 or num_samples != 1 or out is not None:
         return _multinomial(probs, num_samples, replacement, generator=generator, out=out)
     running = probs.double().cumsum(dim=-1)
     draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
-    return torch.searchsorted(running, draw * running[:, -1:], right=True).clamp_(max=probs.shape[1] - 1)
+    picked = torch.searchsorted(running, draw * running[:, -1:], right=True).clamp_(max=probs.shape[1] - 1)
+    if record is not None:
+        record.append((probs.gather(1, picked).squeeze(1).double() / running[:, -1]).log().float())
+    return picked
 
 
 _multinomial = torch.multinomial
 
 
-def sample(generate, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+def sample(generate, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+           record: list | None = None, **kwargs):
     """generate(input_ids, attention_mask, **kwargs) in eval mode, with repeated prompts prefilled once and
-    tokens drawn by inverse_cdf."""
+    tokens drawn by inverse_cdf (which appends each step's log-probabilities to record, when given)."""
     training = model.training
     model.eval()
-    torch.multinomial = inverse_cdf  # generate's sampling step calls torch.multinomial(probs, num_samples=1)
+    # generate's sampling step calls torch.multinomial(probs, num_samples=1)
+    torch.multinomial = functools.partial(inverse_cdf, record=record)
     try:
         size = groups_of(input_ids, attention_mask) if attention_mask is not None and input_ids.shape[1] > 1 else 1
         if size > 1 and "past_key_values" not in kwargs and "cache" not in kwargs:
@@ -79,9 +90,10 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeat
 
 
 @contextlib.contextmanager
-def sampling(model):
-    """model.generate goes through sample() for the duration (TRL calls it on the same unwrapped model)."""
-    model.generate = functools.partial(sample, type(model).generate.__get__(model), model)
+def sampling(model, record: list | None = None):
+    """model.generate goes through sample() for the duration (TRL calls it on the same unwrapped model); record
+    gets the sampled tokens' log-probabilities, one (rows,) tensor per decoding step."""
+    model.generate = functools.partial(sample, type(model).generate.__get__(model), model, record=record)
     try:
         yield
     finally:
