@@ -126,10 +126,11 @@ def main() -> None:
             loss, _ = lm_head.causal_lm_loss(model, batch, batch["labels"], unpad=unpad)
         else:  # DPO's passes: the reference (adapter off, no gradient), then the policy
             score = batch["labels"][:, 1:] != -100
+            shared = score if unpad else None  # a pair's common prompt runs once
             with torch.no_grad(), model.disable_adapter():
-                lm_head.scored_hidden(model, score, unpad, input_ids=batch["input_ids"],
+                lm_head.scored_hidden(model, score, unpad, shared, input_ids=batch["input_ids"],
                                       attention_mask=batch["attention_mask"])
-            hidden = lm_head.scored_hidden(model, score, unpad, input_ids=batch["input_ids"],
+            hidden = lm_head.scored_hidden(model, score, unpad, shared, input_ids=batch["input_ids"],
                                            attention_mask=batch["attention_mask"])
             out = lm_head.logprobs(hidden, lm_head.backbone_and_head(model)[1].weight,
                                    batch["input_ids"][:, 1:][score])
