@@ -49,8 +49,10 @@ def generation_batch(asked: int | None, per_step: int, max_steps: int | None, gr
 
     asked wins. On a CPU a round serves CPU_ROUND_STEPS steps (at most the run's and the data's): each decoding
     step reads every weight of the model whatever the number of rows, so on the 2-core benchmark machine 32 rows
-    of SmolLM2 took 1.9 s per 8 against 4.3 s for 8 alone. The later steps of a round train on completions of a policy a few
-    updates old, which TRL weighs by the probability ratio (clipped), as with its own steps_per_generation.
+    of SmolLM2 took 1.66 s per 8 against 4.00 s for 8 alone (benchmarks/profile_step.py --kind sampling). The
+    later steps of a round train on completions of a policy a few updates old, which TRL weighs by the
+    probability ratio (clipped), as with its own steps_per_generation; the old policy's log-probabilities are
+    the ones recorded while sampling (FastGRPOTrainer.sampling_logps).
     """
     if asked or device != "cpu":
         return asked
