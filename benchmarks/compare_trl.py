@@ -262,7 +262,7 @@ def steady(rows: list[dict], skip: int) -> tuple[float, float, int]:
     Time runs over every logged step; tokens over the rows that carry TRL's num_tokens (GRPO logs it on the steps
     that sampled, so a window of whole sampling rounds counts them right).
     """
-    rows = [r for r in rows if r.get("elapsed_s") is not None and "step" in r]
+    rows = [r for r in rows if r.get("elapsed_s") is not None and r.get("loss") is not None]  # steps, not the summary
     rows = rows[skip:] if len(rows) > skip + 1 else rows
     seconds = rows[-1]["elapsed_s"] - rows[0]["elapsed_s"]
     steps = rows[-1]["step"] - rows[0]["step"]
@@ -463,7 +463,7 @@ def main() -> None:
     p.add_argument("--comp", type=int, default=32, help="GRPO max completion tokens")
     p.add_argument("--gen-rounds", dest="gen_rounds", type=int, default=0,
                    help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs); "
-                        "0: the device's default (4 on a CPU), 1: on-policy, as the peer")
+                        "0 or 1: one step's, on-policy, as the peer")
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])
     p.add_argument("--torch-compile", dest="torch_compile", action="store_true", help="ours: torch.compile the model")
     p.add_argument("--speed", action="append", default=[], metavar="KEY=VALUE",

@@ -611,18 +611,6 @@ def test_inverse_cdf_sampling_draws_the_same_distribution_as_multinomial():
     assert torch.multinomial is rollout._multinomial  # restored after sampling
 
 
-def test_a_cpu_samples_several_steps_completions_per_round_unless_told():
-    from dragon_dagster.engine.train.grpo import CPU_ROUND_STEPS, generation_batch
-
-    assert CPU_ROUND_STEPS == 4
-    assert generation_batch(None, 16, None, 1, "cpu", steps_in_data=100) == 64
-    assert generation_batch(None, 16, 2, 1, "cpu", steps_in_data=100) == 32  # no round longer than the run
-    assert generation_batch(None, 16, 3, 2, "cpu", steps_in_data=100) == 64  # micro-steps under accumulation
-    assert generation_batch(None, 16, None, 1, "cpu", steps_in_data=1) is None  # one step of data: one step's
-    assert generation_batch(16, 16, None, 1, "cpu", steps_in_data=100) == 16  # asked: on-policy
-    assert generation_batch(None, 16, None, 1, "cuda", steps_in_data=100) is None
-
-
 def test_sampling_records_the_log_probabilities_a_forward_pass_gives():
     """What a round serving several GRPO steps keeps as the old policy's log-probabilities."""
     from dragon_dagster.engine.train import rollout

@@ -108,11 +108,8 @@ def test_grpo_logs_progress_columns_and_measures_before_and_after(chain):
     art = Path(chain["outcome"]["artifacts"]["grpo_adapter"])
     manifest = read_manifest(art)
     rows = [json.loads(line) for line in (art / "progress.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "kl" in r] == [1, 2, 3]
-    # on a CPU one sampling round serves the 3 steps (speed.generation_batch_size): TRL logs its rewards once
-    assert manifest["result"]["speed"]["generation_batch_size"] == 3 * 2 * 4
     trained = [r for r in rows if "reward" in r]
-    assert [r["step"] for r in trained] == [1]
+    assert len(trained) == 3
     for column in ("reward", "reward_std", "kl", "completion_len", "reward_numeric", "reward_length", "reward_short"):
         assert column in trained[0], column
     result = manifest["result"]

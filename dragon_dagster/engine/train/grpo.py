@@ -17,7 +17,6 @@ from statistics import mean
 from . import progress
 from .. import distributed
 from ..evaluate.replies import generate
-from ..models import pick_device
 from ..reporter import Reporter
 from ..rewards import RewardSet, trl_reward_funcs
 from ..spec.stages import GRPO
@@ -38,26 +37,6 @@ def validate(job: GRPOJob) -> RewardSet:
         raise ValueError(f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
                          f"completions, batch_size x group_size = {step}")
     return RewardSet.from_list(job.settings.rewards, base_dir=job.output_dir)  # custom files were copied in there
-
-
-CPU_ROUND_STEPS = 4  # a CPU samples this many steps' completions at once: decoding is bound by reading the weights
-
-
-def generation_batch(asked: int | None, per_step: int, max_steps: int | None, grad_accum: int,
-                     device: str, steps_in_data: int) -> int | None:
-    """Completions per sampling round (TRL's generation_batch_size; None: one step's).
-
-    asked wins. On a CPU a round serves CPU_ROUND_STEPS steps (at most the run's and the data's): each decoding
-    step reads every weight of the model whatever the number of rows, so on the 2-core benchmark machine 32 rows
-    of SmolLM2 took 1.66 s per 8 against 4.00 s for 8 alone (benchmarks/profile_step.py --kind sampling). The
-    later steps of a round train on completions of a policy a few updates old, which TRL weighs by the
-    probability ratio (clipped), as with its own steps_per_generation; the old policy's log-probabilities are
-    the ones recorded while sampling (FastGRPOTrainer.sampling_logps).
-    """
-    if asked or device != "cpu":
-        return asked
-    steps = min(CPU_ROUND_STEPS, steps_in_data, max_steps * grad_accum if max_steps else CPU_ROUND_STEPS)
-    return per_step * steps if steps > 1 else None
 
 
 def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
@@ -153,11 +132,8 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
     args["per_device_train_batch_size"] = per_worker_completions(p.args.batch_size, job.settings.group_size,
                                                                  p.workers)  # batch_size counts prompts
-    generation = generation_batch(p.speed.generation_batch_size, p.args.batch_size * job.settings.group_size,
-                                  p.args.max_steps, p.args.grad_accum, pick_device(p.hardware),
-                                  len(p.train_rows) // p.args.batch_size)
-    if generation:  # one sampling round feeds several optimizer steps
-        args["generation_batch_size"] = generation
+    if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
+        args["generation_batch_size"] = p.speed.generation_batch_size
     config = GRPOConfig(**args, num_generations=job.settings.group_size, max_completion_length=job.settings.max_new_tokens,
                         temperature=job.settings.temperature, beta=job.settings.beta, reward_weights=rewards.weights(),
                         log_completions=False)
