@@ -127,6 +127,36 @@ def test_completion_logprobs_match_trl_fused_head_values_and_gradients():
     assert_same_grads(ours, lora_grads(model))
 
 
+@pytest.mark.parametrize("head_trains", [False, True])
+def test_chunked_log_probs_give_autograd_values_stats_and_gradients(head_trains):
+    """A frozen head (LoRA) forms the hidden states' gradient in forward; a trainable one recomputes the logits
+    in backward for its own gradient. Both give what plain autograd over the full logits gives."""
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(11, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(40, 16, generator=g, dtype=torch.float64, requires_grad=head_trains)
+    targets = torch.randint(0, 40, (11,), generator=g)
+    upstream, temperature = torch.randn(11, generator=g, dtype=torch.float64), 0.7
+    out = lm_head.logprobs(hidden, weight, targets, temperature, chunk=4, stats=lm_head.STATS)
+    (out["log_probs"] * upstream).sum().backward()
+    ours = hidden.grad.clone(), None if weight.grad is None else weight.grad.clone()
+    hidden.grad = weight.grad = None
+    log_probs = torch.log_softmax(hidden @ weight.t() / temperature, dim=1)
+    expected = log_probs.gather(1, targets[:, None]).squeeze(1)
+    assert torch.allclose(out["log_probs"].double(), expected, atol=1e-5)
+    assert torch.allclose(out["entropy"].double(), -(log_probs.exp() * log_probs).sum(1), atol=1e-5)
+    assert torch.allclose(out["mean_logits"].double(), (hidden @ weight.t() / temperature).mean(1), atol=1e-5)
+    assert torch.equal(out["is_top1"], targets == log_probs.argmax(1))
+    assert torch.allclose(out["log_sum_sq_probs"].double(), torch.logsumexp(2 * log_probs, 1), atol=1e-5)
+    (expected * upstream).sum().backward()
+    assert torch.allclose(ours[0], hidden.grad, atol=1e-5)  # the logits are float32 inside
+    assert (ours[1] is None) == (not head_trains)
+    if head_trains:
+        assert torch.allclose(ours[1], weight.grad, atol=1e-5)
+    with torch.no_grad():  # the reference pass: values only
+        assert torch.allclose(lm_head.logprobs(hidden, weight, targets, temperature, chunk=4)["log_probs"].double(),
+                              expected, atol=1e-5)
+
+
 def progress_rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "progress.jsonl").read_text().splitlines()]
 
@@ -647,3 +677,53 @@ def test_a_round_serving_two_steps_takes_the_old_policy_from_sampling_not_anothe
     without_grad = [n for n, grad in calls if not grad]
     # the reference pass over the round's 32 completions (in chunks of a step's 16), and no old-policy pass
     assert sum(without_grad) == 32 and sum(n for n, grad in calls if grad) == 32
+
+
+def test_sampling_on_cpu_folds_the_adapters_into_weight_copies_and_puts_the_weights_back():
+    from dragon_dagster.engine.train import rollout
+
+    model = small_lora_model()
+    model.eval()
+    ids = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]])
+    mask = (ids != 0).long()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        unfolded = model(input_ids=ids, attention_mask=mask).logits
+        with model.disable_adapter():
+            base = model(input_ids=ids, attention_mask=mask).logits
+        layers = rollout.foldable(model)
+        assert len(layers) == 2 * 7  # every adapted linear layer of the two decoder layers
+        with rollout.folded(model):
+            assert all(layer.merged for layer in layers)
+            calls = []
+            handle = layers[0].lora_A["default"].register_forward_hook(lambda *a: calls.append(1))
+            folded = model(input_ids=ids, attention_mask=mask).logits
+            handle.remove()
+        assert not calls  # the adapter's own products did not run
+        assert torch.allclose(folded, unfolded, atol=1e-5) and not torch.allclose(folded, base, atol=1e-3)
+        assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())  # bit for bit
+        assert not any(layer.merged for layer in layers)
+        assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, unfolded)
+        plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        with rollout.sampling(model):
+            sampled = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
+                                     pad_token_id=0)
+    assert torch.equal(sampled, plain)
+    with model.disable_adapter():  # adapters off (TRL's reference pass): nothing to fold
+        assert rollout.foldable(model) == []
+
+
+def test_adapters_that_a_folded_model_would_not_run_stay_as_they_are():
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dragon_dagster.engine.train import rollout
+
+    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2)
+    for lora in (LoraConfig(r=4, target_modules="all-linear", use_dora=True),
+                 LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])):
+        model = get_peft_model(LlamaForCausalLM(config), lora)
+        assert rollout.foldable(model) == []
+        with rollout.folded(model):
+            assert not any(getattr(m, "merged", False) for m in model.modules())

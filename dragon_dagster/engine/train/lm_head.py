@@ -142,7 +142,14 @@ STATS = ("entropy", "mean_logits", "is_top1", "log_sum_sq_probs")  # what TRL's 
 
 class ChunkedLogProbs(torch.autograd.Function):
     """log softmax(hidden @ weight.T / temperature)[target] per row, and the STATS asked for (without gradient):
-    entropy, mean logit, whether the target is the top token, log sum of squared probabilities (WPO's weights)."""
+    entropy, mean logit, whether the target is the top token, log sum of squared probabilities (WPO's weights).
+
+    The gradient of a row's log-probability with respect to its hidden state does not depend on what comes
+    after it: (weight[target] - softmax @ weight) / temperature, which the upstream gradient (GRPO's
+    advantage-weighted ratio, DPO's sigmoid) only scales. With the head frozen (LoRA) forward forms it while the
+    chunk's softmax is at hand, and backward is one multiplication: the logits are projected once, not again in
+    backward. A trainable head needs the logits again for its weight gradient, and they are recomputed there.
+    """
 
     @staticmethod
     def forward(ctx, hidden, weight, targets, temperature: float, chunk: int, stats: tuple = ("entropy",)):
@@ -151,6 +158,7 @@ class ChunkedLogProbs(torch.autograd.Function):
         log_z = torch.empty_like(logps)
         extra = {name: torch.empty(n if name in stats else 0, dtype=torch.bool if name == "is_top1" else torch.float32,
                                    device=hidden.device) for name in STATS}
+        direction = torch.empty_like(hidden) if ctx.needs_input_grad[0] and not ctx.needs_input_grad[1] else None
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
             logits = (hidden[rows] @ weight.t()).float().div_(temperature)
@@ -161,19 +169,30 @@ class ChunkedLogProbs(torch.autograd.Function):
                 extra["mean_logits"][rows] = logits.mean(dim=1)
             if "is_top1" in stats:
                 extra["is_top1"][rows] = target_logit >= logits.max(dim=1).values
-            if "entropy" in stats or "log_sum_sq_probs" in stats:
-                log_probs = logits.sub_(log_z[rows, None])      # in place: logits are not needed after this
-                if "log_sum_sq_probs" in stats:
-                    extra["log_sum_sq_probs"][rows] = torch.logsumexp(2 * log_probs, dim=1)
-                if "entropy" in stats:
-                    extra["entropy"][rows] = -(log_probs.exp() * log_probs).sum(dim=1)
-        ctx.save_for_backward(hidden, weight, targets, log_z)
+            if not ({"entropy", "log_sum_sq_probs"} & set(stats)) and direction is None:
+                continue
+            log_probs = logits.sub_(log_z[rows, None])  # in place: logits are not needed after this
+            if "log_sum_sq_probs" in stats:
+                extra["log_sum_sq_probs"][rows] = torch.logsumexp(2 * log_probs, dim=1)
+            probs = log_probs.exp()
+            if "entropy" in stats:  # -sum p log p, as a row-by-row dot product (no third (rows, vocab) buffer)
+                extra["entropy"][rows] = -(probs[:, None, :] @ log_probs[:, :, None]).view(-1)
+            if direction is not None:
+                expected = probs.to(weight.dtype) @ weight  # the softmax-weighted mean of the output embeddings
+                direction[rows] = (weight[targets[rows]] - expected).div_(temperature)
+        if direction is not None:
+            ctx.save_for_backward(direction)
+        else:
+            ctx.save_for_backward(hidden, weight, targets, log_z)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(*extra.values())
         return logps, *extra.values()
 
     @staticmethod
     def backward(ctx, grad_logps, *_grad_stats):
+        if len(ctx.saved_tensors) == 1:  # formed in forward: the head is frozen
+            direction, = ctx.saved_tensors
+            return direction * grad_logps.to(direction.dtype)[:, None], None, None, None, None, None
         hidden, weight, targets, log_z = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if ctx.needs_input_grad[1] else None
