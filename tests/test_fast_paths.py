@@ -679,9 +679,14 @@ def test_a_round_serving_two_steps_takes_the_old_policy_from_sampling_not_anothe
     assert sum(without_grad) == 32 and sum(n for n, grad in calls if grad) == 32
 
 
-def test_sampling_on_cpu_folds_the_adapters_into_weight_copies_and_puts_the_weights_back():
-    from dragon_dagster.engine.train import rollout
+@pytest.mark.parametrize("pack", [True, False])
+def test_decoding_on_cpu_folds_the_adapters_packs_the_weights_and_puts_everything_back(pack, monkeypatch):
+    from dragon_dagster.engine.train import decode_weights, rollout
 
+    if not pack:  # a torch without oneDNN: the folded weights stand in for W themselves
+        monkeypatch.setattr(decode_weights, "packable", lambda rows: False)
+    else:
+        assert decode_weights.packable(6)  # this project's CPU build of torch has oneDNN
     model = small_lora_model()
     model.eval()
     ids = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]])
@@ -691,10 +696,13 @@ def test_sampling_on_cpu_folds_the_adapters_into_weight_copies_and_puts_the_weig
         unfolded = model(input_ids=ids, attention_mask=mask).logits
         with model.disable_adapter():
             base = model(input_ids=ids, attention_mask=mask).logits
-        layers = rollout.foldable(model)
+        layers = decode_weights.foldable(model)
         assert len(layers) == 2 * 7  # every adapted linear layer of the two decoder layers
-        with rollout.folded(model):
+        linears = [m for m in model.modules() if type(m) is torch.nn.Linear and "forward" not in m.__dict__]
+        with decode_weights.prepared(model, rows=2):
             assert all(layer.merged for layer in layers)
+            packed = [m for m in linears if "forward" in m.__dict__]
+            assert len(packed) == (2 * 7 + 1 if pack else 0)  # the base layers and the output head
             calls = []
             handle = layers[0].lora_A["default"].register_forward_hook(lambda *a: calls.append(1))
             folded = model(input_ids=ids, attention_mask=mask).logits
@@ -702,7 +710,7 @@ def test_sampling_on_cpu_folds_the_adapters_into_weight_copies_and_puts_the_weig
         assert not calls  # the adapter's own products did not run
         assert torch.allclose(folded, unfolded, atol=1e-5) and not torch.allclose(folded, base, atol=1e-3)
         assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())  # bit for bit
-        assert not any(layer.merged for layer in layers)
+        assert not any(layer.merged for layer in layers) and not any("forward" in m.__dict__ for m in linears)
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, unfolded)
         plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
         with rollout.sampling(model):
@@ -710,20 +718,28 @@ def test_sampling_on_cpu_folds_the_adapters_into_weight_copies_and_puts_the_weig
                                      pad_token_id=0)
     assert torch.equal(sampled, plain)
     with model.disable_adapter():  # adapters off (TRL's reference pass): nothing to fold
-        assert rollout.foldable(model) == []
+        assert decode_weights.foldable(model) == []
 
 
 def test_adapters_that_a_folded_model_would_not_run_stay_as_they_are():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dragon_dagster.engine.train import rollout
+    from dragon_dagster.engine.train import decode_weights
 
     config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2)
     for lora in (LoraConfig(r=4, target_modules="all-linear", use_dora=True),
                  LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])):
-        model = get_peft_model(LlamaForCausalLM(config), lora)
-        assert rollout.foldable(model) == []
-        with rollout.folded(model):
-            assert not any(getattr(m, "merged", False) for m in model.modules())
+        torch.manual_seed(0)
+        model = get_peft_model(LlamaForCausalLM(config), lora).eval()
+        for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.1)
+        ids = torch.tensor([[5, 6, 7, 8]])
+        assert decode_weights.foldable(model) == []
+        with torch.no_grad():
+            expected = model(input_ids=ids).logits
+            with decode_weights.prepared(model, rows=1):  # unfolded, the linear layers still packed
+                assert not any(getattr(m, "merged", False) for m in model.modules())
+                assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-5)

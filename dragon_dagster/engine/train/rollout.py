@@ -13,11 +13,8 @@ model in train mode. On the benchmark CPU two things in that cost more than they
 - torch.multinomial draws an exponential variate for every word of the 49,152-word vocabulary at every step
   (9 ms for eight rows). Inverse-CDF sampling draws one uniform number per row and finds it in the running
   sum of the probabilities (in float64, so a word's share is kept to 1e-16): the same distribution, 2.4 ms.
-- on a CPU each LoRA adapter is folded into a copy of its base layer's weight for the round (W + B A, the
-  sum PEFT's merge makes): a token then costs one matrix product per layer instead of three, and the 210
-  adapters' small products, additions and scalings were a sixth of the decoding time. The original weights
-  are put back untouched when the round ends (PEFT's own merge/unmerge would add and subtract in place and
-  drift in the last bits). Not on GPUs, where the copy would cost memory a larger model needs.
+- on a CPU each LoRA adapter is folded into its layer's weight and every linear layer runs on a oneDNN copy of
+  its weight packed for few-row products (decode_weights.py): decoding eight rows took 2.4x less time per layer.
 - the log-probability of each sampled token is kept: when a sampling round serves several steps, these are
   the old policy's log-probabilities that GRPO's probability ratio divides by, which TRL would otherwise
   recompute with one more forward pass over every completion (in train mode, under a dropout mask).
@@ -29,6 +26,8 @@ import contextlib
 import functools
 
 import torch
+
+from . import decode_weights
 
 
 def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
@@ -73,7 +72,7 @@ def sample(generate, model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     # generate's sampling step calls torch.multinomial(probs, num_samples=1)
     torch.multinomial = functools.partial(inverse_cdf, record=record)
     try:
-        with folded(model):
+        with decode_weights.prepared(model, input_ids.shape[0]):
             size = groups_of(input_ids, attention_mask) if attention_mask is not None and input_ids.shape[1] > 1 else 1
             if size > 1 and "past_key_values" not in kwargs and "cache" not in kwargs:
                 kwargs["cache"] = prefill(model, input_ids[::size, :-1], attention_mask[::size, :-1], size)
@@ -81,49 +80,6 @@ def sample(generate, model, input_ids: torch.Tensor, attention_mask: torch.Tenso
     finally:
         torch.multinomial = _multinomial
         model.train(training)
-
-
-def foldable(model) -> list:
-    """The LoRA layers folded() can fold: all of them or none. Plain LoRA on float nn.Linear weights in CPU
-    memory, adapters on and not merged; none with DoRA or another variant, a LoRA bias, or modules kept
-    whole (modules_to_save), which a folded model would not run."""
-    from peft.tuners.lora.layer import Linear as LoraLinear
-    from peft.utils.other import ModulesToSaveWrapper
-
-    layers = [m for m in model.modules() if hasattr(m, "lora_A")]
-    if not layers or any(isinstance(m, ModulesToSaveWrapper) for m in model.modules()):
-        return []
-    for layer in layers:
-        base = layer.get_base_layer()
-        if (type(layer) is not LoraLinear or type(base) is not torch.nn.Linear or layer.disable_adapters
-                or layer.merged or layer.lora_variant or layer.fan_in_fan_out or any(layer.lora_bias.values())
-                or base.weight.device.type != "cpu" or not base.weight.dtype.is_floating_point):
-            return []
-    return layers
-
-
-@contextlib.contextmanager
-def folded(model):
-    """Each LoRA layer runs as its base layer on W + B A (a fresh tensor) for the duration; W itself is kept
-    and put back, bit for bit. Nothing changes for a model foldable() turns down."""
-    saved = []
-    try:
-        with torch.no_grad():
-            for layer in foldable(model):
-                weight = layer.get_base_layer().weight
-                active = [name for name in layer.active_adapters if name in layer.lora_A]
-                merged = weight.detach()
-                for name in active:  # W + scaling B A in one pass (PEFT's get_delta_weight, fused)
-                    a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-                    merged = torch.addmm(merged, b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name])
-                saved.append((layer, weight, weight.data))
-                weight.data = merged
-                layer.merged_adapters = active  # PEFT's LoRA forward then runs the base layer alone
-        yield
-    finally:
-        for layer, weight, original in saved:
-            weight.data = original
-            layer.merged_adapters = []
 
 
 def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeats: int):
