@@ -76,6 +76,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads; 1 is far steadier than 2 on a shared 2-core machine")
     p.add_argument("--device", default="cpu", help="hardware.device (cpu, cuda, auto)")
+    p.add_argument("--speed", action="append", default=[], metavar="KEY=VALUE",
+                   help="a training-resource speed setting, e.g. sampling=trl (TRL's own generate), repeatable")
     p.add_argument("--out", help="output directory (default: a temporary one)")
     args = p.parse_args(argv)
     settings = {**DEFAULTS, **PROFILES[args.profile]}
@@ -186,7 +188,7 @@ def main(argv=None) -> dict:
         beta=s["beta"], temperature=s["temperature"], max_eval_prompts=len(held))
     job = GRPOJob(settings=settings, model=model_dir, train_file=str(out / "train.jsonl"),
                   eval_file=str(out / "eval.jsonl"), output_dir=str(out), checkpoint_dir=str(out / "checkpoints"),
-                  hardware={"device": args.device})
+                  hardware={"device": args.device}, speed=dict(item.split("=", 1) for item in args.speed))
     groups = watch_numeric_groups(s["group_size"])
     started = time.time()
     summary = train_grpo(job, StderrReporter())
@@ -206,7 +208,7 @@ def main(argv=None) -> dict:
     third = max(1, len(logged) // 3)
     result = {
         "settings": {**s, "n_train": len(train), "n_eval": len(held), "seed": args.seed, "train_seed": train_seed, "device": args.device,
-                     "threads": args.threads, "rewards": rewards},
+                     "threads": args.threads, "speed": dict(item.split("=", 1) for item in args.speed), "rewards": rewards},
         "reward_before": round(summary["reward_before"], 4), "reward_after": round(summary["reward_after"], 4),
         "numeric_before": round(summary["per_reward_before"]["numeric"], 4),
         "numeric_after": round(summary["per_reward_after"]["numeric"], 4),

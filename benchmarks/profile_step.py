@@ -169,6 +169,7 @@ def sampling_table(model, tokenizer, tokens: int = 32) -> None:
     """Seconds for GRPO's generate() on 8 completions of one prompt (and more rows), lever by lever."""
     from transformers import GenerationConfig
 
+    from dragon_dagster.engine.infer import decode_weights
     from dragon_dagster.engine.train import rollout
 
     tokenizer.padding_side = "left"
@@ -198,7 +199,13 @@ def sampling_table(model, tokenizer, tokens: int = 32) -> None:
     timed("train mode, static cache", cache_implementation="static")
     with model.disable_adapter():
         timed("eval mode, adapter off (the cost of LoRA's extra matmuls)", train=False)
-    timed("rollout.sample: eval mode, prompt prefilled once, inverse-CDF draw", grouped=True)
+    real_prepared, real_packable = decode_weights.prepared, decode_weights.packable
+    decode_weights.prepared = lambda model, rows: contextlib.nullcontext()
+    timed("rollout.sample without decode_weights: eval mode, prompt prefilled once, inverse-CDF draw", grouped=True)
+    decode_weights.prepared, decode_weights.packable = real_prepared, lambda rows: False
+    timed("rollout.sample, LoRA folded into the weights, torch's matmul", grouped=True)
+    decode_weights.packable = real_packable
+    timed("rollout.sample: LoRA folded, weights packed by oneDNN (the default)", grouped=True)
     timed("rollout.sample, 2 prompts at once", groups=2, grouped=True)
     timed("rollout.sample, 4 prompts at once", groups=4, grouped=True)
 

@@ -681,7 +681,8 @@ def test_a_round_serving_two_steps_takes_the_old_policy_from_sampling_not_anothe
 
 @pytest.mark.parametrize("pack", [True, False])
 def test_decoding_on_cpu_folds_the_adapters_packs_the_weights_and_puts_everything_back(pack, monkeypatch):
-    from dragon_dagster.engine.train import decode_weights, rollout
+    from dragon_dagster.engine.infer import decode_weights
+    from dragon_dagster.engine.train import rollout
 
     if not pack:  # a torch without oneDNN: the folded weights stand in for W themselves
         monkeypatch.setattr(decode_weights, "packable", lambda rows: False)
@@ -725,7 +726,7 @@ def test_adapters_that_a_folded_model_would_not_run_stay_as_they_are():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from dragon_dagster.engine.train import decode_weights
+    from dragon_dagster.engine.infer import decode_weights
 
     config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=2)

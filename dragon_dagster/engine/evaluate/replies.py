@@ -112,22 +112,32 @@ def generate(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int = 
     """Replies to chat prompts (lists of messages), batched with left padding. temperature 0 is greedy."""
     import torch
 
+    from ..infer import decode_weights
+
     device = next(model.parameters()).device
     tokenizer.padding_side = "left"
     torch.manual_seed(seed)
     replies = []
-    for start in range(0, len(prompts), batch_size):
-        texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True)
-                 for p in prompts[start:start + batch_size]]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-        sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
-            "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-        with torch.no_grad():
-            out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                                 **sampling)
-        new = out[:, batch["input_ids"].shape[1]:]
-        replies += [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
+    with decode_weights.prepared(model, min(batch_size, len(prompts)) or 1):  # CPU: folded, packed weights
+        for start in range(0, len(prompts), batch_size):
+            replies += generate_batch(model, tokenizer, prompts[start:start + batch_size], device, max_new_tokens,
+                                      temperature, top_p)
     return replies
+
+
+def generate_batch(model, tokenizer, prompts: list[list[dict]], device, max_new_tokens: int, temperature: float,
+                   top_p: float) -> list[str]:
+    """Replies to one batch of chat prompts, left-padded together."""
+    import torch
+
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
+        "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
+    new = out[:, batch["input_ids"].shape[1]:]
+    return [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
 
 def evaluate_rows(model, tokenizer, rows: list[dict], n_samples: int | None = None, max_new_tokens: int = 128,

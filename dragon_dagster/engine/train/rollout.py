@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from . import decode_weights
+from ..infer import decode_weights
 
 
 def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:

@@ -88,8 +88,10 @@ def plain_linears(model) -> list[torch.nn.Linear]:
 @contextlib.contextmanager
 def prepared(model, rows: int):
     """model decodes `rows` rows at a time on folded, packed weights (see the module's docstring) for the
-    duration; afterwards it is as it was. A model with nothing to fold or pack runs unchanged."""
-    folds, swapped, patched = foldable(model), [], []
+    duration; afterwards it is as it was. A model with nothing to fold or pack runs unchanged. For inference
+    only: the packed products carry no gradient."""
+    folds = foldable(model) if not model.training else []  # train mode: LoRA's dropout still acts
+    swapped, patched = [], []
     linears = plain_linears(model) if packable(rows) else []
     try:
         with torch.no_grad():
