@@ -271,6 +271,8 @@ def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.
     import torch
     from transformers import StoppingCriteriaList, TextIteratorStreamer
 
+    from . import decode_weights
+
     text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     inputs = tokenizer([text], return_tensors="pt", add_special_tokens=False).to(next(model.parameters()).device)
     sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
@@ -281,7 +283,8 @@ def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.
 
     def run() -> None:
         try:
-            with lock or contextlib.nullcontext(), torch.no_grad():
+            # the weights evaluate.replies.generate decodes with (CPU: folded, packed), so the text is the same
+            with lock or contextlib.nullcontext(), torch.no_grad(), decode_weights.prepared(model, 1):
                 torch.manual_seed(seed)
                 model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                                streamer=streamer, **sampling,
