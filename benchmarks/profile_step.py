@@ -4,6 +4,7 @@
     python benchmarks/profile_step.py --kind dpo      # DPO: chosen and rejected, the policy and the reference pass
     python benchmarks/profile_step.py --plain         # padded batch, torch's dropout: the step before the CPU levers
     python benchmarks/profile_step.py --kind sampling # GRPO's generate(): 8 completions x 32 tokens, lever by lever
+    python benchmarks/profile_step.py --kind grpo     # an on-policy GRPO step through the worker, phase by phase
 
 A random-weight model of the anchor's `smol` shape (30 layers, hidden 576, 49,152-word vocabulary) with the
 peer's LoRA (r 16, all linear layers, dropout 0.05) runs a few steps of this project's own path (collator,
@@ -11,7 +12,9 @@ chunked head, AdamW); the forward and backward of the last one are profiled with
 operator's own time is put in a bucket by its name and operand shapes: the MLP, the attention (projections,
 the kernel, rotary), the LoRA adapters, their dropout, the output head, norms/activations/residuals;
 collation and the optimizer step are timed around them. `--kind sampling` times GRPO's sampling instead, one
-change at a time from TRL's call (train mode, one prompt repeated per completion).
+change at a time from TRL's call (train mode, one prompt repeated per completion). `--kind grpo` runs compare_trl's
+GRPO job (8 completions of 32 tokens, beta 0.04) through the worker and splits each step into its phases;
+with `--plain` the same trainer takes TRL's own paths (its head and generate, padded rows, torch's dropout).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -79,11 +83,13 @@ def pair_rows(tokenizer, n: int, rng: random.Random) -> list[dict]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--kind", default="sft", choices=["sft", "dpo", "sampling"])
+    p.add_argument("--kind", default="sft", choices=["sft", "dpo", "sampling", "grpo"])
     p.add_argument("--bs", type=int, default=4, help="rows (SFT) or pairs (DPO) per step")
     p.add_argument("--plain", action="store_true", help="padded rows and torch's dropout (the levers off)")
     p.add_argument("--steps", type=int, default=3, help="warm-up steps before the profiled one")
     a = p.parse_args()
+    if a.kind == "grpo":
+        return grpo_phases(a.plain, a.steps + 5)
 
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -208,6 +214,69 @@ def sampling_table(model, tokenizer, tokens: int = 32) -> None:
     timed("rollout.sample: LoRA folded, weights packed by oneDNN (the default)", grouped=True)
     timed("rollout.sample, 2 prompts at once", groups=2, grouped=True)
     timed("rollout.sample, 4 prompts at once", groups=4, grouped=True)
+
+
+def grpo_phases(plain: bool, steps: int) -> None:
+    """Seconds per on-policy GRPO step by phase, from timers on the worker's trainer, averaged over the steps
+    after the first 3 but the last."""
+    import compare_trl
+
+    from dragon_dagster.engine import worker
+    from dragon_dagster.engine.models import embedded_model_dir
+    from dragon_dagster.engine.train import grpo
+
+    spent: dict[str, list[float]] = defaultdict(list)
+    trainer = grpo.grpo_trainer()
+
+    def timer(name: str, label) -> None:
+        inner = getattr(trainer, name)
+
+        def timed(self, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(self, *args, **kwargs)
+            finally:
+                spent[label if isinstance(label, str) else label()].append(time.perf_counter() - start)
+        setattr(trainer, name, timed)
+
+    timer("_generate_single_turn", "sampling (generate)")
+    timer("_get_per_token_logps_and_entropies",
+          lambda: "policy log-probs (forward)" if torch.is_grad_enabled() else "reference log-probs (no grad)")
+    timer("_generate_and_score_completions", "sampling and scoring, in all")
+    timer("compute_loss", "forward and loss, in all")
+    timer("training_step", "training step (no optimizer)")
+    starts: list[float] = []  # each step's start: a step's wall time runs to the next one's
+    inner_step = trainer.training_step
+
+    def started(self, *args, **kwargs):
+        starts.append(time.perf_counter())
+        return inner_step(self, *args, **kwargs)
+    trainer.training_step = started
+    speed = {"loss_kernel": "trl", "unpad": "off", "dropout_mask": "torch", "sampling": "trl"} if plain else {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = random_model("smol", embedded_model_dir(), work / "smol")
+        train = compare_trl.write_jsonl(work / "prompts.jsonl", compare_trl.grpo_rows(8 * (steps + 2), random.Random(0)))
+        (work / "w").mkdir()
+        job = compare_trl.engine_job(
+            "grpo", model, train, work / "w", {"max_steps": steps, "batch_size": 1, "learning_rate": 1e-5}, speed,
+            rewards=[{"type": "numeric", "weight": 1.0}, {"type": "length", "max_chars": 12, "weight": 1.0}],
+            group_size=8, beta=0.04, temperature=1.0, max_eval_prompts=2, max_new_tokens=32)
+        worker.main([str(job)])
+    step_s = (starts[-1] - starts[3]) / (len(starts) - 4)
+    per_step = {label: statistics.mean(values[3:-1]) for label, values in spent.items()}  # the same steps
+    sampling, reference = per_step["sampling (generate)"], per_step.get("reference log-probs (no grad)", 0.0)
+    policy, scoring = per_step["policy log-probs (forward)"], per_step["sampling and scoring, in all"]
+    rows = {"sampling (generate)": sampling, "reference log-probs (no grad)": reference,
+            "rewards, advantages, other scoring": scoring - sampling - reference,
+            "policy forward and loss": per_step["forward and loss, in all"],
+            "backward": per_step["training step (no optimizer)"] - scoring - per_step["forward and loss, in all"],
+            "optimizer, logging, the rest": step_s - per_step["training step (no optimizer)"]}
+    print(f"GRPO step, 8 completions x 32 tokens, {'TRL paths' if plain else 'this project CPU defaults'}: "
+          f"{step_s:.2f} s per step ({torch.get_num_threads()} threads); policy log-probs {policy:.2f} s of the forward")
+    print("| phase | seconds | share |\n|---|---|---|")
+    for label, seconds in rows.items():
+        print(f"| {label} | {seconds:.2f} | {seconds / step_s:.0%} |")
 
 
 if __name__ == "__main__":
