@@ -1,7 +1,7 @@
 """Sampling GRPO's completions: each group's prompt prefilled once, no LoRA dropout, one draw per token.
 
 TRL's GRPO (without vLLM) calls model.generate on rows that repeat every prompt group_size times, with the
-model in train mode. On the benchmark CPU two things in that cost more than they give:
+model in train mode. On the benchmark CPU these parts of that cost more than they give:
 
 - the prompt's forward pass runs group_size times over the same tokens. Here it runs once per group, and its
   KV cache is repeated for the group's rows; the rows then decode as before. Greedy decoding gives the same
