@@ -80,6 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="a training-resource speed setting, e.g. sampling=trl (TRL's own generate), repeatable")
     p.add_argument("--out", help="output directory (default: a temporary one)")
     args = p.parse_args(argv)
+    args.speed = dict(item.split("=", 1) for item in args.speed)
     settings = {**DEFAULTS, **PROFILES[args.profile]}
     for key in DEFAULTS:
         if getattr(args, key) is not None:
@@ -188,7 +189,7 @@ def main(argv=None) -> dict:
         beta=s["beta"], temperature=s["temperature"], max_eval_prompts=len(held))
     job = GRPOJob(settings=settings, model=model_dir, train_file=str(out / "train.jsonl"),
                   eval_file=str(out / "eval.jsonl"), output_dir=str(out), checkpoint_dir=str(out / "checkpoints"),
-                  hardware={"device": args.device}, speed=dict(item.split("=", 1) for item in args.speed))
+                  hardware={"device": args.device}, speed=args.speed)
     groups = watch_numeric_groups(s["group_size"])
     started = time.time()
     summary = train_grpo(job, StderrReporter())
@@ -208,7 +209,7 @@ def main(argv=None) -> dict:
     third = max(1, len(logged) // 3)
     result = {
         "settings": {**s, "n_train": len(train), "n_eval": len(held), "seed": args.seed, "train_seed": train_seed, "device": args.device,
-                     "threads": args.threads, "speed": dict(item.split("=", 1) for item in args.speed), "rewards": rewards},
+                     "threads": args.threads, "speed": args.speed, "rewards": rewards},
         "reward_before": round(summary["reward_before"], 4), "reward_after": round(summary["reward_after"], 4),
         "numeric_before": round(summary["per_reward_before"]["numeric"], 4),
         "numeric_after": round(summary["per_reward_after"]["numeric"], 4),

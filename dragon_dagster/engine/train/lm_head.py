@@ -174,6 +174,8 @@ class ChunkedLogProbs(torch.autograd.Function):
             log_probs = logits.sub_(log_z[rows, None])  # in place: logits are not needed after this
             if "log_sum_sq_probs" in stats:
                 extra["log_sum_sq_probs"][rows] = torch.logsumexp(2 * log_probs, dim=1)
+            if "entropy" not in stats and direction is None:
+                continue
             probs = log_probs.exp()
             if "entropy" in stats:  # -sum p log p, as a row-by-row dot product (no third (rows, vocab) buffer)
                 extra["entropy"][rows] = -(probs[:, None, :] @ log_probs[:, :, None]).view(-1)
@@ -184,13 +186,13 @@ class ChunkedLogProbs(torch.autograd.Function):
             ctx.save_for_backward(direction)
         else:
             ctx.save_for_backward(hidden, weight, targets, log_z)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.formed = temperature, chunk, direction is not None
         ctx.mark_non_differentiable(*extra.values())
         return logps, *extra.values()
 
     @staticmethod
     def backward(ctx, grad_logps, *_grad_stats):
-        if len(ctx.saved_tensors) == 1:  # formed in forward: the head is frozen
+        if ctx.formed:  # in forward: the head is frozen
             direction, = ctx.saved_tensors
             return direction * grad_logps.to(direction.dtype)[:, None], None, None, None, None, None
         hidden, weight, targets, log_z = ctx.saved_tensors
