@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DRAGON_RUNS_DIR := $(CURDIR)/runs
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test test-slow ui clean
+.PHONY: install demo test test-slow lint ui clean
 
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
@@ -35,8 +35,13 @@ demo: install
 
 # test: everything but the end-to-end tests marked slow (a real webserver, Ray head, browser, mlflow server and
 # the full-size model), which test-slow runs; CI runs both
-test: install
+test: install lint
 	$(PY) -m pytest -q -ra -m "not slow"
+
+# the house rules: ruff's lint and format
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test-slow: install
 	$(PY) -m pytest -q -ra -m slow

@@ -65,15 +65,38 @@ def arch_config(arch: str, vocab: int):
     from transformers import LlamaConfig, Qwen2Config
 
     if arch == "tiny":
-        return LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+        return LlamaConfig(
+            vocab_size=vocab,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=2048,
+        )
     if arch == "smol":
-        return LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                           num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                           rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)
-    return Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                       num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
-                       tie_word_embeddings=True)
+        return LlamaConfig(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            rope_theta=100000.0,
+            rms_norm_eps=1e-5,
+            tie_word_embeddings=True,
+        )
+    return Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=32768,
+        tie_word_embeddings=True,
+    )
 
 
 def random_model(arch: str, tokenizer_dir: Path, out: Path) -> Path:
@@ -89,8 +112,10 @@ def random_model(arch: str, tokenizer_dir: Path, out: Path) -> Path:
 
 
 # The anchor's data generator, so both sides train on rows of the same shape.
-WORDS = ("router thermostat firmware reset invoice refund shipping battery wifi update password account "
-         "screen warranty replacement camera doorbell app login error charge order delayed").split()
+WORDS = (
+    "router thermostat firmware reset invoice refund shipping battery wifi update password account "
+    "screen warranty replacement camera doorbell app login error charge order delayed"
+).split()
 
 
 def sentence(rng: random.Random, n: int) -> str:
@@ -100,31 +125,57 @@ def sentence(rng: random.Random, n: int) -> str:
 def sft_rows(n: int, rng: random.Random) -> list[dict]:
     def text(low, high):
         return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
-    return [{"prompt": [{"role": "user", "content": text(2, 6)}],
-             "completion": [{"role": "assistant", "content": text(2, 8)}]} for _ in range(n)]
+
+    return [
+        {
+            "prompt": [{"role": "user", "content": text(2, 6)}],
+            "completion": [{"role": "assistant", "content": text(2, 8)}],
+        }
+        for _ in range(n)
+    ]
 
 
 def grpo_rows(n: int, rng: random.Random) -> list[dict]:
     pairs = ((rng.randint(10, 999), rng.randint(10, 999)) for _ in range(n))
-    return [{"prompt": [{"role": "user", "content": f"What is {x} + {y}? Reply with just the number."}],
-             "reference": str(x + y)} for x, y in pairs]
+    return [
+        {
+            "prompt": [{"role": "user", "content": f"What is {x} + {y}? Reply with just the number."}],
+            "reference": str(x + y),
+        }
+        for x, y in pairs
+    ]
 
 
 def dpo_rows(n: int, rng: random.Random) -> list[dict]:
     """Conversational preference pairs, as the project's pairs_dataset writes them."""
+
     def text(low, high):
         return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
-    return [{"prompt": [{"role": "user", "content": text(2, 6)}],
-             "chosen": [{"role": "assistant", "content": text(2, 8)}],
-             "rejected": [{"role": "assistant", "content": text(2, 8)}]} for _ in range(n)]
+
+    return [
+        {
+            "prompt": [{"role": "user", "content": text(2, 6)}],
+            "chosen": [{"role": "assistant", "content": text(2, 8)}],
+            "rejected": [{"role": "assistant", "content": text(2, 8)}],
+        }
+        for _ in range(n)
+    ]
 
 
 def kto_rows(n: int, rng: random.Random) -> list[dict]:
     """Rated replies, as the project's rated_dataset writes them: liked and disliked alternating."""
+
     def text(low, high):
         return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
-    return [{"prompt": [{"role": "user", "content": text(2, 6)}],
-             "completion": [{"role": "assistant", "content": text(2, 8)}], "label": i % 2 == 0} for i in range(n)]
+
+    return [
+        {
+            "prompt": [{"role": "user", "content": text(2, 6)}],
+            "completion": [{"role": "assistant", "content": text(2, 8)}],
+            "label": i % 2 == 0,
+        }
+        for i in range(n)
+    ]
 
 
 PREFERENCE_ROWS = {"dpo": dpo_rows, "orpo": dpo_rows, "kto": kto_rows}
@@ -220,8 +271,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 def run_measured(command: list[str], env: dict | None = None) -> tuple[list[str], dict, float]:
     """Run under the PEAK wrapper; returns (stdout lines, peak, wall seconds). Fails loudly with the output."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PEAK, *command], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [sys.executable, "-c", PEAK, *command], capture_output=True, text=True, env={**os.environ, **(env or {})}
+    )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -235,9 +287,27 @@ def peak_gib(peak: dict) -> float:
 
 
 def anchor(what: str, a, tokenizer_dir: Path) -> dict:
-    lines, peak, _ = run_measured([str(a.anchor), "--tok", str(tokenizer_dir), "--arch", a.arch, "--steps",
-                                   str(a.steps), "--only", what, "--bs", str(a.bs), "--gen_bs", str(a.gen_bs),
-                                   "--comp", str(a.comp), "--gc", str(a.anchor_gc)])
+    lines, peak, _ = run_measured(
+        [
+            str(a.anchor),
+            "--tok",
+            str(tokenizer_dir),
+            "--arch",
+            a.arch,
+            "--steps",
+            str(a.steps),
+            "--only",
+            what,
+            "--bs",
+            str(a.bs),
+            "--gen_bs",
+            str(a.gen_bs),
+            "--comp",
+            str(a.comp),
+            "--gc",
+            str(a.anchor_gc),
+        ]
+    )
     row = json.loads(next(line for line in lines if line.startswith('{"what"')))
     row["peak_gib"] = row.get("peak_gib", peak_gib(peak))
     return row
@@ -248,9 +318,25 @@ def peer_preference(what: str, a, model: Path, work: Path) -> dict:
     script = work / "peer_preference.py"
     script.write_text(PEER_PREFERENCE)
     rows = write_jsonl(work / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
-    lines, peak, _ = run_measured([str(script), "--model", str(model), "--rows", str(rows), "--what", what,
-                                   "--arch", a.arch, "--steps", str(a.steps), "--bs", str(a.bs),
-                                   "--gc", str(a.anchor_gc)])
+    lines, peak, _ = run_measured(
+        [
+            str(script),
+            "--model",
+            str(model),
+            "--rows",
+            str(rows),
+            "--what",
+            what,
+            "--arch",
+            a.arch,
+            "--steps",
+            str(a.steps),
+            "--bs",
+            str(a.bs),
+            "--gc",
+            str(a.anchor_gc),
+        ]
+    )
     row = json.loads(next(line for line in lines if line.startswith('{"what"')))
     row["peak_gib"] = row.get("peak_gib", peak_gib(peak))
     return row
@@ -275,12 +361,31 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
     """A worker job file: the stage's settings (its kind's model in engine/spec/stages.py) and the paths."""
     out, ckpt = work / "out", work / "ckpt"
     out.mkdir(parents=True)
-    settings = {"name": kind, "kind": kind, "dataset": "bench", "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
-                "args": {"logging_steps": 1, "save_steps": 10_000, "grad_accum": 1, "max_seq_len": 1024,
-                         "warmup_ratio": 0.0, **args},
-                "n_samples": 1, "max_new_tokens": 8, **extra}
-    job = {"settings": settings, "model": str(model), "train_file": str(train), "output_dir": str(out),
-           "checkpoint_dir": str(ckpt), "speed": speed}
+    settings = {
+        "name": kind,
+        "kind": kind,
+        "dataset": "bench",
+        "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
+        "args": {
+            "logging_steps": 1,
+            "save_steps": 10_000,
+            "grad_accum": 1,
+            "max_seq_len": 1024,
+            "warmup_ratio": 0.0,
+            **args,
+        },
+        "n_samples": 1,
+        "max_new_tokens": 8,
+        **extra,
+    }
+    job = {
+        "settings": settings,
+        "model": str(model),
+        "train_file": str(train),
+        "output_dir": str(out),
+        "checkpoint_dir": str(ckpt),
+        "speed": speed,
+    }
     path = work / "job.json"
     path.write_text(json.dumps(job))
     return path
@@ -288,12 +393,23 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
 
 def ours_sft(a, model: Path, work: Path, packing: str) -> dict:
     train = write_jsonl(work.parent / "sft.jsonl", sft_rows(a.bs * (a.steps + 2), random.Random(0)))
-    job = engine_job("sft", model, train, work, {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4},
-                     speed_settings(a, packing=packing))
+    job = engine_job(
+        "sft",
+        model,
+        train,
+        work,
+        {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4},
+        speed_settings(a, packing=packing),
+    )
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
     step_s, tps, _ = steady(read_progress(work / "out"), skip=3)
-    return {"what": "sft_packed" if packing == "on" else "sft", "step_s": step_s, "tokens_per_s": tps,
-            "peak_gib": peak_gib(peak), "wall_s": wall}
+    return {
+        "what": "sft_packed" if packing == "on" else "sft",
+        "step_s": step_s,
+        "tokens_per_s": tps,
+        "peak_gib": peak_gib(peak),
+        "wall_s": wall,
+    }
 
 
 def speed_settings(a, **more) -> dict:
@@ -305,40 +421,74 @@ def speed_settings(a, **more) -> dict:
 def ours_grpo(a, model: Path, work: Path) -> dict:
     train = write_jsonl(work.parent / "prompts.jsonl", grpo_rows(a.gen_bs * (a.steps + 2), random.Random(0)))
     rewards = [{"type": "numeric", "weight": 1.0}, {"type": "length", "max_chars": 12, "weight": 1.0}]
-    job = engine_job("grpo", model, train, work,
-                     {"max_steps": a.steps, "batch_size": a.gen_bs // 8, "learning_rate": 1e-5},
-                     speed_settings(a, generation_batch_size=a.gen_rounds * a.gen_bs or None),
-                     rewards=rewards, group_size=8, beta=0.04, temperature=1.0, max_eval_prompts=2,
-                     max_new_tokens=a.comp)
+    job = engine_job(
+        "grpo",
+        model,
+        train,
+        work,
+        {"max_steps": a.steps, "batch_size": a.gen_bs // 8, "learning_rate": 1e-5},
+        speed_settings(a, generation_batch_size=a.gen_rounds * a.gen_bs or None),
+        rewards=rewards,
+        group_size=8,
+        beta=0.04,
+        temperature=1.0,
+        max_eval_prompts=2,
+        max_new_tokens=a.comp,
+    )
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
     rows = read_progress(work / "out")
     step_s, tps, _ = steady(rows, skip=2)
     lengths = [r["completion_len"] for r in rows if "completion_len" in r]
     mean_len = statistics.mean(lengths) if lengths else float(a.comp)
-    return {"what": "grpo", "step_s": step_s, "completions_per_s": a.gen_bs / step_s,
-            "completion_tokens_per_s": a.gen_bs * mean_len / step_s, "all_tokens_per_s": tps,
-            "mean_completion_len": mean_len, "peak_gib": peak_gib(peak), "wall_s": wall}
+    return {
+        "what": "grpo",
+        "step_s": step_s,
+        "completions_per_s": a.gen_bs / step_s,
+        "completion_tokens_per_s": a.gen_bs * mean_len / step_s,
+        "all_tokens_per_s": tps,
+        "mean_completion_len": mean_len,
+        "peak_gib": peak_gib(peak),
+        "wall_s": wall,
+    }
 
 
 def ours_preference(what: str, a, model: Path, work: Path) -> dict:
     """The same rows through the worker's preference stage (method dpo or kto); rows/s from the median step."""
     rows = write_jsonl(work.parent / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
-    job = engine_job("preference", model, rows, work,
-                     {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 5e-5},
-                     speed_settings(a), method=what, beta=0.1)
+    job = engine_job(
+        "preference",
+        model,
+        rows,
+        work,
+        {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 5e-5},
+        speed_settings(a),
+        method=what,
+        beta=0.1,
+    )
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
     progress = [r for r in read_progress(work / "out") if r.get("elapsed_s") is not None]
     tps = steady(progress, skip=3)[1] if any("num_tokens" in r for r in progress) else None
     # the median step, as the anchor's steady takes it: elapsed_s between consecutive logged steps
     timed = [r for r in progress if "num_tokens" in r] or progress
     timed = timed[3:] if len(timed) > 4 else timed
-    gaps = sorted((later["elapsed_s"] - before["elapsed_s"]) / (later["step"] - before["step"])
-                  for before, later in zip(timed, timed[1:]) if later["step"] > before["step"])
+    gaps = sorted(
+        (later["elapsed_s"] - before["elapsed_s"]) / (later["step"] - before["step"])
+        for before, later in zip(timed, timed[1:])
+        if later["step"] > before["step"]
+    )
     step_s = gaps[len(gaps) // 2]
     summary = work / "out" / "metrics.json"  # the worker's summary names the speed choices it resolved
     speed = json.loads(summary.read_text()).get("speed") if summary.exists() else None
-    return {"what": what, "step_s": step_s, "tokens_per_s": tps, "pairs_per_s" if what in PAIRED else "rows_per_s":
-            a.bs / step_s, "peak_gib": peak_gib(peak), "wall_s": wall, "steps_timed": len(timed), "speed": speed}
+    return {
+        "what": what,
+        "step_s": step_s,
+        "tokens_per_s": tps,
+        "pairs_per_s" if what in PAIRED else "rows_per_s": a.bs / step_s,
+        "peak_gib": peak_gib(peak),
+        "wall_s": wall,
+        "steps_timed": len(timed),
+        "speed": speed,
+    }
 
 
 def read_progress(out: Path) -> list[dict]:
@@ -351,18 +501,22 @@ def sft_pipeline_yaml(work: Path, model: Path, n_rows: int, steps: int, batch: i
 
     rows = sft_rows(n_rows, random.Random(1))
     csv = work / "rows.csv"
-    pd.DataFrame({"question": [r["prompt"][0]["content"] for r in rows],
-                  "answer": [r["completion"][0]["content"] for r in rows]}).to_csv(csv, index=False)
+    pd.DataFrame(
+        {"question": [r["prompt"][0]["content"] for r in rows], "answer": [r["completion"][0]["content"] for r in rows]}
+    ).to_csv(csv, index=False)
     spec = work / "bench.yaml"
-    spec.write_text(textwrap.dedent(f"""\
+    spec.write_text(
+        textwrap.dedent(f"""\
         name: bench
         model: {model}
         datasets: {{rows: {{path: "{csv}"}}}}
         stages:
           - {{name: sft_dataset, kind: chat_dataset, source: rows, prompt: question, response: answer}}
           - {{name: sft_adapter, kind: sft, dataset: sft_dataset, n_samples: 1, max_new_tokens: 4,
-              args: {{max_steps: {steps}, batch_size: {batch}, grad_accum: 1, max_seq_len: 256, logging_steps: 1{more_args}}}}}
-        """))
+              args: {{max_steps: {steps}, batch_size: {batch}, grad_accum: 1, max_seq_len: 256,
+                     logging_steps: 1{more_args}}}}}
+        """)
+    )
     return spec
 
 
@@ -379,15 +533,22 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
     spec = sft_pipeline_yaml(work, model, n_rows=64, steps=2, batch=2)
     parts = build_pipeline_defs(load_pipeline(spec))
     runs = work / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device=a.device)}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device=a.device),
+    }
     (work / "home").mkdir()
     instance = DagsterInstance.local_temp(str(work / "home"))
 
     def run(*assets: str) -> tuple[float, str]:
         start = time.perf_counter()
-        result = materialize(parts["assets"], instance=instance, resources=resources,
-                             selection=AssetSelection.assets(*[["bench", asset] for asset in assets]))
+        result = materialize(
+            parts["assets"],
+            instance=instance,
+            resources=resources,
+            selection=AssetSelection.assets(*[["bench", asset] for asset in assets]),
+        )
         wall = time.perf_counter() - start
         event = result.get_asset_materialization_events()[-1].event_specific_data.materialization
         return wall, event.metadata["artifact_dir"].value
@@ -405,8 +566,13 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
         (direct / "job.json").write_text(json.dumps(job))
         _, _, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(direct / "job.json")])
         direct_s.append(wall)
-    return {"what": "dagster_overhead", "materialize_s": min(dagster_s), "engine_direct_s": min(direct_s),
-            "overhead_s": min(dagster_s) - min(direct_s), "runs": a.repeats}
+    return {
+        "what": "dagster_overhead",
+        "materialize_s": min(dagster_s),
+        "engine_direct_s": min(direct_s),
+        "overhead_s": min(dagster_s) - min(direct_s),
+        "runs": a.repeats,
+    }
 
 
 def ratio(ours: float | None, theirs: float | None) -> str:
@@ -419,8 +585,9 @@ def report(measured: dict[str, dict], a) -> str:
     def add(label, key, ours, theirs, fmt="{:,.0f}", lower_is_better=False):
         o, t = (ours or {}).get(key), (theirs or {}).get(key)
         r = ratio(t, o) if lower_is_better else ratio(o, t)
-        lines.append(f"| {label} | {fmt.format(t) if t is not None else '-'} | "
-                     f"{fmt.format(o) if o is not None else '-'} | {r} |")
+        lines.append(
+            f"| {label} | {fmt.format(t) if t is not None else '-'} | {fmt.format(o) if o is not None else '-'} | {r} |"
+        )
 
     for what in ("sft", "sft_packed"):
         ours, theirs = measured.get(f"ours_{what}"), measured.get(f"trl_{what}")
@@ -437,8 +604,10 @@ def report(measured: dict[str, dict], a) -> str:
         add(f"{what} peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
     overhead = measured.get("dagster_overhead")
     if overhead:
-        lines.append(f"| Dagster overhead per materialization | - | {overhead['overhead_s']:.2f} s "
-                     f"({overhead['materialize_s']:.1f} s vs {overhead['engine_direct_s']:.1f} s direct) | - |")
+        lines.append(
+            f"| Dagster overhead per materialization | - | {overhead['overhead_s']:.2f} s "
+            f"({overhead['materialize_s']:.1f} s vs {overhead['engine_direct_s']:.1f} s direct) | - |"
+        )
     return "\n".join(lines)
 
 
@@ -449,9 +618,15 @@ def machine() -> dict:
     import trl
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    return {"machine": f"{platform.machine()}, {os.cpu_count()} cores" + (f", {gpu}" if gpu else ""),
-            "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "trl": trl.__version__, "peft": peft.__version__, "torch_threads": torch.get_num_threads()}
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores" + (f", {gpu}" if gpu else ""),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "peft": peft.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def main() -> None:
@@ -461,18 +636,32 @@ def main() -> None:
     p.add_argument("--bs", type=int, default=16, help="SFT rows per step (both sides)")
     p.add_argument("--gen-bs", dest="gen_bs", type=int, default=16, help="GRPO completions per step (8 per prompt)")
     p.add_argument("--comp", type=int, default=32, help="GRPO max completion tokens")
-    p.add_argument("--gen-rounds", dest="gen_rounds", type=int, default=0,
-                   help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs); "
-                        "0 or 1: one step's, on-policy, as the peer")
+    p.add_argument(
+        "--gen-rounds",
+        dest="gen_rounds",
+        type=int,
+        default=0,
+        help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs); "
+        "0 or 1: one step's, on-policy, as the peer",
+    )
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])
     p.add_argument("--torch-compile", dest="torch_compile", action="store_true", help="ours: torch.compile the model")
-    p.add_argument("--speed", action="append", default=[], metavar="KEY=VALUE",
-                   help="ours: another speed setting, e.g. unpad=off, dropout_mask=torch, sampling=trl (repeatable)")
+    p.add_argument(
+        "--speed",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ours: another speed setting, e.g. unpad=off, dropout_mask=torch, sampling=trl (repeatable)",
+    )
     p.add_argument("--anchor-gc", dest="anchor_gc", type=int, default=1, help="the peer's gradient checkpointing")
     p.add_argument("--only", default="sft,sft_packed,grpo,dpo,orpo,kto,dagster_overhead")
     p.add_argument("--repeats", type=int, default=2, help="Dagster overhead: materializations to take the best of")
-    p.add_argument("--skip-peer", dest="skip_peer", action="store_true",
-                   help="measure this project only (for shapes where the peer runs out of memory)")
+    p.add_argument(
+        "--skip-peer",
+        dest="skip_peer",
+        action="store_true",
+        help="measure this project only (for shapes where the peer runs out of memory)",
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--anchor", type=Path, default=ANCHOR)
     p.add_argument("--tok", type=Path, help="tokenizer directory (default: the embedded SmolLM2's)")
@@ -499,8 +688,11 @@ def main() -> None:
                 print(json.dumps({"side": "trl", **measured[f"trl_{what}"]}), flush=True)
             run_dir = work / f"ours_{what}"
             run_dir.mkdir()
-            ours = ours_grpo(a, model, run_dir / "w") if what == "grpo" else \
-                ours_sft(a, model, run_dir / "w", "on" if what == "sft_packed" else "off")
+            ours = (
+                ours_grpo(a, model, run_dir / "w")
+                if what == "grpo"
+                else ours_sft(a, model, run_dir / "w", "on" if what == "sft_packed" else "off")
+            )
             measured[f"ours_{what}"] = ours
             print(json.dumps({"side": "dragon-dagster", **ours}), flush=True)
             shutil.rmtree(run_dir, ignore_errors=True)

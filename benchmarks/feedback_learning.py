@@ -54,9 +54,22 @@ NAME = "fbloop"
 MAX_WORDS = 60
 TASTE = f"liked <=> the reply names the ticket's product (case-insensitive) and has fewer than {MAX_WORDS} words"
 
-DEFAULTS = dict(rounds=2, chat_prompts=32, held_out=48, edit_prob=0.5, max_new_tokens=96, chat_temperature=0.7,
-                sft_epochs=3, sft_lr=2e-4, dpo_epochs=1, dpo_lr=5e-5, max_seq_len=320, max_steps=-1,
-                eval_rows=8, variants=["sft", "sft,dpo", "sft,dpo,kto"])
+DEFAULTS = dict(
+    rounds=2,
+    chat_prompts=32,
+    held_out=48,
+    edit_prob=0.5,
+    max_new_tokens=96,
+    chat_temperature=0.7,
+    sft_epochs=3,
+    sft_lr=2e-4,
+    dpo_epochs=1,
+    dpo_lr=5e-5,
+    max_seq_len=320,
+    max_steps=-1,
+    eval_rows=8,
+    variants=["sft", "sft,dpo", "sft,dpo,kto"],
+)
 QUICK = dict(rounds=1, chat_prompts=6, held_out=8, max_new_tokens=48, max_steps=2, eval_rows=4, variants=["sft"])
 
 
@@ -77,7 +90,7 @@ def edit_text(ticket: dict) -> str:
         text = f"About your {ticket['product']}: {text}"
     words = text.split()
     if len(words) >= MAX_WORDS:
-        text = " ".join(words[:MAX_WORDS - 1])
+        text = " ".join(words[: MAX_WORDS - 1])
     assert liked(text, ticket["product"]), text
     return text
 
@@ -91,7 +104,7 @@ def mcnemar(before: list[bool], after: list[bool]) -> dict:
     gained = sum(1 for b, a in zip(before, after) if a and not b)
     lost = sum(1 for b, a in zip(before, after) if b and not a)
     n = gained + lost
-    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2 ** n)
+    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(min(gained, lost) + 1)) / 2**n)
     return {"gained": gained, "lost": lost, "p": float(f"{p:.3g}")}
 
 
@@ -117,37 +130,81 @@ def pipeline_yaml(directory: Path, objectives: list[str], a: argparse.Namespace,
     import yaml
 
     steps = {"max_steps": a.max_steps} if a.max_steps and a.max_steps > 0 else {}
-    common = {"batch_size": 4, "grad_accum": 1, "max_seq_len": a.max_seq_len, "logging_steps": 1,
-              "save_steps": 10_000, "seed": a.seed, **steps}
+    common = {
+        "batch_size": 4,
+        "grad_accum": 1,
+        "max_seq_len": a.max_seq_len,
+        "logging_steps": 1,
+        "save_steps": 10_000,
+        "seed": a.seed,
+        **steps,
+    }
     attributes = {
-        "name": NAME, "model": a.model,
+        "name": NAME,
+        "model": a.model,
         "datasets": {"tickets": {"path": str(train_csv)}},
         "stages": [
-            {"name": "sft_dataset", "kind": "chat_dataset", "source": "tickets", "prompt": "{subject}\n\n{body}",
-             "response": "reply", "system": SYSTEM, "group_by": "subject", "eval_frac": 0.1, "seed": a.seed},
+            {
+                "name": "sft_dataset",
+                "kind": "chat_dataset",
+                "source": "tickets",
+                "prompt": "{subject}\n\n{body}",
+                "response": "reply",
+                "system": SYSTEM,
+                "group_by": "subject",
+                "eval_frac": 0.1,
+                "seed": a.seed,
+            },
             # one step at a near-zero learning rate: a deployable merged model that still behaves like the base
-            {"name": "sft_adapter", "kind": "sft", "dataset": "sft_dataset", "n_samples": 0,
-             "args": {"max_steps": 1, "learning_rate": 1e-7, "batch_size": 2, "grad_accum": 1, "max_seq_len": 256,
-                      "logging_steps": 1, "save_steps": 10_000, "seed": a.seed}},
+            {
+                "name": "sft_adapter",
+                "kind": "sft",
+                "dataset": "sft_dataset",
+                "n_samples": 0,
+                "args": {
+                    "max_steps": 1,
+                    "learning_rate": 1e-7,
+                    "batch_size": 2,
+                    "grad_accum": 1,
+                    "max_seq_len": 256,
+                    "logging_steps": 1,
+                    "save_steps": 10_000,
+                    "seed": a.seed,
+                },
+            },
             {"name": "merged_model", "kind": "merge"},
-            {"name": "evaluation_report", "kind": "evaluate", "dataset": "sft_dataset", "n_samples": 1,
-             "max_new_tokens": 32, "max_eval_rows": a.eval_rows, "n_judge": 0},
+            {
+                "name": "evaluation_report",
+                "kind": "evaluate",
+                "dataset": "sft_dataset",
+                "n_samples": 1,
+                "max_new_tokens": 32,
+                "max_eval_rows": a.eval_rows,
+                "n_judge": 0,
+            },
         ],
         "feedback": {
             "min_new_records": a.chat_prompts,
             "objectives": objectives,
             "sft": {"args": {**common, "epochs": a.sft_epochs, "learning_rate": a.sft_lr}, "n_samples": 0},
-            "dpo": {"beta": 0.1, "args": {**common, "batch_size": 2, "epochs": a.dpo_epochs,
-                                          "learning_rate": a.dpo_lr}, "n_samples": 0},
-            "kto": {"beta": 0.1, "args": {**common, "batch_size": 2, "epochs": a.dpo_epochs,
-                                          "learning_rate": a.dpo_lr}, "n_samples": 0},
+            "dpo": {
+                "beta": 0.1,
+                "args": {**common, "batch_size": 2, "epochs": a.dpo_epochs, "learning_rate": a.dpo_lr},
+                "n_samples": 0,
+            },
+            "kto": {
+                "beta": 0.1,
+                "args": {**common, "batch_size": 2, "epochs": a.dpo_epochs, "learning_rate": a.dpo_lr},
+                "n_samples": 0,
+            },
             "evaluate": {"max_new_tokens": 48, "n_samples": 1, "max_eval_rows": a.eval_rows, "n_judge": 0},
         },
     }
     path = directory / NAME / "defs.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"type": "dragon_dagster.PostTrainingPipeline", "attributes": attributes},
-                                   sort_keys=False))
+    path.write_text(
+        yaml.safe_dump({"type": "dragon_dagster.PostTrainingPipeline", "attributes": attributes}, sort_keys=False)
+    )
     return path
 
 
@@ -166,9 +223,11 @@ class Loop:
         self.root, self.objectives, self.args = root, objectives, a
         self.pipeline = load(pipeline_yaml(root / "defs", objectives, a, train_csv))
         self.runs = root / "runs"
-        self.resources = {"store": ArtifactStore(runs_dir=str(self.runs)),
-                          "tracking": MLflowTracking(runs_dir=str(self.runs)),
-                          "training": TrainingResource(device=a.device)}
+        self.resources = {
+            "store": ArtifactStore(runs_dir=str(self.runs)),
+            "tracking": MLflowTracking(runs_dir=str(self.runs)),
+            "training": TrainingResource(device=a.device),
+        }
         (root / "dagster_home").mkdir(parents=True, exist_ok=True)
         self.instance = DagsterInstance.local_temp(str(root / "dagster_home"))
         self.parts = build_pipeline_defs(self.pipeline)
@@ -204,22 +263,36 @@ class Loop:
             raise RuntimeError(f"the feedback sensor requested no retraining: {why}")
         [request] = requests
         started = time.time()
-        result = materialize(self.parts["assets"] + self.parts["asset_checks"], instance=self.instance,
-                             resources=self.resources, selection=self.job.selection, tags=request.tags,
-                             raise_on_error=False)
+        result = materialize(
+            self.parts["assets"] + self.parts["asset_checks"],
+            instance=self.instance,
+            resources=self.resources,
+            selection=self.job.selection,
+            tags=request.tags,
+            raise_on_error=False,
+        )
         steps = {s.step_key.split("__", 1)[-1]: s.status.value for s in self.instance.get_run_step_stats(result.run_id)}
-        events = {e.asset_key.path[-1]: {k: _plain(v.value) for k, v in e.metadata.items()} for e in
-                  (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
+        events = {
+            e.asset_key.path[-1]: {k: _plain(v.value) for k, v in e.metadata.items()}
+            for e in (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())
+        }
         gates = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
-        gate = ({"passed": gates[0].passed, **{k: _plain(v.value) for k, v in gates[0].metadata.items()}}
-                if gates else None)
+        gate = (
+            {"passed": gates[0].passed, **{k: _plain(v.value) for k, v in gates[0].metadata.items()}} if gates else None
+        )
         retrained = events.get("retrained_model", {}).get("artifact_dir")
         rows = {n: events[n].get("rows") for n in events if "rows" in events[n]}
-        return {"run_key": request.run_key, "range": request.tags.get(RANGE_TAG),
-                "success": result.success, "steps": steps, "gate": gate, "dataset_rows": rows,
-                "skipped_stages": sorted(n for n, m in events.items() if m.get("skipped")),
-                "retrained_model": str(Path(retrained) / "model") if retrained else None,
-                "wall_s": round(time.time() - started, 1)}
+        return {
+            "run_key": request.run_key,
+            "range": request.tags.get(RANGE_TAG),
+            "success": result.success,
+            "steps": steps,
+            "gate": gate,
+            "dataset_rows": rows,
+            "skipped_stages": sorted(n for n, m in events.items() if m.get("skipped")),
+            "retrained_model": str(Path(retrained) / "model") if retrained else None,
+            "wall_s": round(time.time() - started, 1),
+        }
 
 
 def _plain(value):
@@ -236,18 +309,31 @@ def measure(model_dir: Path, tickets: list[dict], a: argparse.Namespace) -> dict
 
     started = time.time()
     backend = LocalBackend(str(model_dir), device=a.device, keep_loaded=1, batch_size=8, seed=a.seed)
-    replies = backend.chat([[{"role": "user", "content": prompt_of(t)}] for t in tickets],
-                           max_new_tokens=a.max_new_tokens, temperature=0.0, system=SYSTEM)
+    replies = backend.chat(
+        [[{"role": "user", "content": prompt_of(t)}] for t in tickets],
+        max_new_tokens=a.max_new_tokens,
+        temperature=0.0,
+        system=SYSTEM,
+    )
     clear_cache()
     flags = [liked(r, t["product"]) for r, t in zip(replies, tickets)]
     named = [t["product"].lower() in r.lower() for r, t in zip(replies, tickets)]
     short = [len(r.split()) < MAX_WORDS for r in replies]
-    log(f"held-out liked {sum(flags)}/{len(flags)} (names product {sum(named)}, short {sum(short)}) "
-        f"from {model_dir} in {time.time() - started:.0f}s")
-    return {"model": str(model_dir), "liked": sum(flags), "n": len(flags), "share": round(sum(flags) / len(flags), 4),
-            "names_product": sum(named), "under_limit": sum(short),
-            "mean_words": round(sum(len(r.split()) for r in replies) / len(replies), 1),
-            "flags": flags, "examples": [{"product": t["product"], "reply": r} for t, r in zip(tickets[:3], replies)]}
+    log(
+        f"held-out liked {sum(flags)}/{len(flags)} (names product {sum(named)}, short {sum(short)}) "
+        f"from {model_dir} in {time.time() - started:.0f}s"
+    )
+    return {
+        "model": str(model_dir),
+        "liked": sum(flags),
+        "n": len(flags),
+        "share": round(sum(flags) / len(flags), 4),
+        "names_product": sum(named),
+        "under_limit": sum(short),
+        "mean_words": round(sum(len(r.split()) for r in replies) / len(replies), 1),
+        "flags": flags,
+        "examples": [{"product": t["product"], "reply": r} for t, r in zip(tickets[:3], replies)],
+    }
 
 
 def chat_round(loop: Loop, tickets: list[dict], a: argparse.Namespace, rng: random.Random) -> dict:
@@ -260,8 +346,14 @@ def chat_round(loop: Loop, tickets: list[dict], a: argparse.Namespace, rng: rand
     backend = LocalBackend(str(model), device=a.device, keep_loaded=1, seed=a.seed)
     ups = downs = edits = 0
     for i, ticket in enumerate(tickets):
-        chat = Chat(backend, system=SYSTEM, model_label=str(model), store=loop.feedback,
-                    max_new_tokens=a.max_new_tokens, temperature=a.chat_temperature)
+        chat = Chat(
+            backend,
+            system=SYSTEM,
+            model_label=str(model),
+            store=loop.feedback,
+            max_new_tokens=a.max_new_tokens,
+            temperature=a.chat_temperature,
+        )
         reply = chat.say(prompt_of(ticket))
         if liked(reply, ticket["product"]):
             chat.rate(True)
@@ -276,9 +368,16 @@ def chat_round(loop: Loop, tickets: list[dict], a: argparse.Namespace, rng: rand
             log(f"  chatted {i + 1}/{len(tickets)}: {ups} liked, {downs} disliked, {edits} edited")
     clear_cache()
     log(f"chat: {ups} liked, {downs} disliked ({edits} edited) of {len(tickets)} in {time.time() - started:.0f}s")
-    return {"model": str(model), "prompts": len(tickets), "liked": ups, "disliked": downs, "edited": edits,
-            "chat_liked_share": round(ups / len(tickets), 4), "records": loop.feedback.max_id(),
-            "wall_s": round(time.time() - started, 1)}
+    return {
+        "model": str(model),
+        "prompts": len(tickets),
+        "liked": ups,
+        "disliked": downs,
+        "edited": edits,
+        "chat_liked_share": round(ups / len(tickets), 4),
+        "records": loop.feedback.max_id(),
+        "wall_s": round(time.time() - started, 1),
+    }
 
 
 def copy_store(source: Path, target: Path) -> None:
@@ -288,8 +387,16 @@ def copy_store(source: Path, target: Path) -> None:
         src.backup(dst)
 
 
-def run_variant(objectives: list[str], out: Path, a: argparse.Namespace, train_csv: Path, store_copy: Path,
-                first_model: Path, held: list[dict], before: dict) -> dict:
+def run_variant(
+    objectives: list[str],
+    out: Path,
+    a: argparse.Namespace,
+    train_csv: Path,
+    store_copy: Path,
+    first_model: Path,
+    held: list[dict],
+    before: dict,
+) -> dict:
     """Retrain from the same first champion on the same feedback with other objectives, in a fresh folder."""
     from dagster import AssetSelection, materialize
 
@@ -297,8 +404,12 @@ def run_variant(objectives: list[str], out: Path, a: argparse.Namespace, train_c
     name = "+".join(objectives)
     loop = Loop(out / f"variant-{name}", objectives, a, train_csv)
     # the pipeline's datasets (the report's held-out rows); the first champion registered and promoted by hand
-    assert materialize(loop.parts["assets"], instance=loop.instance, resources=loop.resources,
-                       selection=AssetSelection.assets([NAME, "tickets"], [NAME, "sft_dataset"])).success
+    assert materialize(
+        loop.parts["assets"],
+        instance=loop.instance,
+        resources=loop.resources,
+        selection=AssetSelection.assets([NAME, "tickets"], [NAME, "sft_dataset"]),
+    ).success
     tracking = loop.resources["tracking"]
     version = tracking.register_model(NAME, first_model, None, {"note": "feedback_learning: the first champion"})
     tracking.promote(NAME, version, "feedback_learning: same start as the main loop")
@@ -307,10 +418,15 @@ def run_variant(objectives: list[str], out: Path, a: argparse.Namespace, train_c
     retrained = loop.retrain()
     log(f"variant {name}: success={retrained['success']} gate={retrained['gate']} in {retrained['wall_s']}s")
     after = measure(Path(retrained["retrained_model"]), held, a) if retrained["retrained_model"] else None
-    return {"objectives": objectives, "job_assets": loop.job_assets(), "retraining": retrained,
-            "after": _strip(after), "vs_start": mcnemar(before["flags"], after["flags"]) if after else None,
-            "liked_flags": after["flags"] if after else None,  # per held-out ticket, to compare variants paired
-            "wall_s": round(time.time() - started, 1)}
+    return {
+        "objectives": objectives,
+        "job_assets": loop.job_assets(),
+        "retraining": retrained,
+        "after": _strip(after),
+        "vs_start": mcnemar(before["flags"], after["flags"]) if after else None,
+        "liked_flags": after["flags"] if after else None,  # per held-out ticket, to compare variants paired
+        "wall_s": round(time.time() - started, 1),
+    }
 
 
 def _strip(m: dict | None) -> dict | None:
@@ -332,24 +448,33 @@ def from_feedback(a: argparse.Namespace, out: Path, train_csv: Path, held: list[
     for spec in a.variants or []:
         objectives = [o for o in spec.split(",") if o]
         try:
-            variants.append(run_variant(objectives, out, a, train_csv, Path(a.from_feedback), first_model, held,
-                                        start))
+            variants.append(run_variant(objectives, out, a, train_csv, Path(a.from_feedback), first_model, held, start))
         except Exception as exc:  # noqa: BLE001 - a variant this build cannot run is reported, not fatal
             log(f"variant {spec} failed: {type(exc).__name__}: {exc}")
             variants.append({"objectives": objectives, "error": f"{type(exc).__name__}: {exc}"[:500]})
         with partial.open("a") as f:
             f.write(json.dumps(variants[-1], default=str) + "\n")
-        log(f"variant {spec}: {json.dumps(variants[-1].get('after') and variants[-1]['after']['liked'])} liked, "
-            f"vs start {variants[-1].get('vs_start')}")
-    result = {"taste": TASTE, "settings": vars(a) | {"n_held_out": len(held)}, "feedback_records": feedback,
-              "start": _strip(start), "variants": variants, "wall_s": round(time.time() - t0, 1), "out": str(out)}
+        log(
+            f"variant {spec}: {json.dumps(variants[-1].get('after') and variants[-1]['after']['liked'])} liked, "
+            f"vs start {variants[-1].get('vs_start')}"
+        )
+    result = {
+        "taste": TASTE,
+        "settings": vars(a) | {"n_held_out": len(held)},
+        "feedback_records": feedback,
+        "start": _strip(start),
+        "variants": variants,
+        "wall_s": round(time.time() - t0, 1),
+        "out": str(out),
+    }
     print(json.dumps(result, default=str), flush=True)
     return result
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="a smoke run of a few minutes (explicit options win)")
     p.add_argument("--rounds", type=int, help="chat-retrain rounds")
     p.add_argument("--chat-prompts", type=int, help="tickets the user chats about per round (= min_new_records)")
@@ -365,15 +490,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, help="cap on each feedback training stage's steps (-1: epochs decide)")
     p.add_argument("--eval-rows", type=int, help="the pipeline's held-out rows in the reports the gate reads")
     p.add_argument("--objectives", default="sft,dpo,kto", help="the main loop's feedback.objectives")
-    p.add_argument("--variants", nargs="*", help="objective sets compared on round 1's feedback, e.g. sft sft,dpo "
-                                                  "(none: skip the comparison)")
+    p.add_argument(
+        "--variants",
+        nargs="*",
+        help="objective sets compared on round 1's feedback, e.g. sft sft,dpo (none: skip the comparison)",
+    )
     p.add_argument("--model", default="smollm2-135m", help="base model (preset, hub id or directory)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads for chat and measurement")
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", help="output directory (default: a temporary one)")
-    p.add_argument("--from-feedback", help="skip the chat rounds: compare the --variants on this recorded feedback "
-                                           "store (a round's SQLite copy), each retrained from --first-model")
+    p.add_argument(
+        "--from-feedback",
+        help="skip the chat rounds: compare the --variants on this recorded feedback "
+        "store (a round's SQLite copy), each retrained from --first-model",
+    )
     p.add_argument("--first-model", help="with --from-feedback: the first champion's model directory")
     a = p.parse_args(argv)
     preset = {**DEFAULTS, **(QUICK if a.quick else {})}
@@ -427,8 +558,10 @@ def main(argv=None) -> dict:
             copy_store(loop.store_path, store_copy)
         retrained = loop.retrain()
         gate = retrained["gate"] or {}
-        log(f"round {r}: retraining success={retrained['success']} gate passed={gate.get('passed')} "
-            f"({gate.get('regressions')}) in {retrained['wall_s']}s; rows {retrained['dataset_rows']}")
+        log(
+            f"round {r}: retraining success={retrained['success']} gate passed={gate.get('passed')} "
+            f"({gate.get('regressions')}) in {retrained['wall_s']}s; rows {retrained['dataset_rows']}"
+        )
         promoted = bool(gate.get("passed"))
         model_after = loop.live_model()
         if promoted:
@@ -438,13 +571,24 @@ def main(argv=None) -> dict:
             after = measure(Path(retrained["retrained_model"]), held, a)
         else:
             after = None
-        rounds.append({"round": r, "chat": chatted, "retraining": retrained, "promoted": promoted,
-                       "live_before": current["model"], "live_after": str(model_after),
-                       "before": _strip(current), "after": _strip(after),
-                       "after_is": "champion" if promoted else "rejected challenger",
-                       "mcnemar": mcnemar(current["flags"], after["flags"]) if after else None})
-        log(f"round {r}: liked {current['liked']}/{current['n']} -> {after and after['liked']}/{current['n']} "
-            f"({rounds[-1]['after_is']}), McNemar {rounds[-1]['mcnemar']}")
+        rounds.append(
+            {
+                "round": r,
+                "chat": chatted,
+                "retraining": retrained,
+                "promoted": promoted,
+                "live_before": current["model"],
+                "live_after": str(model_after),
+                "before": _strip(current),
+                "after": _strip(after),
+                "after_is": "champion" if promoted else "rejected challenger",
+                "mcnemar": mcnemar(current["flags"], after["flags"]) if after else None,
+            }
+        )
+        log(
+            f"round {r}: liked {current['liked']}/{current['n']} -> {after and after['liked']}/{current['n']} "
+            f"({rounds[-1]['after_is']}), McNemar {rounds[-1]['mcnemar']}"
+        )
         if promoted:
             current = after
     final = current
@@ -457,8 +601,16 @@ def main(argv=None) -> dict:
         if round1 and objectives == main_objectives:
             log(f"variant {spec}: the main loop's round 1")
             after = round1["after"]
-            variants.append({"objectives": objectives, "job_assets": loop.job_assets(), "same_as": "round 1",
-                             "retraining": round1["retraining"], "after": after, "vs_start": round1["mcnemar"]})
+            variants.append(
+                {
+                    "objectives": objectives,
+                    "job_assets": loop.job_assets(),
+                    "same_as": "round 1",
+                    "retraining": round1["retraining"],
+                    "after": after,
+                    "vs_start": round1["mcnemar"],
+                }
+            )
             continue
         try:
             variants.append(run_variant(objectives, out, a, train_csv, store_copy, first_model, held, start_measure))
@@ -467,12 +619,21 @@ def main(argv=None) -> dict:
             variants.append({"objectives": objectives, "error": f"{type(exc).__name__}: {exc}"[:500]})
 
     result = {
-        "taste": TASTE, "settings": {k: v for k, v in vars(a).items()} | {"n_chat_pool": len(pool),
-                                                                         "n_held_out": len(held)},
-        "start": _strip(start_measure), "rounds": rounds,
-        "overall": {"liked_start": start_measure["liked"], "liked_end": final["liked"], "n": final["n"],
-                    "promotions": sum(r["promoted"] for r in rounds), **overall},
-        "variants": variants, "setup_s": setup_s, "wall_s": round(time.time() - t0, 1), "out": str(out),
+        "taste": TASTE,
+        "settings": {k: v for k, v in vars(a).items()} | {"n_chat_pool": len(pool), "n_held_out": len(held)},
+        "start": _strip(start_measure),
+        "rounds": rounds,
+        "overall": {
+            "liked_start": start_measure["liked"],
+            "liked_end": final["liked"],
+            "n": final["n"],
+            "promotions": sum(r["promoted"] for r in rounds),
+            **overall,
+        },
+        "variants": variants,
+        "setup_s": setup_s,
+        "wall_s": round(time.time() - t0, 1),
+        "out": str(out),
     }
     print(json.dumps(result, default=str), flush=True)
     return result

@@ -34,8 +34,19 @@ DATA = ROOT / "dragon_dagster" / "example_data" / "arithmetic.csv"
 # Found by the runs in the report (2 shared CPU cores, 1 torch thread, ~15-20 s a step): 12 steps of 2 prompts x 8
 # samples at lr 2e-4 took held-out numeric accuracy from 15/64 to 28/64 (15 prompts fixed, 2 broken, sign test
 # p=0.002); lr 1e-4 gave 25/64 (p=0.013), lr 5e-5 20/64 (p=0.13, not clear). beta 0.04 and 0 ended the same.
-DEFAULTS = dict(steps=12, lr=2e-4, group_size=8, batch_size=2, temperature=0.7, beta=0.04, max_new_tokens=12,
-                length_max_chars=16, length_weight=0.2, lora_r=16, lora_alpha=32)
+DEFAULTS = dict(
+    steps=12,
+    lr=2e-4,
+    group_size=8,
+    batch_size=2,
+    temperature=0.7,
+    beta=0.04,
+    max_new_tokens=12,
+    length_max_chars=16,
+    length_weight=0.2,
+    lora_r=16,
+    lora_alpha=32,
+)
 PROFILES = {
     "default": {},
     # The library demo's quick profile: about 1-2 minutes of training on 2 cores; a smaller, noisier gain.
@@ -49,14 +60,20 @@ def sign_test(wins: int, losses: int) -> float:
     if n == 0:
         return 1.0
     k = min(wins, losses)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2 * tail)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--profile", choices=sorted(PROFILES), default="default",
-                   help="a named set of defaults; explicit options override it")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="default",
+        help="a named set of defaults; explicit options override it",
+    )
     p.add_argument("--steps", type=int, help="optimizer steps (max_steps)")
     p.add_argument("--lr", type=float, help="learning rate (LoRA)")
     p.add_argument("--group-size", type=int, help="completions sampled per prompt")
@@ -71,13 +88,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-eval", type=int, default=64, help="held-out prompts")
     p.add_argument("--seed", type=int, default=42, help="seed of the held-out split")
     p.add_argument("--train-seed", type=int, help="training seed (default: --seed); vary it to replicate a run")
-    p.add_argument("--long-eval-tokens", type=int, default=32,
-                   help="also score held-out accuracy with this token budget (0 skips it)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads; 1 is far steadier than 2 on a shared 2-core machine")
+    p.add_argument(
+        "--long-eval-tokens",
+        type=int,
+        default=32,
+        help="also score held-out accuracy with this token budget (0 skips it)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch CPU threads; 1 is far steadier than 2 on a shared 2-core machine"
+    )
     p.add_argument("--device", default="cpu", help="hardware.device (cpu, cuda, auto)")
-    p.add_argument("--speed", action="append", default=[], metavar="KEY=VALUE",
-                   help="a training-resource speed setting, e.g. sampling=trl (TRL's own generate), repeatable")
+    p.add_argument(
+        "--speed",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training-resource speed setting, e.g. sampling=trl (TRL's own generate), repeatable",
+    )
     p.add_argument("--out", help="output directory (default: a temporary one)")
     args = p.parse_args(argv)
     args.speed = dict(item.split("=", 1) for item in args.speed)
@@ -109,8 +136,8 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
     """Record the numeric reward of every training group (TRL samples a prompt's group_size completions
     consecutively). TRL's frac_reward_zero_std looks at the total reward, which a continuous length reward
     almost always spreads, so it hides groups that carry no correctness signal; this counts those."""
-    from dragon_dagster.engine.train import grpo
     from dragon_dagster.engine.rewards import trl_reward_funcs
+    from dragon_dagster.engine.train import grpo
 
     groups: list[list[float]] = []
 
@@ -118,9 +145,10 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
         funcs = trl_reward_funcs(rewards, on_error=on_error)
         for i, func in enumerate(funcs):
             if func.reward.type == "numeric":
+
                 def watched(prompts, completions, completion_ids=None, _inner=func, **kwargs):
                     scores = _inner(prompts, completions, completion_ids, **kwargs)
-                    groups.extend(scores[j:j + group_size] for j in range(0, len(scores), group_size))
+                    groups.extend(scores[j : j + group_size] for j in range(0, len(scores), group_size))
                     return scores
 
                 watched.__name__ = watched.__qualname__ = func.__name__
@@ -140,10 +168,11 @@ def accuracy(completions: list[str], rows: list[dict]) -> list[float]:
 
 def long_eval(model_dir: str, adapter_dir: Path, rows: list[dict], device: str, max_new_tokens: int) -> dict:
     """Held-out numeric accuracy with a longer budget, base model and adapter, greedy."""
+    from peft import PeftModel
+
     from dragon_dagster.engine.evaluate.replies import generate
     from dragon_dagster.engine.models import load_model, load_tokenizer
     from dragon_dagster.engine.spec.settings import Hardware
-    from peft import PeftModel
 
     tokenizer = load_tokenizer(model_dir)
     model = PeftModel.from_pretrained(load_model(model_dir, Hardware(device=device)), str(adapter_dir))
@@ -162,9 +191,9 @@ def main(argv=None) -> dict:
 
     torch.set_num_threads(args.threads)
     from dragon_dagster.engine import models
-    from dragon_dagster.engine.train import progress
     from dragon_dagster.engine.data.tables import PromptsMapping, map_prompts, read_table, split_rows, write_jsonl
     from dragon_dagster.engine.spec.stages import GRPO
+    from dragon_dagster.engine.train import progress
     from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
 
     train_seed = args.seed if args.train_seed is None else args.train_seed
@@ -180,16 +209,40 @@ def main(argv=None) -> dict:
         rewards.append({"type": "length", "max_chars": s["length_max_chars"], "weight": s["length_weight"]})
     model_dir = str(models.embedded_model_dir())
     settings = GRPO(
-        name="grpo_adapter", kind="grpo", dataset="arithmetic",
+        name="grpo_adapter",
+        kind="grpo",
+        dataset="arithmetic",
         lora={"r": s["lora_r"], "alpha": s["lora_alpha"], "dropout": 0.05, "target_modules": "auto"},
-        args={"epochs": 1, "learning_rate": s["lr"], "batch_size": s["batch_size"], "grad_accum": 1,
-              "max_seq_len": 256, "max_steps": s["steps"], "warmup_ratio": 0.0, "logging_steps": 1,
-              "save_steps": 10_000, "seed": train_seed},
-        n_samples=len(held), max_new_tokens=s["max_new_tokens"], rewards=rewards, group_size=s["group_size"],
-        beta=s["beta"], temperature=s["temperature"], max_eval_prompts=len(held))
-    job = GRPOJob(settings=settings, model=model_dir, train_file=str(out / "train.jsonl"),
-                  eval_file=str(out / "eval.jsonl"), output_dir=str(out), checkpoint_dir=str(out / "checkpoints"),
-                  hardware={"device": args.device}, speed=args.speed)
+        args={
+            "epochs": 1,
+            "learning_rate": s["lr"],
+            "batch_size": s["batch_size"],
+            "grad_accum": 1,
+            "max_seq_len": 256,
+            "max_steps": s["steps"],
+            "warmup_ratio": 0.0,
+            "logging_steps": 1,
+            "save_steps": 10_000,
+            "seed": train_seed,
+        },
+        n_samples=len(held),
+        max_new_tokens=s["max_new_tokens"],
+        rewards=rewards,
+        group_size=s["group_size"],
+        beta=s["beta"],
+        temperature=s["temperature"],
+        max_eval_prompts=len(held),
+    )
+    job = GRPOJob(
+        settings=settings,
+        model=model_dir,
+        train_file=str(out / "train.jsonl"),
+        eval_file=str(out / "eval.jsonl"),
+        output_dir=str(out),
+        checkpoint_dir=str(out / "checkpoints"),
+        hardware={"device": args.device},
+        speed=args.speed,
+    )
     groups = watch_numeric_groups(s["group_size"])
     started = time.time()
     summary = train_grpo(job, StderrReporter())
@@ -208,16 +261,30 @@ def main(argv=None) -> dict:
 
     third = max(1, len(logged) // 3)
     result = {
-        "settings": {**s, "n_train": len(train), "n_eval": len(held), "seed": args.seed, "train_seed": train_seed, "device": args.device,
-                     "threads": args.threads, "speed": args.speed, "rewards": rewards},
-        "reward_before": round(summary["reward_before"], 4), "reward_after": round(summary["reward_after"], 4),
+        "settings": {
+            **s,
+            "n_train": len(train),
+            "n_eval": len(held),
+            "seed": args.seed,
+            "train_seed": train_seed,
+            "device": args.device,
+            "threads": args.threads,
+            "speed": args.speed,
+            "rewards": rewards,
+        },
+        "reward_before": round(summary["reward_before"], 4),
+        "reward_after": round(summary["reward_after"], 4),
         "numeric_before": round(summary["per_reward_before"]["numeric"], 4),
         "numeric_after": round(summary["per_reward_after"]["numeric"], 4),
-        "correct_before": int(sum(before)), "correct_after": int(sum(after)),
-        "flips_wrong_to_right": wins, "flips_right_to_wrong": losses, "sign_test_p": round(sign_test(wins, losses), 4),
+        "correct_before": int(sum(before)),
+        "correct_after": int(sum(after)),
+        "flips_wrong_to_right": wins,
+        "flips_right_to_wrong": losses,
+        "sign_test_p": round(sign_test(wins, losses), 4),
         "mean_chars_before": round(mean(len(x["before"]) for x in samples), 1),
         "mean_chars_after": round(mean(len(x["after"]) for x in samples), 1),
-        "steps": summary["global_step"], "train_wall_s": round(train_wall, 1),
+        "steps": summary["global_step"],
+        "train_wall_s": round(train_wall, 1),
         "zero_std_frac_mean": column("zero_std_frac"),
         "numeric_zero_std_frac": round(mean(min(g) == max(g) for g in groups), 4) if groups else None,
         "numeric_groups_all_wrong": round(mean(max(g) == 0 for g in groups), 4) if groups else None,

@@ -71,8 +71,10 @@ def tokenized(tokenizer, rows: list[dict]) -> list[dict]:
 
 def pair_rows(tokenizer, n: int, rng: random.Random) -> list[dict]:
     """Chosen and rejected replies to one prompt each, tokenized as DPO sees them (prompt, then a reply)."""
+
     def text(low, high):
         return " ".join(sentence(rng, rng.randint(8, 20)) for _ in range(rng.randint(low, high)))
+
     rows = []
     for _ in range(n):
         prompt = [{"role": "user", "content": text(2, 6)}]
@@ -104,8 +106,9 @@ def main() -> None:
         path = random_model("smol", embedded_model_dir(), Path(tmp) / "smol")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear",
-                                             task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model, LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
     unpad = not a.plain
     if unpad:
         unpadded.use(model)
@@ -115,7 +118,7 @@ def main() -> None:
         return sampling_table(model, tokenizer)
     config = model.config
     rng = random.Random(0)
-    rows = (sft_rows(a.bs * (a.steps + 1), rng) if a.kind == "sft" else None)
+    rows = sft_rows(a.bs * (a.steps + 1), rng) if a.kind == "sft" else None
     examples = tokenized(tokenizer, rows) if rows else pair_rows(tokenizer, a.bs * (a.steps + 1), rng)
     per_step = a.bs if a.kind == "sft" else 2 * a.bs
     collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id or 0)
@@ -124,7 +127,7 @@ def main() -> None:
     def step(i: int, prof=None) -> tuple[dict, int, int]:
         """Collate, forward and backward (profiled when prof is given), optimizer; wall seconds of the unprofiled."""
         start = time.perf_counter()
-        batch = collator(examples[i * per_step:(i + 1) * per_step])
+        batch = collator(examples[i * per_step : (i + 1) * per_step])
         seconds = {"collation": time.perf_counter() - start}
         if prof:
             prof.start()
@@ -134,12 +137,13 @@ def main() -> None:
             score = batch["labels"][:, 1:] != -100
             shared = score if unpad else None  # a pair's common prompt runs once
             with torch.no_grad(), model.disable_adapter():
-                lm_head.scored_hidden(model, score, unpad, shared, input_ids=batch["input_ids"],
-                                      attention_mask=batch["attention_mask"])
-            hidden = lm_head.scored_hidden(model, score, unpad, shared, input_ids=batch["input_ids"],
-                                           attention_mask=batch["attention_mask"])
-            out = lm_head.logprobs(hidden, lm_head.backbone_and_head(model)[1].weight,
-                                   batch["input_ids"][:, 1:][score])
+                lm_head.scored_hidden(
+                    model, score, unpad, shared, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+                )
+            hidden = lm_head.scored_hidden(
+                model, score, unpad, shared, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
+            )
+            out = lm_head.logprobs(hidden, lm_head.backbone_and_head(model)[1].weight, batch["input_ids"][:, 1:][score])
             loss = -out["log_probs"].mean()
         loss.backward()
         if prof:
@@ -160,12 +164,15 @@ def main() -> None:
     for event in prof.key_averages(group_by_input_shape=True):
         if event.key.startswith(("ProfilerStep", "autograd::engine")):
             continue
-        spent[bucket(event.key, event.input_shapes, config.hidden_size, config.intermediate_size,
-                     config.vocab_size, 16)] += event.self_cpu_time_total / 1e6
+        spent[
+            bucket(event.key, event.input_shapes, config.hidden_size, config.intermediate_size, config.vocab_size, 16)
+        ] += event.self_cpu_time_total / 1e6
     total = sum(spent.values())
-    print(f"{a.kind} step, batch {a.bs}, {'padded, torch dropout' if a.plain else 'unpadded, fast dropout'}: "
-          f"{wall:.2f} s wall ({total:.2f} s of operator time), {tokens} real tokens in {positions} padded positions, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"{a.kind} step, batch {a.bs}, {'padded, torch dropout' if a.plain else 'unpadded, fast dropout'}: "
+        f"{wall:.2f} s wall ({total:.2f} s of operator time), {tokens} real tokens in {positions} padded positions, "
+        f"{torch.get_num_threads()} threads"
+    )
     print("| part | seconds | share |\n|---|---|---|")
     for part, seconds in sorted(spent.items(), key=lambda kv: -kv[1]):
         print(f"| {part} | {seconds:.3f} | {seconds / total:.0%} |")
@@ -180,19 +187,28 @@ def sampling_table(model, tokenizer, tokens: int = 32) -> None:
 
     tokenizer.padding_side = "left"
     questions = [f"What is {100 + i} + {200 + 3 * i}? Reply with just the number." for i in range(4)]
-    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
-                                             add_generation_prompt=True) for q in questions]
+    prompts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+        for q in questions
+    ]
 
     def timed(label: str, groups: int = 1, grouped: bool = False, train: bool = True, **config) -> None:
         rows = tokenizer([q for q in prompts[:groups] for _ in range(8)], return_tensors="pt", padding=True)
-        settings = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=tokens,
-                        min_new_tokens=tokens, pad_token_id=tokenizer.pad_token_id)
+        settings = dict(
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            pad_token_id=tokenizer.pad_token_id,
+        )
         generation = GenerationConfig(**{**settings, **config})
         model.train(train)
         best = float("inf")
         for _ in range(2):
             start = time.perf_counter()
-            with torch.no_grad(), (rollout.sampling(model) if grouped else contextlib.nullcontext()):
+            with torch.no_grad(), rollout.sampling(model) if grouped else contextlib.nullcontext():
                 model.generate(**rows, generation_config=generation)
             best = min(best, time.perf_counter() - start)
         print(f"| {label} | {8 * groups} | {best:.2f} | {best / groups:.2f} |", flush=True)
@@ -237,11 +253,14 @@ def grpo_phases(plain: bool, steps: int) -> None:
                 return inner(self, *args, **kwargs)
             finally:
                 spent[label if isinstance(label, str) else label()].append(time.perf_counter() - start)
+
         setattr(trainer, name, timed)
 
     timer("_generate_single_turn", "sampling (generate)")
-    timer("_get_per_token_logps_and_entropies",
-          lambda: "policy log-probs (forward)" if torch.is_grad_enabled() else "reference log-probs (no grad)")
+    timer(
+        "_get_per_token_logps_and_entropies",
+        lambda: "policy log-probs (forward)" if torch.is_grad_enabled() else "reference log-probs (no grad)",
+    )
     timer("_generate_and_score_completions", "sampling and scoring, in all")
     timer("compute_loss", "forward and loss, in all")
     timer("training_step", "training step (no optimizer)")
@@ -251,29 +270,47 @@ def grpo_phases(plain: bool, steps: int) -> None:
     def started(self, *args, **kwargs):
         starts.append(time.perf_counter())
         return inner_step(self, *args, **kwargs)
+
     trainer.training_step = started
     speed = {"loss_kernel": "trl", "unpad": "off", "dropout_mask": "torch", "sampling": "trl"} if plain else {}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = random_model("smol", embedded_model_dir(), work / "smol")
-        train = compare_trl.write_jsonl(work / "prompts.jsonl", compare_trl.grpo_rows(8 * (steps + 2), random.Random(0)))
+        train = compare_trl.write_jsonl(
+            work / "prompts.jsonl", compare_trl.grpo_rows(8 * (steps + 2), random.Random(0))
+        )
         (work / "w").mkdir()
         job = compare_trl.engine_job(
-            "grpo", model, train, work / "w", {"max_steps": steps, "batch_size": 1, "learning_rate": 1e-5}, speed,
+            "grpo",
+            model,
+            train,
+            work / "w",
+            {"max_steps": steps, "batch_size": 1, "learning_rate": 1e-5},
+            speed,
             rewards=[{"type": "numeric", "weight": 1.0}, {"type": "length", "max_chars": 12, "weight": 1.0}],
-            group_size=8, beta=0.04, temperature=1.0, max_eval_prompts=2, max_new_tokens=32)
+            group_size=8,
+            beta=0.04,
+            temperature=1.0,
+            max_eval_prompts=2,
+            max_new_tokens=32,
+        )
         worker.main([str(job)])
     step_s = (starts[-1] - starts[3]) / (len(starts) - 4)
     per_step = {label: statistics.mean(values[3:-1]) for label, values in spent.items()}  # the same steps
     sampling, reference = per_step["sampling (generate)"], per_step.get("reference log-probs (no grad)", 0.0)
     policy, scoring = per_step["policy log-probs (forward)"], per_step["sampling and scoring, in all"]
-    rows = {"sampling (generate)": sampling, "reference log-probs (no grad)": reference,
-            "rewards, advantages, other scoring": scoring - sampling - reference,
-            "policy forward and loss": per_step["forward and loss, in all"],
-            "backward": per_step["training step (no optimizer)"] - scoring - per_step["forward and loss, in all"],
-            "optimizer, logging, the rest": step_s - per_step["training step (no optimizer)"]}
-    print(f"GRPO step, 8 completions x 32 tokens, {'TRL paths' if plain else 'this project CPU defaults'}: "
-          f"{step_s:.2f} s per step ({torch.get_num_threads()} threads); policy log-probs {policy:.2f} s of the forward")
+    rows = {
+        "sampling (generate)": sampling,
+        "reference log-probs (no grad)": reference,
+        "rewards, advantages, other scoring": scoring - sampling - reference,
+        "policy forward and loss": per_step["forward and loss, in all"],
+        "backward": per_step["training step (no optimizer)"] - scoring - per_step["forward and loss, in all"],
+        "optimizer, logging, the rest": step_s - per_step["training step (no optimizer)"],
+    }
+    print(
+        f"GRPO step, 8 completions x 32 tokens, {'TRL paths' if plain else 'this project CPU defaults'}: "
+        f"{step_s:.2f} s per step ({torch.get_num_threads()} threads); policy log-probs {policy:.2f} s of the forward"
+    )
     print("| phase | seconds | share |\n|---|---|---|")
     for label, seconds in rows.items():
         print(f"| {label} | {seconds:.2f} | {seconds / step_s:.0%} |")

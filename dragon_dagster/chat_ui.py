@@ -5,7 +5,8 @@ handling, feedback records and transcripts behave exactly as in `dragon chat` on
 multi-turn context, by default the whole conversation (the context window box shows "all"; a number N sends
 only the last N earlier exchanges, 0 none, and the status line says how many of the oldest were dropped), a
 system prompt box (`dragon chat-ui` fills it with the pipeline's system prompt, `Pipeline.system_prompt()`: the
-one every training row carries, so ratings and edits are stored with the prompt the model trains with), replies streamed onto the page as the model generates them (`Chat.stream`)
+one every training row carries, so ratings and edits are stored with the prompt the model trains with), replies
+streamed onto the page as the model generates them (`Chat.stream`)
 with a Stop button that ends a reply early and keeps what it has so far, thumbs up / down and in-place editing
 of a reply (both recorded in the `FeedbackStore` with the model that answered), regenerate, undo, reset,
 and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
@@ -30,17 +31,18 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 # Before gradio is imported: the page must not phone home (offline machines, privacy of a local model).
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+from .engine.feedback import FeedbackError, FeedbackStore  # noqa: E402
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream  # noqa: E402
-from .engine.feedback import FeedbackError, FeedbackStore  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
 ERRORS = (ChatError, BackendError, FeedbackError, OSError, ValueError)
@@ -94,8 +96,11 @@ def _text(value: Any) -> str:
 
 def _reply_index(chat: Chat, position: int) -> int:
     """Which reply (counting assistant turns only, as Chat.rate/edit do) sits at a Chatbot message index."""
-    if not isinstance(position, int) or not 0 <= position < len(chat.messages) \
-            or chat.messages[position]["role"] != "assistant":
+    if (
+        not isinstance(position, int)
+        or not 0 <= position < len(chat.messages)
+        or chat.messages[position]["role"] != "assistant"
+    ):
         raise ChatError(f"message {position!r} is not a reply of this conversation")
     return sum(1 for m in chat.messages[:position] if m["role"] == "assistant")
 
@@ -105,8 +110,10 @@ def context_note(chat: Chat) -> str:
     usage = chat.context_usage()
     earlier = max(usage["sent"] - 1, 0)
     if usage["dropped"]:
-        return (f"Context window {usage['context_turns']}: sent the last {earlier} earlier exchange(s); "
-                f"**dropped the {usage['dropped']} oldest**.")
+        return (
+            f"Context window {usage['context_turns']}: sent the last {earlier} earlier exchange(s); "
+            f"**dropped the {usage['dropped']} oldest**."
+        )
     return f"Context: all {earlier} earlier exchange(s) sent."
 
 
@@ -140,16 +147,23 @@ class ChatHandlers:
     Chat back for the gr.State. `stream_delay` is the least time between two page updates of a reply being
     generated (chunks that arrive faster are shown together; 0: every chunk)."""
 
-    def __init__(self, backend: Backend, store: FeedbackStore | None, model_label: str = "",
-                 stream_delay: float = 0.05):
+    def __init__(
+        self, backend: Backend, store: FeedbackStore | None, model_label: str = "", stream_delay: float = 0.05
+    ):
         self.backend, self.store = backend, store
         self.model_label = model_label or backend.identity
         self.stream_delay = stream_delay
 
     # ------------------------------------------------------------------------------------- sessions
 
-    def session(self, chat: Chat | None, system: str | None = None, context_turns: Any = None,
-                temperature: float = 0.7, max_new_tokens: int = 256) -> Chat:
+    def session(
+        self,
+        chat: Chat | None,
+        system: str | None = None,
+        context_turns: Any = None,
+        temperature: float = 0.7,
+        max_new_tokens: int = 256,
+    ) -> Chat:
         """The session's Chat (created on first use) with the current settings boxes applied: the boxes are
         read on every event, so a changed system prompt or window applies from the next turn on."""
         if chat is None:
@@ -181,8 +195,11 @@ class ChatHandlers:
         if not reply.stopped:
             return done + context_note(chat)
         if not reply.text:
-            return ("Stopped before the model wrote anything; the previous reply is kept." if reply.regenerate
-                    else "Stopped before the model wrote anything; your message is back in the box.")
+            return (
+                "Stopped before the model wrote anything; the previous reply is kept."
+                if reply.regenerate
+                else "Stopped before the model wrote anything; your message is back in the box."
+            )
         return "**Stopped**: the reply is cut short; rate or edit it like any other. " + context_note(chat)
 
     def _streamed(self, chat: Chat, reply: ReplyStream, done: str = "") -> Iterator[tuple]:
@@ -215,8 +232,8 @@ class ChatHandlers:
         except ERRORS as exc:
             yield text, _display(chat.messages), chat, _error(exc)
             return
-        for value, chat, status in self._streamed(chat, reply):
-            yield ("" if reply.text else text), value, chat, status
+        for value, streamed, status in self._streamed(chat, reply):
+            yield ("" if reply.text else text), value, streamed, status
 
     def regenerate(self, chat: Chat | None, *settings) -> Iterator[tuple]:
         """Outputs (chatbot, chat, status): a new answer, streamed, replaces the last reply."""
@@ -270,8 +287,15 @@ class ChatHandlers:
             return chat, _error(exc)
         return chat, self._saved(chat, f"thumbs {verdict} on reply {reply + 1}", feedback_id)
 
-    def edit(self, chat: Chat | None, system: str | None, context_turns: Any, temperature: float,
-             max_new_tokens: int, data: gr.EditData) -> Iterator[tuple]:
+    def edit(
+        self,
+        chat: Chat | None,
+        system: str | None,
+        context_turns: Any,
+        temperature: float,
+        max_new_tokens: int,
+        data: gr.EditData,
+    ) -> Iterator[tuple]:
         """Outputs (chatbot, chat, status). An edited reply is recorded as a better answer and kept, so the
         conversation continues from it; an edited user turn is asked again (later turns are dropped).
         (Settings are named, not *settings: gradio passes the EditData positionally.)"""
@@ -287,7 +311,7 @@ class ChatHandlers:
                 return
             if chat.active is not None:
                 raise ChatError("a reply is still being generated: stop it (or let it finish) first")
-            chat.messages = chat.messages[:data.index]  # a changed question: ask it again from there
+            chat.messages = chat.messages[: data.index]  # a changed question: ask it again from there
             reply = chat.stream(text)
         except (*ERRORS, IndexError, TypeError) as exc:
             yield _display(chat.messages) if chat else gr.skip(), chat, _error(exc)
@@ -315,13 +339,24 @@ class ChatHandlers:
             loaded = self.session(loaded, loaded.system or current.system, *settings[1:])
         except ERRORS as exc:
             return gr.skip(), chat, gr.skip(), _error(f"cannot load {Path(path).name}: {exc}")
-        return (_display(loaded.messages), loaded, loaded.system or "",
-                f"Loaded {len(loaded.messages)} message(s) from {shown(Path(path).name)}.")
+        return (
+            _display(loaded.messages),
+            loaded,
+            loaded.system or "",
+            f"Loaded {len(loaded.messages)} message(s) from {shown(Path(path).name)}.",
+        )
 
 
-def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path | None, model_label: str = "",
-              system: str | None = None, context_turns: int | None = None, temperature: float = 0.7,
-              max_new_tokens: int = 256, stream_delay: float = 0.05) -> gr.Blocks:
+def build_app(
+    backend: Backend | dict | str,
+    store: FeedbackStore | str | Path | None,
+    model_label: str = "",
+    system: str | None = None,
+    context_turns: int | None = None,
+    temperature: float = 0.7,
+    max_new_tokens: int = 256,
+    stream_delay: float = 0.05,
+) -> gr.Blocks:
     """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None)."""
     backend = as_backend(backend)
     if store is not None and not isinstance(store, FeedbackStore):
@@ -329,16 +364,29 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
     h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay)
     where = f"`{shown(str(store.path))}`" if store is not None else "nowhere (no feedback store)"
     with gr.Blocks(title=f"dragon chat: {h.model_label}", analytics_enabled=False) as app:
-        gr.Markdown(f"### Chat with `{shown(h.model_label)}`\nRate a reply with the thumbs under it, or edit it "
-                    f"(pencil) into a better answer: both are recorded as training data in {where}.")
+        gr.Markdown(
+            f"### Chat with `{shown(h.model_label)}`\nRate a reply with the thumbs under it, or edit it "
+            f"(pencil) into a better answer: both are recorded as training data in {where}."
+        )
         chat = gr.State(None)  # one Chat per browser session
         with gr.Row():
             with gr.Column(scale=3):
-                chatbot = gr.Chatbot(label="Conversation", height=460, editable="all", elem_id="chatbot",
-                                     buttons=["copy"], placeholder="Say something to start.")
+                chatbot = gr.Chatbot(
+                    label="Conversation",
+                    height=460,
+                    editable="all",
+                    elem_id="chatbot",
+                    buttons=["copy"],
+                    placeholder="Say something to start.",
+                )
                 with gr.Row():
-                    box = gr.Textbox(placeholder="Message (Enter sends)", show_label=False, scale=5,
-                                     elem_id="message", autofocus=True)
+                    box = gr.Textbox(
+                        placeholder="Message (Enter sends)",
+                        show_label=False,
+                        scale=5,
+                        elem_id="message",
+                        autofocus=True,
+                    )
                     send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
                     stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
                 with gr.Row():
@@ -350,17 +398,22 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
                 system_box = gr.Textbox(value=system or "", label="System prompt", lines=4, elem_id="system")
                 # A Textbox, not a gr.Number: a Number cannot be empty (None shows and sends 0, which would
                 # send no earlier exchange at all), and "all" must be a value the box can show.
-                window = gr.Textbox(value=window_value(context_turns), elem_id="context", max_lines=1,
-                                    label=f"Context window: earlier exchanges sent with each message ({ALL}, or a "
-                                          f"number: the last N; 0: none)")
+                window = gr.Textbox(
+                    value=window_value(context_turns),
+                    elem_id="context",
+                    max_lines=1,
+                    label=f"Context window: earlier exchanges sent with each message ({ALL}, or a "
+                    f"number: the last N; 0: none)",
+                )
                 with gr.Accordion("Generation", open=False):
                     temp = gr.Slider(0.0, 2.0, value=temperature, step=0.05, label="Temperature")
                     tokens = gr.Slider(16, 4096, value=max_new_tokens, step=16, label="Max new tokens")
                 fmt = gr.Radio(list(FORMATS), value=".jsonl", label="Transcript format")
                 with gr.Row():
                     save = gr.Button("Save transcript", size="sm", elem_id="save")
-                    upload = gr.UploadButton("Load transcript", size="sm", file_types=list(FORMATS),
-                                             type="filepath", elem_id="load")
+                    upload = gr.UploadButton(
+                        "Load transcript", size="sm", file_types=list(FORMATS), type="filepath", elem_id="load"
+                    )
                 saved = gr.File(label="Transcript", visible=False, interactive=False, elem_id="transcript")
         settings = [system_box, window, temp, tokens]
         turn_out = [chatbot, chat, status]
@@ -386,13 +439,28 @@ def build_app(backend: Backend | dict | str, store: FeedbackStore | str | Path |
 
 # The page's own scripts and styles (Gradio inlines its config and styles, so 'unsafe-inline'); images, fonts,
 # requests, forms and workers only from the page itself; never inside another site's frame.
-CSP = "; ".join([
-    "default-src 'self'", "script-src 'self' 'unsafe-inline'", "style-src 'self' 'unsafe-inline'",
-    "img-src 'self' data: blob:", "font-src 'self' data:", "connect-src 'self'", "media-src 'self' data: blob:",
-    "worker-src 'self' blob:", "object-src 'none'", "base-uri 'self'", "form-action 'self'",
-    "frame-ancestors 'none'"])
-SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff",
-                    "Referrer-Policy": "no-referrer"}
+CSP = "; ".join(
+    [
+        "default-src 'self'",
+        "script-src 'self' 'unsafe-inline'",
+        "style-src 'self' 'unsafe-inline'",
+        "img-src 'self' data: blob:",
+        "font-src 'self' data:",
+        "connect-src 'self'",
+        "media-src 'self' data: blob:",
+        "worker-src 'self' blob:",
+        "object-src 'none'",
+        "base-uri 'self'",
+        "form-action 'self'",
+        "frame-ancestors 'none'",
+    ]
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 class SecurityHeaders:
@@ -408,8 +476,9 @@ class SecurityHeaders:
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", [])
-                           if k.decode("latin-1").lower() not in _HEADER_NAMES]
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.decode("latin-1").lower() not in _HEADER_NAMES
+                ]
                 message = {**message, "headers": headers + _HEADER_BYTES}
             await send(message)
 
@@ -435,14 +504,25 @@ def exposure_warning(host: str, password: str | None, share: bool = False) -> st
     if password or (is_loopback(host) and not share):
         return None
     where = "through a public share link" if share else f"on {host}, beyond this machine"
-    return (f"the chat page is served {where} without a password: anyone who reaches it can chat with the model "
-            f"and write feedback that is trained on and promoted automatically. Set one (dragon chat-ui "
-            f"--password-env NAME).")
+    return (
+        f"the chat page is served {where} without a password: anyone who reaches it can chat with the model "
+        f"and write feedback that is trained on and promoted automatically. Set one (dragon chat-ui "
+        f"--password-env NAME)."
+    )
 
 
-def start(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool = True, share: bool = False,
-          inbrowser: bool = False, quiet: bool = False, password: str | None = None,
-          username: str = USERNAME, warn: bool = True) -> str:
+def start(
+    app: gr.Blocks,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    block: bool = True,
+    share: bool = False,
+    inbrowser: bool = False,
+    quiet: bool = False,
+    password: str | None = None,
+    username: str = USERNAME,
+    warn: bool = True,
+) -> str:
     """Serve the page (with the offline theme and SECURITY_HEADERS) and return its URL; block=True serves until
     interrupted. With a password, every page and API call needs Gradio's login as `username`; without one, a
     host beyond loopback (or share) gets a warning on stderr (warn=False: the caller has said it)."""
@@ -452,19 +532,40 @@ def start(app: gr.Blocks, host: str = "127.0.0.1", port: int = 7860, block: bool
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     app.queue()  # streaming replies need the queue
-    app.launch(server_name=host, server_port=port, share=share, inbrowser=inbrowser, quiet=quiet,
-               prevent_thread_lock=not block, theme=THEME, css=CSS, footer_links=[],
-               auth=(username, password) if password else None,
-               auth_message=f"Log in as {shown(username)}." if password else None,
-               ssr_mode=False,  # the page comes from this app (and its headers), not from a Node front end
-               app_kwargs={"middleware": [Middleware(SecurityHeaders)]})
+    app.launch(
+        server_name=host,
+        server_port=port,
+        share=share,
+        inbrowser=inbrowser,
+        quiet=quiet,
+        prevent_thread_lock=not block,
+        theme=THEME,
+        css=CSS,
+        footer_links=[],
+        auth=(username, password) if password else None,
+        auth_message=f"Log in as {shown(username)}." if password else None,
+        ssr_mode=False,  # the page comes from this app (and its headers), not from a Node front end
+        app_kwargs={"middleware": [Middleware(SecurityHeaders)]},
+    )
     return app.local_url or f"http://{host}:{port}/"
 
 
-def launch(model: Backend | dict | str, store_path: str | Path | None, host: str = "127.0.0.1", port: int = 7860,
-           system: str | None = None, context_turns: int | None = None, model_label: str = "",
-           block: bool = True, share: bool = False, inbrowser: bool = False, password: str | None = None,
-           username: str = USERNAME, warn: bool = True, **options) -> gr.Blocks:
+def launch(
+    model: Backend | dict | str,
+    store_path: str | Path | None,
+    host: str = "127.0.0.1",
+    port: int = 7860,
+    system: str | None = None,
+    context_turns: int | None = None,
+    model_label: str = "",
+    block: bool = True,
+    share: bool = False,
+    inbrowser: bool = False,
+    password: str | None = None,
+    username: str = USERNAME,
+    warn: bool = True,
+    **options,
+) -> gr.Blocks:
     """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
     recording feedback into the SQLite store at `store_path`, behind a login when `password` is set. `options`
     go to build_app (temperature, max_new_tokens, stream_delay). Returns the app (serving in the background
@@ -472,6 +573,15 @@ def launch(model: Backend | dict | str, store_path: str | Path | None, host: str
     backend = as_backend(model)
     store = FeedbackStore(store_path) if store_path else None
     app = build_app(backend, store, model_label, system=system, context_turns=context_turns, **options)
-    start(app, host=host, port=port, block=block, share=share, inbrowser=inbrowser, password=password,
-          username=username, warn=warn)
+    start(
+        app,
+        host=host,
+        port=port,
+        block=block,
+        share=share,
+        inbrowser=inbrowser,
+        password=password,
+        username=username,
+        warn=warn,
+    )
     return app

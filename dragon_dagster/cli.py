@@ -50,8 +50,7 @@ def expected(exc: BaseException) -> bool:
         return True
     if any(c.__name__ == "MlflowException" for c in type(exc).__mro__):  # a server down, a name unknown to it
         return True
-    return any(c.__module__.startswith("dragon_dagster.") and c.__name__.endswith("Error")
-               for c in type(exc).__mro__)
+    return any(c.__module__.startswith("dragon_dagster.") and c.__name__.endswith("Error") for c in type(exc).__mro__)
 
 
 class DragonGroup(click.Group):
@@ -73,8 +72,12 @@ class DragonGroup(click.Group):
 
 
 @click.group(name="dragon", cls=DragonGroup)
-@click.option("--debug", is_flag=True, envvar="DRAGON_DEBUG",
-              help="Show the traceback of an error instead of one line (also DRAGON_DEBUG=1).")
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="DRAGON_DEBUG",
+    help="Show the traceback of an error instead of one line (also DRAGON_DEBUG=1).",
+)
 def main(debug: bool):
     """Post-train small language models as Dagster assets tracked in MLflow."""
 
@@ -82,9 +85,12 @@ def main(debug: bool):
 @main.command()
 @click.option("--pipeline", default="support", show_default=True, help="Pipeline name (its attributes' name:).")
 @click.option("--profile", default="quick", show_default=True, help="Profile of overrides from the YAML; '' for none.")
-@click.option("--defs-module", default=None,
-              help="Definitions module to find the pipeline in. Default: the Dagster project in the current "
-                   "directory (pyproject.toml), else dragon_dagster.definitions.")
+@click.option(
+    "--defs-module",
+    default=None,
+    help="Definitions module to find the pipeline in. Default: the Dagster project in the current "
+    "directory (pyproject.toml), else dragon_dagster.definitions.",
+)
 def demo(pipeline: str, profile: str, defs_module: str | None):
     """Materialize a whole pipeline end to end and print stage times and artifact paths.
 
@@ -96,8 +102,7 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
     found = find_pipeline(pipeline, load_definitions(defs_module))
     if profile and profile not in found.profiles:
         having = f"its profiles are {', '.join(sorted(found.profiles))}" if found.profiles else "it has none"
-        click.echo(f"pipeline {pipeline!r} has no profile {profile!r} ({having}): running without a profile",
-                   err=True)
+        click.echo(f"pipeline {pipeline!r} has no profile {profile!r} ({having}): running without a profile", err=True)
         profile = ""
     outcome = materialize_pipeline(found, profile or None)
     table = Table(title=f"{pipeline} pipeline, profile {profile or 'none'}")
@@ -153,8 +158,9 @@ def print_exports(stages: list[dict]) -> None:
 @click.option("--max-new-tokens", default=128, show_default=True)
 @click.option("--temperature", default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--system", default=None, help="System prompt.")
-def generate(target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: int, temperature: float,
-             system: str | None):
+def generate(
+    target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: int, temperature: float, system: str | None
+):
     """Reply to PROMPTS with TARGET: an adapter or merged-model artifact dir, an asset like support/sft_adapter,
     or a registered model like models:/support@champion."""
     from .engine.evaluate.replies import generate as generate_replies
@@ -162,10 +168,12 @@ def generate(target: str, prompts: tuple[str, ...], base: bool, max_new_tokens: 
 
     model, tokenizer, described = load_artifact_model(resolve_target(target), base=base)
     console.print(f"[dim]{described}[/dim]")
-    messages = [([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}]
-                for p in prompts]
-    for prompt, reply in zip(prompts, generate_replies(model, tokenizer, messages, max_new_tokens=max_new_tokens,
-                                                       temperature=temperature)):
+    messages = [
+        ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": p}] for p in prompts
+    ]
+    for prompt, reply in zip(
+        prompts, generate_replies(model, tokenizer, messages, max_new_tokens=max_new_tokens, temperature=temperature)
+    ):
         console.print(f"[bold]> {prompt}[/bold]\n{reply}\n")
 
 
@@ -199,24 +207,38 @@ def deployed(pipeline: str) -> Path:
 
     live = MLflowTracking().live_model(pipeline, runs_dir())
     if live is None:
-        raise click.ClickException(f"no champion in the model registry and no merged model for pipeline "
-                                   f"{pipeline!r} yet: run `make demo` first, or pass --model")
+        raise click.ClickException(
+            f"no champion in the model registry and no merged model for pipeline "
+            f"{pipeline!r} yet: run `make demo` first, or pass --model"
+        )
     return live
 
 
 def chat_options(f):
-    for option in reversed([
-        click.option("--pipeline", default="support", show_default=True, help="Whose deployed model and feedback."),
-        click.option("--model", default=None,
-                     help="A model dir, artifact, models:/NAME@ALIAS, preset, or server URL (with --server-model). "
-                          "Default: models:/PIPELINE@champion."),
-        click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
-        click.option("--system", default=None,
-                     help="System prompt. Default: the pipeline's own (the one every training row carries, so "
-                          "feedback is stored with it); --system '' sends none."),
-        click.option("--context-turns", type=click.IntRange(min=0), default=None,
-                     help="Send only the last N earlier exchanges. Default: the whole conversation."),
-    ]):
+    for option in reversed(
+        [
+            click.option("--pipeline", default="support", show_default=True, help="Whose deployed model and feedback."),
+            click.option(
+                "--model",
+                default=None,
+                help="A model dir, artifact, models:/NAME@ALIAS, preset, or server URL (with --server-model). "
+                "Default: models:/PIPELINE@champion.",
+            ),
+            click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
+            click.option(
+                "--system",
+                default=None,
+                help="System prompt. Default: the pipeline's own (the one every training row carries, so "
+                "feedback is stored with it); --system '' sends none.",
+            ),
+            click.option(
+                "--context-turns",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Send only the last N earlier exchanges. Default: the whole conversation.",
+            ),
+        ]
+    ):
         f = option(f)
     return f
 
@@ -252,11 +274,17 @@ def chat_system(pipeline: str, system: str | None, model: str | None) -> str | N
         return find_pipeline(pipeline).system_prompt()
     except Exception as exc:  # not found, or definitions that do not load
         if model is not None:
-            console.print(f"no system prompt: pipeline {pipeline!r} not found ({one_line(exc)})", style="dim",
-                          soft_wrap=True, markup=False)
+            console.print(
+                f"no system prompt: pipeline {pipeline!r} not found ({one_line(exc)})",
+                style="dim",
+                soft_wrap=True,
+                markup=False,
+            )
             return None
-        raise click.ClickException(f"cannot find the system prompt of pipeline {pipeline!r}: {one_line(exc)}; "
-                                   f"pass --system TEXT (or --system '' for none)") from exc
+        raise click.ClickException(
+            f"cannot find the system prompt of pipeline {pipeline!r}: {one_line(exc)}; "
+            f"pass --system TEXT (or --system '' for none)"
+        ) from exc
 
 
 def system_note(system: str | None) -> str:
@@ -267,25 +295,39 @@ def system_note(system: str | None) -> str:
 @chat_options
 def chat(pipeline, model, server_model, system, context_turns):
     """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
-    from .engine.infer.chat import Chat, run_terminal
     from .engine.feedback import FeedbackStore
+    from .engine.infer.chat import Chat, run_terminal
 
     spec, label, store_path = chat_target(pipeline, model, server_model)
     system = chat_system(pipeline, system, model)
-    console.print(f"chatting with {label}; feedback goes to {store_path}; {system_note(system)}; context: "
-                  + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
-                  + ". /help lists commands.", style="dim", soft_wrap=True, markup=False)
-    run_terminal(Chat(spec, system=system, context_turns=context_turns, model_label=label,
-                      store=FeedbackStore(store_path)))
+    console.print(
+        f"chatting with {label}; feedback goes to {store_path}; {system_note(system)}; context: "
+        + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
+        + ". /help lists commands.",
+        style="dim",
+        soft_wrap=True,
+        markup=False,
+    )
+    run_terminal(
+        Chat(spec, system=system, context_turns=context_turns, model_label=label, store=FeedbackStore(store_path))
+    )
 
 
 @main.command("chat-ui")
 @chat_options
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Interface to bind; anything but loopback needs --password-env (feedback is trained on).")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to bind; anything but loopback needs --password-env (feedback is trained on).",
+)
 @click.option("--port", default=7860, show_default=True)
-@click.option("--password-env", default=None, metavar="NAME",
-              help="Require a login, with the password read from environment variable NAME.")
+@click.option(
+    "--password-env",
+    default=None,
+    metavar="NAME",
+    help="Require a login, with the password read from environment variable NAME.",
+)
 @click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")
 def chat_ui(pipeline, model, server_model, system, context_turns, host, port, password_env, username):
     """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
@@ -302,11 +344,23 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
     if warning:
         console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
     login = f"login {username!r}, password from ${password_env}" if password else "no password"
-    console.print(f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path}; "
-                  f"{system_note(system)}; {login})",
-                  soft_wrap=True, markup=False)
-    launch(spec, store_path, host=host, port=port, system=system, context_turns=context_turns, model_label=label,
-           password=password, username=username, warn=False)
+    console.print(
+        f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path}; {system_note(system)}; {login})",
+        soft_wrap=True,
+        markup=False,
+    )
+    launch(
+        spec,
+        store_path,
+        host=host,
+        port=port,
+        system=system,
+        context_turns=context_turns,
+        model_label=label,
+        password=password,
+        username=username,
+        warn=False,
+    )
 
 
 @main.command()
@@ -328,28 +382,46 @@ def serve(target: str, host: str, port: int, device: str):
     from .engine.models import servable_dir
 
     if not is_serve_available():  # transformers would say which module is missing, not how to get it
-        raise click.ClickException("dragon serve runs `transformers serve`, which needs its serving extra: "
-                                   "pip install 'dragon-dagster[serve]'")
+        raise click.ClickException(
+            "dragon serve runs `transformers serve`, which needs its serving extra: pip install 'dragon-dagster[serve]'"
+        )
     model_dir = servable_dir(resolve_target(target))
     exe = Path(sys.executable).with_name("transformers")
-    console.print(f"serving {model_dir}\nOpenAI base URL: http://{host}:{port}/v1  (model name: {model_dir})\n"
-                  f"as a backend: {{type: server, base_url: http://{host}:{port}/v1, model: {model_dir}}}")
-    command = [str(exe) if exe.exists() else "transformers", "serve", str(model_dir), "--host", host,
-               "--port", str(port)] + ([] if device == "auto" else ["--device", device])
+    console.print(
+        f"serving {model_dir}\nOpenAI base URL: http://{host}:{port}/v1  (model name: {model_dir})\n"
+        f"as a backend: {{type: server, base_url: http://{host}:{port}/v1, model: {model_dir}}}"
+    )
+    command = [
+        str(exe) if exe.exists() else "transformers",
+        "serve",
+        str(model_dir),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ] + ([] if device == "auto" else ["--device", device])
     raise SystemExit(subprocess.call(command))
 
 
 @main.command()
 @click.argument("target")
 @click.option("--ollama", is_flag=True, help="Print the `ollama create` line for the Modelfile.")
-@click.option("--out", default=None, type=click.Path(file_okay=False),
-              help="Where to write when TARGET is a model (default: runs/exports/<name>-<time>).")
-@click.option("--format", "formats", multiple=True, type=click.Choice(["f16", "q8_0"]),
-              help="GGUF format(s) to write for a model (default: f16 and q8_0).")
+@click.option(
+    "--out",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Where to write when TARGET is a model (default: runs/exports/<name>-<time>).",
+)
+@click.option(
+    "--format",
+    "formats",
+    multiple=True,
+    type=click.Choice(["f16", "q8_0"]),
+    help="GGUF format(s) to write for a model (default: f16 and q8_0).",
+)
 @click.option("--system", default=None, help="The Modelfile's system prompt, for a model.")
 @click.option("--name", default=None, help="Model and file name, for a model (default: its pipeline).")
-def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...], system: str | None,
-           name: str | None):
+def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...], system: str | None, name: str | None):
     """GGUF files of TARGET for llama.cpp and Ollama, with a Modelfile and a model card.
 
     TARGET: an export artifact or asset (support/gguf_export: its files are listed, nothing is written); or a
@@ -363,12 +435,17 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
         files, command = manifest["files"], manifest.get("ollama_create")
         export_dir = source / EXPORT_SUBDIR
     else:
-        if (source / "config.json").exists() and source.name == "model" and \
-                read_manifest(source.parent).get("kind") == "merged_model":
+        if (
+            (source / "config.json").exists()
+            and source.name == "model"
+            and read_manifest(source.parent).get("kind") == "merged_model"
+        ):
             source = source.parent  # a registered model read in place: its artifact has the card's facts
         elif target.startswith("models:/") and name is None:  # downloaded: named after the registered model
-            name = target[len("models:/"):].split("@")[0].split("/")[0]
-        out_dir = Path(out) if out else runs_dir() / "exports" / f"{name or source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+            name = target[len("models:/") :].split("@")[0].split("/")[0]
+        out_dir = (
+            Path(out) if out else runs_dir() / "exports" / f"{name or source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
         info = export_model(source, out_dir, formats=formats or ("f16", "q8_0"), system=system, name=name)
         files, command, export_dir = info["files"], info["ollama_create"], Path(info["export_dir"])
     for f in files:
@@ -408,9 +485,12 @@ def compare(pipeline: str | None, tracking_uri: str | None, as_json: bool):
 
 @main.command()
 @click.option("--pipeline", default=None)
-@click.option("--prune", is_flag=True,
-              help="Show the artifact directories that no current materialization, registered model version or "
-                   "running job refers to; with --yes, remove them.")
+@click.option(
+    "--prune",
+    is_flag=True,
+    help="Show the artifact directories that no current materialization, registered model version or "
+    "running job refers to; with --yes, remove them.",
+)
 @click.option("--yes", is_flag=True, help="With --prune: remove what it shows.")
 def runs(pipeline: str | None, prune: bool, yes: bool):
     """Materialized artifacts, newest first, with their directories."""
@@ -422,8 +502,10 @@ def runs(pipeline: str | None, prune: bool, yes: bool):
     rows = list_artifacts(runs_dir(), pipeline)
     click.echo(f"{'asset':<32} {'kind':<18} {'created':<25} {'mlflow run':<34} directory")
     for row in rows:
-        click.echo(f"{row['asset']:<32} {row['kind']:<18} {row['created']:<25} "
-                   f"{(row.get('mlflow_run_id') or '-'):<34} {row['dir']}")
+        click.echo(
+            f"{row['asset']:<32} {row['kind']:<18} {row['created']:<25} "
+            f"{(row.get('mlflow_run_id') or '-'):<34} {row['dir']}"
+        )
     if not rows:
         of = f" of pipeline {pipeline!r}" if pipeline else ""
         click.echo(f"(no artifacts{of} under {runs_dir() / 'artifacts'})", err=True)
@@ -448,8 +530,9 @@ def referenced_artifacts() -> set[Path]:
             if path is not None:
                 keep.add(Path(str(path.value)))
         live = {r.run_id for r in instance.get_runs(RunsFilter(statuses=UNFINISHED))}
-    keep |= {Path(r["dir"]) for r in list_artifacts(runs_dir())
-             if read_manifest(r["dir"]).get("dagster_run_id") in live}
+    keep |= {
+        Path(r["dir"]) for r in list_artifacts(runs_dir()) if read_manifest(r["dir"]).get("dagster_run_id") in live
+    }
     client = MLflowTracking().client()
     for version in client.search_model_versions(max_results=10000):
         if version.tags.get("artifact_dir"):
@@ -471,9 +554,11 @@ def prune_artifacts(pipeline: str | None, yes: bool) -> None:
     if not removable:
         click.echo(f"nothing to prune: every artifact is referred to ({len(kept)} kept)")
     elif not yes:
-        click.echo(f"{len(removable)} artifact directories ({total:.1f} MB) are referred to by nothing; "
-                   f"{len(kept)} kept. Remove them with: dragon runs --prune --yes"
-                   + (f" --pipeline {pipeline}" if pipeline else ""))
+        click.echo(
+            f"{len(removable)} artifact directories ({total:.1f} MB) are referred to by nothing; "
+            f"{len(kept)} kept. Remove them with: dragon runs --prune --yes"
+            + (f" --pipeline {pipeline}" if pipeline else "")
+        )
     else:
         for directory in removable:
             remove_tree(directory)
@@ -482,8 +567,13 @@ def prune_artifacts(pipeline: str | None, yes: bool) -> None:
 
 @main.command()
 @click.argument("pipeline", default="support")
-@click.option("--promote", "version", default=None, metavar="VERSION",
-              help="Make VERSION the champion (a rollback, say): chat, serve and the next retraining use it.")
+@click.option(
+    "--promote",
+    "version",
+    default=None,
+    metavar="VERSION",
+    help="Make VERSION the champion (a rollback, say): chat, serve and the next retraining use it.",
+)
 def models(pipeline: str, version: str | None):
     """PIPELINE's model versions in the MLflow Model Registry, newest first, with their aliases."""
     from .engine.model_registry import CHAMPION
@@ -505,10 +595,15 @@ def models(pipeline: str, version: str | None):
     for column in ("version", "aliases", "asset", "dagster run", "mlflow run", "created", "artifact"):
         table.add_column(column)
     for v in versions:
-        table.add_row(str(v.version), ", ".join(a for a, n in aliases.items() if str(n) == str(v.version)),
-                      v.tags.get("asset_key", ""), v.tags.get("dagster_run_id", "")[:8], (v.run_id or "")[:8],
-                      time.strftime("%Y-%m-%d %H:%M", time.localtime(v.creation_timestamp / 1000)),
-                      v.tags.get("artifact_dir", ""))
+        table.add_row(
+            str(v.version),
+            ", ".join(a for a, n in aliases.items() if str(n) == str(v.version)),
+            v.tags.get("asset_key", ""),
+            v.tags.get("dagster_run_id", "")[:8],
+            (v.run_id or "")[:8],
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(v.creation_timestamp / 1000)),
+            v.tags.get("artifact_dir", ""),
+        )
     console.print(table)
 
 

@@ -21,8 +21,10 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches the hub; fail fast instead of retrying
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-TINY_ARGS = ("{max_steps: 8, batch_size: 4, grad_accum: 1, logging_steps: 2, save_steps: 4, max_seq_len: 256, "
-             "learning_rate: 5.0e-3}")
+TINY_ARGS = (
+    "{max_steps: 8, batch_size: 4, grad_accum: 1, logging_steps: 2, save_steps: 4, max_seq_len: 256, "
+    "learning_rate: 5.0e-3}"
+)
 
 
 @pytest.fixture(scope="session")
@@ -44,12 +46,20 @@ def component_yaml(attributes: str) -> str:
     return "type: dragon_dagster.PostTrainingPipeline\nattributes:\n" + textwrap.indent(attributes, "  ")
 
 
-def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str = TINY_ARGS,
-                   prompt: str = "{subject}\\n\\n{body}", data: str = "example:tickets.csv") -> Path:
+def write_pipeline(
+    directory: Path,
+    model: Path,
+    name: str = "tiny",
+    args: str = TINY_ARGS,
+    prompt: str = "{subject}\\n\\n{body}",
+    data: str = "example:tickets.csv",
+) -> Path:
     """defs.yaml of a tiny pipeline component in directory/name; returns its path."""
     path = directory / name / "defs.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(component_yaml(textwrap.dedent(f"""\
+    path.write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
         name: {name}
         model: {model}
         datasets:
@@ -67,9 +77,12 @@ def write_pipeline(directory: Path, model: Path, name: str = "tiny", args: str =
           kto: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           evaluate: {{max_new_tokens: 4, n_samples: 1}}
           gate: {{taste: [{{type: custom, file: taste.py, name: short}}]}}  # liked_share reported; reward decides
-        """)))
-    (path.parent / "taste.py").write_text("def reward(prompt, completion, reference, row):\n"
-                                          "    return 1.0 if len(completion.split()) < 3 else 0.0\n")
+        """)
+        )
+    )
+    (path.parent / "taste.py").write_text(
+        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion.split()) < 3 else 0.0\n"
+    )
     return path
 
 
@@ -119,8 +132,12 @@ def resources_for():
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     def make(runs_dir: Path) -> dict:
-        return {"store": ArtifactStore(runs_dir=str(runs_dir)), "tracking": MLflowTracking(runs_dir=str(runs_dir)),
-                "training": TrainingResource(device="cpu")}
+        return {
+            "store": ArtifactStore(runs_dir=str(runs_dir)),
+            "tracking": MLflowTracking(runs_dir=str(runs_dir)),
+            "training": TrainingResource(device="cpu"),
+        }
+
     return make
 
 
@@ -136,20 +153,33 @@ def materialized(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("chain")
     pipeline = load(write_pipeline(root / "defs", tiny_model))
     runs = root / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     (root / "dagster_home").mkdir()
     instance = DagsterInstance.local_temp(str(root / "dagster_home"))
     outcome = materialize_pipeline(pipeline, resources=resources, instance=instance)
-    return {"outcome": outcome, "runs": runs, "instance": instance, "tracking": resources["tracking"],
-            "pipeline": pipeline}
+    return {
+        "outcome": outcome,
+        "runs": runs,
+        "instance": instance,
+        "tracking": resources["tracking"],
+        "pipeline": pipeline,
+    }
 
 
 # ---------------------------------------------------------------- OpenAI-compatible servers on loopback
 
+
 def completion(content, model="stub") -> dict:
-    return {"id": "x", "object": "chat.completion", "model": model,
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+    }
 
 
 class StubServer:
@@ -202,6 +232,7 @@ def stub():
     def start(respond) -> StubServer:
         servers.append(StubServer(respond))
         return servers[-1]
+
     yield start
     for server in servers:
         server.close()
@@ -246,9 +277,13 @@ def served(chatty_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     with log.open("w") as out:
-        proc = subprocess.Popen([exe, "serve", str(chatty_model), "--host", "127.0.0.1", "--port", str(port),
-                                 "--device", "cpu"], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [exe, "serve", str(chatty_model), "--host", "127.0.0.1", "--port", str(port), "--device", "cpu"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     import requests
 
     deadline = time.monotonic() + 120
@@ -274,9 +309,8 @@ def served(chatty_model, tmp_path_factory):
             proc.wait()
 
 
-
-
 # ------------------------------------------------------------------------------------- a Ray head on loopback
+
 
 class RayHead:
     """`ray start --head` for the tests, on loopback only, on ports of its own (a developer's Ray keeps its
@@ -289,20 +323,46 @@ class RayHead:
         self.dashboard_port, port = closed_port(), closed_port()
         self.address = f"http://127.0.0.1:{self.dashboard_port}"  # where jobs are submitted
         self.gcs_address = f"127.0.0.1:{port}"  # what a driver's ray.init joins (RAY_ADDRESS in a Ray job)
-        env = {**os.environ, "DRAGON_TEST_RAY_HEAD": self.temp.name, "RAY_USAGE_STATS_ENABLED": "0",
-               # Ray swaps 127.0.0.1 for the machine's address unless it is told it is not a cluster
-               "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-               "RAY_AUTH_MODE": "disabled",  # a loopback test cluster needs no token (Ray would write one to ~/.ray)
-               # a node of a cluster has the project in the `python` on its PATH: here, this interpreter's
-               "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
+        env = {
+            **os.environ,
+            "DRAGON_TEST_RAY_HEAD": self.temp.name,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray swaps 127.0.0.1 for the machine's address unless it is told it is not a cluster
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_AUTH_MODE": "disabled",  # a loopback test cluster needs no token (Ray would write one to ~/.ray)
+            # a node of a cluster has the project in the `python` on its PATH: here, this interpreter's
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        }
         env.pop("RAY_ADDRESS", None)
-        ports = {"--port": port, "--dashboard-port": self.dashboard_port,
-                 "--dashboard-agent-listen-port": closed_port(), "--ray-client-server-port": closed_port()}
+        ports = {
+            "--port": port,
+            "--dashboard-port": self.dashboard_port,
+            "--dashboard-agent-listen-port": closed_port(),
+            "--ray-client-server-port": closed_port(),
+        }
         ray = Path(sys.executable).with_name("ray")
-        out = subprocess.run([str(ray), "start", "--head", "--node-ip-address", "127.0.0.1", "--dashboard-host",
-                              "127.0.0.1", "--num-cpus", str(cpus), "--temp-dir", str(self.temp),
-                              "--disable-usage-stats", *(str(x) for kv in ports.items() for x in kv)],
-                             env=env, capture_output=True, text=True, timeout=180, cwd=root)
+        out = subprocess.run(
+            [
+                str(ray),
+                "start",
+                "--head",
+                "--node-ip-address",
+                "127.0.0.1",
+                "--dashboard-host",
+                "127.0.0.1",
+                "--num-cpus",
+                str(cpus),
+                "--temp-dir",
+                str(self.temp),
+                "--disable-usage-stats",
+                *(str(x) for kv in ports.items() for x in kv),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=root,
+        )
         if out.returncode != 0:
             self.stop()
             pytest.fail(f"ray start failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}")

@@ -51,6 +51,7 @@ def age(path: Path, seconds: float) -> None:
 
 # ----------------------------------------------------------------------------------------------- artifacts
 
+
 def test_a_finished_artifact_is_fsynced_before_its_rename_then_read_only(tmp_path, monkeypatch):
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
     events = []
@@ -76,10 +77,14 @@ def test_a_finished_artifact_is_fsynced_before_its_rename_then_read_only(tmp_pat
 
     renamed = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == str(final)]
     assert len(renamed) == 1
-    synced_before = {e[1] for e in events[:renamed[0]] if e[0] == "fsync"}
-    assert {str(tmp / "adapter" / "adapter_config.json"), str(tmp / "manifest.json"), str(tmp / "adapter"),
-            str(tmp)} <= synced_before  # files, subdirectories and the directory itself, before its name
-    assert ("fsync", str(final.parent)) in events[renamed[0]:]  # and the new name after
+    synced_before = {e[1] for e in events[: renamed[0]] if e[0] == "fsync"}
+    assert {
+        str(tmp / "adapter" / "adapter_config.json"),
+        str(tmp / "manifest.json"),
+        str(tmp / "adapter"),
+        str(tmp),
+    } <= synced_before  # files, subdirectories and the directory itself, before its name
+    assert ("fsync", str(final.parent)) in events[renamed[0] :]  # and the new name after
     assert not tmp.exists() and final.is_dir()
 
     assert write_bits(final) == []  # files and directories alike
@@ -148,6 +153,7 @@ def test_stale_staging_is_removed_only_when_no_live_run_owns_it(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- checkpoints
 
+
 def fake_checkpoint(path: Path, step: int) -> Path:
     """Directory shaped like a complete LoRA checkpoint (for the deletion test; the real ones are below)."""
     path.mkdir(parents=True)
@@ -207,11 +213,13 @@ def test_resume_skips_a_half_saved_newest_checkpoint(tiny_model, tmp_path):
     assert {"trainer_state.json", "adapter_model.safetensors", "optimizer.pt", "scheduler.pt"} <= written
 
     # what else a save cut short looks like, each on a copy of a real checkpoint
-    for damage, expected in [(lambda p: (p / "trainer_state.json").write_text('{"global_st'), "unreadable"),
-                             (lambda p: (p / "optimizer.pt").unlink(), "optimizer"),
-                             (lambda p: (p / "scheduler.pt").unlink(), "scheduler"),
-                             (lambda p: (p / "adapter_model.safetensors").unlink(), "weights"),
-                             (lambda p: (p / "adapter_model.safetensors").write_bytes(b""), "empty")]:
+    for damage, expected in [
+        (lambda p: (p / "trainer_state.json").write_text('{"global_st'), "unreadable"),
+        (lambda p: (p / "optimizer.pt").unlink(), "optimizer"),
+        (lambda p: (p / "scheduler.pt").unlink(), "scheduler"),
+        (lambda p: (p / "adapter_model.safetensors").unlink(), "weights"),
+        (lambda p: (p / "adapter_model.safetensors").write_bytes(b""), "empty"),
+    ]:
         copy = tmp_path / "damaged" / "checkpoint-2"
         shutil.rmtree(copy.parent, ignore_errors=True)
         shutil.copytree(two, copy)
@@ -245,6 +253,7 @@ def test_resume_skips_a_half_saved_newest_checkpoint(tiny_model, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- MLflow
+
 
 def log_one(tracking: MLflowTracking, name: str, source: Path) -> str:
     run_id = tracking.start_run("tiny", name, {"stage": name}, {"x": 1})
@@ -289,7 +298,8 @@ def test_a_copied_or_moved_runs_dir_logs_into_itself(tmp_path):
     assert len(artifact_files(moved)) == 3 and any(fourth in str(p) for p in artifact_files(moved))
     assert not copy.exists() and len(artifact_files(old)) == 2
     runs = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}").search_runs(
-        [MLflowTracking(runs_dir=str(moved)).experiment_id("tiny")])
+        [MLflowTracking(runs_dir=str(moved)).experiment_id("tiny")]
+    )
     assert {r.info.run_name for r in runs} == {"first", "second", "fourth"}
 
 

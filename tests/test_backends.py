@@ -11,8 +11,15 @@ from pathlib import Path
 import pytest
 
 from dragon_dagster.engine.infer import backends
-from dragon_dagster.engine.infer.backends import (BackendError, LocalBackend, ServerBackend, as_backend,
-                                            backend_from_dict, cache_stats, clear_cache)
+from dragon_dagster.engine.infer.backends import (
+    BackendError,
+    LocalBackend,
+    ServerBackend,
+    as_backend,
+    backend_from_dict,
+    cache_stats,
+    clear_cache,
+)
 
 from .conftest import closed_port, completion
 
@@ -23,6 +30,7 @@ def last_user(body) -> str:
 
 # ------------------------------------------------------------------------------------------ server backend
 
+
 def test_server_replies_in_order_with_bounded_concurrency(stub):
     def respond(n, body):
         i = int(last_user(body)[1:])
@@ -31,8 +39,13 @@ def test_server_replies_in_order_with_bounded_concurrency(stub):
 
     server = stub(respond)
     backend = ServerBackend(server.url, model="m", api_key="sekrit", headers={"X-Team": "dragons"}, concurrency=3)
-    replies = backend.chat([[{"role": "user", "content": f"q{i}"}] for i in range(12)], max_new_tokens=7,
-                           temperature=0.3, top_p=0.9, system="Be brief.")
+    replies = backend.chat(
+        [[{"role": "user", "content": f"q{i}"}] for i in range(12)],
+        max_new_tokens=7,
+        temperature=0.3,
+        top_p=0.9,
+        system="Be brief.",
+    )
     assert replies == [f"echo q{i}" for i in range(12)]
     assert 2 <= server.max_in_flight <= 3
     sent = server.requests[0]
@@ -46,14 +59,15 @@ def test_server_replies_in_order_with_bounded_concurrency(stub):
 
 def test_server_base_url_forms_and_system_replacement(stub):
     server = stub(lambda n, body: (200, completion(json.dumps(body["messages"]))))
-    root = server.url[:-len("/v1")]
+    root = server.url[: -len("/v1")]
     for base in (root, root + "/", server.url, server.url + "/chat/completions"):
         assert ServerBackend(base, "m").url == server.url + "/chat/completions"
     conversation = [{"role": "system", "content": "old"}, {"role": "user", "content": "hi"}]
     (reply,) = ServerBackend(root, "m").chat([conversation], system="new")
     assert json.loads(reply) == [{"role": "system", "content": "new"}, {"role": "user", "content": "hi"}]
     assert ServerBackend(root, "m").generate(["plain"]) and server.requests[-1]["body"]["messages"] == [
-        {"role": "user", "content": "plain"}]
+        {"role": "user", "content": "plain"}
+    ]
 
 
 @pytest.mark.parametrize("status", [500, 503, 429])
@@ -79,8 +93,9 @@ def test_server_client_error_is_not_retried(stub):
     assert len(server.requests) == 1
 
 
-@pytest.mark.parametrize("payload, why", [("<html>hello</html>", "not JSON"), ({"foo": 1}, "choices"),
-                                          ({"choices": []}, "choices")])
+@pytest.mark.parametrize(
+    "payload, why", [("<html>hello</html>", "not JSON"), ({"foo": 1}, "choices"), ({"choices": []}, "choices")]
+)
 def test_server_non_json_or_malformed_response(stub, payload, why):
     server = stub(lambda n, body: (200, payload))
     with pytest.raises(BackendError) as err:
@@ -98,13 +113,18 @@ def test_server_unreachable_fails_fast_naming_the_url():
 
 
 def test_server_content_null_and_parts(stub):
-    server = stub(lambda n, body: (200, completion(None if n == 1 else [{"type": "text", "text": "x"},
-                                                                        {"type": "text", "text": "y"}])))
+    server = stub(
+        lambda n, body: (
+            200,
+            completion(None if n == 1 else [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]),
+        )
+    )
     backend = ServerBackend(server.url, "m", concurrency=1)
     assert backend.chat(["a", "b"]) == ["", "xy"]
 
 
 # ------------------------------------------------------------------------------------------ config, validation
+
 
 def test_backend_from_dict():
     local = backend_from_dict({"type": "local", "model": "smollm2-135m", "device": "cpu"})
@@ -139,8 +159,11 @@ def test_chat_validates_conversations():
 
 # ------------------------------------------------------------------------------------------ local backend
 
-CONVERSATIONS = [[{"role": "user", "content": "What is 2+2?"}], [{"role": "user", "content": "Hi"}],
-                 [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]]
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "user", "content": "Hi"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}],
+]
 
 
 def test_local_backend_keeps_the_model_loaded(chatty_model):
@@ -175,8 +198,9 @@ def test_local_backend_evicts_beyond_keep_loaded_and_keep_zero(chatty_model):
 def test_local_backend_loads_a_merged_model_artifact(chatty_model, tmp_path):
     artifact = tmp_path / "merged"
     shutil.copytree(chatty_model, artifact / "model")
-    (artifact / "manifest.json").write_text(json.dumps({"kind": "merged_model", "base_model": "chatty",
-                                                        "resolved_model": str(chatty_model)}))
+    (artifact / "manifest.json").write_text(
+        json.dumps({"kind": "merged_model", "base_model": "chatty", "resolved_model": str(chatty_model)})
+    )
     replies = LocalBackend(str(artifact), device="cpu", keep_loaded=0).chat(CONVERSATIONS[:2], max_new_tokens=5)
     expected = LocalBackend(str(chatty_model), device="cpu").chat(CONVERSATIONS[:2], max_new_tokens=5)
     assert replies == expected
@@ -190,6 +214,7 @@ def test_local_backend_bad_model_is_a_backend_error(tmp_path):
 
 # ------------------------------------------------------------------------------------------ transformers serve
 
+
 def test_transformers_serve_matches_local_generation(served, chatty_model):
     backend = ServerBackend(served["url"], served["model"], timeout=60, retries=1, backoff=0.1, concurrency=3)
     replies = backend.chat(CONVERSATIONS, max_new_tokens=5)
@@ -200,6 +225,7 @@ def test_transformers_serve_matches_local_generation(served, chatty_model):
 
 
 # ------------------------------------------------------------------------------------------ judge over HTTP
+
 
 def test_judge_over_a_server_backend(stub, tmp_path):
     from dragon_dagster.engine.evaluate.judge import Judge

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from dragon_dagster.engine.infer.backends import Backend, BackendError, ServerBackend
-from dragon_dagster.engine.infer.chat import Chat, ChatError, run_terminal
 from dragon_dagster.engine.data.tables import read_jsonl
 from dragon_dagster.engine.feedback import FeedbackError, FeedbackStore, preference_pairs, sft_conversations
+from dragon_dagster.engine.infer.backends import Backend, BackendError, ServerBackend
+from dragon_dagster.engine.infer.chat import Chat, ChatError, run_terminal
 
 from .conftest import completion
 
@@ -53,8 +53,7 @@ def test_multi_turn_context_and_settings():
     assert chat.say("more") == "r2:more"
     assert backend.seen[1] == [{"role": "system", "content": "Be brief."}, u("hi"), a("r1:hi"), u("more")]
     assert backend.settings[1] == (12, 0.2, 0.9)
-    assert chat.history() == [{"role": "system", "content": "Be brief."}, u("hi"), a("r1:hi"), u("more"),
-                              a("r2:more")]
+    assert chat.history() == [{"role": "system", "content": "Be brief."}, u("hi"), a("r1:hi"), u("more"), a("r2:more")]
     assert chat.model_label == "scripted" and chat.last_dropped == 0
     assert chat.as_example()["completion"] == [a("r2:more")]
     with pytest.raises(ChatError):
@@ -88,8 +87,9 @@ def test_context_turns_drops_oldest_and_reports():
 
 def test_rate_and_edit_record_feedback(tmp_path):
     store = FeedbackStore(tmp_path / "feedback.sqlite")
-    chat = Chat(Scripted(), system="sys", model_label="runs/artifacts/p/merged_model/42", store=store,
-                conversation_id="conv-1")
+    chat = Chat(
+        Scripted(), system="sys", model_label="runs/artifacts/p/merged_model/42", store=store, conversation_id="conv-1"
+    )
     chat.say("q1")
     chat.say("q2")
     up = chat.rate(True, index=0)
@@ -164,9 +164,13 @@ def test_load_message_per_line_and_bad_files(tmp_path):
     lines.write_text("\n".join(json.dumps(m) for m in [u("hi"), a("hello")]) + "\n")
     assert Chat.load(lines, Scripted()).history() == [u("hi"), a("hello")]
     bad = tmp_path / "bad.json"
-    for text in ('{"role": "user"}', '[{"role": "robot", "content": "x"}]', "not json at all",
-                 '{"messages": [{"role": "user", "content": "a"}]}\n{"messages": []}\n',
-                 '[{"role": "user", "content": "a"}, {"role": "system", "content": "late"}]'):
+    for text in (
+        '{"role": "user"}',
+        '[{"role": "robot", "content": "x"}]',
+        "not json at all",
+        '{"messages": [{"role": "user", "content": "a"}]}\n{"messages": []}\n',
+        '[{"role": "user", "content": "a"}, {"role": "system", "content": "late"}]',
+    ):
         bad.write_text(text)
         with pytest.raises(ChatError):
             Chat.load(bad, Scripted())
@@ -175,12 +179,34 @@ def test_load_message_per_line_and_bad_files(tmp_path):
 def test_terminal_loop_with_slash_commands(tmp_path):
     store = FeedbackStore(tmp_path / "f.sqlite")
     chat = Chat(Scripted(fail_on="explode"), store=store, model_label="m1")
-    script = iter(["hello", "/up", "second", "/down", "/edit a much better reply", "/regen", "", "/undo",
-                   "/history", "/edit", "/save", f"/save {tmp_path / 'out.json'}", "/bogus", "explode",
-                   "//slash text", "/help", "/reset", "/history", "/quit", "never read"])
+    script = iter(
+        [
+            "hello",
+            "/up",
+            "second",
+            "/down",
+            "/edit a much better reply",
+            "/regen",
+            "",
+            "/undo",
+            "/history",
+            "/edit",
+            "/save",
+            f"/save {tmp_path / 'out.json'}",
+            "/bogus",
+            "explode",
+            "//slash text",
+            "/help",
+            "/reset",
+            "/history",
+            "/quit",
+            "never read",
+        ]
+    )
     printed = []
-    result = run_terminal(chat, input_fn=lambda prompt: next(script), print_fn=lambda *a: printed.append(" ".join(
-        str(x) for x in a)))
+    result = run_terminal(
+        chat, input_fn=lambda prompt: next(script), print_fn=lambda *a: printed.append(" ".join(str(x) for x in a))
+    )
     assert result is chat and next(script) == "never read"
     out = "\n".join(printed)
     assert "r1:hello" in out and "r2:second" in out and "r3:second" in out
@@ -193,8 +219,9 @@ def test_terminal_loop_with_slash_commands(tmp_path):
     assert json.loads((tmp_path / "out.json").read_text()) == [u("hello"), a("r1:hello")]
     assert chat.history() == []
     # end of input ends the loop too
-    ended = run_terminal(Chat(Scripted()), input_fn=lambda prompt: (_ for _ in ()).throw(EOFError()),
-                         print_fn=lambda *a: None)
+    ended = run_terminal(
+        Chat(Scripted()), input_fn=lambda prompt: (_ for _ in ()).throw(EOFError()), print_fn=lambda *a: None
+    )
     assert ended.history() == []
 
 
@@ -210,8 +237,12 @@ def test_chat_over_http_server_backend(stub, tmp_path):
     assert chat.say("and?") == "answer 2 to and? after 4 messages"
     body = server.requests[-1]["body"]
     assert body["model"] == "served-model" and body["max_tokens"] == 9 and body["temperature"] == 0.7
-    assert body["messages"] == [{"role": "system", "content": "Be brief."}, u("hi"),
-                                a("answer 1 to hi after 2 messages"), u("and?")]
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        u("hi"),
+        a("answer 1 to hi after 2 messages"),
+        u("and?"),
+    ]
     chat.rate(True)
     (row,) = store.records()
     assert row["model"] == f"server:{server.url}/chat/completions#served-model" and row["reply"].startswith("answer 2")
@@ -244,6 +275,7 @@ def test_long_conversation_is_stored_once_not_per_rating(tmp_path):
     assert len(rows) == 22 and all(r["turns"][1]["content"] == big for r in rows)
     assert rows[-1]["turns"] == [{"role": "system", "content": "sys"}] + chat.messages[:-1]
     import sqlite3
+
     with sqlite3.connect(store.path) as conn:
         assert conn.execute("SELECT COUNT(*) FROM messages WHERE LENGTH(content) >= 1000000").fetchone()[0] == 1
         stored_text = conn.execute("SELECT SUM(LENGTH(content)) FROM messages").fetchone()[0]
@@ -258,8 +290,9 @@ def test_over_long_message_is_refused_with_the_limit(tmp_path):
     chat = Chat(backend, store=store)
     with pytest.raises(ChatError) as caught:
         chat.say("x" * 1_000_000)
-    assert str(caught.value) == ("the message is 1,000,000 characters long; the limit is 32,000 characters per "
-                                 "message (MAX_MESSAGE_CHARS)")
+    assert str(caught.value) == (
+        "the message is 1,000,000 characters long; the limit is 32,000 characters per message (MAX_MESSAGE_CHARS)"
+    )
     assert chat.history() == [] and backend.seen == []  # refused before the model saw it
     assert chat.say("y" * 32_000) == "answer 1"  # at the limit is fine
     chat.rate(True)

@@ -18,17 +18,25 @@ from urllib.parse import urljoin
 import pytest
 
 from dragon_dagster import chat_ui
+from dragon_dagster.engine.feedback import FeedbackStore
 from dragon_dagster.engine.infer.backends import Backend
 from dragon_dagster.engine.infer.chat import Chat
-from dragon_dagster.engine.feedback import FeedbackStore
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 WAIT_MS = 20_000  # generous: two shared CPU cores
 # Records every Content-Security-Policy violation on the page: the policy must not break Gradio itself.
-RECORD_VIOLATIONS = ("window.__csp = []; document.addEventListener('securitypolicyviolation', "
-                     "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));")
+RECORD_VIOLATIONS = (
+    "window.__csp = []; document.addEventListener('securitypolicyviolation', "
+    "e => window.__csp.push(e.violatedDirective + ' ' + e.blockedURI));"
+)
 
 
 class Echo(Backend):
@@ -50,12 +58,13 @@ class Echo(Backend):
 def drain(gen):
     """The last value a streaming handler yields (what the page finally shows)."""
     out = None
-    for out in gen:
+    for out in gen:  # noqa: B007 - the last one is what counts
         pass
     return out
 
 
 # ----------------------------------------------------------------------------------------- handlers
+
 
 def test_handlers_turns_feedback_and_transcripts(tmp_path):
     import gradio as gr
@@ -73,25 +82,42 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     for text in ("two", "three"):
         _, shown, chat, status = drain(h.send(text, chat, *settings))
     assert "dropped the 1 oldest" in status
-    assert backend.seen[-1] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "two"},
-                                {"role": "assistant", "content": "Reply 2 to: two"},
-                                {"role": "user", "content": "three"}]
+    assert backend.seen[-1] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "Reply 2 to: two"},
+        {"role": "user", "content": "three"},
+    ]
 
     chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["Reply 1 to: hi"], "liked": False}))
     assert "thumbs down on reply 1" in status and "echo-model" in status
     chat, status = h.like(chat, gr.LikeData(None, {"index": 0, "value": ["hi"], "liked": True}))
     assert "error" in status  # a user turn is not a reply
-    shown, chat, status = drain(h.edit(chat, *settings, data=gr.EditData(
-        None, {"index": 3, "value": "Better two.", "previous_value": "Reply 2 to: two"})))
+    shown, chat, status = drain(
+        h.edit(
+            chat,
+            *settings,
+            data=gr.EditData(None, {"index": 3, "value": "Better two.", "previous_value": "Reply 2 to: two"}),
+        )
+    )
     assert shown[3]["content"] == "Better two." and "edit of reply 2" in status
     rows = store.records()
     assert [(r["verdict"], r["reply"], r["edited"], r["model"]) for r in rows] == [
-        ("down", "Reply 1 to: hi", None, "echo-model"), ("edit", "Reply 2 to: two", "Better two.", "echo-model")]
+        ("down", "Reply 1 to: hi", None, "echo-model"),
+        ("edit", "Reply 2 to: two", "Better two.", "echo-model"),
+    ]
     assert rows[1]["turns"][0] == {"role": "system", "content": "Be brief."}
 
     # an edited question is asked again, dropping what came after it
-    shown, chat, status = drain(h.edit(chat, *settings, data=gr.EditData(
-        None, {"index": 4, "value": [{"type": "text", "text": "three!"}], "previous_value": "three"})))
+    shown, chat, status = drain(
+        h.edit(
+            chat,
+            *settings,
+            data=gr.EditData(
+                None, {"index": 4, "value": [{"type": "text", "text": "three!"}], "previous_value": "three"}
+            ),
+        )
+    )
     assert [m["content"] for m in shown[-2:]] == ["three!", "Reply 4 to: three!"] and len(shown) == 6
     shown, chat, status = drain(h.regenerate(chat, *settings))
     assert shown[-1]["content"] == "Reply 5 to: three!"
@@ -113,8 +139,17 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
 def test_the_context_window_box_all_or_a_number():
     """The box shows "all" for the whole conversation; what it sends back becomes Chat.context_turns."""
     assert chat_ui.window_value(None) == "all" and chat_ui.window_value(0) == "0" and chat_ui.window_value(3) == "3"
-    for value, turns in ((None, None), ("", None), ("all", None), (" All ", None), ("0", 0), (0, 0), (0.0, 0),
-                         (" 2 ", 2), (5, 5)):
+    for value, turns in (
+        (None, None),
+        ("", None),
+        ("all", None),
+        (" All ", None),
+        ("0", 0),
+        (0, 0),
+        (0.0, 0),
+        (" 2 ", 2),
+        (5, 5),
+    ):
         assert chat_ui.window_turns(value) == turns, value
     for bad in (-1, "-1", "1.5", 1.5, "two", "nan", "1e3"):
         with pytest.raises(chat_ui.ChatError, match="all or a whole number"):
@@ -157,18 +192,25 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     assert shown[-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8" and "Context" in status and not chat.is_stopped()
 
     turn = h.send("again", chat, *settings)
-    for box, shown, chat, status in turn:
+    for _box, shown, chat, _status in turn:
         if shown[-1]["content"] == "w1 w2":
             h.stop(chat)  # what the Stop button does, while the turn's handler is streaming
     assert shown[-1] == {"role": "assistant", "content": "w1 w2"} and "Stopped" in status and box == ""
     assert chat.is_stopped() and chat.active is None
     chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["w1 w2"], "liked": True}))
     assert "Recorded thumbs up on reply 2" in status
-    shown, chat, status = drain(h.edit(chat, *settings, data=gr.EditData(
-        None, {"index": 3, "value": "w1 w2 and the rest", "previous_value": "w1 w2"})))
+    shown, chat, status = drain(
+        h.edit(
+            chat,
+            *settings,
+            data=gr.EditData(None, {"index": 3, "value": "w1 w2 and the rest", "previous_value": "w1 w2"}),
+        )
+    )
     assert "edit of reply 2" in status and not chat.is_stopped()
     assert [(r["verdict"], r["reply"], r["edited"]) for r in store.records()] == [
-        ("up", "w1 w2", None), ("edit", "w1 w2", "w1 w2 and the rest")]
+        ("up", "w1 w2", None),
+        ("edit", "w1 w2", "w1 w2 and the rest"),
+    ]
 
     # regenerate streams too; stopped before its first word, the old reply stays
     regen = h.regenerate(chat, *settings)
@@ -188,9 +230,11 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
 
 
 def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
-    hostile = ('<form action="http://127.0.0.1:9/x"><input type="password"></form> <img src="http://x/p"> '
-               '<script>alert(1)</script> <!-- c --> <?php ?> <http://auto.link> </b> ![i](http://x/p) '
-               '&lt;b&gt; &#60;i&#62; &amp;\n```mermaid\ngraph TD; A["<img src=x>"]\n```')
+    hostile = (
+        '<form action="http://127.0.0.1:9/x"><input type="password"></form> <img src="http://x/p"> '
+        "<script>alert(1)</script> <!-- c --> <?php ?> <http://auto.link> </b> ![i](http://x/p) "
+        '&lt;b&gt; &#60;i&#62; &amp;\n```mermaid\ngraph TD; A["<img src=x>"]\n```'
+    )
     safe = chat_ui.shown(hostile)
     assert "<" not in safe.replace("< ", "") and "![" not in safe and "```mermaid" not in safe
     assert re.findall(r"&#?\w+;", safe) == re.findall(r"&#(?:38|60|91|109);", safe)  # every reference is ours
@@ -210,8 +254,17 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
     chat = steps[-1][2]
     assert chat.messages == [{"role": "user", "content": "<b>me</b>"}, {"role": "assistant", "content": hostile}]
     import gradio as gr
-    _, chat, status = drain(h.edit(chat, "", None, 0.7, 64, data=gr.EditData(
-        None, {"index": 1, "value": chat_ui.shown(hostile) + " <i>ok</i>", "previous_value": ""})))
+
+    _, chat, status = drain(
+        h.edit(
+            chat,
+            "",
+            None,
+            0.7,
+            64,
+            data=gr.EditData(None, {"index": 1, "value": chat_ui.shown(hostile) + " <i>ok</i>", "previous_value": ""}),
+        )
+    )
     assert chat.messages[1]["content"] == hostile + " <i>ok</i>" and "edit of reply 1" in status
     assert chat_ui._error(ValueError("<img src=x>")) == "**error:** &#60;img src=x>"
 
@@ -250,6 +303,7 @@ def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------------------------------ browser
 
+
 @pytest.fixture(scope="session")
 def chromium() -> Path:
     """Debian's Chromium (Playwright's own browser download cannot work here), installed when missing."""
@@ -261,8 +315,10 @@ def chromium() -> Path:
             subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
             done = subprocess.run(install, capture_output=True, text=True, env=env)
         if done.returncode != 0 or not CHROMIUM.exists():
-            pytest.fail(f"cannot install chromium with apt-get (rc {done.returncode}):\n{done.stdout[-2000:]}\n"
-                        f"{done.stderr[-2000:]}")
+            pytest.fail(
+                f"cannot install chromium with apt-get (rc {done.returncode}):\n{done.stdout[-2000:]}\n"
+                f"{done.stderr[-2000:]}"
+            )
     return CHROMIUM
 
 
@@ -363,8 +419,15 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             page.locator("#save").click()  # a download link to the transcript
             expect(page.locator("#transcript")).to_contain_text(".jsonl")
             old = tmp_path / "old.json"
-            old.write_text(json.dumps([{"role": "system", "content": "Talk like a pirate."},
-                                       {"role": "user", "content": "ahoy"}, {"role": "assistant", "content": "Arr."}]))
+            old.write_text(
+                json.dumps(
+                    [
+                        {"role": "system", "content": "Talk like a pirate."},
+                        {"role": "user", "content": "ahoy"},
+                        {"role": "assistant", "content": "Arr."},
+                    ]
+                )
+            )
             with page.expect_file_chooser() as chooser:
                 page.locator("#load").click()
             chooser.value.set_files(str(old))
@@ -378,17 +441,24 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
     rows = store.records()
     assert [(r["verdict"], r["reply"], r["edited"], r["model"]) for r in rows] == [
         ("down", "Reply 1 to: hello", None, "echo-model"),
-        ("edit", "Reply 2 to: second", "A better second reply.", "echo-model")]
+        ("edit", "Reply 2 to: second", "A better second reply.", "echo-model"),
+    ]
     system = {"role": "system", "content": "Be brief."}
     assert rows[0]["turns"] == [system, {"role": "user", "content": "hello"}]
-    assert rows[1]["turns"] == [system, {"role": "user", "content": "hello"},
-                                {"role": "assistant", "content": "Reply 1 to: hello"},
-                                {"role": "user", "content": "second"}]
+    assert rows[1]["turns"] == [
+        system,
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "Reply 1 to: hello"},
+        {"role": "user", "content": "second"},
+    ]
     assert rows[0]["conversation_id"] == rows[1]["conversation_id"]
     # the model continued from the edited reply, with only the last exchange in its context
-    assert backend.seen[2] == [system, {"role": "user", "content": "second"},
-                               {"role": "assistant", "content": "A better second reply."},
-                               {"role": "user", "content": "third"}]
+    assert backend.seen[2] == [
+        system,
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "A better second reply."},
+        {"role": "user", "content": "third"},
+    ]
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
 
@@ -403,10 +473,12 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
     from playwright.sync_api import expect, sync_playwright
 
     pixel = Pixel()
-    reply = (f'<form action="http://127.0.0.1:9/x"><input type="password"></form> '
-             f'<img src="{pixel.url}/pixel"> <script>document.title = "pwned"</script> '
-             f'![logo]({pixel.url}/pixel?markdown)\n\n'
-             f'```mermaid\ngraph TD; A["<img src={pixel.url}/pixel?mermaid>"] --> B\n```\n\nThe end.')
+    reply = (
+        f'<form action="http://127.0.0.1:9/x"><input type="password"></form> '
+        f'<img src="{pixel.url}/pixel"> <script>document.title = "pwned"</script> '
+        f"![logo]({pixel.url}/pixel?markdown)\n\n"
+        f'```mermaid\ngraph TD; A["<img src={pixel.url}/pixel?mermaid>"] --> B\n```\n\nThe end.'
+    )
 
     class Hostile(Echo):
         def _chat(self, conversations, **kw):
@@ -422,8 +494,9 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
         page_html = requests.get(url, timeout=10)
         asset = urljoin(url, re.search(r'src="([^"]*assets/[^"]+\.js)"', page_html.text).group(1))
         refused = requests.get(url + "config", timeout=10)
-        joined = requests.post(url + "gradio_api/queue/join", timeout=10,
-                               json={"data": ["hi"], "fn_index": 0, "session_hash": "intruder"})
+        joined = requests.post(
+            url + "gradio_api/queue/join", timeout=10, json={"data": ["hi"], "fn_index": 0, "session_hash": "intruder"}
+        )
         wrong = requests.post(url + "login", data={"username": "tester", "password": "guess"}, timeout=10)
         session = requests.Session()
         right = session.post(url + "login", data={"username": "tester", "password": password}, timeout=10)
@@ -450,11 +523,15 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
             for selector in ("form", "input", "img", "script", "foreignObject", ".mermaid", "b"):
                 assert page.query_selector(f"#chatbot .message-content {selector}") is None, selector
             assert page.query_selector("#chatbot form") is None and page.query_selector("#chatbot img") is None
-            for text in ('<form action="http://127.0.0.1:9/x"><input type="password"></form>',
-                         f'<img src="{pixel.url}/pixel">', '<script>document.title = "pwned"</script>',
-                         f"![logo]({pixel.url}/pixel?markdown)", "<b>tell</b> me",
-                         # a code block, not a diagram (inside code a reference shows as written: the known cost)
-                         f'graph TD; A["&#60;img src={pixel.url}/pixel?mermaid>"] --> B'):
+            for text in (
+                '<form action="http://127.0.0.1:9/x"><input type="password"></form>',
+                f'<img src="{pixel.url}/pixel">',
+                '<script>document.title = "pwned"</script>',
+                f"![logo]({pixel.url}/pixel?markdown)",
+                "<b>tell</b> me",
+                # a code block, not a diagram (inside code a reference shows as written: the known cost)
+                f'graph TD; A["&#60;img src={pixel.url}/pixel?mermaid>"] --> B',
+            ):
                 expect(bot).to_contain_text(text)  # shown, as text
 
             # editing the reply gives back the text exactly as the model wrote it, plus the change
@@ -504,7 +581,9 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
     server = stub(respond)
     served = []
     real_launch = chat_ui.launch
-    monkeypatch.setattr(chat_ui, "launch", lambda *a, **kw: served.append((a, real_launch(*a, **{**kw, "block": False}))))
+    monkeypatch.setattr(
+        chat_ui, "launch", lambda *a, **kw: served.append((a, real_launch(*a, **{**kw, "block": False})))
+    )
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path))
     port = free_port()
     out = CliRunner().invoke(main, ["chat-ui", "--model", server.url, "--port", str(port)], catch_exceptions=False)
@@ -535,9 +614,12 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
 
     system = {"role": "system", "content": trained}
     sent = [r["body"]["messages"] for r in server.requests]
-    assert sent[1] == [system, {"role": "user", "content": "My name is Ada."},
-                       {"role": "assistant", "content": "Nice to meet you."},
-                       {"role": "user", "content": "What is my name?"}]
+    assert sent[1] == [
+        system,
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Nice to meet you."},
+        {"role": "user", "content": "What is my name?"},
+    ]
     assert sent[2] == [system, {"role": "user", "content": "And now?"}]
     rows = FeedbackStore(store_path).records()
     assert [(r["verdict"], r["reply"]) for r in rows] == [("up", "Nice to meet you.")]

@@ -48,20 +48,34 @@ def test_compare_fills_grpo_and_dpo_rows_with_their_own_figures(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("fake", artifact_location=str(tmp_path / "artifacts"))
-    logged = {"grpo_adapter": {"train/reward": [0.1, 0.3], "train/kl": [0.0, 0.02], "train/loss": [0.0, 0.0],
-                               "eval/reward_before": [0.125], "eval/reward": [0.5], "eval/reward_numeric": [0.25],
-                               "eval/reward_length": [0.75]},
-              "dpo_adapter": {"train/loss": [0.69, 0.6], "eval/pref_accuracy": [0.8], "eval/reward_margin": [0.31],
-                              "eval/dpo_loss": [0.58]}}  # the DPO objective, not an NLL: no eval/loss
+    logged = {
+        "grpo_adapter": {
+            "train/reward": [0.1, 0.3],
+            "train/kl": [0.0, 0.02],
+            "train/loss": [0.0, 0.0],
+            "eval/reward_before": [0.125],
+            "eval/reward": [0.5],
+            "eval/reward_numeric": [0.25],
+            "eval/reward_length": [0.75],
+        },
+        "dpo_adapter": {
+            "train/loss": [0.69, 0.6],
+            "eval/pref_accuracy": [0.8],
+            "eval/reward_margin": [0.31],
+            "eval/dpo_loss": [0.58],
+        },
+    }  # the DPO objective, not an NLL: no eval/loss
     for stage, metrics in logged.items():
-        run = client.create_run(experiment, run_name=stage,
-                                tags={"stage": stage, "method": stage.split("_")[0], "pipeline": "fake"})
+        run = client.create_run(
+            experiment, run_name=stage, tags={"stage": stage, "method": stage.split("_")[0], "pipeline": "fake"}
+        )
         for name, values in metrics.items():
             for step, value in enumerate(values):
                 client.log_metric(run.info.run_id, name, value, step=step)
         client.set_terminated(run.info.run_id)
-    out = CliRunner().invoke(main, ["compare", "--pipeline", "fake", "--tracking-uri", uri, "--json"],
-                             catch_exceptions=False)
+    out = CliRunner().invoke(
+        main, ["compare", "--pipeline", "fake", "--tracking-uri", uri, "--json"], catch_exceptions=False
+    )
     rows = {r["run"]: r for r in json.loads(out.output)}
     grpo, dpo = rows["grpo_adapter"], rows["dpo_adapter"]
     assert grpo["stage"] == "grpo_adapter" and grpo["method"] == "grpo" and "eval/loss" not in grpo
@@ -77,8 +91,11 @@ def test_compare_fills_grpo_and_dpo_rows_with_their_own_figures(tmp_path):
 
 
 def test_generate_from_an_asset_an_artifact_dir_and_the_base(materialized, monkeypatch):
-    out = run_cli(["generate", "tiny/sft_adapter", "My plug is offline", "--max-new-tokens", "4"],
-                  materialized["runs"], monkeypatch)
+    out = run_cli(
+        ["generate", "tiny/sft_adapter", "My plug is offline", "--max-new-tokens", "4"],
+        materialized["runs"],
+        monkeypatch,
+    )
     assert out.exit_code == 0 and "1 adapter(s)" in out.output and "> My plug is offline" in out.output
     merged = materialized["outcome"]["artifacts"]["merged_model"]
     out = run_cli(["generate", merged, "Hello", "--max-new-tokens", "4"], materialized["runs"], monkeypatch)
@@ -109,8 +126,13 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
     adapter = materialized["outcome"]["artifacts"]["sft_adapter"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DRAGON_MODEL_CACHE": str(tmp_path / "cache")}
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dragon_dagster.cli", "serve", adapter, "--port", str(port),
-                             "--device", "cpu"], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dragon_dagster.cli", "serve", adapter, "--port", str(port), "--device", "cpu"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -123,7 +145,8 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
         served = next((tmp_path / "cache" / "served").iterdir())
         assert (served / "config.json").exists(), "the adapter was merged into a cached model dir"
         replies = ServerBackend(f"http://127.0.0.1:{port}/v1", str(served), timeout=60).chat(
-            [[{"role": "user", "content": "My plug is offline"}]], max_new_tokens=3)
+            [[{"role": "user", "content": "My plug is offline"}]], max_new_tokens=3
+        )
         assert len(replies) == 1 and isinstance(replies[0], str)
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -137,8 +160,9 @@ def test_errors_print_one_line_without_a_traceback_unless_debugging(monkeypatch,
     args = ["demo", "--pipeline", "nope", "--defs-module", "dragon_dagster.definitions"]
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
-    assert out.stderr.strip().splitlines() == ["Error: no pipeline named 'nope' in the loaded definitions; "
-                                               "found ['support']"]
+    assert out.stderr.strip().splitlines() == [
+        "Error: no pipeline named 'nope' in the loaded definitions; found ['support']"
+    ]
     assert "Traceback" not in out.output
     bad = CliRunner().invoke(main, ["generate", "tiny/nothing", "hi"])  # a click error raised in a command body
     assert bad.exit_code == 1 and len(bad.stderr.strip().splitlines()) == 1 and "Usage" not in bad.output
@@ -154,29 +178,52 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     project = tmp_path / "project"
     defs = user_project(project)
     (defs / "plain").mkdir()
-    (defs / "plain" / "defs.yaml").write_text(component_yaml(textwrap.dedent("""\
+    (defs / "plain" / "defs.yaml").write_text(
+        component_yaml(
+            textwrap.dedent("""\
         name: plain
         datasets:
           tickets: {path: "example:tickets.csv"}
         stages:
           - {name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{subject}", response: reply}
-        """)))
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "home"), "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
-           "PYTHONPATH": str(project), "HF_HUB_OFFLINE": "1"}
+        """)
+        )
+    )
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
+        "PYTHONPATH": str(project),
+        "HF_HUB_OFFLINE": "1",
+    }
     env.pop("DRAGON_DEBUG", None)
-    demo = subprocess.run([str(BIN / "dragon"), "demo", "--pipeline", "plain", "--defs-module", "trainlab.definitions"],
-                          cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    demo = subprocess.run(
+        [str(BIN / "dragon"), "demo", "--pipeline", "plain", "--defs-module", "trainlab.definitions"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert ("pipeline 'plain' has no profile 'quick' (it has none): running without a profile"
-            in demo.stderr.splitlines())
+    assert (
+        "pipeline 'plain' has no profile 'quick' (it has none): running without a profile" in demo.stderr.splitlines()
+    )
     assert "profile none" in demo.stdout and "plain/sft_dataset" in demo.stdout
     assert "models:/plain@champion: none yet" in demo.stdout  # no merge in this pipeline: nothing registered
     assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))
-    missing = subprocess.run([str(BIN / "dragon"), "demo", "--pipeline", "nope"], cwd=project, env=env,
-                             capture_output=True, text=True, timeout=600)
+    missing = subprocess.run(
+        [str(BIN / "dragon"), "demo", "--pipeline", "nope"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert missing.returncode == 1 and "Traceback" not in missing.stderr
-    assert missing.stderr.strip().splitlines() == ["Error: no pipeline named 'nope' in the loaded definitions; "
-                                                   "found ['plain']"]
+    assert missing.stderr.strip().splitlines() == [
+        "Error: no pipeline named 'nope' in the loaded definitions; found ['plain']"
+    ]
 
 
 def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(materialized, tmp_path):
@@ -205,8 +252,13 @@ def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(mater
     job["output_dir"] = str(tmp_path / "again")
     (tmp_path / "again").mkdir()
     (tmp_path / "job.json").write_text(json.dumps(job))
-    ran = subprocess.run([sys.executable, "-m", "dragon_dagster.engine.worker", str(tmp_path / "job.json")],
-                         capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    ran = subprocess.run(
+        [sys.executable, "-m", "dragon_dagster.engine.worker", str(tmp_path / "job.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert (tmp_path / "again" / "model" / "config.json").exists()
 

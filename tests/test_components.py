@@ -36,12 +36,16 @@ def test_dg_checks_and_lists_the_bundled_pipeline_in_this_repository(tmp_path):
 def test_a_users_own_project_scaffolds_checks_lists_launches_and_demos_a_pipeline(tmp_path, tiny_model):
     project = tmp_path / "project"
     defs = user_project(project)
-    env = {"DAGSTER_HOME": str(tmp_path / "home"), "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
-           "PYTHONPATH": str(project)}
+    env = {
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
+        "PYTHONPATH": str(project),
+    }
     (tmp_path / "home").mkdir()
 
-    scaffolded = run([str(BIN / "dg"), "scaffold", "defs", "dragon_dagster.PostTrainingPipeline", "my_pipeline"],
-                     project, env)
+    scaffolded = run(
+        [str(BIN / "dg"), "scaffold", "defs", "dragon_dagster.PostTrainingPipeline", "my_pipeline"], project, env
+    )
     assert scaffolded.returncode == 0, scaffolded.stdout + scaffolded.stderr
     yaml_file = defs / "my_pipeline" / "defs.yaml"
     starter = yaml_file.read_text()
@@ -49,14 +53,20 @@ def test_a_users_own_project_scaffolds_checks_lists_launches_and_demos_a_pipelin
 
     # the user points it at their model and shortens training, then makes a typo and a wrong type
     edited = starter.replace("model: smollm2-135m", f"model: {tiny_model}").replace(
-        "epochs: 1, learning_rate: 2.0e-4", "epochs: 1, max_steps: 2, learning_rate: 2e-4")
+        "epochs: 1, learning_rate: 2.0e-4", "epochs: 1, max_steps: 2, learning_rate: 2e-4"
+    )
     yaml_file.write_text(edited.replace("grad_accum: 1", "grad_acum: 1").replace("eval_frac: 0.05", "eval_frac: lots"))
     bad = run([str(BIN / "dg"), "check", "yaml"], project, env)
     assert bad.returncode != 0
-    line_of = {word: 1 + next(i for i, line in enumerate(yaml_file.read_text().splitlines()) if word in line)
-               for word in ("grad_acum", "eval_frac")}
-    assert re.search(rf"defs\.yaml:{line_of['grad_acum']} - .*attributes\.stages\.1\.args\.grad_acum "
-                     r"Additional properties are not allowed", bad.stdout), bad.stdout
+    line_of = {
+        word: 1 + next(i for i, line in enumerate(yaml_file.read_text().splitlines()) if word in line)
+        for word in ("grad_acum", "eval_frac")
+    }
+    assert re.search(
+        rf"defs\.yaml:{line_of['grad_acum']} - .*attributes\.stages\.1\.args\.grad_acum "
+        r"Additional properties are not allowed",
+        bad.stdout,
+    ), bad.stdout
     assert re.search(rf"defs\.yaml:{line_of['eval_frac']} - .*attributes\.stages\.0\.eval_frac 'lots'", bad.stdout)
 
     yaml_file.write_text(edited)

@@ -11,8 +11,13 @@ TICKETS = EXAMPLE_DIR / "tickets.csv"
 
 
 def frame(n=3):
-    return pd.DataFrame({"subject": [f"s{i}" for i in range(n)], "body": [f"b{i}" for i in range(n)],
-                         "reply": [f"r{i}" for i in range(n)]})
+    return pd.DataFrame(
+        {
+            "subject": [f"s{i}" for i in range(n)],
+            "body": [f"b{i}" for i in range(n)],
+            "reply": [f"r{i}" for i in range(n)],
+        }
+    )
 
 
 def test_reads_csv_jsonl_parquet_datasets_dir_and_frames(tmp_path):
@@ -30,8 +35,10 @@ def test_reads_csv_jsonl_parquet_datasets_dir_and_frames(tmp_path):
 
 def test_template_renders_columns_into_turns():
     rows = data.map_rows(frame(2), Mapping(prompt="{subject}\n\n{body}", response="reply", system="Be brief."))
-    assert rows[1] == {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "s1\n\nb1"}],
-                       "completion": [{"role": "assistant", "content": "r1"}]}
+    assert rows[1] == {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "s1\n\nb1"}],
+        "completion": [{"role": "assistant", "content": "r1"}],
+    }
 
 
 def test_missing_column_error_lists_the_columns_there_are():
@@ -66,9 +73,13 @@ def test_empty_and_unreadable_files_fail_with_the_path(tmp_path):
 
 
 def test_conversations_end_in_an_assistant_turn_and_earlier_turns_are_context():
-    conv = [{"role": "system", "content": "sys"}, {"role": "user", "content": "u1"},
-            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "u2"},
-            {"role": "assistant", "content": "a2"}]
+    conv = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "user", "content": "u2"},
+        {"role": "assistant", "content": "a2"},
+    ]
     df = pd.DataFrame({"messages": [json.dumps(conv), conv]})
     rows = data.map_rows(df, Mapping(conversations="messages"))
     assert rows[0] == rows[1]

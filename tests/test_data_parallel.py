@@ -24,12 +24,19 @@ from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
 from dragon_dagster.engine.spec.stages import GRPO, SFT, Preference
 from dragon_dagster.engine.worker import EXIT_CANCELLED, PARENT_PID
 
-
 # 2 vs 1 workers on the tiny model, 6 steps: measured loss within 2e-7 relative, grad norm equal; the bound
 # leaves room for summation order (per-rank sums, then DDP's average) on other hardware.
 CURVE_RTOL = 1e-4
-SFT_ARGS = {"max_steps": 6, "batch_size": 4, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
-            "max_seq_len": 96, "learning_rate": 5e-2, "warmup_ratio": 0.0}
+SFT_ARGS = {
+    "max_steps": 6,
+    "batch_size": 4,
+    "grad_accum": 1,
+    "logging_steps": 1,
+    "save_steps": 100,
+    "max_seq_len": 96,
+    "learning_rate": 5e-2,
+    "warmup_ratio": 0.0,
+}
 NO_DROPOUT = {"dropout": 0.0}  # LoRA dropout draws differ per rank; without it the runs are comparable
 # max_seq_len 96 keeps all 48 rows (shorter truncates most replies away); 6 steps x 4 rows stay in one epoch: at
 # a ragged epoch end accelerate pads the last batch per rank (even_batches), so that step differs by design
@@ -39,24 +46,48 @@ def worker_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DAGSTER_PIPES") and k != "RAY_ADDRESS"}
     # RAY_AUTH_MODE: a loopback test cluster needs no token (and Ray would otherwise write one to ~/.ray)
     # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: a driver joins the loopback head as the head's own processes see it
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", RAY_AUTH_MODE="disabled",
-               RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", **extra)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="1",
+        RAY_AUTH_MODE="disabled",
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
+        **extra,
+    )
     return env
 
 
 def torchrun_command(job_file: Path, workers: int, shutdown_s: int = 600) -> list[str]:
     """What the launcher runs for backend torchrun (the training resource's termination_timeout_s: 600 s)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
-            f"--shutdown-timeout={shutdown_s}", "-m", "dragon_dagster.engine.worker", str(job_file)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(workers),
+        f"--shutdown-timeout={shutdown_s}",
+        "-m",
+        "dragon_dagster.engine.worker",
+        str(job_file),
+    ]
 
 
-def write_job(work: Path, model: Path, stage, train_file: Path, workers: int = 1, backend: str = "torchrun",
-              **extra) -> Path:
+def write_job(
+    work: Path, model: Path, stage, train_file: Path, workers: int = 1, backend: str = "torchrun", **extra
+) -> Path:
     """job.json as the launcher writes it; the parallel entry only for more than one worker."""
     (work / "out").mkdir(parents=True, exist_ok=True)
-    job = {"settings": stage.model_dump(), "model": str(model), "train_file": str(train_file),
-           "output_dir": str(work / "out"), "checkpoint_dir": str(work / "ckpt"), "hardware": {"device": "cpu"},
-           "speed": {"loss_kernel": "chunked", "packing": "off"}, **extra}
+    job = {
+        "settings": stage.model_dump(),
+        "model": str(model),
+        "train_file": str(train_file),
+        "output_dir": str(work / "out"),
+        "checkpoint_dir": str(work / "ckpt"),
+        "hardware": {"device": "cpu"},
+        "speed": {"loss_kernel": "chunked", "packing": "off"},
+        **extra,
+    }
     if workers > 1:
         job["parallel"] = {"workers": workers, "backend": backend, "cpus_per_worker": 1, "gpus_per_worker": 0}
     (work / "job.json").write_text(json.dumps(job))
@@ -64,8 +95,7 @@ def write_job(work: Path, model: Path, stage, train_file: Path, workers: int = 1
 
 
 def run(command: list[str], work: Path, timeout: int = 300, **env) -> subprocess.CompletedProcess:
-    done = subprocess.run(command, cwd=work, env=worker_env(**env), capture_output=True, text=True,
-                          timeout=timeout)
+    done = subprocess.run(command, cwd=work, env=worker_env(**env), capture_output=True, text=True, timeout=timeout)
     (work / "log.txt").write_text(done.stdout + done.stderr)
     return done
 
@@ -80,14 +110,22 @@ def status(work: Path) -> dict:
 
 
 def sft_stage(**args) -> SFT:
-    return SFT(name="sft_adapter", kind="sft", dataset="tickets", args={**SFT_ARGS, **args}, lora=NO_DROPOUT,
-               n_samples=1, max_new_tokens=4)
+    return SFT(
+        name="sft_adapter",
+        kind="sft",
+        dataset="tickets",
+        args={**SFT_ARGS, **args},
+        lora=NO_DROPOUT,
+        n_samples=1,
+        max_new_tokens=4,
+    )
 
 
 @pytest.fixture(scope="module")
 def tickets(tmp_path_factory) -> Path:
-    rows = data.map_rows(data.read_table(EXAMPLE_DIR / "tickets.csv"),
-                         data.Mapping(prompt="{subject}\n\n{body}", response="reply"))[:48]
+    rows = data.map_rows(
+        data.read_table(EXAMPLE_DIR / "tickets.csv"), data.Mapping(prompt="{subject}\n\n{body}", response="reply")
+    )[:48]
     path = tmp_path_factory.mktemp("data") / "tickets.jsonl"
     data.write_jsonl(path, rows)
     return path
@@ -99,8 +137,10 @@ def sft_runs(tiny_model, tickets, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("sft")
     one = write_job(root / "one", tiny_model, sft_stage(), tickets)
     two = write_job(root / "two", tiny_model, sft_stage(), tickets, workers=2)
-    runs = {"one": run([sys.executable, "-m", "dragon_dagster.engine.worker", str(one)], root / "one"),
-            "two": run(torchrun_command(two, 2), root / "two")}
+    runs = {
+        "one": run([sys.executable, "-m", "dragon_dagster.engine.worker", str(one)], root / "one"),
+        "two": run(torchrun_command(two, 2), root / "two"),
+    }
     for name, done in runs.items():
         assert done.returncode == 0, f"{name}:\n{(root / name / 'log.txt').read_text()[-4000:]}"
     return {"root": root, **runs}
@@ -135,8 +175,11 @@ def test_the_global_batch_must_split_evenly_and_the_error_names_it():
     with pytest.raises(ValueError, match=r"batch_size \(6\) must be divisible by the number of workers \(4\)"):
         distributed.split_batch(6, 4)
     assert per_worker_completions(3, 4, 2) == 6  # prompts need not split: a group may span workers
-    with pytest.raises(ValueError, match=r"batch_size x group_size .*3 x 3.* must be divisible by the number "
-                                         r"of workers \(2\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"batch_size x group_size .*3 x 3.* must be divisible by the number "
+        r"of workers \(2\)",
+    ):
         per_worker_completions(3, 3, 2)
     assert distributed.Parallel.from_job({}) is None
     with pytest.raises(ValueError, match="parallel.backend"):
@@ -144,14 +187,28 @@ def test_the_global_batch_must_split_evenly_and_the_error_names_it():
 
 
 def test_two_workers_train_dpo(tiny_model, tickets, tmp_path):
-    pairs = [{"prompt": r["prompt"], "chosen": r["completion"],
-              "rejected": [{"role": "assistant", "content": "Please wait."}]} for r in data.read_jsonl(tickets)]
+    pairs = [
+        {
+            "prompt": r["prompt"],
+            "chosen": r["completion"],
+            "rejected": [{"role": "assistant", "content": "Please wait."}],
+        }
+        for r in data.read_jsonl(tickets)
+    ]
     data.write_jsonl(tmp_path / "pairs.jsonl", pairs[:16])
     data.write_jsonl(tmp_path / "held.jsonl", pairs[16:20])  # the evaluation is sharded: every rank takes part
-    stage = Preference(name="dpo_adapter", kind="preference", dataset="pairs", method="dpo", n_samples=1,
-                       max_new_tokens=4, args={**SFT_ARGS, "max_steps": 3})
-    job = write_job(tmp_path, tiny_model, stage, tmp_path / "pairs.jsonl", workers=2,
-                    eval_file=str(tmp_path / "held.jsonl"))
+    stage = Preference(
+        name="dpo_adapter",
+        kind="preference",
+        dataset="pairs",
+        method="dpo",
+        n_samples=1,
+        max_new_tokens=4,
+        args={**SFT_ARGS, "max_steps": 3},
+    )
+    job = write_job(
+        tmp_path, tiny_model, stage, tmp_path / "pairs.jsonl", workers=2, eval_file=str(tmp_path / "held.jsonl")
+    )
     done = run(torchrun_command(job, 2), tmp_path)
     assert done.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
     result = status(tmp_path)["result"]
@@ -162,14 +219,30 @@ def test_two_workers_train_dpo(tiny_model, tickets, tmp_path):
 
 
 def test_two_workers_train_grpo_with_a_group_spanning_them(tiny_model, tmp_path):
-    prompts = data.map_prompts(data.read_table(EXAMPLE_DIR / "arithmetic.csv"),
-                               data.PromptsMapping(prompt="question", reference="answer"))[:8]
+    prompts = data.map_prompts(
+        data.read_table(EXAMPLE_DIR / "arithmetic.csv"), data.PromptsMapping(prompt="question", reference="answer")
+    )[:8]
     data.write_jsonl(tmp_path / "prompts.jsonl", prompts)
     # 1 prompt x 4 completions per step: each rank scores 2 of the group, TRL gathers the rewards
-    stage = GRPO(name="grpo_adapter", kind="grpo", dataset="prompts", group_size=4, temperature=0.7,
-                 max_new_tokens=6, max_eval_prompts=1, n_samples=1, rewards=[{"type": "length", "max_chars": 24}],
-                 args={"max_steps": 2, "batch_size": 1, "logging_steps": 1, "save_steps": 100,
-                       "learning_rate": 5e-2, "warmup_ratio": 0.0})
+    stage = GRPO(
+        name="grpo_adapter",
+        kind="grpo",
+        dataset="prompts",
+        group_size=4,
+        temperature=0.7,
+        max_new_tokens=6,
+        max_eval_prompts=1,
+        n_samples=1,
+        rewards=[{"type": "length", "max_chars": 24}],
+        args={
+            "max_steps": 2,
+            "batch_size": 1,
+            "logging_steps": 1,
+            "save_steps": 100,
+            "learning_rate": 5e-2,
+            "warmup_ratio": 0.0,
+        },
+    )
     job = write_job(tmp_path, tiny_model, stage, tmp_path / "prompts.jsonl", workers=2)
     done = run(torchrun_command(job, 2), tmp_path)
     assert done.returncode == 0, (tmp_path / "log.txt").read_text()[-4000:]
@@ -183,12 +256,14 @@ def test_under_torchrun_the_watchdog_follows_the_launcher_not_the_parent(tmp_pat
     """A rank's parent is torchrun's agent, so the watchdog checks that the launcher's pid is alive: when the
     launcher (here a sleep) dies while the agent lives on, the rank is signalled as a cancel would."""
     launcher = subprocess.Popen(["sleep", "600"])
-    code = ("import os, signal, time\n"
-            "from dragon_dagster.engine.worker import watch_parent\n"
-            "signal.signal(signal.SIGTERM, lambda *a: (print('stopping on SIGTERM', flush=True), os._exit(7)))\n"
-            f"watch_parent({launcher.pid}, interval_s=0.1, grandparent=True)\n"
-            "print('watching', flush=True)\n"
-            "time.sleep(60)\n")
+    code = (
+        "import os, signal, time\n"
+        "from dragon_dagster.engine.worker import watch_parent\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('stopping on SIGTERM', flush=True), os._exit(7)))\n"
+        f"watch_parent({launcher.pid}, interval_s=0.1, grandparent=True)\n"
+        "print('watching', flush=True)\n"
+        "time.sleep(60)\n"
+    )
     rank = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=worker_env())
     try:
         assert rank.stdout.readline().strip() == "watching"
@@ -230,8 +305,9 @@ def start_after_two_steps(command: list[str], work: Path, **env) -> subprocess.P
     """Start the command in a process group of its own (as the launchers do); return once rank 0 has logged
     two steps."""
     log = (work / "log.txt").open("w")
-    proc = subprocess.Popen(command, cwd=work, env=worker_env(**env), stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        command, cwd=work, env=worker_env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     log.close()
     rows = work / "out" / "progress.jsonl"
     deadline = time.monotonic() + 240
@@ -272,8 +348,12 @@ def test_cancel_checkpoints_on_all_ranks_and_two_workers_resume(tiny_model, tick
 @pytest.mark.slow
 def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny_model, tickets, tmp_path):
     job = write_job(tmp_path, tiny_model, sft_stage(), tickets, workers=2, backend="ray")
-    done = run([sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], tmp_path, timeout=400,
-               RAY_ADDRESS=ray_head.gcs_address)  # the Ray job's entrypoint, as the launcher submits it
+    done = run(
+        [sys.executable, "-m", "dragon_dagster.engine.worker", str(job)],
+        tmp_path,
+        timeout=400,
+        RAY_ADDRESS=ray_head.gcs_address,
+    )  # the Ray job's entrypoint, as the launcher submits it
     log = (tmp_path / "log.txt").read_text()
     assert done.returncode == 0, log[-6000:]
     assert status(tmp_path)["event"] == "result" and status(tmp_path)["result"]["global_step"] == 6
@@ -287,8 +367,9 @@ def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny
     # a stopped Ray job: SIGTERM to the driver's process tree; the ranks checkpoint, stop, and are gone
     again = tmp_path / "stopped"
     job = write_job(again, tiny_model, sft_stage(max_steps=400), tickets, workers=2, backend="ray")
-    proc = start_and_signal_after_two_steps([sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], again,
-                                            RAY_ADDRESS=ray_head.gcs_address)
+    proc = start_and_signal_after_two_steps(
+        [sys.executable, "-m", "dragon_dagster.engine.worker", str(job)], again, RAY_ADDRESS=ray_head.gcs_address
+    )
     assert proc.wait(timeout=120) == EXIT_CANCELLED, (again / "log.txt").read_text()[-4000:]
     assert status(again)["event"] == "cancelled"
     stopped = sorted((again / "ckpt").glob("checkpoint-*"))
@@ -343,8 +424,10 @@ def ranks_of(agent: int) -> dict[int, int]:
 
 def assert_gone(agent: int, ranks: dict[int, int], timeout: float = 10) -> None:
     """No rank and no agent left (zombies count as gone)."""
+
     def left() -> list[int]:
         return [*group_alive(agent), *(pid for pid in ranks.values() if alive(pid))]
+
     deadline = time.monotonic() + timeout
     while left() and time.monotonic() < deadline:
         time.sleep(0.2)

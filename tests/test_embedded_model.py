@@ -4,8 +4,8 @@ import pytest
 
 from dragon_dagster.engine import models
 from dragon_dagster.engine.evaluate import replies as evaluate
-from dragon_dagster.engine.train import sft
 from dragon_dagster.engine.reporter import Reporter
+from dragon_dagster.engine.train import sft
 
 from .test_engine_training import job, ticket_files
 
@@ -16,8 +16,9 @@ def test_embedded_model_generates_and_takes_sft_steps(embedded_dir, tmp_path):
     model = models.load_model(str(embedded_dir), models.Hardware(device="cpu"))
     tokenizer = models.load_tokenizer(str(embedded_dir))
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
-    [reply] = evaluate.generate(model, tokenizer, [[{"role": "user", "content": "What is the capital of France?"}]],
-                                max_new_tokens=16)
+    [reply] = evaluate.generate(
+        model, tokenizer, [[{"role": "user", "content": "What is the capital of France?"}]], max_new_tokens=16
+    )
     assert "Paris" in reply
     train, held = ticket_files(tmp_path, n=40)
     result = sft.train_sft(job(tmp_path, embedded_dir, train, held, max_steps=2, learning_rate=2e-4), Reporter())

@@ -9,24 +9,27 @@ import pytest
 
 from dragon_dagster.engine import models
 from dragon_dagster.engine.data import tables as data
-from dragon_dagster.engine.train import sft
-from dragon_dagster.engine.train.merge import MergeJob, merge_chain
+from dragon_dagster.engine.reporter import Reporter
 from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
 from dragon_dagster.engine.spec.stages import SFT, Merge
-from dragon_dagster.engine.reporter import Reporter
+from dragon_dagster.engine.train import sft
+from dragon_dagster.engine.train.merge import MergeJob, merge_chain
 
 
 def test_engine_imports_no_dagster():
-    code = ("import sys; import dragon_dagster.engine.train.sft, dragon_dagster.engine.worker, "
-            "dragon_dagster.engine.evaluate.report, dragon_dagster.engine.train.merge, dragon_dagster.engine.runs; "
-            "bad = [m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')]; print(bad); assert not bad")
+    code = (
+        "import sys; import dragon_dagster.engine.train.sft, dragon_dagster.engine.worker, "
+        "dragon_dagster.engine.evaluate.report, dragon_dagster.engine.train.merge, dragon_dagster.engine.runs; "
+        "bad = [m for m in sys.modules if m == 'dagster' or m.startswith('dagster.')]; print(bad); assert not bad"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
 def ticket_files(tmp_path: Path, n: int | None = None) -> tuple[Path, Path]:
-    rows = data.map_rows(data.read_table(EXAMPLE_DIR / "tickets.csv"),
-                         data.Mapping(prompt="{subject}\n\n{body}", response="reply"))[:n]
+    rows = data.map_rows(
+        data.read_table(EXAMPLE_DIR / "tickets.csv"), data.Mapping(prompt="{subject}\n\n{body}", response="reply")
+    )[:n]
     train, held = data.split_rows(rows)
     data.write_jsonl(tmp_path / "train.jsonl", train)
     data.write_jsonl(tmp_path / "eval.jsonl", held)
@@ -36,11 +39,26 @@ def ticket_files(tmp_path: Path, n: int | None = None) -> tuple[Path, Path]:
 def job(tmp_path, model, train, held, **args) -> sft.SFTJob:
     out = tmp_path / "out"
     out.mkdir(exist_ok=True)
-    settings = {"max_steps": 4, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 2,
-                "max_seq_len": 128, "learning_rate": 5e-3, **args}
+    settings = {
+        "max_steps": 4,
+        "batch_size": 2,
+        "grad_accum": 1,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "max_seq_len": 128,
+        "learning_rate": 5e-3,
+        **args,
+    }
     stage = SFT(name="sft_adapter", kind="sft", dataset="tickets", args=settings, n_samples=2, max_new_tokens=4)
-    return sft.SFTJob(settings=stage, model=str(model), train_file=str(train), eval_file=str(held),
-                      output_dir=str(out), checkpoint_dir=str(tmp_path / "ckpt"), hardware={"device": "cpu"})
+    return sft.SFTJob(
+        settings=stage,
+        model=str(model),
+        train_file=str(train),
+        eval_file=str(held),
+        output_dir=str(out),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        hardware={"device": "cpu"},
+    )
 
 
 def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
@@ -50,9 +68,14 @@ def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
     train, _ = ticket_files(tmp_path, n=8)
     rows = data.read_jsonl(train)
     tokenizer = models.load_tokenizer(str(tiny_model))
-    trainer = SFTTrainer(model=str(tiny_model), processing_class=tokenizer, train_dataset=Dataset.from_list(rows),
-                         args=SFTConfig(output_dir=str(tmp_path / "o"), use_cpu=True, bf16=False, report_to="none",
-                                        completion_only_loss=True))
+    trainer = SFTTrainer(
+        model=str(tiny_model),
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(rows),
+        args=SFTConfig(
+            output_dir=str(tmp_path / "o"), use_cpu=True, bf16=False, report_to="none", completion_only_loss=True
+        ),
+    )
     example = trainer.train_dataset[0]  # TRL turns the completion mask into labels (-100: no loss)
     ids, labels = example["input_ids"], example["labels"]
     trained = tokenizer.decode([i for i, label in zip(ids, labels) if label != -100])
@@ -71,14 +94,14 @@ def test_sft_trains_saves_an_adapter_and_evaluates(tiny_model, tmp_path):
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2
     assert (out / "loss.png").stat().st_size > 1000
     assert json.loads((out / "metrics.json").read_text())["perplexity"] == pytest.approx(
-        2.718281828 ** result["eval_loss"], rel=1e-6)
+        2.718281828 ** result["eval_loss"], rel=1e-6
+    )
 
 
 def test_nan_loss_stops_with_a_clear_error_and_keeps_checkpoints(tiny_model, tmp_path):
     train, held = ticket_files(tmp_path)
     with pytest.raises(sft.TrainingError, match="NaN"):
-        sft.train_sft(job(tmp_path, tiny_model, train, held, learning_rate=1e38, max_steps=6, save_steps=1),
-                      Reporter())
+        sft.train_sft(job(tmp_path, tiny_model, train, held, learning_rate=1e38, max_steps=6, save_steps=1), Reporter())
     assert sft.last_checkpoint(tmp_path / "ckpt") is not None
 
 
@@ -121,12 +144,20 @@ def test_merge_folds_the_adapter_into_a_plain_transformers_model(tiny_model, tmp
     sft.train_sft(job(tmp_path, tiny_model, train, held), Reporter())
     merged = tmp_path / "merged"
     merged.mkdir()
-    info = merge_chain(MergeJob(settings=Merge(name="merged_model", kind="merge"), model=str(tiny_model),
-                                adapters=[str(tmp_path / "out" / "adapter")],
-                                output_dir=str(merged), hardware={"device": "cpu"}), Reporter())
+    info = merge_chain(
+        MergeJob(
+            settings=Merge(name="merged_model", kind="merge"),
+            model=str(tiny_model),
+            adapters=[str(tmp_path / "out" / "adapter")],
+            output_dir=str(merged),
+            hardware={"device": "cpu"},
+        ),
+        Reporter(),
+    )
     plain = AutoModelForCausalLM.from_pretrained(merged / "model")
-    with_adapter = models.load_model(str(tiny_model), models.Hardware(device="cpu"),
-                                     adapters=[str(tmp_path / "out" / "adapter")])
+    with_adapter = models.load_model(
+        str(tiny_model), models.Hardware(device="cpu"), adapters=[str(tmp_path / "out" / "adapter")]
+    )
     ids = torch.tensor([[1, 2, 3, 4]])
     assert torch.allclose(plain(ids).logits, with_adapter(ids).logits, atol=1e-4)
     base = models.load_model(str(tiny_model), models.Hardware(device="cpu"))

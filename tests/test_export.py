@@ -13,29 +13,33 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from transformers.integrations.gguf.reader import read_gguf_metadata
 
-from dragon_dagster.engine.export import ExportError, export_model
-from dragon_dagster.engine.export import chat_template, ollama
+from dragon_dagster.engine.export import ExportError, chat_template, export_model, ollama
 from dragon_dagster.engine.export.gguf_file import load_weights, permute
 
 from .test_pipeline_materialize import failed_message
-from transformers.integrations.gguf.reader import read_gguf_metadata
 
-F16_TOLERANCE = 0.05    # max |logit difference| of the f16 file against the float32 model (measured: 2e-4 on the
-                        # tiny models, 0.041 on SmolLM2-135M's weights)
-Q8_AGREEMENT = 0.9      # share of the model's greedy reply tokens the q8_0 file also picks (measured: 1.0 on the
-                        # tiny models, 0.967 on SmolLM2-135M)
-PROMPTS = ["My thermostat shows offline after the update.", "How do I reset the door lock?",
-           "The hub blinks red. What does that mean?", "Can I share camera access with my family?",
-           "What is 17 + 25?"]
+F16_TOLERANCE = 0.05  # max |logit difference| of the f16 file against the float32 model (measured: 2e-4 on the
+# tiny models, 0.041 on SmolLM2-135M's weights)
+Q8_AGREEMENT = 0.9  # share of the model's greedy reply tokens the q8_0 file also picks (measured: 1.0 on the
+# tiny models, 0.967 on SmolLM2-135M)
+PROMPTS = [
+    "My thermostat shows offline after the update.",
+    "How do I reset the door lock?",
+    "The hub blinks red. What does that mean?",
+    "Can I share camera access with my family?",
+    "What is 17 + 25?",
+]
 NEW_TOKENS = 12
 
 
 def chat_ids(tokenizer, prompt: str):
     import torch
 
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
     return torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
 
 
@@ -52,8 +56,13 @@ def compare(reference_dir: Path, export_dir: Path, files: dict[str, str]) -> dic
     with torch.no_grad():
         for prompt in PROMPTS:
             ids = chat_ids(tokenizer, prompt)
-            out = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS,
-                                     do_sample=False, pad_token_id=tokenizer.pad_token_id)
+            out = reference.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+            )
             runs.append((out, ids.shape[1], reference(out).logits))
     figures = {}
     for fmt, name in files.items():
@@ -63,7 +72,7 @@ def compare(reference_dir: Path, export_dir: Path, files: dict[str, str]) -> dic
             for out, start, ref_logits in runs:
                 logits = model(out).logits
                 worst = max(worst, (logits - ref_logits).abs().max().item())
-                picked = logits[0, start - 1:-1].argmax(-1)
+                picked = logits[0, start - 1 : -1].argmax(-1)
                 agree += int((picked == out[0, start:]).sum())
                 total += out.shape[1] - start
         figures[fmt] = {"max_logit_diff": worst, "token_agreement": agree / total}
@@ -79,11 +88,13 @@ def check_tokenizer(export_dir: Path, gguf_name: str, reference_dir: Path) -> No
     text = "Reset the hub: hold 10 s, then 333 blinks. <|im_end|> café"
     assert loaded(text)["input_ids"] == original(text)["input_ids"]
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-    assert loaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        original.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert loaded.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == original.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
 
 # ------------------------------------------------------------------------------------------------ models
+
 
 @pytest.fixture(scope="module")
 def tiny_qwen2(embedded_dir, tmp_path_factory) -> Path:
@@ -95,10 +106,19 @@ def tiny_qwen2(embedded_dir, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("models") / "qwen2"
     tokenizer = load_tokenizer(str(embedded_dir))
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=False, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
@@ -112,6 +132,7 @@ def tiny_qwen2(embedded_dir, tmp_path_factory) -> Path:
 
 # ----------------------------------------------------------------------------------------- round trips
 
+
 def test_llama_round_trip(tiny_model, tmp_path):
     """SmolLM2's shape (llama, tied embeddings, grouped-query attention, its tokenizer): the keys llama.cpp's
     converter writes, and both files reply as the model does."""
@@ -123,15 +144,36 @@ def test_llama_round_trip(tiny_model, tmp_path):
     assert files["f16"]["size_bytes"] - files["q8_0"]["size_bytes"] == matrices * (2 - 34 / 32)
     metadata, tensors = read_gguf_metadata(str(tmp_path / "tiny-llama-q8_0.gguf"))
     assert "output.weight" not in tensors and "token_embd.weight" in tensors  # tied: llama.cpp reuses token_embd
-    assert {k: metadata[k] for k in ("general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre",
-                                     "tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id",
-                                     "tokenizer.ggml.eos_token_id", "llama.block_count", "llama.attention.head_count",
-                                     "llama.attention.head_count_kv", "llama.rope.dimension_count",
-                                     "general.file_type", "general.quantization_version")} == {
-        "general.architecture": "llama", "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "smollm",
-        "tokenizer.ggml.add_bos_token": False, "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2,
-        "llama.block_count": 2, "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2,
-        "llama.rope.dimension_count": 8, "general.file_type": 7, "general.quantization_version": 2}
+    assert {
+        k: metadata[k]
+        for k in (
+            "general.architecture",
+            "tokenizer.ggml.model",
+            "tokenizer.ggml.pre",
+            "tokenizer.ggml.add_bos_token",
+            "tokenizer.ggml.bos_token_id",
+            "tokenizer.ggml.eos_token_id",
+            "llama.block_count",
+            "llama.attention.head_count",
+            "llama.attention.head_count_kv",
+            "llama.rope.dimension_count",
+            "general.file_type",
+            "general.quantization_version",
+        )
+    } == {
+        "general.architecture": "llama",
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "smollm",
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.ggml.bos_token_id": 1,
+        "tokenizer.ggml.eos_token_id": 2,
+        "llama.block_count": 2,
+        "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.dimension_count": 8,
+        "general.file_type": 7,
+        "general.quantization_version": 2,
+    }
     assert metadata["tokenizer.ggml.tokens"] == metadata["llama.vocab_size"] == 49152
     assert "<|im_start|>" in metadata["tokenizer.chat_template"]
     assert (tmp_path / "Modelfile").exists() and info["ollama_create"].endswith(f"{tmp_path}/Modelfile")
@@ -165,11 +207,24 @@ def test_smollm2_real_weights(embedded_dir, tmp_path):
     info = export_model(embedded_dir, tmp_path, name="smollm2")
     files = {f["format"]: f["file"] for f in info["files"]}
     ours, theirs = gguf.GGUFReader(tmp_path / files["q8_0"]), gguf.GGUFReader(embedded_gguf())
-    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges", "tokenizer.ggml.token_type",
-                "tokenizer.chat_template", "tokenizer.ggml.pre", "tokenizer.ggml.bos_token_id",
-                "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
-                "llama.block_count", "llama.attention.head_count_kv", "llama.rope.freq_base", "llama.vocab_size",
-                "llama.rope.dimension_count", "llama.context_length", "general.license"):
+    for key in (
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.ggml.token_type",
+        "tokenizer.chat_template",
+        "tokenizer.ggml.pre",
+        "tokenizer.ggml.bos_token_id",
+        "tokenizer.ggml.eos_token_id",
+        "tokenizer.ggml.padding_token_id",
+        "tokenizer.ggml.add_bos_token",
+        "llama.block_count",
+        "llama.attention.head_count_kv",
+        "llama.rope.freq_base",
+        "llama.vocab_size",
+        "llama.rope.dimension_count",
+        "llama.context_length",
+        "general.license",
+    ):
         assert ours.fields[key].contents() == theirs.fields[key].contents(), key
     figures = compare(embedded_dir, tmp_path, files)
     print("smollm2", info["seconds"], [(f["format"], f["size_mb"]) for f in info["files"]], figures)
@@ -191,23 +246,31 @@ def test_permute_is_what_transformers_reverses():
 
 # ------------------------------------------------------------------------------------ chat template, Ollama
 
-LLAMA3_STYLE = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
-                "{% set messages = messages[1:] %}{% else %}{% set system = '' %}{% endif %}"
-                "{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}"
-                "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content']"
-                " + '<|eot_id|>' }}{% endfor %}"
-                "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}")
-SYSTEM_IN_FIRST_TURN = ("{% for m in messages %}{% if m['role'] == 'system' %}{% set ns = m['content'] %}{% else %}"
-                        "{{ '<turn>' + m['role'] + '\\n' + m['content'] + '</turn>' }}{% endif %}{% endfor %}"
-                        "{% if add_generation_prompt %}{{ '<turn>assistant\\n' }}{% endif %}")
-REVERSED = ("{% for m in messages|reverse %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-            "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-CONVERSATION = [{"role": "system", "content": "You are a support agent."},
-                {"role": "user", "content": "The lamp will not pair."},
-                {"role": "assistant", "content": "Hold the button for 10 seconds."},
-                {"role": "user", "content": "It blinks blue now.\nWhat next?"},
-                {"role": "assistant", "content": "Open the app and add it again."},
-                {"role": "user", "content": "Done, thanks!"}]
+LLAMA3_STYLE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set system = messages[0]['content'] %}"
+    "{% set messages = messages[1:] %}{% else %}{% set system = '' %}{% endif %}"
+    "{{ '<|start_header_id|>system<|end_header_id|>\\n\\n' + system + '<|eot_id|>' }}"
+    "{% for m in messages %}{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content']"
+    " + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+SYSTEM_IN_FIRST_TURN = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}{% set ns = m['content'] %}{% else %}"
+    "{{ '<turn>' + m['role'] + '\\n' + m['content'] + '</turn>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<turn>assistant\\n' }}{% endif %}"
+)
+REVERSED = (
+    "{% for m in messages|reverse %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+CONVERSATION = [
+    {"role": "system", "content": "You are a support agent."},
+    {"role": "user", "content": "The lamp will not pair."},
+    {"role": "assistant", "content": "Hold the button for 10 seconds."},
+    {"role": "user", "content": "It blinks blue now.\nWhat next?"},
+    {"role": "assistant", "content": "Open the app and add it again."},
+    {"role": "user", "content": "Done, thanks!"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +290,9 @@ def test_segments_reproduce_the_chat_template(tokenizer, template):
     segments = chat_template.derive(tok)
     for messages in (CONVERSATION, CONVERSATION[1:], CONVERSATION[:-1], CONVERSATION[1:2]):
         for prompt in (True, False):
-            assert chat_template.render(segments, messages, prompt) == \
-                tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+            assert chat_template.render(segments, messages, prompt) == tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=prompt
+            )
 
 
 def test_modelfile_for_smollm2(tokenizer, tmp_path):
@@ -239,7 +303,7 @@ def test_modelfile_for_smollm2(tokenizer, tmp_path):
     assert stops == ["<|im_end|>"]
     path = ollama.write_modelfile(tmp_path, "support-q8_0.gguf", segments, stops, "Be warm.")
     text = path.read_text()
-    assert text.startswith("FROM ./support-q8_0.gguf\nTEMPLATE \"\"\"{{- range $i, $_ := .Messages }}")
+    assert text.startswith('FROM ./support-q8_0.gguf\nTEMPLATE """{{- range $i, $_ := .Messages }}')
     assert 'PARAMETER stop "<|im_end|>"' in text and text.endswith('SYSTEM """Be warm."""\n')
     assert '{{ "<|im_start|>user\\n" }}{{ .Content }}{{ "<|im_end|>\\n" }}' in text  # newlines kept as \n in Go
     assert ollama.create_command(tmp_path, "support") == f"ollama create support -f {tmp_path}/Modelfile"
@@ -257,6 +321,7 @@ def test_template_that_is_not_per_message_is_refused(tokenizer, template):
 
 # ------------------------------------------------------------------------------------------------- cards
 
+
 def test_cards_from_manifests(tmp_path):
     from dragon_dagster.engine.artifacts import write_manifest
     from dragon_dagster.engine.export import card
@@ -266,18 +331,31 @@ def test_cards_from_manifests(tmp_path):
     for directory in (data, adapter / "adapter"):
         directory.mkdir(parents=True)
     write_manifest(data, kind="chat_dataset", source="/data/tickets.csv", train_rows=190, eval_rows=10)
-    write_manifest(adapter, kind="adapter", stage="sft_adapter", method="sft", base_model="smollm2-135m",
-                   dataset=str(data), settings={"kind": "sft", "lora": {"r": 8, "alpha": 16}, "args": {"epochs": 2}},
-                   result={"held_out": True, "eval_loss": 1.25, "metrics": {"token_f1": 0.5}, "speed": {}})
+    write_manifest(
+        adapter,
+        kind="adapter",
+        stage="sft_adapter",
+        method="sft",
+        base_model="smollm2-135m",
+        dataset=str(data),
+        settings={"kind": "sft", "lora": {"r": 8, "alpha": 16}, "args": {"epochs": 2}},
+        result={"held_out": True, "eval_loss": 1.25, "metrics": {"token_f1": 0.5}, "speed": {}},
+    )
     facts = card.card_facts([str(adapter / "adapter")], "/cache/smollm2")
     merged = card.merged_card(facts, "smollm2-135m + sft_adapter")
-    assert merged.startswith("---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n"
-                             "tags: [dragon-dagster, lora, merged]\n---\n")
+    assert merged.startswith(
+        "---\nlicense: apache-2.0\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\n"
+        "tags: [dragon-dagster, lora, merged]\n---\n"
+    )
     assert "| sft_adapter | sft | sft_dataset | lora.r: 8; lora.alpha: 16; epochs: 2 |" in merged
     assert "| sft_adapter | True | 1.25 | 0.5 |" in merged  # held_out, eval_loss, metrics/token_f1
     assert "- sft_dataset (chat_dataset): 190 training and 10 held-out rows, from `/data/tickets.csv`" in merged
-    report = {"rows": 10, "held_out": True, "base": {"eval_loss": 2.0, "metrics": {"token_f1": 0.1}},
-              "merged": {"eval_loss": 1.5, "metrics": {"token_f1": 0.4}}}
+    report = {
+        "rows": 10,
+        "held_out": True,
+        "base": {"eval_loss": 2.0, "metrics": {"token_f1": 0.1}},
+        "merged": {"eval_loss": 1.5, "metrics": {"token_f1": 0.4}},
+    }
     files = [{"file": "p-q8_0.gguf", "format": "q8_0", "size_mb": 145.0, "sha256": "ab"}]
     exported = card.export_card(facts, "p", files, "p", "Be kind.", card.evaluation_table(report))
     assert "| eval_loss | 2 | 1.5 |" in exported and "| token_f1 | 0.1 | 0.4 |" in exported
@@ -290,6 +368,7 @@ def test_cards_from_manifests(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- bad input
+
 
 def test_unknown_format_and_architecture(tiny_model, tmp_path):
     with pytest.raises(ExportError, match=r"unknown GGUF format.*q4_k.*known: f16, q8_0"):
@@ -307,10 +386,23 @@ def test_export_stage_validation(tiny_model):
     from dragon_dagster.engine.spec.pipeline import PipelineError, parse
 
     def pipeline(*extra):
-        return parse({"name": "p", "model": str(tiny_model), "stages": [
-            {"name": "sft_dataset", "kind": "chat_dataset", "path": "example:tickets.csv", "prompt": "{subject}",
-             "response": "reply"},
-            {"name": "sft_adapter", "kind": "sft", "dataset": "sft_dataset"}, *extra]})
+        return parse(
+            {
+                "name": "p",
+                "model": str(tiny_model),
+                "stages": [
+                    {
+                        "name": "sft_dataset",
+                        "kind": "chat_dataset",
+                        "path": "example:tickets.csv",
+                        "prompt": "{subject}",
+                        "response": "reply",
+                    },
+                    {"name": "sft_adapter", "kind": "sft", "dataset": "sft_dataset"},
+                    *extra,
+                ],
+            }
+        )
 
     with pytest.raises(PipelineError, match="has no merge stage before it to export"):
         pipeline({"name": "gguf", "kind": "export"})
@@ -320,8 +412,11 @@ def test_export_stage_validation(tiny_model):
         pipeline({"name": "merged", "kind": "merge"}, {"name": "gguf", "kind": "export", "formats": ["q4"]})
     with pytest.raises(PipelineError, match="lists a format twice"):
         pipeline({"name": "merged", "kind": "merge"}, {"name": "gguf", "kind": "export", "formats": ["f16", "f16"]})
-    ok = pipeline({"name": "merged", "kind": "merge"}, {"name": "gguf", "kind": "export"},
-                  {"name": "report", "kind": "evaluate", "dataset": "sft_dataset"})
+    ok = pipeline(
+        {"name": "merged", "kind": "merge"},
+        {"name": "gguf", "kind": "export"},
+        {"name": "report", "kind": "evaluate", "dataset": "sft_dataset"},
+    )
     assert ok.upstream("gguf") == ["merged", "report"]  # the report listed after the export is still waited for
 
 
@@ -342,7 +437,8 @@ def test_export_stage_end_to_end(tiny_model, tmp_path):
     from dragon_dagster.engine.spec.pipeline import load
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
-    (tmp_path / "p.yaml").write_text(textwrap.dedent(f"""\
+    (tmp_path / "p.yaml").write_text(
+        textwrap.dedent(f"""\
         name: shop
         model: {tiny_model}
         datasets:
@@ -355,10 +451,14 @@ def test_export_stage_end_to_end(tiny_model, tmp_path):
           - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_eval_rows: 4, n_samples: 1,
               n_judge: 0, max_new_tokens: 4}}
           - {{name: gguf_export, kind: export}}
-        """))
+        """)
+    )
     runs = tmp_path / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     instance = DagsterInstance.ephemeral()
     outcome = materialize_pipeline(load(tmp_path / "p.yaml"), resources=resources, instance=instance)
     assert outcome["success"], failed_message(instance, outcome["run_id"])
@@ -372,10 +472,13 @@ def test_export_stage_end_to_end(tiny_model, tmp_path):
     manifest = read_manifest(export)
     gguf_dir = export / "gguf"
     assert sorted(p.name for p in gguf_dir.iterdir()) == ["Modelfile", "README.md", "shop-f16.gguf", "shop-q8_0.gguf"]
-    assert manifest["kind"] == "gguf_export" and manifest["ollama_create"] == \
-        f"ollama create shop -f {gguf_dir}/Modelfile"
+    assert (
+        manifest["kind"] == "gguf_export" and manifest["ollama_create"] == f"ollama create shop -f {gguf_dir}/Modelfile"
+    )
     modelfile = (gguf_dir / "Modelfile").read_text()
-    assert modelfile.startswith("FROM ./shop-q8_0.gguf\n") and 'SYSTEM """You are a concise support agent."""' in modelfile
+    assert (
+        modelfile.startswith("FROM ./shop-q8_0.gguf\n") and 'SYSTEM """You are a concise support agent."""' in modelfile
+    )
     card = (gguf_dir / "README.md").read_text()
     assert "## Evaluation" in card and "| eval_loss |" in card and "ollama create shop -f Modelfile" in card
     event = instance.get_latest_materialization_event(AssetKey(["shop", "gguf_export"]))

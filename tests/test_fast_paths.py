@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dragon_dagster.engine.spec.stages import GRPO
-from dragon_dagster.engine.train import lm_head, sft
 from dragon_dagster.engine.reporter import Reporter
 from dragon_dagster.engine.spec.settings import SettingsError, Speed, build
+from dragon_dagster.engine.spec.stages import GRPO
+from dragon_dagster.engine.train import lm_head, sft
 from tests.test_engine_training import job, ticket_files
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,10 +26,18 @@ def small_lora_model(vocab=300, seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
-                                                                lora_dropout=0.0))
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    model = get_peft_model(
+        LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+    )
     for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.1)
@@ -153,8 +161,9 @@ def test_chunked_log_probs_give_autograd_values_stats_and_gradients(head_trains)
     if head_trains:
         assert torch.allclose(ours[1], weight.grad, atol=1e-5)
     with torch.no_grad():  # the reference pass: values only
-        assert torch.allclose(lm_head.logprobs(hidden, weight, targets, temperature, chunk=4)["log_probs"].double(),
-                              expected, atol=1e-5)
+        assert torch.allclose(
+            lm_head.logprobs(hidden, weight, targets, temperature, chunk=4)["log_probs"].double(), expected, atol=1e-5
+        )
 
 
 def progress_rows(out: Path) -> list[dict]:
@@ -181,23 +190,47 @@ def test_sft_with_the_chunked_head_trains_exactly_like_trl(tiny_model, tmp_path)
 
 def grpo_rows_logged(tmp_path, tiny_model, kernel: str) -> list[dict]:
     from dragon_dagster.engine.data import tables as data
-    from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
     from dragon_dagster.engine.spec.pipeline import EXAMPLE_DIR
+    from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
 
     work = tmp_path / kernel
     (work / "out").mkdir(parents=True)
-    prompts = data.map_prompts(data.read_table(EXAMPLE_DIR / "arithmetic.csv"),
-                               data.PromptsMapping(prompt="question", reference="answer"))[:16]
+    prompts = data.map_prompts(
+        data.read_table(EXAMPLE_DIR / "arithmetic.csv"), data.PromptsMapping(prompt="question", reference="answer")
+    )[:16]
     data.write_jsonl(work / "prompts.jsonl", prompts)
-    settings = GRPO(name="grpo_adapter", kind="grpo", dataset="prompts",
-                    args={"max_steps": 2, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100,
-                          "learning_rate": 5e-2, "warmup_ratio": 0.0},
-                    rewards=[{"type": "length", "max_chars": 24}], group_size=8, beta=0.04, temperature=0.7,
-                    max_new_tokens=6, max_eval_prompts=2, n_samples=1, lora={"dropout": 0.0})
-    run = GRPOJob(settings=settings, model=str(tiny_model), train_file=str(work / "prompts.jsonl"),
-                  output_dir=str(work / "out"), checkpoint_dir=str(work / "ckpt"), hardware={"device": "cpu"},
-                  # one sampling round for both steps: step 2 weighs the same samples against step 1's update
-                  speed={"loss_kernel": kernel, "generation_batch_size": 32})
+    settings = GRPO(
+        name="grpo_adapter",
+        kind="grpo",
+        dataset="prompts",
+        args={
+            "max_steps": 2,
+            "batch_size": 2,
+            "grad_accum": 1,
+            "logging_steps": 1,
+            "save_steps": 100,
+            "learning_rate": 5e-2,
+            "warmup_ratio": 0.0,
+        },
+        rewards=[{"type": "length", "max_chars": 24}],
+        group_size=8,
+        beta=0.04,
+        temperature=0.7,
+        max_new_tokens=6,
+        max_eval_prompts=2,
+        n_samples=1,
+        lora={"dropout": 0.0},
+    )
+    run = GRPOJob(
+        settings=settings,
+        model=str(tiny_model),
+        train_file=str(work / "prompts.jsonl"),
+        output_dir=str(work / "out"),
+        checkpoint_dir=str(work / "ckpt"),
+        hardware={"device": "cpu"},
+        # one sampling round for both steps: step 2 weighs the same samples against step 1's update
+        speed={"loss_kernel": kernel, "generation_batch_size": 32},
+    )
     result = train_grpo(run, Reporter())
     assert result["speed"]["loss_kernel"] == kernel and result["speed"]["generation_batch_size"] == 32
     assert result["speed"]["unpad"] == (kernel == "chunked")
@@ -212,17 +245,30 @@ def test_grpo_with_chunked_log_probs_trains_exactly_like_trl(tiny_model, tmp_pat
     assert trl_rows[1]["kl"] > 0 and trl_rows[1]["loss"] != 0  # step 2 is off its sampling policy
     assert chunked_rows[0]["reward"] == trl_rows[0]["reward"]  # the same samples
     for key in ("grad_norm", "loss", "kl", "entropy"):
-        assert [r.get(key) for r in chunked_rows] == pytest.approx([r.get(key) for r in trl_rows], rel=1e-3,
-                                                                    abs=1e-6), key
+        assert [r.get(key) for r in chunked_rows] == pytest.approx(
+            [r.get(key) for r in trl_rows], rel=1e-3, abs=1e-6
+        ), key
 
 
 def test_grpo_generation_batch_must_hold_whole_steps(tiny_model, tmp_path):
     from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
 
-    settings = GRPO(name="grpo_adapter", kind="grpo", dataset="prompts", args={"batch_size": 2}, group_size=4,
-                    rewards=[{"type": "length", "max_chars": 5}])
-    run = GRPOJob(settings=settings, model=str(tiny_model), train_file=str(tmp_path / "none.jsonl"),
-                  output_dir=str(tmp_path), checkpoint_dir=str(tmp_path / "ckpt"), speed={"generation_batch_size": 12})
+    settings = GRPO(
+        name="grpo_adapter",
+        kind="grpo",
+        dataset="prompts",
+        args={"batch_size": 2},
+        group_size=4,
+        rewards=[{"type": "length", "max_chars": 5}],
+    )
+    run = GRPOJob(
+        settings=settings,
+        model=str(tiny_model),
+        train_file=str(tmp_path / "none.jsonl"),
+        output_dir=str(tmp_path),
+        checkpoint_dir=str(tmp_path / "ckpt"),
+        speed={"generation_batch_size": 12},
+    )
     with pytest.raises(ValueError, match=r"generation_batch_size \(12\) must be a multiple .* = 8"):
         train_grpo(run, Reporter())
 
@@ -247,10 +293,12 @@ def test_sft_packing_trains_and_says_so(tiny_model, tmp_path):
 
 
 def test_speed_settings_resolve_per_device_and_name_bad_values():
-    assert Speed().resolve("cuda") == Speed(packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch",
-                                            sampling="grouped")
-    assert Speed().resolve("cpu") == Speed(packing="off", loss_kernel="chunked", unpad="on", dropout_mask="fast",
-                                           sampling="grouped")
+    assert Speed().resolve("cuda") == Speed(
+        packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch", sampling="grouped"
+    )
+    assert Speed().resolve("cpu") == Speed(
+        packing="off", loss_kernel="chunked", unpad="on", dropout_mask="fast", sampling="grouped"
+    )
     assert Speed(packing="off", loss_kernel="chunked").resolve("cuda").packing == "off"  # overrides win
     with pytest.raises(SettingsError, match="speed.packing"):
         build(Speed, {"packing": "yes"}, "speed")
@@ -269,26 +317,52 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
 
     from dragon_dagster.resources import TrainingResource
 
-    resource = TrainingResource(device="cpu", loss_kernel="trl", generation_batch_size=64,
-                                python=sys.executable)
-    assert resource.speed() == {"packing": "auto", "loss_kernel": "trl", "generation_batch_size": 64,
-                                "torch_compile": False, "unpad": "auto", "dropout_mask": "auto", "sampling": "auto"}
+    resource = TrainingResource(device="cpu", loss_kernel="trl", generation_batch_size=64, python=sys.executable)
+    assert resource.speed() == {
+        "packing": "auto",
+        "loss_kernel": "trl",
+        "generation_batch_size": 64,
+        "torch_compile": False,
+        "unpad": "auto",
+        "dropout_mask": "auto",
+        "sampling": "auto",
+    }
     seen = {}
     for kind in ("sft", "merge"):
         (tmp_path / kind).mkdir()
-        with pytest.raises(Exception):  # the jobs are empty: the worker fails, but the job file stays
+        with pytest.raises(Exception):  # noqa: B017 - the jobs are empty: the worker fails, but the job file stays
             resource.run_job(build_asset_context(), {"settings": {"kind": kind}}, tmp_path / kind)
         seen[kind] = json.loads((tmp_path / kind / "job.json").read_text())
     assert seen["sft"]["speed"]["loss_kernel"] == "trl" and "speed" not in seen["merge"]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (ROOT.parent / "shared" / "bench" / "anchor_trl.py").exists(),
-                    reason="the peer script ../shared/bench/anchor_trl.py is not beside this checkout")
+@pytest.mark.skipif(
+    not (ROOT.parent / "shared" / "bench" / "anchor_trl.py").exists(),
+    reason="the peer script ../shared/bench/anchor_trl.py is not beside this checkout",
+)
 def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_trl.py"), "--only", "sft,grpo",
-                          "--steps", "4", "--bs", "4", "--gen-bs", "8", "--comp", "8",
-                          "--json", str(tmp_path / "bench.json")], capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "compare_trl.py"),
+            "--only",
+            "sft,grpo",
+            "--steps",
+            "4",
+            "--bs",
+            "4",
+            "--gen-bs",
+            "8",
+            "--comp",
+            "8",
+            "--json",
+            str(tmp_path / "bench.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     measured = json.loads((tmp_path / "bench.json").read_text())["measured"]
     for side in ("trl_sft", "ours_sft", "trl_grpo", "ours_grpo"):
@@ -313,9 +387,12 @@ def test_pipes_tap_takes_metrics_and_outcome_and_passes_the_rest_on():
     tap = PipesTap(lambda step, values: seen.append((step, values)))
     handler = _TappedHandler(Handler(), tap)
     log = {"__dagster_pipes_version": "0.1", "method": "log", "params": {"message": "hi", "level": "INFO"}}
-    for message in (_custom({"kind": "metrics", "step": 1, "values": {"train/loss": 2.5}}), log,
-                    _custom({"note": "not ours"}),
-                    _custom({"kind": "outcome", "event": "result", "result": {"steps": 3}})):
+    for message in (
+        _custom({"kind": "metrics", "step": 1, "values": {"train/loss": 2.5}}),
+        log,
+        _custom({"note": "not ours"}),
+        _custom({"kind": "outcome", "event": "result", "result": {"steps": 3}}),
+    ):
         handler.handle_message(message)
     assert seen == [(1, {"train/loss": 2.5})]
     assert tap.outcome == {"event": "result", "result": {"steps": 3}}
@@ -333,10 +410,12 @@ def test_pipes_tap_skips_metrics_it_cannot_log_and_keeps_going():
         seen.append(step)
 
     tap = PipesTap(log, warn=warnings.append)
-    for message in (_custom({"kind": "metrics", "step": 1, "values": {}}),
-                    _custom({"kind": "metrics", "step": "not a step", "values": {}}),
-                    _custom({"kind": "metrics", "step": 2, "values": {}}),
-                    _custom({"kind": "metrics", "step": 3, "values": {}})):
+    for message in (
+        _custom({"kind": "metrics", "step": 1, "values": {}}),
+        _custom({"kind": "metrics", "step": "not a step", "values": {}}),
+        _custom({"kind": "metrics", "step": 2, "values": {}}),
+        _custom({"kind": "metrics", "step": 3, "values": {}}),
+    ):
         assert tap.take(message)
     assert seen == [1, 3] and tap.failures == 2
     assert len(warnings) == 1 and "could not forward" in warnings[0]  # said once, not per line
@@ -355,10 +434,15 @@ def test_the_worker_command_per_launcher_and_workers():
     assert two[-3:] == ["-m", "dragon_dagster.engine.worker", "/j.json"]
     on_ray = TrainingResource(launcher="ray", workers=2)
     assert on_ray.command("s3://b/j.json", {**training, "parallel": on_ray.parallel()}) == [
-        "python", "-m", "dragon_dagster.engine.worker", "s3://b/j.json"]  # the driver; Ray Train runs the ranks
+        "python",
+        "-m",
+        "dragon_dagster.engine.worker",
+        "s3://b/j.json",
+    ]  # the driver; Ray Train runs the ranks
 
 
 # ------------------------------------------------------------------ unpadded forward, preference heads, dropout
+
 
 def ragged_batch(vocab=300, rows=4, length=12, seed=3):
     """Token ids and a mask padded every way a trainer pads: left (a prompt), right (an early end), both."""
@@ -462,11 +546,22 @@ def test_chunked_orpo_forward_gives_trl_values_and_gradients():
     mask[2, -3:] = 0
     labels = ids.masked_fill(mask == 0, -100)
     labels[:, :4] = -100
-    batch = {"chosen_input_ids": ids[:2], "chosen_attention_mask": mask[:2], "chosen_labels": labels[:2],
-             "rejected_input_ids": ids[2:], "rejected_attention_mask": mask[2:], "rejected_labels": labels[2:]}
-    trainer = SimpleNamespace(concatenated_inputs=ORPOTrainer.concatenated_inputs, is_encoder_decoder=False,
-                              get_batch_logps=ORPOTrainer.get_batch_logps, padding_value=0, aux_loss_enabled=False,
-                              accelerator=SimpleNamespace(device=torch.device("cpu")))
+    batch = {
+        "chosen_input_ids": ids[:2],
+        "chosen_attention_mask": mask[:2],
+        "chosen_labels": labels[:2],
+        "rejected_input_ids": ids[2:],
+        "rejected_attention_mask": mask[2:],
+        "rejected_labels": labels[2:],
+    }
+    trainer = SimpleNamespace(
+        concatenated_inputs=ORPOTrainer.concatenated_inputs,
+        is_encoder_decoder=False,
+        get_batch_logps=ORPOTrainer.get_batch_logps,
+        padding_value=0,
+        aux_loss_enabled=False,
+        accelerator=SimpleNamespace(device=torch.device("cpu")),
+    )
 
     def loss(out):  # every output that carries a gradient, weighted apart
         return out[0].sum() * 0.3 - out[1].sum() * 0.7 + out[4]
@@ -506,8 +601,14 @@ def test_fast_dropout_drops_at_the_rate_asked_keeps_the_expectation_and_swaps_in
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=2, target_modules="all-linear", lora_dropout=0.05))
     assert use_fast_dropout(model) == 14  # seven adapted projections per layer
     assert sum(isinstance(m, FastDropout) and m.p == 0.05 for m in model.modules()) == 14
@@ -527,8 +628,8 @@ def dpo_batch(vocab=300, seed=5):
     mask = torch.zeros_like(ids)
     labels = torch.full_like(ids, -100)
     for i, row in enumerate(rows):
-        ids[i, :len(row)], mask[i, :len(row)] = row, 1
-        labels[i, starts[i]:len(row)] = row[starts[i]:]
+        ids[i, : len(row)], mask[i, : len(row)] = row, 1
+        labels[i, starts[i] : len(row)] = row[starts[i] :]
     return ids, mask, labels
 
 
@@ -572,9 +673,9 @@ def test_a_grpo_group_runs_its_prompt_once_and_scores_as_the_padded_batch():
     mask = torch.zeros_like(ids)
     for row in range(6):
         prompt = prompts[row // 3]
-        ids[row, 6 - len(prompt):6] = prompt  # left-padded to one width, as TRL pads prompts
+        ids[row, 6 - len(prompt) : 6] = prompt  # left-padded to one width, as TRL pads prompts
         ids[row, 6:] = torch.randint(0, 300, (n,), generator=g)
-        mask[row, 6 - len(prompt):] = 1
+        mask[row, 6 - len(prompt) :] = 1
     mask[4, -2:] = 0  # a completion that ended early
     replies = torch.zeros(6, ids.shape[1] - 1, dtype=torch.bool)
     replies[:, -n:] = True
@@ -613,8 +714,7 @@ def test_grouped_sampling_prefills_each_prompt_once_and_decodes_the_same_tokens(
 
     model.forward = counted
     with rollout.sampling(model):
-        grouped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                 pad_token_id=0)
+        grouped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     del model.forward
     assert torch.equal(grouped, plain)  # same tokens (greedy)
     assert calls[0][0] == (2, 4)  # the prefill: one row per prompt, all but its last token
@@ -636,8 +736,9 @@ def test_inverse_cdf_sampling_draws_the_same_distribution_as_multinomial():
     model = small_lora_model()
     ids = torch.tensor([[5, 6, 7]])
     with rollout.sampling(model):
-        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=True,
-                       pad_token_id=0)
+        model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2, do_sample=True, pad_token_id=0
+        )
     assert torch.multinomial is rollout._multinomial  # restored after sampling
 
 
@@ -651,19 +752,29 @@ def test_sampling_records_the_log_probabilities_a_forward_pass_gives():
     record = []
     torch.manual_seed(0)
     with rollout.sampling(model, record):
-        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=True, temperature=0.7,
-                             top_k=0, pad_token_id=0, eos_token_id=None)
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=6,
+            do_sample=True,
+            temperature=0.7,
+            top_k=0,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
     recorded = torch.stack(record, dim=1)
     assert recorded.shape == (4, 6) and (recorded < 0).all()
     model.eval()
     with torch.no_grad():
-        logps, _ = lm_head.completion_logprobs(model, out, torch.cat([mask, torch.ones(4, 6, dtype=torch.long)], 1),
-                                               6, 0.7)
+        logps, _ = lm_head.completion_logprobs(
+            model, out, torch.cat([mask, torch.ones(4, 6, dtype=torch.long)], 1), 6, 0.7
+        )
     assert torch.allclose(recorded, logps, atol=1e-4)
 
 
-def test_a_round_serving_two_steps_takes_the_old_policy_from_sampling_not_another_pass(tiny_model, tmp_path,
-                                                                                         monkeypatch):
+def test_a_round_serving_two_steps_takes_the_old_policy_from_sampling_not_another_pass(
+    tiny_model, tmp_path, monkeypatch
+):
     calls = []
     scored = lm_head.completion_logprobs
 
@@ -715,8 +826,9 @@ def test_decoding_on_cpu_folds_the_adapters_packs_the_weights_and_puts_everythin
         assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, unfolded)
         plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
         with rollout.sampling(model):
-            sampled = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                     pad_token_id=0)
+            sampled = model.generate(
+                input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0
+            )
     assert torch.equal(sampled, plain)
     with model.disable_adapter():  # adapters off (TRL's reference pass): nothing to fold
         assert decode_weights.foldable(model) == []
@@ -728,10 +840,18 @@ def test_adapters_that_a_folded_model_would_not_run_stay_as_they_are():
 
     from dragon_dagster.engine.infer import decode_weights
 
-    config = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2)
-    for lora in (LoraConfig(r=4, target_modules="all-linear", use_dora=True),
-                 LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"])):
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    for lora in (
+        LoraConfig(r=4, target_modules="all-linear", use_dora=True),
+        LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]),
+    ):
         torch.manual_seed(0)
         model = get_peft_model(LlamaForCausalLM(config), lora).eval()
         for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter

@@ -16,10 +16,21 @@ from pathlib import Path
 import pytest
 
 from dragon_dagster.engine.data.tables import conversation_row
-from dragon_dagster.engine.feedback import (MAX_MESSAGE_CHARS, SCHEMA_VERSION, SKIP_REASONS, FeedbackError,
-                                            FeedbackStore, check_record, check_turns, objective_records,
-                                            preference_pairs, sft_conversations, split_by_conversation,
-                                            unpaired_ratings, usable_records)
+from dragon_dagster.engine.feedback import (
+    MAX_MESSAGE_CHARS,
+    SCHEMA_VERSION,
+    SKIP_REASONS,
+    FeedbackError,
+    FeedbackStore,
+    check_record,
+    check_turns,
+    objective_records,
+    preference_pairs,
+    sft_conversations,
+    split_by_conversation,
+    unpaired_ratings,
+    usable_records,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,8 +49,17 @@ def test_schema_wal_and_round_trip(tmp_path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
         message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
-    assert columns == {"id", "conversation_id", "turns_id", "legacy_turns", "reply", "verdict", "edited", "model",
-                       "created"}
+    assert columns == {
+        "id",
+        "conversation_id",
+        "turns_id",
+        "legacy_turns",
+        "reply",
+        "verdict",
+        "edited",
+        "model",
+        "created",
+    }
     assert message_columns == {"id", "parent", "role", "content", "digest"}
     conn = store._connect()
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
@@ -64,10 +84,15 @@ def test_schema_wal_and_round_trip(tmp_path):
 
 def test_invalid_feedback_is_refused(tmp_path):
     store = FeedbackStore(tmp_path / "f.sqlite")
-    for kwargs in ({"verdict": "meh"}, {"verdict": "edit"}, {"verdict": "edit", "edited": "  "},
-                   {"verdict": "up", "edited": "x"}, {"verdict": "up", "turns": []},
-                   {"verdict": "up", "turns": [{"role": "assistant", "content": "only"}]},
-                   {"verdict": "up", "turns": [{"role": "robot", "content": "x"}]}):
+    for kwargs in (
+        {"verdict": "meh"},
+        {"verdict": "edit"},
+        {"verdict": "edit", "edited": "  "},
+        {"verdict": "up", "edited": "x"},
+        {"verdict": "up", "turns": []},
+        {"verdict": "up", "turns": [{"role": "assistant", "content": "only"}]},
+        {"verdict": "up", "turns": [{"role": "robot", "content": "x"}]},
+    ):
         kwargs = {"conversation_id": "c", "turns": turns("q"), "reply": "r", **kwargs}
         with pytest.raises(ValueError):
             store.record(**kwargs)
@@ -112,7 +137,8 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     assert store.count() == 50 and len({r["id"] for r in rows}) == 50
     assert set(ids) <= {r["id"] for r in rows} and len(ids) == 10
     assert sorted(r["turns"][0]["content"] for r in rows if r["conversation_id"].startswith("p")) == sorted(
-        f"q{w}-{i}" for w in range(10) for i in range(4))
+        f"q{w}-{i}" for w in range(10) for i in range(4)
+    )
 
 
 CHILD = """
@@ -128,8 +154,9 @@ for i in range(100000):
 def test_acknowledged_writes_survive_sigkill(tmp_path):
     path = tmp_path / "f.sqlite"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True, env=env,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(path)], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT
+    )
     printed = []
     deadline = time.monotonic() + 60
     try:
@@ -151,8 +178,16 @@ def test_acknowledged_writes_survive_sigkill(tmp_path):
 
 
 def record(i, conversation, history, reply, verdict, edited=None):
-    return {"id": i, "conversation_id": conversation, "turns": history, "reply": reply, "verdict": verdict,
-            "edited": edited, "model": "m", "created": "2026-01-01T00:00:00+00:00"}
+    return {
+        "id": i,
+        "conversation_id": conversation,
+        "turns": history,
+        "reply": reply,
+        "verdict": verdict,
+        "edited": edited,
+        "model": "m",
+        "created": "2026-01-01T00:00:00+00:00",
+    }
 
 
 P1, P2, P3 = turns("reset my password?"), turns("hi", "hello", "refund?"), turns("lonely prompt")
@@ -160,10 +195,10 @@ CRAFTED = [
     record(1, "a", P1, "Click 'forgot password'.", "up"),
     record(2, "b", P1, "No idea.", "down"),
     record(3, "c", P2, "Refunds take 5 days.", "edit", edited="Refunds take 5 business days."),
-    record(4, "d", P3, "meh", "down"),                  # a bad reply with no good one: no pair
+    record(4, "d", P3, "meh", "down"),  # a bad reply with no good one: no pair
     record(5, "e", P1, "Click 'forgot password'.", "up"),  # duplicate of 1
     record(6, "f", P3, "changed my mind", "up"),
-    record(7, "f", P3, "changed my mind", "down"),      # same reply, same conversation: the later vote wins
+    record(7, "f", P3, "changed my mind", "down"),  # same reply, same conversation: the later vote wins
 ]
 
 
@@ -176,22 +211,32 @@ def test_sft_conversations_from_crafted_records():
     assert sft_conversations(CRAFTED) == expected
     assert sft_conversations(shuffled) == expected  # ordered by id, whatever the input order
     assert conversation_row(expected[1]["messages"]) == {
-        "prompt": P2, "completion": [{"role": "assistant", "content": "Refunds take 5 business days."}]}
+        "prompt": P2,
+        "completion": [{"role": "assistant", "content": "Refunds take 5 business days."}],
+    }
     assert sft_conversations([]) == []
 
 
 def test_preference_pairs_from_crafted_records():
     pairs = preference_pairs(CRAFTED)
     assert pairs == [
-        {"prompt": P1, "chosen": [{"role": "assistant", "content": "Click 'forgot password'."}],
-         "rejected": [{"role": "assistant", "content": "No idea."}]},
-        {"prompt": P2, "chosen": [{"role": "assistant", "content": "Refunds take 5 business days."}],
-         "rejected": [{"role": "assistant", "content": "Refunds take 5 days."}]},
+        {
+            "prompt": P1,
+            "chosen": [{"role": "assistant", "content": "Click 'forgot password'."}],
+            "rejected": [{"role": "assistant", "content": "No idea."}],
+        },
+        {
+            "prompt": P2,
+            "chosen": [{"role": "assistant", "content": "Refunds take 5 business days."}],
+            "rejected": [{"role": "assistant", "content": "Refunds take 5 days."}],
+        },
         # P3: "changed my mind" ends up disliked and "meh" too: no good reply, no pair
     ]
     # an edit plus a separate dislike on the same prompt: every good x bad combination, deduplicated
-    more = CRAFTED + [record(8, "g", P2, "Ask someone else.", "down"),
-                      record(9, "h", P2, "Refunds take 5 days.", "down")]
+    more = CRAFTED + [
+        record(8, "g", P2, "Ask someone else.", "down"),
+        record(9, "h", P2, "Refunds take 5 days.", "down"),
+    ]
     rejected = [p["rejected"][0]["content"] for p in preference_pairs(more) if p["prompt"] == P2]
     assert rejected == ["Refunds take 5 days.", "Ask someone else."]
     assert preference_pairs(list(reversed(more))) == preference_pairs(more)
@@ -201,10 +246,12 @@ def test_unpaired_ratings_are_the_votes_no_pair_uses():
     # P1 (liked and disliked) and P2 (an edit) give pairs; P3's votes have no opposite: KTO gets them
     assert unpaired_ratings(CRAFTED) == [
         {"prompt": P3, "completion": [{"role": "assistant", "content": "meh"}], "label": False},
-        {"prompt": P3, "completion": [{"role": "assistant", "content": "changed my mind"}], "label": False}]
+        {"prompt": P3, "completion": [{"role": "assistant", "content": "changed my mind"}], "label": False},
+    ]
     liked_alone = [record(1, "a", P1, "Click 'forgot password'.", "up")]
     assert unpaired_ratings(liked_alone) == [
-        {"prompt": P1, "completion": [{"role": "assistant", "content": "Click 'forgot password'."}], "label": True}]
+        {"prompt": P1, "completion": [{"role": "assistant", "content": "Click 'forgot password'."}], "label": True}
+    ]
     assert objective_records(CRAFTED) == {"sft": [1, 3, 5], "dpo": [1, 2, 3, 5], "kto": [4, 7]}
 
 
@@ -234,14 +281,14 @@ def test_store_records_feed_the_datasets(tmp_path):
 # ------------------------------------------------------------------------------------ bad records
 
 BAD = [
-    record(20, "x", "[{not json", "r", "up"),                                     # turns not JSON
-    record(21, "x", [{"role": "assistant", "content": "only me"}], "r", "up"),     # no user turn
-    record(22, "x", P1, "Click 'forgot password'.", "edit", edited=None),         # an edit without text
-    record(23, "x", P1, "No idea.", "edit", edited="   "),                         # an edit with blank text
-    record(24, "x", [{"role": "robot", "content": "beep"}], "r", "up"),            # malformed turns
-    record(25, "x", None, "r", "up"),                                              # no turns at all
-    record(26, "x", P1, "r", "meh"),                                               # bad verdict
-    record(27, "x", P1, None, "down"),                                             # reply not text
+    record(20, "x", "[{not json", "r", "up"),  # turns not JSON
+    record(21, "x", [{"role": "assistant", "content": "only me"}], "r", "up"),  # no user turn
+    record(22, "x", P1, "Click 'forgot password'.", "edit", edited=None),  # an edit without text
+    record(23, "x", P1, "No idea.", "edit", edited="   "),  # an edit with blank text
+    record(24, "x", [{"role": "robot", "content": "beep"}], "r", "up"),  # malformed turns
+    record(25, "x", None, "r", "up"),  # no turns at all
+    record(26, "x", P1, "r", "meh"),  # bad verdict
+    record(27, "x", P1, None, "down"),  # reply not text
     "not a record",
 ]
 
@@ -252,14 +299,31 @@ def test_bad_records_are_skipped_and_counted_never_raised():
     assert preference_pairs(mixed) == preference_pairs(CRAFTED)
     usable, skipped = usable_records(mixed)
     assert [r["id"] for r in usable] == [r["id"] for r in CRAFTED]
-    assert skipped == {"turns_not_json": 1, "no_user_turn": 1, "edit_without_text": 2, "turns_malformed": 2,
-                       "bad_verdict": 1, "reply_not_text": 1, "malformed": 1}
+    assert skipped == {
+        "turns_not_json": 1,
+        "no_user_turn": 1,
+        "edit_without_text": 2,
+        "turns_malformed": 2,
+        "bad_verdict": 1,
+        "reply_not_text": 1,
+        "malformed": 1,
+    }
     assert set(skipped) <= set(SKIP_REASONS) and check_record(CRAFTED[0]) is None
     assert [check_record(r) for r in BAD[:3]] == ["turns_not_json", "no_user_turn", "edit_without_text"]
     # turns given as JSON text are fine when they parse
     assert check_record({**CRAFTED[0], "turns": json.dumps(P1)}) is None
-    assert usable_records(BAD) == ([], {"turns_not_json": 1, "no_user_turn": 1, "edit_without_text": 2,
-                                        "turns_malformed": 2, "bad_verdict": 1, "reply_not_text": 1, "malformed": 1})
+    assert usable_records(BAD) == (
+        [],
+        {
+            "turns_not_json": 1,
+            "no_user_turn": 1,
+            "edit_without_text": 2,
+            "turns_malformed": 2,
+            "bad_verdict": 1,
+            "reply_not_text": 1,
+            "malformed": 1,
+        },
+    )
     with pytest.raises(FeedbackError, match="not JSON"):  # not a raw JSONDecodeError
         check_turns("[{not json")
 
@@ -271,13 +335,20 @@ def test_bad_rows_in_a_real_store_are_skipped(tmp_path):
     for r in CRAFTED[:3]:
         store.record(r["conversation_id"], r["turns"], r["reply"], r["verdict"], edited=r["edited"], model="m")
     with sqlite3.connect(store.path) as conn:
-        for legacy, verdict, edited in (("{oops", "up", None), ('[{"role": "assistant", "content": "a"}]', "up", None),
-                                        ('[{"role": "user", "content": "q"}]', "edit", None)):
-            conn.execute("INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, edited, created) "
-                         "VALUES ('bad', ?, 'r', ?, ?, '2026')", (legacy, verdict, edited))
+        for legacy, verdict, edited in (
+            ("{oops", "up", None),
+            ('[{"role": "assistant", "content": "a"}]', "up", None),
+            ('[{"role": "user", "content": "q"}]', "edit", None),
+        ):
+            conn.execute(
+                "INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, edited, created) "
+                "VALUES ('bad', ?, 'r', ?, ?, '2026')",
+                (legacy, verdict, edited),
+            )
     rows = store.records()
-    assert len(rows) == 6 and rows[3]["turns"] == "{oops" and rows[4]["turns"] == [{"role": "assistant",
-                                                                                     "content": "a"}]
+    assert (
+        len(rows) == 6 and rows[3]["turns"] == "{oops" and rows[4]["turns"] == [{"role": "assistant", "content": "a"}]
+    )
     assert usable_records(rows)[1] == {"turns_not_json": 1, "no_user_turn": 1, "edit_without_text": 1}
     assert sft_conversations(rows) == sft_conversations(CRAFTED[:3])
     assert preference_pairs(rows) == preference_pairs(CRAFTED[:3])
@@ -307,22 +378,32 @@ def test_first_layout_store_is_migrated_on_open(tmp_path):
     for i in range(6):  # one conversation rated after every exchange: the old layout repeats the turns
         old_rows.append(("c", json.dumps(history), f"r{i}", "up", None))
         history = history + [{"role": "assistant", "content": f"r{i}"}, {"role": "user", "content": f"q{i}"}]
-    old_rows += [("bad", "{not json", "r", "up", None),
-                 ("bad", json.dumps([{"role": "assistant", "content": "no user"}]), "r", "up", None),
-                 ("bad", json.dumps({"not": "a list"}), "r", "down", None),
-                 ("e", json.dumps([{"role": "user", "content": "q"}]), "r", "edit", "better")]
+    old_rows += [
+        ("bad", "{not json", "r", "up", None),
+        ("bad", json.dumps([{"role": "assistant", "content": "no user"}]), "r", "up", None),
+        ("bad", json.dumps({"not": "a list"}), "r", "down", None),
+        ("e", json.dumps([{"role": "user", "content": "q"}]), "r", "edit", "better"),
+    ]
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(OLD_SCHEMA)
     for row in old_rows:
-        conn.execute("INSERT INTO feedback (conversation_id, turns, reply, verdict, edited, model, created) "
-                     "VALUES (?, ?, ?, ?, ?, 'm', '2026-01-01')", row)
-    conn.execute("DELETE FROM feedback WHERE id > 9")   # ids above the rows kept must not be reused (sequence 10)
-    conn.execute("INSERT INTO feedback (conversation_id, turns, reply, verdict, edited, model, created) "
-                 "VALUES ('e', ?, 'r', 'edit', 'better', 'm', '2026-01-01')", (json.dumps(turns("q")),))
+        conn.execute(
+            "INSERT INTO feedback (conversation_id, turns, reply, verdict, edited, model, created) "
+            "VALUES (?, ?, ?, ?, ?, 'm', '2026-01-01')",
+            row,
+        )
+    conn.execute("DELETE FROM feedback WHERE id > 9")  # ids above the rows kept must not be reused (sequence 10)
+    conn.execute(
+        "INSERT INTO feedback (conversation_id, turns, reply, verdict, edited, model, created) "
+        "VALUES ('e', ?, 'r', 'edit', 'better', 'm', '2026-01-01')",
+        (json.dumps(turns("q")),),
+    )
     conn.commit()
-    expected = [(rid, json.loads(t) if not t.startswith("{n") else t) for rid, t in
-                conn.execute("SELECT id, turns FROM feedback ORDER BY id")]
+    expected = [
+        (rid, json.loads(t) if not t.startswith("{n") else t)
+        for rid, t in conn.execute("SELECT id, turns FROM feedback ORDER BY id")
+    ]
     assert conn.execute("PRAGMA user_version").fetchone()[0] == 0
     conn.close()
 
@@ -341,7 +422,7 @@ def test_first_layout_store_is_migrated_on_open(tmp_path):
     assert skipped == {"turns_not_json": 1, "no_user_turn": 1, "turns_malformed": 1}
     assert len(sft_conversations(rows)) == 7  # six liked replies and the edit
     assert store.record("new", turns("q"), "r", "up") == 12  # the old sequence goes on
-    assert FeedbackStore(path).records()[:-1] == rows      # opening again does not migrate twice
+    assert FeedbackStore(path).records()[:-1] == rows  # opening again does not migrate twice
 
 
 def test_turns_are_stored_once_per_conversation(tmp_path):
@@ -366,9 +447,11 @@ def test_store_refuses_over_long_messages_with_the_limit(tmp_path):
     limit = MAX_MESSAGE_CHARS
     assert limit == 32_000
     ok = store.record("c", turns("q" * limit), "r" * limit, "edit", edited="e" * limit)
-    for kwargs, what in (({"turns": turns("q" * (limit + 1))}, "turn 0 (user)"),
-                         ({"reply": "r" * 40_000}, "the reply"),
-                         ({"verdict": "edit", "edited": "e" * 32_001}, "the edited reply")):
+    for kwargs, what in (
+        ({"turns": turns("q" * (limit + 1))}, "turn 0 (user)"),
+        ({"reply": "r" * 40_000}, "the reply"),
+        ({"verdict": "edit", "edited": "e" * 32_001}, "the edited reply"),
+    ):
         with pytest.raises(FeedbackError) as caught:
             store.record(**{"conversation_id": "c", "turns": turns("q"), "reply": "r", "verdict": "up", **kwargs})
         message = str(caught.value)

@@ -22,20 +22,29 @@ def write(path, rows):
 
 
 def test_held_out_feedback_gathers_rated_replies_and_pairs(tmp_path):
-    files = {"sft": write(tmp_path / "sft.jsonl", [{"prompt": Q1, "completion": reply("Check the cable.")}]),
-             "dpo": write(tmp_path / "dpo.jsonl", [{"prompt": Q1, "chosen": reply("Check the cable."),
-                                                    "rejected": reply("It is fine.")}]),
-             "kto": write(tmp_path / "kto.jsonl", [{"prompt": Q2, "completion": reply("Whatever."), "label": False}]),
-             "none": None}
+    files = {
+        "sft": write(tmp_path / "sft.jsonl", [{"prompt": Q1, "completion": reply("Check the cable.")}]),
+        "dpo": write(
+            tmp_path / "dpo.jsonl",
+            [{"prompt": Q1, "chosen": reply("Check the cable."), "rejected": reply("It is fine.")}],
+        ),
+        "kto": write(tmp_path / "kto.jsonl", [{"prompt": Q2, "completion": reply("Whatever."), "label": False}]),
+        "none": None,
+    }
     rated, pairs = held_out_feedback(files)
     assert [(r["completion"][0]["content"], r["label"]) for r in rated] == [
-        ("Check the cable.", True), ("It is fine.", False), ("Whatever.", False)]  # the liked reply counted once
+        ("Check the cable.", True),
+        ("It is fine.", False),
+        ("Whatever.", False),
+    ]  # the liked reply counted once
     assert len(pairs) == 1
 
 
 def test_gain_arithmetic():
-    rated = [{"prompt": Q1, "completion": reply("a"), "label": True},
-             {"prompt": Q2, "completion": reply("b"), "label": False}]
+    rated = [
+        {"prompt": Q1, "completion": reply("a"), "label": True},
+        {"prompt": Q2, "completion": reply("b"), "label": False},
+    ]
     start = {"logps": [-2.0, -1.0], "pair_wins": [False, True], "taste_scores": [0.0, 1.0]}
     retrained = {"logps": [-1.5, -1.5], "pair_wins": [True, True], "taste_scores": [1.0, 1.0]}
     figures = gain(start, retrained, rated, [{}, {}])
@@ -53,12 +62,15 @@ def test_a_real_model_s_figures_with_a_taste(tiny_model, tmp_path):
     from dragon_dagster.engine.rewards import RewardSet
     from dragon_dagster.engine.spec.settings import Hardware
 
-    (tmp_path / "taste.py").write_text("def reward(prompt, completion, reference, row):\n"
-                                       "    return 1.0 if len(completion.split()) < 60 else 0.0\n")
+    (tmp_path / "taste.py").write_text(
+        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion.split()) < 60 else 0.0\n"
+    )
     taste = RewardSet.from_list([{"type": "custom", "file": "taste.py"}], base_dir=tmp_path)
-    rated = [{"prompt": Q1, "completion": reply("Check the cable."), "label": True},
-             {"prompt": Q1, "completion": reply("It is fine."), "label": False},
-             {"prompt": Q2, "completion": reply("Whatever."), "label": False}]
+    rated = [
+        {"prompt": Q1, "completion": reply("Check the cable."), "label": True},
+        {"prompt": Q1, "completion": reply("It is fine."), "label": False},
+        {"prompt": Q2, "completion": reply("Whatever."), "label": False},
+    ]
     pairs = [{"prompt": Q1, "chosen": reply("Check the cable."), "rejected": reply("It is fine.")}]
     model = load_model(str(tiny_model), Hardware(device="cpu"))
     raw = model_figures(model, load_tokenizer(str(tiny_model)), rated, pairs, taste, max_new_tokens=4)
@@ -70,8 +82,11 @@ def test_a_real_model_s_figures_with_a_taste(tiny_model, tmp_path):
 
 
 def test_gate_decisions_name_the_deciding_figure():
-    measured = {"held_out": {"rated_replies": 4}, "reward": {"start": 0.0, "retrained": 0.02, "gain": 0.02},
-                "pair_accuracy": None}
+    measured = {
+        "held_out": {"rated_replies": 4},
+        "reward": {"start": 0.0, "retrained": 0.02, "gain": 0.02},
+        "pair_accuracy": None,
+    }
     assert gain_decision(measured, Gate())[0] == []
     short, figures = gain_decision(measured, Gate(min_gain=0.05))
     assert short == ["reward gain 0.02 is not above min_gain 0.05 on the held-out feedback"]
@@ -92,8 +107,11 @@ def test_gate_decisions_name_the_deciding_figure():
         Gate(task_tolerance={"tokenf1": 0.1})
     tolerance = Gate(task_tolerance={"token_f1": 0.05}).task_tolerance  # given values replace defaults one by one
     assert tolerance["token_f1"] == 0.05 and tolerance["eval_loss"] == 0.02 and tolerance["exact"] == 0.0
-    stages = [{"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
-              {"name": "s", "kind": "sft", "dataset": "d"}, {"name": "m", "kind": "merge"}]
+    stages = [
+        {"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
+        {"name": "s", "kind": "sft", "dataset": "d"},
+        {"name": "m", "kind": "merge"},
+    ]
     with pytest.raises(PipelineError, match=r"feedback.gate: .*gate.taste\[0\]: unknown reward type 'vibes'"):
         parse({"name": "p", "stages": stages, "feedback": {"gate": {"taste": [{"type": "vibes"}]}}})
 
@@ -103,10 +121,19 @@ def test_a_missing_taste_file_fails_the_retraining_before_it_trains(tmp_path):
 
     from dragon_dagster.assets.feedback import taste_rewards
 
-    stages = [{"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
-              {"name": "s", "kind": "sft", "dataset": "d"}, {"name": "m", "kind": "merge"}]
-    pipeline = parse({"name": "p", "stages": stages, "feedback": {"gate": {
-        "metric": "liked_share", "taste": [{"type": "custom", "file": "taste.py"}]}}}, tmp_path / "p.yaml")
+    stages = [
+        {"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
+        {"name": "s", "kind": "sft", "dataset": "d"},
+        {"name": "m", "kind": "merge"},
+    ]
+    pipeline = parse(
+        {
+            "name": "p",
+            "stages": stages,
+            "feedback": {"gate": {"metric": "liked_share", "taste": [{"type": "custom", "file": "taste.py"}]}},
+        },
+        tmp_path / "p.yaml",
+    )
     with pytest.raises(Failure, match=r"p feedback.gate.taste: .*taste.py' does not exist"):
         taste_rewards(pipeline)
     (tmp_path / "taste.py").write_text("def reward(prompt, completion, reference, row):\n    return 1.0\n")

@@ -8,20 +8,38 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dagster import (AssetKey, AssetMaterialization, AssetSelection, DagsterInstance, DagsterRun, DagsterRunStatus,
-                     MetadataValue, build_asset_check_context, build_schedule_context, build_sensor_context,
-                     materialize)
+from dagster import (
+    AssetKey,
+    AssetMaterialization,
+    AssetSelection,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    MetadataValue,
+    build_asset_check_context,
+    build_schedule_context,
+    build_sensor_context,
+    materialize,
+)
 
-from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.automation import PIPELINE_TAG, RANGE_TAG, last_used_id
+from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.feedback import promotion_check
 from dragon_dagster.engine.feedback import FeedbackStore
 from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 
 from .test_pipeline_materialize import failed_message
 
-NAMES = ["feedback_sft_dataset", "feedback_pairs", "feedback_ratings", "feedback_sft_adapter", "feedback_dpo_adapter",
-         "feedback_kto_adapter", "retrained_model", "retrained_report"]
+NAMES = [
+    "feedback_sft_dataset",
+    "feedback_pairs",
+    "feedback_ratings",
+    "feedback_sft_adapter",
+    "feedback_dpo_adapter",
+    "feedback_kto_adapter",
+    "retrained_model",
+    "retrained_report",
+]
 
 
 def parts_and_resources(materialized):
@@ -29,21 +47,31 @@ def parts_and_resources(materialized):
 
     runs = materialized["runs"]
     parts = build_pipeline_defs(materialized["pipeline"])
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     return parts, resources
 
 
 def retrain_every_step(parts, instance, resources, tags):
     """The retraining job's assets and the gate, run for a requested range; every step must succeed (the gate's
     check may pass or fail). Returns (result, {asset name: materialization metadata})."""
-    result = materialize(parts["assets"] + parts["asset_checks"], instance=instance, resources=resources,
-                         selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]), tags=tags,
-                         raise_on_error=False)
+    result = materialize(
+        parts["assets"] + parts["asset_checks"],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]),
+        tags=tags,
+        raise_on_error=False,
+    )
     steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(result.run_id)}
     assert all(steps[f"tiny__{n}"] == "SUCCESS" for n in NAMES), steps
-    events = {e.asset_key.path[-1]: e.metadata for e in
-              (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())}
+    events = {
+        e.asset_key.path[-1]: e.metadata
+        for e in (ev.event_specific_data.materialization for ev in result.get_asset_materialization_events())
+    }
     return result, events
 
 
@@ -64,13 +92,20 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
 
     model = str(Path(materialized["outcome"]["artifacts"]["merged_model"]))
     store.record("c1", turns("Doorbell Cam does not ring the chime"), "Try turning it off.", "down", model=model)
-    store.record("c1", turns("Doorbell Cam does not ring the chime"), "Re-pair the chime in Settings > Chime.", "up",
-                 model=model)
+    store.record(
+        "c1", turns("Doorbell Cam does not ring the chime"), "Re-pair the chime in Settings > Chime.", "up", model=model
+    )
     with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as context:
         early = sensor_def.evaluate_tick(context)
     assert not early.run_requests and "2 new feedback records" in early.skip_message
-    store.record("c2", turns("Hub Pro blinks red"), "It is fine.", "edit", model=model,
-                 edited="Red means no internet: check the Ethernet cable or the Wi-Fi password.")
+    store.record(
+        "c2",
+        turns("Hub Pro blinks red"),
+        "It is fine.",
+        "edit",
+        model=model,
+        edited="Red means no internet: check the Ethernet cable or the Wi-Fi password.",
+    )
 
     with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as context:
         fired = sensor_def.evaluate_tick(context)
@@ -85,10 +120,11 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     champion_before = alias_version(client, "tiny", CHAMPION)
     result, events = retrain_every_step(parts, instance, resources, request.tags)
     assert events["feedback_sft_dataset"]["rows"].value == 2  # the liked reply and the edited one
-    assert events["feedback_pairs"]["rows"].value == 2        # liked vs disliked, and edited vs original
+    assert events["feedback_pairs"]["rows"].value == 2  # liked vs disliked, and edited vs original
     assert "skipped" not in events["feedback_dpo_adapter"]
-    adapter_manifest = json.loads((Path(events["feedback_dpo_adapter"]["artifact_dir"].value) / "manifest.json")
-                                  .read_text())
+    adapter_manifest = json.loads(
+        (Path(events["feedback_dpo_adapter"]["artifact_dir"].value) / "manifest.json").read_text()
+    )
     assert adapter_manifest["resolved_model"] == str(Path(model) / "model"), "retraining starts from the deployed model"
     report = json.loads((Path(events["retrained_report"]["artifact_dir"].value) / "report.json").read_text())
     assert {"base", "merged"} <= set(report)
@@ -142,8 +178,11 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
 
     runs = tmp_path / "runs"
     parts = build_pipeline_defs(materialized["pipeline"])
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     (tmp_path / "dagster_home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp_path / "dagster_home"))  # schedule contexts need a stored one
     [sensor_def], [schedule_def] = parts["sensors"], parts["schedules"]
@@ -154,15 +193,24 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     store.record("c1", turns("Doorbell Cam does not ring the chime"), "Re-pair the chime in Settings > Chime.", "up")
     store.record("c2", turns("Hub Pro blinks red"), "It is fine.", "edit", edited="Red means no internet.")
     with sqlite3.connect(store.path) as conn:  # two bad rows (first-layout data): turns not JSON, an edit without text
-        conn.execute("INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, created) "
-                     "VALUES ('bad', '[{oops', 'r', 'up', '2026')")
-        conn.execute("INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, created) "
-                     """VALUES ('bad', '[{"role": "user", "content": "q"}]', 'r', 'edit', '2026')""")
+        conn.execute(
+            "INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, created) "
+            "VALUES ('bad', '[{oops', 'r', 'up', '2026')"
+        )
+        conn.execute(
+            "INSERT INTO feedback (conversation_id, legacy_turns, reply, verdict, created) "
+            """VALUES ('bad', '[{"role": "user", "content": "q"}]', 'r', 'edit', '2026')"""
+        )
 
     def retrain(request, checks=True):
-        return materialize(parts["assets"] + (parts["asset_checks"] if checks else []), instance=instance,
-                           resources=resources, selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]),
-                           tags=request.tags, raise_on_error=False)
+        return materialize(
+            parts["assets"] + (parts["asset_checks"] if checks else []),
+            instance=instance,
+            resources=resources,
+            selection=AssetSelection.assets(*[["tiny", n] for n in NAMES]),
+            tags=request.tags,
+            raise_on_error=False,
+        )
 
     [request], _ = tick(sensor_def, instance, store_resource)
     assert request.tags[RANGE_TAG] == "1-5" and request.run_key == "feedback-1-5-1"
@@ -170,8 +218,10 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     assert not failed.success
     steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(failed.run_id)}
     assert steps["tiny__feedback_sft_dataset"] == "SUCCESS" and steps["tiny__feedback_sft_adapter"] == "FAILURE"
-    events = {e.asset_key.path[-1]: e.metadata for e in
-              (ev.event_specific_data.materialization for ev in failed.get_asset_materialization_events())}
+    events = {
+        e.asset_key.path[-1]: e.metadata
+        for e in (ev.event_specific_data.materialization for ev in failed.get_asset_materialization_events())
+    }
     sft = events["feedback_sft_dataset"]
     assert sft["rows"].value == 2 and sft["records"].value == 5 and sft["skipped_records"].value == 2
     assert sft["skipped_by_reason"].value == {"turns_not_json": 1, "edit_without_text": 1}
@@ -189,8 +239,14 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     assert (nightly.tags[RANGE_TAG], nightly.run_key) == ("1-5", "scheduled-1-5-2")
 
     # while a retraining of the pipeline is going, neither requests another
-    going = instance.add_run(DagsterRun(job_name="tiny_retrain_from_feedback", run_id=str(uuid.uuid4()),
-                                        status=DagsterRunStatus.STARTED, tags=dict(retry.tags)))
+    going = instance.add_run(
+        DagsterRun(
+            job_name="tiny_retrain_from_feedback",
+            run_id=str(uuid.uuid4()),
+            status=DagsterRunStatus.STARTED,
+            tags=dict(retry.tags),
+        )
+    )
     for definition in (sensor_def, schedule_def):
         requests, why = tick(definition, instance, store_resource)
         assert not requests and going.run_id in why and "has not finished" in why
@@ -208,11 +264,19 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     assert (request.tags[RANGE_TAG], request.run_key) == ("1-8", "feedback-1-8-1")
 
     # a successful retraining (deployed model present; the gate left out so the outcome does not depend on it)
-    assert materialize(parts["assets"], instance=instance, resources=resources,
-                       selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"])).success
+    assert materialize(
+        parts["assets"],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"]),
+    ).success
     tracking = resources["tracking"]
-    version = tracking.register_model("tiny", Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model",
-                                      None, {"note": "registered by hand"})
+    version = tracking.register_model(
+        "tiny",
+        Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model",
+        None,
+        {"note": "registered by hand"},
+    )
     assert tracking.promote("tiny", version, "by hand") is None  # the first champion of this store
     done = retrain(request, checks=False)
     assert done.success
@@ -252,14 +316,23 @@ def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_better(ma
         report_dir.mkdir()
         base = {"eval_loss": 1.0, "metrics": {"token_f1": 0.5}}
         held = {"rated_replies": 0 if gain is None else 4, "liked": 2, "disliked": 2, "pairs": 0, "prompts": 4}
-        feedback = {"held_out": held, "reward": None if gain is None else {"start": 0.0, "retrained": gain,
-                                                                           "gain": gain}}
-        (report_dir / "report.json").write_text(json.dumps(
-            {"base": base, "merged": {"eval_loss": retrained_loss, "metrics": {"token_f1": 0.5}},
-             "feedback": feedback}))
+        feedback = {
+            "held_out": held,
+            "reward": None if gain is None else {"start": 0.0, "retrained": gain, "gain": gain},
+        }
+        (report_dir / "report.json").write_text(
+            json.dumps(
+                {
+                    "base": base,
+                    "merged": {"eval_loss": retrained_loss, "metrics": {"token_f1": 0.5}},
+                    "feedback": feedback,
+                }
+            )
+        )
         (report_dir / "manifest.json").write_text(json.dumps({"merged": str(merged[name])}))
-        instance.report_runless_asset_event(AssetMaterialization(
-            report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(report_key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))})
+        )
         return gate(build_asset_check_context(instance=instance, resources={"tracking": tracking, "store": store}))
 
     assert (register("a"), register("b"), register("c")) == ("1", "2", "3")
@@ -272,8 +345,9 @@ def test_promotion_gate_moves_the_champion_only_when_the_retraining_is_better(ma
     assert flat.metadata["decision"].value == "reward gain 0 is not above min_gain 0 on the held-out feedback"
     assert flat.metadata["feedback/reward_gain"].value == 0.0 and flat.metadata["gate_metric"].value == "reward"
     unmeasured = gate_on("a", 0.9, gain=None)
-    assert not unmeasured.passed and "no held-out feedback to measure reward on" in \
-        unmeasured.metadata["decision"].value
+    assert (
+        not unmeasured.passed and "no held-out feedback to measure reward on" in unmeasured.metadata["decision"].value
+    )
     assert alias_version(client, "tiny", CHAMPION) is None, "a retraining that is not better is not promoted"
 
     passed = gate_on("a", 0.9)
@@ -305,17 +379,32 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
 
     runs = tmp_path / "runs"
     parts = build_pipeline_defs(materialized["pipeline"])
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     instance = DagsterInstance.ephemeral()
     tracking, store_resource = resources["tracking"], resources["store"]
     deployed = Path(materialized["outcome"]["artifacts"]["merged_model"]) / "model"
     tracking.promote("tiny", tracking.register_model("tiny", deployed, None, {"note": "by hand"}), "by hand")
-    assert materialize(parts["assets"], instance=instance, resources=resources,
-                       selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"])).success
+    assert materialize(
+        parts["assets"],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"]),
+    ).success
     store = FeedbackStore(store_resource.feedback_path("tiny"))
-    subjects = ["Hub Pro blinks red", "Doorbell Cam lags", "Smart Plug Mini offline", "Thermostat too warm",
-                "Camera will not pair", "Chime is silent", "Light strip flickers", "Lock jams"]
+    subjects = [
+        "Hub Pro blinks red",
+        "Doorbell Cam lags",
+        "Smart Plug Mini offline",
+        "Thermostat too warm",
+        "Camera will not pair",
+        "Chime is silent",
+        "Light strip flickers",
+        "Lock jams",
+    ]
     for i, subject in enumerate(subjects):
         liked = i % 2 == 0
         store.record(f"u{i}", turns(subject), f"Reply {i} about {subject}.", "up" if liked else "down")
@@ -326,8 +415,12 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
         result, events = retrain_every_step(parts, instance, resources, request.tags)
         report_dir = Path(events["retrained_report"]["artifact_dir"].value)
         [gate] = [e for e in result.get_asset_check_evaluations() if e.check_name == "promotion_gate"]
-        return instance.get_run_by_id(result.run_id).tags, events, json.loads(
-            (report_dir / "report.json").read_text()), gate
+        return (
+            instance.get_run_by_id(result.run_id).tags,
+            events,
+            json.loads((report_dir / "report.json").read_text()),
+            gate,
+        )
 
     tags, events, report, gate = retrain()
     ratings = json.loads((Path(events["feedback_ratings"]["artifact_dir"].value) / "manifest.json").read_text())
@@ -336,10 +429,13 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     assert events["feedback_pairs"]["rows"].value == 0
     assert tags["dragon/feedback_dpo"] == "skipped: no pairs"
     assert tags["dragon/feedback_kto"] == "6 rows from 6 records"
-    liked_in_train = sum(1 for r in store.records() if r["verdict"] == "up"
-                         and r["conversation_id"] in {f"u{i}" for i in range(8)}) - sum(
-        1 for line in (Path(events["feedback_ratings"]["artifact_dir"].value) / "eval.jsonl").read_text().splitlines()
-        if json.loads(line)["label"])
+    liked_in_train = sum(
+        1 for r in store.records() if r["verdict"] == "up" and r["conversation_id"] in {f"u{i}" for i in range(8)}
+    ) - sum(
+        1
+        for line in (Path(events["feedback_ratings"]["artifact_dir"].value) / "eval.jsonl").read_text().splitlines()
+        if json.loads(line)["label"]
+    )
     assert tags["dragon/feedback_sft"] == f"{liked_in_train} rows from {liked_in_train} records"
     kto = json.loads((Path(events["feedback_kto_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
     sft = json.loads((Path(events["feedback_sft_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
@@ -353,10 +449,13 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     assert report["feedback"]["held_out"]["rated_replies"] == 2 and report["feedback"]["reward"] is not None
     liked_share = report["feedback"]["liked_share"]  # the pipeline's taste: fewer than 3 words
     assert 0 <= liked_share["start"] <= 1 and liked_share["gain"] == liked_share["retrained"] - liked_share["start"]
-    assert (Path(events["retrained_report"]["artifact_dir"].value) / "rewards" / "taste.py").exists(), \
+    assert (Path(events["retrained_report"]["artifact_dir"].value) / "rewards" / "taste.py").exists(), (
         "the taste file travels with the report"
-    assert "## Retraining from feedback" in (Path(events["retrained_report"]["artifact_dir"].value)
-                                              / "report.md").read_text()
+    )
+    assert (
+        "## Retraining from feedback"
+        in (Path(events["retrained_report"]["artifact_dir"].value) / "report.md").read_text()
+    )
     figures = report["feedback"]["reward"]
     assert gate.metadata["feedback/reward_gain"].value == pytest.approx(figures["gain"])
     assert gate.passed == (figures["gain"] > 0 and gate.metadata["regressions"].value == "none")
@@ -379,16 +478,29 @@ def test_feedback_from_one_conversation_fails_before_training(materialized, tmp_
 
     parts = build_pipeline_defs(materialized["pipeline"])
     store_resource = ArtifactStore(runs_dir=str(tmp_path / "runs"))
-    resources = {"store": store_resource, "tracking": MLflowTracking(runs_dir=str(tmp_path / "runs")),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": store_resource,
+        "tracking": MLflowTracking(runs_dir=str(tmp_path / "runs")),
+        "training": TrainingResource(device="cpu"),
+    }
     store = FeedbackStore(store_resource.feedback_path("tiny"))
     store.record("one", turns("Hub Pro blinks red"), "It is fine.", "down")
-    store.record("one", turns("Hub Pro blinks red") + [{"role": "assistant", "content": "It is fine."},
-                                                     {"role": "user", "content": "Really?"}], "Check the cable.", "up")
+    store.record(
+        "one",
+        turns("Hub Pro blinks red")
+        + [{"role": "assistant", "content": "It is fine."}, {"role": "user", "content": "Really?"}],
+        "Check the cable.",
+        "up",
+    )
     instance = DagsterInstance.ephemeral()
-    result = materialize(parts["assets"], instance=instance, resources=resources,
-                         selection=AssetSelection.assets(["tiny", "feedback_ratings"]), raise_on_error=False,
-                         tags={RANGE_TAG: "1-2", PIPELINE_TAG: "tiny"})
+    result = materialize(
+        parts["assets"],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.assets(["tiny", "feedback_ratings"]),
+        raise_on_error=False,
+        tags={RANGE_TAG: "1-2", PIPELINE_TAG: "tiny"},
+    )
     assert not result.success
     message = failed_message(instance, result.run_id)
     assert "all in one conversation: none can be held out for the promotion gate" in message

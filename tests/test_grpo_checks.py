@@ -5,34 +5,54 @@ off at max_new_tokens; the asset page's per-reward metadata."""
 import json
 from pathlib import Path
 
-from dagster import (AssetCheckSeverity, AssetKey, DagsterInstance, MetadataValue, Output, asset, materialize)
+from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, MetadataValue, Output, asset, materialize
 
 from dragon_dagster.assets.adapter_stage import grpo_metadata
 from dragon_dagster.assets.checks import build_checks, grpo_checks
-from dragon_dagster.engine.train.grpo import (mean_clipped_ratio, progress_columns, suggest_max_new_tokens,
-                                              truncation_warning)
+from dragon_dagster.engine.train.grpo import (
+    mean_clipped_ratio,
+    progress_columns,
+    suggest_max_new_tokens,
+    truncation_warning,
+)
 
 KEY = AssetKey(["p", "grpo_adapter"])
 KINDS = {"numeric": "numeric", "length": "length"}
 
 
-def artifact(directory: Path, before: dict, after: dict, steps: list[dict], max_new_tokens: int = 128,
-             **result) -> Path:
+def artifact(
+    directory: Path, before: dict, after: dict, steps: list[dict], max_new_tokens: int = 128, **result
+) -> Path:
     """A GRPO artifact as the worker leaves it: manifest result, progress rows, per-reward group records."""
     directory.mkdir(parents=True)
-    (directory / "manifest.json").write_text(json.dumps({
-        "kind": "adapter", "stage": "grpo_adapter", "settings": {"max_new_tokens": max_new_tokens},
-        "result": {"reward_kinds": KINDS, "per_reward_before": before, "per_reward_after": after,
-                   "max_new_tokens": max_new_tokens, **result}}))
-    (directory / "progress.jsonl").write_text("".join(json.dumps({"step": i + 1, "kl": 0.01, **row}) + "\n"
-                                                      for i, row in enumerate(steps)))
-    (directory / "groups.jsonl").write_text("".join(json.dumps({"reward": "numeric", "zero_std_frac": 0.5}) + "\n"
-                                                    for _ in steps))
+    (directory / "manifest.json").write_text(
+        json.dumps(
+            {
+                "kind": "adapter",
+                "stage": "grpo_adapter",
+                "settings": {"max_new_tokens": max_new_tokens},
+                "result": {
+                    "reward_kinds": KINDS,
+                    "per_reward_before": before,
+                    "per_reward_after": after,
+                    "max_new_tokens": max_new_tokens,
+                    **result,
+                },
+            }
+        )
+    )
+    (directory / "progress.jsonl").write_text(
+        "".join(json.dumps({"step": i + 1, "kl": 0.01, **row}) + "\n" for i, row in enumerate(steps))
+    )
+    (directory / "groups.jsonl").write_text(
+        "".join(json.dumps({"reward": "numeric", "zero_std_frac": 0.5}) + "\n" for _ in steps)
+    )
     return directory
 
 
 def run(path: Path, block: bool = False):
     """Materialize a stub GRPO asset pointing at path, a stage after it, and the GRPO checks, in one run."""
+
     @asset(key=KEY)
     def grpo_adapter():
         return Output(str(path), metadata={"artifact_dir": MetadataValue.path(str(path))})
@@ -42,8 +62,9 @@ def run(path: Path, block: bool = False):
         return "merged"
 
     checks = grpo_checks(KEY, kl_bound=1.0, zero_std_limit=0.9, truncation_limit=0.25, block_on_reward_hacking=block)
-    result = materialize([grpo_adapter, merged_model, *checks], instance=DagsterInstance.ephemeral(),
-                         raise_on_error=False)
+    result = materialize(
+        [grpo_adapter, merged_model, *checks], instance=DagsterInstance.ephemeral(), raise_on_error=False
+    )
     evaluations = {e.check_name: e for e in result.get_asset_check_evaluations()}
     merged = [e.asset_key for e in result.get_asset_materialization_events()]
     return evaluations, AssetKey(["p", "merged_model"]) in merged
@@ -55,9 +76,13 @@ def flat_steps(n: int = 9, **row) -> list[dict]:
 
 # The textbook case of issue 12: held-out numeric 0.154 -> 0.000 while length 0.055 -> 0.904; during training the
 # numeric reward sat near 0 throughout, so the step-thirds comparison alone sees no accuracy falling.
-HACKED = dict(before={"numeric": 0.154, "length": 0.055}, after={"numeric": 0.0, "length": 0.904},
-              steps=[{"reward_numeric": 0.0 if i % 4 else 0.05, "reward_length": 0.1 * i, "clipped_ratio": 0.0}
-                     for i in range(9)])
+HACKED = dict(
+    before={"numeric": 0.154, "length": 0.055},
+    after={"numeric": 0.0, "length": 0.904},
+    steps=[
+        {"reward_numeric": 0.0 if i % 4 else 0.05, "reward_length": 0.1 * i, "clipped_ratio": 0.0} for i in range(9)
+    ],
+)
 
 
 def test_held_out_hacking_fails_the_check_though_the_training_trend_misses_it(tmp_path):
@@ -80,21 +105,27 @@ def test_blocking_hacking_check_stops_the_next_stage(tmp_path):
 
 
 def test_healthy_run_passes_every_check_and_a_blocking_check_lets_the_next_stage_run(tmp_path):
-    steps = [{"reward_numeric": 0.2 + 0.05 * i, "reward_length": 0.3 + 0.02 * i, "clipped_ratio": 0.05}
-             for i in range(9)]
-    path = artifact(tmp_path / "a", before={"numeric": 0.2, "length": 0.3}, after={"numeric": 0.5, "length": 0.5},
-                    steps=steps)
+    steps = [
+        {"reward_numeric": 0.2 + 0.05 * i, "reward_length": 0.3 + 0.02 * i, "clipped_ratio": 0.05} for i in range(9)
+    ]
+    path = artifact(
+        tmp_path / "a", before={"numeric": 0.2, "length": 0.3}, after={"numeric": 0.5, "length": 0.5}, steps=steps
+    )
     evaluations, merged = run(path, block=True)
     assert {n: e.passed for n, e in evaluations.items()} == {
-        "format_not_rising_while_accuracy_falls": True, "kl_within_bound": True,
-        "groups_have_reward_variance": True, "completions_not_truncated": True}
+        "format_not_rising_while_accuracy_falls": True,
+        "kl_within_bound": True,
+        "groups_have_reward_variance": True,
+        "completions_not_truncated": True,
+    }
     assert merged
 
 
 def test_training_trend_alone_still_fails_the_check(tmp_path):
     steps = [{"reward_numeric": 0.6 - 0.06 * i, "reward_length": 0.1 * i} for i in range(9)]
-    path = artifact(tmp_path / "a", before={"numeric": 0.3, "length": 0.3}, after={"numeric": 0.3, "length": 0.3},
-                    steps=steps)
+    path = artifact(
+        tmp_path / "a", before={"numeric": 0.3, "length": 0.3}, after={"numeric": 0.3, "length": 0.3}, steps=steps
+    )
     evaluations, _ = run(path)
     check = evaluations["format_not_rising_while_accuracy_falls"]
     assert not check.passed and check.metadata["accuracy_falling"].value == "numeric"
@@ -102,8 +133,13 @@ def test_training_trend_alone_still_fails_the_check(tmp_path):
 
 
 def test_truncated_completions_fail_naming_max_new_tokens_and_a_value_to_try(tmp_path):
-    path = artifact(tmp_path / "a", before={"numeric": 0.0, "length": 0.5}, after={"numeric": 0.0, "length": 0.5},
-                    steps=flat_steps(reward_numeric=0.0, reward_length=0.5, clipped_ratio=0.8), max_new_tokens=12)
+    path = artifact(
+        tmp_path / "a",
+        before={"numeric": 0.0, "length": 0.5},
+        after={"numeric": 0.0, "length": 0.5},
+        steps=flat_steps(reward_numeric=0.0, reward_length=0.5, clipped_ratio=0.8),
+        max_new_tokens=12,
+    )
     evaluations, merged = run(path, block=True)
     check = evaluations["completions_not_truncated"]
     assert not check.passed and check.severity == AssetCheckSeverity.WARN
@@ -114,11 +150,19 @@ def test_truncated_completions_fail_naming_max_new_tokens_and_a_value_to_try(tmp
 
 
 def test_completions_that_fit_pass_and_unlogged_ratio_passes(tmp_path):
-    fits = artifact(tmp_path / "a", before={"numeric": 0.2, "length": 0.5}, after={"numeric": 0.3, "length": 0.5},
-                    steps=flat_steps(reward_numeric=0.3, reward_length=0.5, clipped_ratio=0.1))
+    fits = artifact(
+        tmp_path / "a",
+        before={"numeric": 0.2, "length": 0.5},
+        after={"numeric": 0.3, "length": 0.5},
+        steps=flat_steps(reward_numeric=0.3, reward_length=0.5, clipped_ratio=0.1),
+    )
     assert run(fits)[0]["completions_not_truncated"].passed
-    older = artifact(tmp_path / "b", before={"numeric": 0.2, "length": 0.5}, after={"numeric": 0.3, "length": 0.5},
-                     steps=flat_steps(reward_numeric=0.3, reward_length=0.5))
+    older = artifact(
+        tmp_path / "b",
+        before={"numeric": 0.2, "length": 0.5},
+        after={"numeric": 0.3, "length": 0.5},
+        steps=flat_steps(reward_numeric=0.3, reward_length=0.5),
+    )
     check = run(older)[0]["completions_not_truncated"]
     assert check.passed and check.metadata["mean_clipped_ratio"].value == "not logged"
 
@@ -139,20 +183,43 @@ def test_worker_side_truncation_helpers():
 def test_stage_settings_reach_the_checks(tmp_path):
     from dragon_dagster.engine.spec.pipeline import Pipeline
 
-    pipeline = Pipeline.model_validate({
-        "name": "p", "model": "m", "stages": [
-            {"name": "prompts", "kind": "prompt_dataset", "path": "x.csv", "prompt": "q", "reference": "a"},
-            {"name": "grpo_adapter", "kind": "grpo", "dataset": "prompts", "rewards": [{"type": "numeric"}],
-             "block_on_reward_hacking": True, "truncation_limit": 0.5}]})
+    pipeline = Pipeline.model_validate(
+        {
+            "name": "p",
+            "model": "m",
+            "stages": [
+                {"name": "prompts", "kind": "prompt_dataset", "path": "x.csv", "prompt": "q", "reference": "a"},
+                {
+                    "name": "grpo_adapter",
+                    "kind": "grpo",
+                    "dataset": "prompts",
+                    "rewards": [{"type": "numeric"}],
+                    "block_on_reward_hacking": True,
+                    "truncation_limit": 0.5,
+                },
+            ],
+        }
+    )
     checks = {spec.name: spec for c in build_checks(pipeline) for spec in c.check_specs}
     assert checks["format_not_rising_while_accuracy_falls"].blocking
     assert not checks["completions_not_truncated"].blocking and "0.5" in checks["completions_not_truncated"].description
 
 
 def test_asset_page_shows_per_reward_before_and_after():
-    meta = grpo_metadata({"per_reward_before": {"numeric": 0.154, "length": 0.055},
-                          "per_reward_after": {"numeric": 0.0, "length": 0.904}, "clipped_ratio": 0.4,
-                          "max_new_tokens": 12})
-    assert meta == {"reward_before/numeric": 0.154, "reward_before/length": 0.055, "reward_after/numeric": 0.0,
-                    "reward_after/length": 0.904, "clipped_ratio": 0.4, "max_new_tokens": 12}
+    meta = grpo_metadata(
+        {
+            "per_reward_before": {"numeric": 0.154, "length": 0.055},
+            "per_reward_after": {"numeric": 0.0, "length": 0.904},
+            "clipped_ratio": 0.4,
+            "max_new_tokens": 12,
+        }
+    )
+    assert meta == {
+        "reward_before/numeric": 0.154,
+        "reward_before/length": 0.055,
+        "reward_after/numeric": 0.0,
+        "reward_after/length": 0.904,
+        "clipped_ratio": 0.4,
+        "max_new_tokens": 12,
+    }
     assert grpo_metadata({"train_loss": 1.0, "eval_loss": 0.9}) == {}  # other stages: nothing added

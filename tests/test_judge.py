@@ -9,9 +9,17 @@ import re
 
 import pytest
 
+from dragon_dagster.engine.evaluate.judge import (
+    Judge,
+    PairwiseResult,
+    Score,
+    combine,
+    parse_json_answer,
+    parse_score,
+    parse_winner,
+    score_summary,
+)
 from dragon_dagster.engine.infer.backends import Backend
-from dragon_dagster.engine.evaluate.judge import (Judge, PairwiseResult, Score, combine, parse_json_answer, parse_score,
-                                         parse_winner, score_summary)
 
 
 def between(tag: str, text: str) -> str:
@@ -53,17 +61,23 @@ def never_json(message: str) -> str:
 
 # ------------------------------------------------------------------------------------------ parsing
 
-@pytest.mark.parametrize("text, expected", [
-    ('{"score": 7, "reason": "ok"}', {"score": 7, "reason": "ok"}),
-    ('```json\n{"score": 7}\n```', {"score": 7}),
-    ('Here is my verdict:\n```\n{"score": 3}\n```\nHope that helps!', {"score": 3}),
-    ('Sure. {"score": 9, "reason": "uses {braces} and \\"quotes\\""} -- trailing words',
-     {"score": 9, "reason": 'uses {braces} and "quotes"'}),
-    ('The reply {is good}. Final: {"score": 5}', {"score": 5}),
-    ("{'score': 6, 'reason': 'python style'}", {"score": 6, "reason": "python style"}),
-    ('{"score": 2} and later {"score": 9}', {"score": 2}),
-    ('{"outer": {"score": 4}}', {"outer": {"score": 4}}),
-])
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('{"score": 7, "reason": "ok"}', {"score": 7, "reason": "ok"}),
+        ('```json\n{"score": 7}\n```', {"score": 7}),
+        ('Here is my verdict:\n```\n{"score": 3}\n```\nHope that helps!', {"score": 3}),
+        (
+            'Sure. {"score": 9, "reason": "uses {braces} and \\"quotes\\""} -- trailing words',
+            {"score": 9, "reason": 'uses {braces} and "quotes"'},
+        ),
+        ('The reply {is good}. Final: {"score": 5}', {"score": 5}),
+        ("{'score': 6, 'reason': 'python style'}", {"score": 6, "reason": "python style"}),
+        ('{"score": 2} and later {"score": 9}', {"score": 2}),
+        ('{"outer": {"score": 4}}', {"outer": {"score": 4}}),
+    ],
+)
 def test_parse_json_answer_finds_the_object(text, expected):
     assert parse_json_answer(text) == expected
 
@@ -73,21 +87,41 @@ def test_parse_json_answer_gives_none(text):
     assert parse_json_answer(text) is None
 
 
-@pytest.mark.parametrize("text, score", [
-    ('{"score": 7}', 7.0), ('{"score": "7"}', 7.0), ('{"Score": "8/10"}', 8.0), ('{"rating": 8.5}', 8.5),
-    ('{"score": " 10 out of 10 "}', 10.0), ('{"score": 0}', None), ('{"score": 11}', None),
-    ('{"score": "high"}', None), ('{"score": true}', None), ('{"reason": "no score"}', None),
-    ('{"score": NaN}', None), ("no json", None),
-])
+@pytest.mark.parametrize(
+    "text, score",
+    [
+        ('{"score": 7}', 7.0),
+        ('{"score": "7"}', 7.0),
+        ('{"Score": "8/10"}', 8.0),
+        ('{"rating": 8.5}', 8.5),
+        ('{"score": " 10 out of 10 "}', 10.0),
+        ('{"score": 0}', None),
+        ('{"score": 11}', None),
+        ('{"score": "high"}', None),
+        ('{"score": true}', None),
+        ('{"reason": "no score"}', None),
+        ('{"score": NaN}', None),
+        ("no json", None),
+    ],
+)
 def test_parse_score(text, score):
     assert parse_score(text)[0] == score
 
 
-@pytest.mark.parametrize("text, winner", [
-    ('{"winner": "1"}', "1"), ('{"winner": 2}', "2"), ('{"winner": "Response 1"}', "1"),
-    ('{"winner": "B"}', "2"), ('{"winner": "TIE"}', "tie"), ('{"better": "second"}', "2"),
-    ('{"winner": "both are bad"}', None), ('{"reason": "no winner"}', None), ("1", None),
-])
+@pytest.mark.parametrize(
+    "text, winner",
+    [
+        ('{"winner": "1"}', "1"),
+        ('{"winner": 2}', "2"),
+        ('{"winner": "Response 1"}', "1"),
+        ('{"winner": "B"}', "2"),
+        ('{"winner": "TIE"}', "tie"),
+        ('{"better": "second"}', "2"),
+        ('{"winner": "both are bad"}', None),
+        ('{"reason": "no winner"}', None),
+        ("1", None),
+    ],
+)
 def test_parse_winner(text, winner):
     assert parse_winner(text)[0] == winner
 
@@ -122,8 +156,11 @@ def test_score_parses_messy_answers_and_never_scores_unparsed_as_zero():
 def test_score_prompt_has_rubric_prompt_reply_and_reference_when_given():
     backend = FakeJudge(lambda m: '{"score": 5}')
     judge = Judge(backend, rubric="Reward replies under 20 words.")
-    judge.score(["How do I reset it?", [{"role": "user", "content": "Hi there"}]], ["Hold the button.", "Hello"],
-                references=["Hold reset for 10 s.", ""])
+    judge.score(
+        ["How do I reset it?", [{"role": "user", "content": "Hi there"}]],
+        ["Hold the button.", "Hello"],
+        references=["Hold reset for 10 s.", ""],
+    )
     with_ref, without_ref = backend.seen
     assert "Reward replies under 20 words." in with_ref
     assert between("user_request", with_ref) == "How do I reset it?"
@@ -142,6 +179,7 @@ def test_score_when_nothing_parses():
 
 # ------------------------------------------------------------------------------------------ pairwise mode
 
+
 def test_pairwise_asks_twice_with_the_replies_swapped():
     backend = FakeJudge(first_position)
     Judge(backend).compare(["q"], ["reply A"], ["reply B"], references=["ref"])
@@ -152,8 +190,9 @@ def test_pairwise_asks_twice_with_the_replies_swapped():
 
 
 def test_first_position_bias_comes_out_as_all_ties():
-    result = Judge(FakeJudge(first_position)).compare(["q1", "q2", "q3"], ["short", "a much longer reply", "x"],
-                                                      ["a much longer reply", "short", "y"])
+    result = Judge(FakeJudge(first_position)).compare(
+        ["q1", "q2", "q3"], ["short", "a much longer reply", "x"], ["a much longer reply", "short", "y"]
+    )
     assert isinstance(result, PairwiseResult)
     assert result.verdicts == ["tie", "tie", "tie"]
     assert (result.wins, result.ties, result.losses, result.unparsed) == (0, 3, 0, 0)
@@ -166,8 +205,15 @@ def test_length_preferring_judge_gives_wins_and_losses():
     replies_b = ["short", "brief", "a much longer reply from B", "same", "nope"]
     result = Judge(FakeJudge(longer)).compare([f"q{i}" for i in range(5)], replies_a, replies_b)
     assert result.verdicts == ["a", "a", "b", "tie", "a"]
-    assert result.summary() == {"n": 5, "wins": 3, "ties": 1, "losses": 1, "unparsed": 0, "disagreements": 0,
-                                "win_rate": pytest.approx(0.7)}
+    assert result.summary() == {
+        "n": 5,
+        "wins": 3,
+        "ties": 1,
+        "losses": 1,
+        "unparsed": 0,
+        "disagreements": 0,
+        "win_rate": pytest.approx(0.7),
+    }
     assert result.rows[0].reason_a_first == "longer is better"
     assert json.loads(json.dumps(result.to_dict()))["summary"]["wins"] == 3
 
@@ -175,8 +221,15 @@ def test_length_preferring_judge_gives_wins_and_losses():
 def test_judge_that_never_returns_json_is_all_unparsed():
     result = Judge(FakeJudge(never_json)).compare(["q1", "q2"], ["a1", "a2"], ["b1", "b2"])
     assert result.verdicts == ["unparsed", "unparsed"]
-    assert result.summary() == {"n": 2, "wins": 0, "ties": 0, "losses": 0, "unparsed": 2, "disagreements": 0,
-                                "win_rate": None}
+    assert result.summary() == {
+        "n": 2,
+        "wins": 0,
+        "ties": 0,
+        "losses": 0,
+        "unparsed": 2,
+        "disagreements": 0,
+        "win_rate": None,
+    }
     assert result.rows[0].raw_a_first == never_json("")
 
 
@@ -190,6 +243,7 @@ def test_one_unparsed_order_makes_the_row_unparsed():
 
 
 # ------------------------------------------------------------------------------------------ caching
+
 
 def test_cache_in_memory_and_on_disk(tmp_path):
     path = tmp_path / "cache" / "judge.sqlite"

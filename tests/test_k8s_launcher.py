@@ -13,7 +13,7 @@ import sys
 import textwrap
 import time
 import types
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -37,14 +37,20 @@ SECRET = "s3cr3t-value-never-in-a-manifest"
 
 
 def gpu_pod(**overrides) -> K8sPod:
-    return K8sPod(**{
-        "image": "registry.example/dragon-dagster:1.0", "namespace": "ml", "service_account_name": "trainer",
-        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": "dragon-runs"}}],
-        "volume_mounts": [{"name": "runs", "mountPath": "/runs"}],
-        "env_from_secrets": ["mlflow-credentials", "s3-credentials"],
-        "pod_labels": {"team": "post-training"}, **overrides})
+    return K8sPod(
+        **{
+            "image": "registry.example/dragon-dagster:1.0",
+            "namespace": "ml",
+            "service_account_name": "trainer",
+            "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": "dragon-runs"}}],
+            "volume_mounts": [{"name": "runs", "mountPath": "/runs"}],
+            "env_from_secrets": ["mlflow-credentials", "s3-credentials"],
+            "pod_labels": {"team": "post-training"},
+            **overrides,
+        }
+    )
 
 
 def as_v1pod(manifest: dict) -> kubernetes.client.V1Pod:
@@ -58,8 +64,15 @@ def container_env(manifest: dict) -> dict[str, str]:
 
 def test_rendered_pod_is_a_valid_v1_pod_with_everything_the_worker_needs(monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)  # in the parent's environment: must not leak
-    manifest = render_pod(gpu_pod(), WORKER, {"MLFLOW_TRACKING_URI": "http://mlflow.ml:5000"},
-                          cpus=8.0, gpus=2, memory_gb=64, termination_grace_s=900)
+    manifest = render_pod(
+        gpu_pod(),
+        WORKER,
+        {"MLFLOW_TRACKING_URI": "http://mlflow.ml:5000"},
+        cpus=8.0,
+        gpus=2,
+        memory_gb=64,
+        termination_grace_s=900,
+    )
     v1 = as_v1pod(manifest)
     assert v1.kind == "Pod" and v1.metadata.namespace == "ml"
     assert v1.metadata.labels["team"] == "post-training"
@@ -67,15 +80,19 @@ def test_rendered_pod_is_a_valid_v1_pod_with_everything_the_worker_needs(monkeyp
     (container,) = spec["containers"]
     assert container["image"] == "registry.example/dragon-dagster:1.0"
     assert container["command"] == WORKER
-    assert container["resources"] == {"requests": {"cpu": "8", "memory": "64Gi"},
-                                      "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"}}
+    assert container["resources"] == {
+        "requests": {"cpu": "8", "memory": "64Gi"},
+        "limits": {"memory": "64Gi", "nvidia.com/gpu": "2"},
+    }
     assert spec["volumes"] == [{"name": "runs", "persistentVolumeClaim": {"claimName": "dragon-runs"}}]
     assert container["volumeMounts"] == [{"name": "runs", "mountPath": "/runs"}]
     assert spec["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert spec["serviceAccountName"] == "trainer"
-    assert container["envFrom"] == [{"secretRef": {"name": "mlflow-credentials"}},
-                                    {"secretRef": {"name": "s3-credentials"}}]
+    assert container["envFrom"] == [
+        {"secretRef": {"name": "mlflow-credentials"}},
+        {"secretRef": {"name": "s3-credentials"}},
+    ]
     assert spec["restartPolicy"] == "Never"
     assert spec["terminationGracePeriodSeconds"] == 900
     assert spec["activeDeadlineSeconds"] == 7 * 86400  # the kubelet ends a pod that hangs: nothing else would
@@ -105,10 +122,22 @@ def test_cpu_only_pod_requests_no_gpu_and_custom_gpu_resources():
 
 def test_credentials_in_the_job_env_stay_out_of_the_manifest():
     warnings: list[str] = []
-    manifest = render_pod(gpu_pod(), WORKER, {
-        "AWS_SECRET_ACCESS_KEY": SECRET, "MLFLOW_TRACKING_TOKEN": SECRET, "HF_TOKEN": SECRET,
-        "MLFLOW_TRACKING_URI": f"https://user:{SECRET}@mlflow.example", PARENT_PID: "4242",
-        "MLFLOW_ALLOW_FILE_STORE": "true"}, cpus=1, gpus=1, memory_gb=8, warn=warnings.append)
+    manifest = render_pod(
+        gpu_pod(),
+        WORKER,
+        {
+            "AWS_SECRET_ACCESS_KEY": SECRET,
+            "MLFLOW_TRACKING_TOKEN": SECRET,
+            "HF_TOKEN": SECRET,
+            "MLFLOW_TRACKING_URI": f"https://user:{SECRET}@mlflow.example",
+            PARENT_PID: "4242",
+            "MLFLOW_ALLOW_FILE_STORE": "true",
+        },
+        cpus=1,
+        gpus=1,
+        memory_gb=8,
+        warn=warnings.append,
+    )
     text = json.dumps(manifest)
     assert SECRET not in text
     env = container_env(manifest)
@@ -137,10 +166,15 @@ def test_k8s_pod_nests_in_a_configurable_resource():
     def uses(r: R):
         seen.append(r.k8s)
 
-    config = {"image": "y", "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": "c"}}],
-              "node_selector": {"pool": "gpu"}, "env_from_secrets": ["s3-credentials"]}
-    assert materialize([uses], resources={"r": R()},
-                       run_config={"resources": {"r": {"config": {"k8s": config}}}}).success
+    config = {
+        "image": "y",
+        "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": "c"}}],
+        "node_selector": {"pool": "gpu"},
+        "env_from_secrets": ["s3-credentials"],
+    }
+    assert materialize(
+        [uses], resources={"r": R()}, run_config={"resources": {"r": {"config": {"k8s": config}}}}
+    ).success
     assert seen[0] == K8sPod(**config)
 
 
@@ -177,12 +211,19 @@ class FakeCoreApi:
     def create_namespaced_pod(self, namespace, body):
         manifest = kubernetes.client.ApiClient().sanitize_for_serialization(body)
         self.created.append((namespace, manifest))
-        proc = subprocess.run(manifest["spec"]["containers"][0]["command"], capture_output=True, text=True,
-                              timeout=60, env={"PATH": "/usr/bin:/bin", **container_env(manifest)})
-        start = datetime(2026, 1, 1, tzinfo=timezone.utc)
+        proc = subprocess.run(
+            manifest["spec"]["containers"][0]["command"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"PATH": "/usr/bin:/bin", **container_env(manifest)},
+        )
+        start = datetime(2026, 1, 1, tzinfo=UTC)
         lines = (proc.stdout + proc.stderr).splitlines()
-        self.log_lines = [f"{(start + timedelta(milliseconds=i)).strftime('%Y-%m-%dT%H:%M:%S.%fZ')} {line}\n"
-                          for i, line in enumerate(lines)]
+        self.log_lines = [
+            f"{(start + timedelta(milliseconds=i)).strftime('%Y-%m-%dT%H:%M:%S.%fZ')} {line}\n"
+            for i, line in enumerate(lines)
+        ]
         self.exit_code = proc.returncode
         self.name, self.labels = manifest["metadata"]["name"], manifest["metadata"]["labels"]
 
@@ -191,15 +232,21 @@ class FakeCoreApi:
         self.polls = getattr(self, "polls", 0) + 1
         assert self.streamed or self.polls < 100, "the pod log was never streamed"  # no sleeps: fail, not spin
         if self.streamed:
-            state = c.V1ContainerState(terminated=c.V1ContainerStateTerminated(
-                exit_code=self.exit_code, reason=self.reason or ("Completed" if self.exit_code == 0 else "Error")))
+            state = c.V1ContainerState(
+                terminated=c.V1ContainerStateTerminated(
+                    exit_code=self.exit_code, reason=self.reason or ("Completed" if self.exit_code == 0 else "Error")
+                )
+            )
             phase = "Succeeded" if self.exit_code == 0 else "Failed"
         else:
             state, phase = c.V1ContainerState(running=c.V1ContainerStateRunning()), "Running"
-        status = c.V1ContainerStatus(name="worker", ready=not self.streamed, restart_count=0, image="x",
-                                     image_id="", state=state)
-        return c.V1Pod(metadata=c.V1ObjectMeta(name=self.name, labels=self.labels),
-                       status=c.V1PodStatus(phase=phase, container_statuses=[status]))
+        status = c.V1ContainerStatus(
+            name="worker", ready=not self.streamed, restart_count=0, image="x", image_id="", state=state
+        )
+        return c.V1Pod(
+            metadata=c.V1ObjectMeta(name=self.name, labels=self.labels),
+            status=c.V1PodStatus(phase=phase, container_statuses=[status]),
+        )
 
     def list_namespaced_pod(self, namespace, field_selector=None, label_selector=None, **_):
         pods = [self._pod()] if self.created else []
@@ -226,8 +273,9 @@ def fake_cluster(monkeypatch, tmp_path):
     holder = {}
 
     def production_client(*_args, **_kwargs):
-        return DagsterKubernetesClient(batch_api=None, core_api=holder["api"], logger=lambda _m: None,
-                                       sleeper=lambda _s: None, timer=time.time)
+        return DagsterKubernetesClient(
+            batch_api=None, core_api=holder["api"], logger=lambda _m: None, sleeper=lambda _s: None, timer=time.time
+        )
 
     monkeypatch.setattr(DagsterKubernetesClient, "production_client", staticmethod(production_client))
     monkeypatch.setattr(k8s_pod, "check_cluster", lambda pod: "https://fake-apiserver:6443")
@@ -248,11 +296,17 @@ def run_in_fake_pod(api, script, kubeconfig, exit_code: int):
     @asset
     def trained(context):
         tap = PipesTap(on_metrics=lambda step, values: got["metrics"].append((step, values)))
-        got["code"] = run_pod(context, gpu_pod(kubeconfig_file=str(kubeconfig), poll_interval_s=0.01),
-                              [sys.executable, str(script), str(exit_code)],
-                              {"MLFLOW_TRACKING_URI": "http://mlflow.ml:5000", "AWS_SECRET_ACCESS_KEY": SECRET,
-                               PARENT_PID: "1"},
-                              tap.wrap, cpus=1, gpus=1, memory_gb=2, termination_grace_s=77)
+        got["code"] = run_pod(
+            context,
+            gpu_pod(kubeconfig_file=str(kubeconfig), poll_interval_s=0.01),
+            [sys.executable, str(script), str(exit_code)],
+            {"MLFLOW_TRACKING_URI": "http://mlflow.ml:5000", "AWS_SECRET_ACCESS_KEY": SECRET, PARENT_PID: "1"},
+            tap.wrap,
+            cpus=1,
+            gpus=1,
+            memory_gb=2,
+            termination_grace_s=77,
+        )
         got["outcome"] = tap.outcome
         return Output(got["code"])  # as the stages do: with a Pipes session, Dagster wants an explicit output
 
@@ -271,11 +325,23 @@ def test_run_pod_streams_the_workers_messages_through_the_tap(fake_cluster):
     assert namespace == "ml"
     as_v1pod(manifest)
     # what was submitted is what render_pod shows, but for the run's own context and name
-    rendered = render_pod(gpu_pod(), manifest["spec"]["containers"][0]["command"],
-                          {"MLFLOW_TRACKING_URI": "http://mlflow.ml:5000"}, cpus=1, gpus=1, memory_gb=2,
-                          termination_grace_s=77)
-    for key in ("volumes", "nodeSelector", "tolerations", "restartPolicy", "terminationGracePeriodSeconds",
-                "serviceAccountName"):
+    rendered = render_pod(
+        gpu_pod(),
+        manifest["spec"]["containers"][0]["command"],
+        {"MLFLOW_TRACKING_URI": "http://mlflow.ml:5000"},
+        cpus=1,
+        gpus=1,
+        memory_gb=2,
+        termination_grace_s=77,
+    )
+    for key in (
+        "volumes",
+        "nodeSelector",
+        "tolerations",
+        "restartPolicy",
+        "terminationGracePeriodSeconds",
+        "serviceAccountName",
+    ):
         assert manifest["spec"][key] == rendered["spec"][key]
     submitted, shown = manifest["spec"]["containers"][0], rendered["spec"]["containers"][0]
     assert {k: v for k, v in submitted.items() if k != "env"} == {k: v for k, v in shown.items() if k != "env"}
@@ -313,13 +379,21 @@ def test_a_terminated_run_deletes_the_pod_with_the_trainers_grace_period(fake_cl
 
 # --- no cluster at all ----------------------------------------------------------------------------------------
 
+
 def write_kubeconfig(tmp_path, server: str):
     path = tmp_path / "kubeconfig"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "test",
-        "clusters": [{"name": "test", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "ml"}}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "test",
+                "clusters": [{"name": "test", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "test", "user": {"token": "not-a-real-token"}}],
+                "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "ml"}}],
+            }
+        )
+    )
     return path
 
 
@@ -347,8 +421,9 @@ def test_a_silent_endpoint_times_out_instead_of_hanging(tmp_path):
         server.bind(("127.0.0.1", 0))
         server.listen(1)
         port = server.getsockname()[1]
-        pod = K8sPod(image="x", connect_timeout_s=1,
-                     kubeconfig_file=str(write_kubeconfig(tmp_path, f"https://127.0.0.1:{port}")))
+        pod = K8sPod(
+            image="x", connect_timeout_s=1, kubeconfig_file=str(write_kubeconfig(tmp_path, f"https://127.0.0.1:{port}"))
+        )
         start = time.monotonic()
         with pytest.raises(Failure, match=f"127.0.0.1:{port}.*within 1 s"):
             check_cluster(pod)

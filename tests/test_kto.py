@@ -24,9 +24,13 @@ def rated_csv(path: Path, n: int = 40) -> Path:
     (each ticket gets one or the other)."""
     tickets = pd.read_csv(Path(__file__).parents[1] / "dragon_dagster" / "example_data" / "tickets.csv").head(n)
     liked = [i % 3 != 0 for i in range(n)]
-    pd.DataFrame({"subject": tickets["subject"], "answer": [r if ok else BAD_REPLY for r, ok in
-                                                            zip(tickets["reply"], liked)],
-                  "rating": ["up" if ok else "down" for ok in liked]}).to_csv(path, index=False)
+    pd.DataFrame(
+        {
+            "subject": tickets["subject"],
+            "answer": [r if ok else BAD_REPLY for r, ok in zip(tickets["reply"], liked)],
+            "rating": ["up" if ok else "down" for ok in liked],
+        }
+    ).to_csv(path, index=False)
     return path
 
 
@@ -34,7 +38,8 @@ def kto_yaml(directory: Path, model: Path, label: str = "rating", method: str = 
     directory.mkdir(parents=True, exist_ok=True)
     rated_csv(directory / "rated.csv")
     path = directory / "kto.yaml"
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         name: kto
         model: {model}
         stages:
@@ -46,13 +51,22 @@ def kto_yaml(directory: Path, model: Path, label: str = "rating", method: str = 
           - {{name: kto_adapter, kind: preference, method: {method}, dataset: ratings, args: {STEPS}, n_samples: 2,
               max_new_tokens: 4}}
           - {{name: merged_model, kind: merge}}
-        """))
+        """)
+    )
     return path
 
 
 def test_labels_read_from_the_usual_spellings_and_a_bad_one_is_named():
-    assert [parse_label(v) for v in (True, 1, 0.0, "up", "Down", "liked", "1.0", "no")] == \
-        [True, True, False, True, False, True, True, False]
+    assert [parse_label(v) for v in (True, 1, 0.0, "up", "Down", "liked", "1.0", "no")] == [
+        True,
+        True,
+        False,
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
     df = pd.DataFrame({"q": ["a", "b"], "r": ["x", "y"], "ok": ["up", "maybe"]})
     with pytest.raises(DataError, match=r"row 2, column 'ok': label 'maybe' is neither liked"):
         map_rated(df, RatedMapping("q", "r", "ok"))
@@ -82,20 +96,27 @@ def test_a_preference_method_refuses_the_other_kind_of_rows():
 
 
 def test_pairs_unpair_into_a_liked_and_a_disliked_reply():
-    pair = {"prompt": [{"role": "user", "content": "q"}], "chosen": [{"role": "assistant", "content": "good"}],
-            "rejected": [{"role": "assistant", "content": "bad"}]}
+    pair = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "chosen": [{"role": "assistant", "content": "good"}],
+        "rejected": [{"role": "assistant", "content": "bad"}],
+    }
     rated = {"prompt": pair["prompt"], "completion": pair["rejected"], "label": False}
-    assert unpaired([pair, rated]) == [{"prompt": pair["prompt"], "completion": pair["chosen"], "label": True},
-                                       {"prompt": pair["prompt"], "completion": pair["rejected"], "label": False},
-                                       rated]
+    assert unpaired([pair, rated]) == [
+        {"prompt": pair["prompt"], "completion": pair["chosen"], "label": True},
+        {"prompt": pair["prompt"], "completion": pair["rejected"], "label": False},
+        rated,
+    ]
 
 
 def test_methods_need_their_kind_of_data(tiny_model, tmp_path):
     with pytest.raises(PipelineError, match=r"kto_adapter.*\(dpo\) trains on pairs.*rated_dataset.*method: kto"):
         load(kto_yaml(tmp_path / "dpo", tiny_model, method="dpo"))
-    stages = [{"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
-              {"name": "s", "kind": "sft", "dataset": "d"},
-              {"name": "k", "kind": "preference", "method": "kto", "dataset": "d"}]
+    stages = [
+        {"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
+        {"name": "s", "kind": "sft", "dataset": "d"},
+        {"name": "k", "kind": "preference", "method": "kto", "dataset": "d"},
+    ]
     with pytest.raises(PipelineError, match=r"\(kto\) trains on rated replies: its dataset 'd' is a chat_dataset"):
         parse({"name": "p", "stages": stages})
     stages[2].update(dataset="tickets")
@@ -112,10 +133,14 @@ def kto_run(tiny_model, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("kto")
     runs = root / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
-    outcome = materialize_pipeline(load(kto_yaml(root / "p", tiny_model)), resources=resources,
-                                   instance=DagsterInstance.ephemeral())
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
+    outcome = materialize_pipeline(
+        load(kto_yaml(root / "p", tiny_model)), resources=resources, instance=DagsterInstance.ephemeral()
+    )
     return {"outcome": outcome, "tracking": resources["tracking"]}
 
 
@@ -127,7 +152,11 @@ def test_kto_stage_trains_on_rated_replies_end_to_end(kto_run):
     art = {k: Path(v) for k, v in outcome["artifacts"].items()}
     data = [json.loads(line) for line in (art["ratings"] / "train.jsonl").read_text().splitlines()]
     held = [json.loads(line) for line in (art["ratings"] / "eval.jsonl").read_text().splitlines()]
-    assert len(data) + len(held) + read_manifest(art["ratings"])["duplicates_dropped"] == 40 and held and {r["label"] for r in data} == {True, False}
+    assert (
+        len(data) + len(held) + read_manifest(art["ratings"])["duplicates_dropped"] == 40
+        and held
+        and {r["label"] for r in data} == {True, False}
+    )
     assert all(r["completion"][0]["content"] == BAD_REPLY for r in data if not r["label"])
 
     manifest = read_manifest(art["kto_adapter"])
@@ -137,7 +166,9 @@ def test_kto_stage_trains_on_rated_replies_end_to_end(kto_run):
     liked = sum(r["label"] for r in data)
     assert (result["train_liked"], result["train_disliked"]) == (liked, len(data) - liked)
     # fewer disliked replies: the liked ones weigh less, so both sides pull about equally
-    assert result["desirable_weight"] == pytest.approx((len(data) - liked) / liked) and result["undesirable_weight"] == 1
+    assert (
+        result["desirable_weight"] == pytest.approx((len(data) - liked) / liked) and result["undesirable_weight"] == 1
+    )
     assert result["eval_rows"] == len(held) and result["eval_liked"] + result["eval_disliked"] == len(held)
     assert 0.0 <= result["pref_accuracy"] <= 1.0 and result["reward_margin"] is not None
     assert (art["kto_adapter"] / "adapter" / "adapter_config.json").exists()

@@ -15,21 +15,41 @@ from dragon_dagster.engine.spec import stages as st
 from .conftest import component_yaml
 
 STEPS = "{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, max_seq_len: 64}"
-COUNTRIES = ["France", "Italy", "Spain", "Japan", "Egypt", "Peru", "Chile", "Kenya", "Norway", "Greece", "India",
-             "Canada", "Mexico", "Poland", "Cuba"]
+COUNTRIES = [
+    "France",
+    "Italy",
+    "Spain",
+    "Japan",
+    "Egypt",
+    "Peru",
+    "Chile",
+    "Kenya",
+    "Norway",
+    "Greece",
+    "India",
+    "Canada",
+    "Mexico",
+    "Poland",
+    "Cuba",
+]
 
 
 def paraphrased_csv(path: Path) -> Path:
     """Each country asked two ways with the same answer, and the first 5 rows repeated word for word."""
-    rows = [{"question": q.format(c), "answer": f"Capital of {c}", "country": c}
-            for c in COUNTRIES for q in ("What is the capital of {}?", "Name the capital city of {}.")]
+    rows = [
+        {"question": q.format(c), "answer": f"Capital of {c}", "country": c}
+        for c in COUNTRIES
+        for q in ("What is the capital of {}?", "Name the capital city of {}.")
+    ]
     pd.DataFrame(rows + rows[:5]).to_csv(path, index=False)
     return path
 
 
 def test_group_by_keeps_each_group_on_one_side():
-    rows = [{"prompt": [{"role": "user", "content": f"q{i}"}], "completion": [{"role": "assistant", "content": "a"}]}
-            for i in range(60)]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"q{i}"}], "completion": [{"role": "assistant", "content": "a"}]}
+        for i in range(60)
+    ]
     groups = [f"g{i % 12}" for i in range(60)]
     train, held = data.split_rows(rows, 0.2, 42, groups)
     side = {}
@@ -71,10 +91,12 @@ def leaky_run(tiny_model, tmp_path_factory):
     paraphrased_csv(root / "caps.csv")
     path = root / "defs" / "leak" / "defs.yaml"
     path.parent.mkdir(parents=True)
-    path.write_text(component_yaml(textwrap.dedent(f"""\
+    path.write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
         name: leak
         model: {tiny_model}
-        datasets: {{caps: {{path: "{root / 'caps.csv'}"}}}}
+        datasets: {{caps: {{path: "{root / "caps.csv"}"}}}}
         stages:
           - {{name: allowed, kind: chat_dataset, source: caps, prompt: question, response: answer, eval_frac: 0.2,
               allow_leakage: true}}
@@ -84,10 +106,15 @@ def leaky_run(tiny_model, tmp_path_factory):
               metrics: [exact, token_f1]}}
           - {{name: leaky, kind: chat_dataset, source: caps, prompt: question, response: answer, eval_frac: 0.2}}
           - {{name: leaky_sft, kind: sft, dataset: leaky, args: {STEPS}, n_samples: 1, max_new_tokens: 4}}
-        """)))
+        """)
+        )
+    )
     runs = root / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     return materialize_pipeline(load(path), resources=resources, instance=DagsterInstance.ephemeral())
 
 

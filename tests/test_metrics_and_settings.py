@@ -1,10 +1,9 @@
 import math
 
 import pytest
-
-from dragon_dagster.engine.evaluate import metrics
 from pydantic import ValidationError
 
+from dragon_dagster.engine.evaluate import metrics
 from dragon_dagster.engine.spec.settings import Hardware, SettingsError, build
 from dragon_dagster.engine.spec.stages import Lora, TrainArgs
 
@@ -30,22 +29,27 @@ def test_task_metrics_follow_dragon_metrics():
         metrics.score(["a"], ["a"], names=["bleu"])
 
 
-@pytest.mark.parametrize("cls,values,field", [
-    (TrainArgs, {"learning_rate": -1e-4}, "learning_rate"),
-    (TrainArgs, {"batch_size": 0}, "batch_size"),
-    (TrainArgs, {"warmup_ratio": 1.5}, "warmup_ratio"),
-    (TrainArgs, {"max_steps": -3}, "max_steps"),
-    (TrainArgs, {"learning_rate": float("nan")}, "learning_rate"),
-    (Lora, {"r": 0}, "r"),
-    (Lora, {"dropout": 1.0}, "dropout"),
-])
+@pytest.mark.parametrize(
+    "cls,values,field",
+    [
+        (TrainArgs, {"learning_rate": -1e-4}, "learning_rate"),
+        (TrainArgs, {"batch_size": 0}, "batch_size"),
+        (TrainArgs, {"warmup_ratio": 1.5}, "warmup_ratio"),
+        (TrainArgs, {"max_steps": -3}, "max_steps"),
+        (TrainArgs, {"learning_rate": float("nan")}, "learning_rate"),
+        (Lora, {"r": 0}, "r"),
+        (Lora, {"dropout": 1.0}, "dropout"),
+    ],
+)
 def test_out_of_range_stage_settings_name_the_field(cls, values, field):
     with pytest.raises(ValidationError) as raised:
         cls(**values)
     assert [e["loc"] for e in raised.value.errors()] == [(field,)]
 
 
-@pytest.mark.parametrize("values,field", [({"device": "tpu"}, "hardware.device"), ({"dtype": "int8"}, "hardware.dtype")])
+@pytest.mark.parametrize(
+    "values,field", [({"device": "tpu"}, "hardware.device"), ({"dtype": "int8"}, "hardware.dtype")]
+)
 def test_out_of_range_hardware_names_the_field(values, field):
     with pytest.raises(SettingsError, match=field):
         build(Hardware, values, "hardware")

@@ -16,8 +16,16 @@ from click.testing import CliRunner
 from dagster import AssetSelection, DagsterInstance, materialize
 
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.engine.model_registry import CHALLENGER, CHAMPION, ModelRef, RegistryError, alias_version, \
-    model_dir, parse_uri, version_for
+from dragon_dagster.engine.model_registry import (
+    CHALLENGER,
+    CHAMPION,
+    ModelRef,
+    RegistryError,
+    alias_version,
+    model_dir,
+    parse_uri,
+    version_for,
+)
 from dragon_dagster.engine.spec.pipeline import load
 from dragon_dagster.resources import MLflowTracking
 
@@ -77,8 +85,11 @@ def test_training_runs_show_their_data_system_metrics_and_the_experiment_kind(ma
         assert data.name == "sft_dataset" and json.loads(data.source) == {"uri": str(dataset_dir), "file": name}
         rows = sum(1 for line in (dataset_dir / name).read_text().splitlines() if line.strip())
         assert json.loads(data.profile)["num_rows"] == rows and len(data.digest) == 16
-    assert {"system/cpu_utilization_percentage", "system/system_memory_usage_megabytes",
-            "system/process_rss_megabytes"} <= set(sft.data.metrics)
+    assert {
+        "system/cpu_utilization_percentage",
+        "system/system_memory_usage_megabytes",
+        "system/process_rss_megabytes",
+    } <= set(sft.data.metrics)
 
 
 def test_models_uris_name_registered_versions_in_generate_and_chat(materialized, monkeypatch):
@@ -134,10 +145,24 @@ def mlflow_server(tmp_path_factory):
     port = free_port()
     log = (root / "server.log").open("w")
     process = subprocess.Popen(
-        [str(Path(sys.executable).with_name("mlflow")), "server", "--backend-store-uri",
-         f"sqlite:///{root / 'server.db'}", "--artifacts-destination", str(root / "artifacts"),
-         "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'server.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -156,8 +181,9 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.mark.slow  # a server start and a tiny chain: about 100 s on 2 cores
-def test_a_stage_tracks_and_registers_on_a_real_mlflow_server(mlflow_server, tiny_model, tmp_path, monkeypatch,
-                                                             resources_for):
+def test_a_stage_tracks_and_registers_on_a_real_mlflow_server(
+    mlflow_server, tiny_model, tmp_path, monkeypatch, resources_for
+):
     """MLFLOW_TRACKING_URI alone points the pipeline at the server: runs, metrics, datasets and the registered
     model (uploaded through the server's artifact proxy) are there, and a models:/ URI downloads the model."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server["url"])
@@ -167,9 +193,14 @@ def test_a_stage_tracks_and_registers_on_a_real_mlflow_server(mlflow_server, tin
     assert resources["tracking"].uri == mlflow_server["url"]
     (tmp_path / "home").mkdir()
     parts = build_pipeline_defs(pipeline)
-    result = materialize(parts["assets"], resources=resources, instance=DagsterInstance.local_temp(
-        str(tmp_path / "home")), selection=AssetSelection.assets(
-        *[["tiny", n] for n in ("tickets", "sft_dataset", "sft_adapter", "merged_model")]))
+    result = materialize(
+        parts["assets"],
+        resources=resources,
+        instance=DagsterInstance.local_temp(str(tmp_path / "home")),
+        selection=AssetSelection.assets(
+            *[["tiny", n] for n in ("tickets", "sft_dataset", "sft_adapter", "merged_model")]
+        ),
+    )
     assert result.success
     assert not (tmp_path / "runs" / "mlflow.db").exists(), "nothing went to the local sqlite store"
 
@@ -200,8 +231,9 @@ def test_dragon_export_writes_gguf_and_a_modelfile_for_a_registered_model(materi
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(materialized["runs"]))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = tmp_path / "export"
-    result = CliRunner().invoke(cli.main, ["export", "models:/tiny@challenger", "--ollama", "--out", str(out),
-                                           "--system", "Be brief."])
+    result = CliRunner().invoke(
+        cli.main, ["export", "models:/tiny@challenger", "--ollama", "--out", str(out), "--system", "Be brief."]
+    )
     assert result.exit_code == 0, result.output
     files = sorted(p.name for p in out.iterdir())
     assert files == ["Modelfile", "README.md", "tiny-f16.gguf", "tiny-q8_0.gguf"]
@@ -232,11 +264,13 @@ def test_the_pipeline_report_promotes_over_its_own_merges_but_keeps_a_retrained_
         report_dir = tmp_path / f"report-{directory.name}"
         report_dir.mkdir()
         figures = {"eval_loss": 1.0, "metrics": {}}
-        (report_dir / "report.json").write_text(json.dumps({"merged_not_worse": True, "base": figures,
-                                                            "merged": figures}))
+        (report_dir / "report.json").write_text(
+            json.dumps({"merged_not_worse": True, "base": figures, "merged": figures})
+        )
         (report_dir / "manifest.json").write_text(json.dumps({"merged": str(directory)}))
-        instance.report_runless_asset_event(AssetMaterialization(
-            key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(key, metadata={"artifact_dir": MetadataValue.path(str(report_dir))})
+        )
         return check(build_asset_check_context(instance=instance, resources={"tracking": tracking}))
 
     client = tracking.client()

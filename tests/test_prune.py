@@ -43,8 +43,11 @@ def test_prune_shows_then_removes_only_what_nothing_refers_to(tmp_path, monkeypa
     MLflowTracking(runs_dir=str(runs)).register_model("p", tiny_model, None, {"artifact_dir": str(m1)})
     home.mkdir()
     with DagsterInstance.get() as instance:
-        instance.report_runless_asset_event(AssetMaterialization(
-            AssetKey(["p", "evaluation_report"]), metadata={"artifact_dir": MetadataValue.path(str(r1))}))
+        instance.report_runless_asset_event(
+            AssetMaterialization(
+                AssetKey(["p", "evaluation_report"]), metadata={"artifact_dir": MetadataValue.path(str(r1))}
+            )
+        )
         instance.add_run(DagsterRun(job_name="p_pipeline", run_id="live-run", status=DagsterRunStatus.STARTED))
         instance.add_run(DagsterRun(job_name="p_pipeline", run_id=str(uuid.uuid4()), status=DagsterRunStatus.SUCCESS))
 

@@ -26,8 +26,11 @@ def workers_on(runs: Path) -> list[int]:
 def ray_resources(runs: Path, head, **training) -> dict:
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
-    return {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-            "training": TrainingResource(device="cpu", launcher="ray", ray_address=head.address, **training)}
+    return {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu", launcher="ray", ray_address=head.address, **training),
+    }
 
 
 def test_a_stage_trains_as_a_ray_job_and_its_metrics_reach_mlflow_through_pipes(tiny_model, tmp_path, ray_head):
@@ -39,8 +42,12 @@ def test_a_stage_trains_as_a_ray_job_and_its_metrics_reach_mlflow_through_pipes(
 
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
     runs = tmp_path / "runs"
-    result = materialize(build_pipeline_defs(pipeline)["assets"], instance=DagsterInstance.ephemeral(),
-                         resources=ray_resources(runs, ray_head), selection=AssetSelection.keys(*TRAIN))
+    result = materialize(
+        build_pipeline_defs(pipeline)["assets"],
+        instance=DagsterInstance.ephemeral(),
+        resources=ray_resources(runs, ray_head),
+        selection=AssetSelection.keys(*TRAIN),
+    )
     assert result.success
     [job] = [j for j in ray_head.client().list_jobs() if (j.metadata or {}).get("dagster/run-id") == result.run_id]
     assert job.status == "SUCCEEDED" and job.submission_id.startswith("dragon-"), job
@@ -75,12 +82,13 @@ result = materialize(build_pipeline_defs(load(spec))["assets"], instance=Dagster
                                  "resources": {"training": {"config": ray}}})
 print("SUCCESS" if result.success else "FAILED", flush=True)
 """
-LONG_ARGS = ("{max_steps: 60, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
-             "max_seq_len: 128, learning_rate: 1.0e-3}")
+LONG_ARGS = (
+    "{max_steps: 60, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+    "max_seq_len: 128, learning_rate: 1.0e-3}"
+)
 
 
-def test_terminating_the_run_stops_the_ray_job_at_a_checkpoint_and_resume_continues(tiny_model, tmp_path,
-                                                                                    ray_head):
+def test_terminating_the_run_stops_the_ray_job_at_a_checkpoint_and_resume_continues(tiny_model, tmp_path, ray_head):
     spec = write_pipeline(tmp_path / "defs", tiny_model, args=LONG_ARGS)
     runs, home, driver = tmp_path / "runs", tmp_path / "home", tmp_path / "driver.py"
     home.mkdir()
@@ -89,16 +97,23 @@ def test_terminating_the_run_stops_the_ray_job_at_a_checkpoint_and_resume_contin
     before = {j.submission_id for j in client.list_jobs()}
 
     def launch(mode: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, str(driver), str(spec), str(runs), str(home), ray_head.address,
-                                 mode], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                cwd=Path(__file__).parent.parent)
+        return subprocess.Popen(
+            [sys.executable, str(driver), str(spec), str(runs), str(home), ray_head.address, mode],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
 
     run = launch("fresh")
     deadline = time.time() + 180
     progress: list[str] = []
     while time.time() < deadline and len(progress) < 3:  # the trainer is under way on the Ray cluster
-        progress = [line for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")
-                    for line in f.read_text().splitlines()]
+        progress = [
+            line
+            for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")
+            for line in f.read_text().splitlines()
+        ]
         assert run.poll() is None, run.stdout.read()[-3000:]
         time.sleep(0.5)
     assert len(progress) >= 3, "training never got going"
@@ -131,15 +146,24 @@ def test_two_workers_train_one_stage_with_ray_train_and_report_as_one(tiny_model
 
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
     runs = tmp_path / "runs"
-    result = materialize(build_pipeline_defs(pipeline)["assets"], instance=DagsterInstance.ephemeral(),
-                         resources=ray_resources(runs, ray_head, workers=2), selection=AssetSelection.keys(*TRAIN))
+    result = materialize(
+        build_pipeline_defs(pipeline)["assets"],
+        instance=DagsterInstance.ephemeral(),
+        resources=ray_resources(runs, ray_head, workers=2),
+        selection=AssetSelection.keys(*TRAIN),
+    )
     assert result.success
     [adapter] = list((runs / "artifacts" / "tiny" / "sft_adapter").iterdir())
     manifest = json.loads((adapter / "manifest.json").read_text())
     assert manifest["result"]["global_step"] == 8 and (adapter / "adapter" / "adapter_model.safetensors").exists()
     job = json.loads((adapter / "job.json").read_text())
-    assert job["parallel"] == {"workers": 2, "backend": "ray", "cpus_per_worker": 1.0, "gpus_per_worker": 0.0,
-                               "memory_gb_per_worker": 0.0}
+    assert job["parallel"] == {
+        "workers": 2,
+        "backend": "ray",
+        "cpus_per_worker": 1.0,
+        "gpus_per_worker": 0.0,
+        "memory_gb_per_worker": 0.0,
+    }
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
     [run] = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]

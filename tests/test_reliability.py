@@ -30,16 +30,20 @@ def everything_written(*roots: Path) -> bytes:
     return b"".join(p.read_bytes() for root in roots for p in Path(root).rglob("*") if p.is_file())
 
 
-def test_a_server_judge_s_key_comes_from_the_environment_and_is_written_nowhere(tiny_model, tmp_path, stub,
-                                                                                 resources_for, monkeypatch):
+def test_a_server_judge_s_key_comes_from_the_environment_and_is_written_nowhere(
+    tiny_model, tmp_path, stub, resources_for, monkeypatch
+):
 
     def judge(n, body):
         return 200, completion('{"winner": "A", "reason": "ok"}')
+
     server = stub(judge)
     monkeypatch.setenv("DRAGON_TEST_JUDGE_KEY", KEY)
     path = tmp_path / "p" / "defs.yaml"
     path.parent.mkdir()
-    path.write_text(component_yaml(textwrap.dedent(f"""\
+    path.write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
         name: secret
         model: {tiny_model}
         datasets: {{tickets: {{path: "example:tickets.csv"}}}}
@@ -54,7 +58,9 @@ def test_a_server_judge_s_key_comes_from_the_environment_and_is_written_nowhere(
             max_new_tokens: 4
             n_judge: 1
             judge: {{base_url: "{server.url}", model: judge, api_key_env: DRAGON_TEST_JUDGE_KEY}}
-        """)))
+        """)
+        )
+    )
     home = tmp_path / "home"
     home.mkdir()
     instance = DagsterInstance.local_temp(str(home))
@@ -74,15 +80,20 @@ def test_a_server_judge_s_key_comes_from_the_environment_and_is_written_nowhere(
 
 def test_a_key_written_in_the_pipeline_is_refused_with_the_field_named(tmp_path):
     path = tmp_path / "defs.yaml"
-    path.write_text(component_yaml(textwrap.dedent(f"""\
+    path.write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
         name: leaky
         datasets: {{t: {{path: "example:tickets.csv"}}}}
         stages:
           - {{name: d, kind: chat_dataset, source: t, prompt: subject, response: reply}}
           - {{name: s, kind: sft, dataset: d}}
           - {{name: m, kind: merge}}
-          - {{name: r, kind: evaluate, dataset: d, judge: {{base_url: "http://127.0.0.1:9/v1", model: j, api_key: {KEY}}}}}
-        """)))
+          - {{name: r, kind: evaluate, dataset: d,
+              judge: {{base_url: "http://127.0.0.1:9/v1", model: j, api_key: {KEY}}}}}
+        """)
+        )
+    )
     with pytest.raises(PipelineError) as raised:
         load(path)
     assert "stages[3].judge (line 9): Value error, do not write an API key" in str(raised.value)
@@ -94,24 +105,31 @@ def test_custom_reward_code_runs_only_in_the_worker_and_its_hash_is_recorded(tin
     pipelines.mkdir()
     marker = tmp_path / "imported-by.txt"
     reward = pipelines / "marked_reward.py"
-    reward.write_text(textwrap.dedent(f"""\
+    reward.write_text(
+        textwrap.dedent(f"""\
         import os
         with open({str(marker)!r}, "a") as f:  # a side effect at import: who ran this file?
             f.write(str(os.getpid()) + "\\n")
 
         def reward(prompt, completion, reference, row):
             return 1.0 if len(completion) < 12 else 0.0
-        """))
-    (pipelines / "defs.yaml").write_text(component_yaml(textwrap.dedent(f"""\
+        """)
+    )
+    (pipelines / "defs.yaml").write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
         name: marked
         model: {tiny_model}
         stages:
           - {{name: prompts, kind: prompt_dataset, path: "example:arithmetic.csv", prompt: question, reference: answer}}
           - {{name: grpo_adapter, kind: grpo, dataset: prompts, group_size: 2, max_new_tokens: 4, max_eval_prompts: 2,
               n_samples: 1, args: {STEPS}, rewards: [{{type: custom, file: marked_reward.py, name: short}}]}}
-        """)))
-    outcome = materialize_pipeline(load(pipelines / "defs.yaml"), resources=resources_for(tmp_path / "runs"),
-                                   instance=DagsterInstance.ephemeral())
+        """)
+        )
+    )
+    outcome = materialize_pipeline(
+        load(pipelines / "defs.yaml"), resources=resources_for(tmp_path / "runs"), instance=DagsterInstance.ephemeral()
+    )
     assert outcome["success"], outcome["stages"]
     importers = set(marker.read_text().split())
     assert importers and str(os.getpid()) not in importers, "the Dagster step process never imports the file"
@@ -125,7 +143,9 @@ def test_custom_reward_code_runs_only_in_the_worker_and_its_hash_is_recorded(tin
 
 def test_a_custom_reward_that_hangs_is_stopped_at_its_timeout(tmp_path):
     path = tmp_path / "slow.py"
-    path.write_text("import time\n\ndef reward(prompt, completion, reference, row):\n    time.sleep(30)\n    return 1.0\n")
+    path.write_text(
+        "import time\n\ndef reward(prompt, completion, reference, row):\n    time.sleep(30)\n    return 1.0\n"
+    )
     rewards = RewardSet([{"type": "custom", "file": str(path), "name": "slow", "timeout": 0.5}])
     started = time.monotonic()
     scores = rewards.score(["a", "b"], [{"prompt": "p"}, {"prompt": "q"}], on_error="zero")
@@ -141,13 +161,24 @@ def test_a_broken_pipeline_is_reported_by_file_and_field_while_the_others_load(t
     defs = user_project(tmp_path)
     write_pipeline(defs, tiny_model, name="good")
     (defs / "broken").mkdir()
-    (defs / "broken" / "defs.yaml").write_text(component_yaml(
-        "name: broken\ndatasets: [a]\nstages: [{name: m, kind: merge}]\nfeedback: {min_new_records: lots}\n"))
-    code = ("from trainlab.definitions import defs; "
-            "print(sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys())); "
-            "print([(s.name, s.description) for s in defs.sensors if 'broken' in s.name])")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(tmp_path), "DAGSTER_HOME": str(tmp_path)})
+    (defs / "broken" / "defs.yaml").write_text(
+        component_yaml(
+            "name: broken\ndatasets: [a]\nstages: [{name: m, kind: merge}]\nfeedback: {min_new_records: lots}\n"
+        )
+    )
+    code = (
+        "from trainlab.definitions import defs; "
+        "print(sorted(k.to_user_string() for k in defs.resolve_asset_graph().get_all_asset_keys())); "
+        "print([(s.name, s.description) for s in defs.sensors if 'broken' in s.name])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path), "DAGSTER_HOME": str(tmp_path)},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assets, sensors = out.stdout.strip().splitlines()[-2:]
     assert "'good/sft_adapter'" in assets and "broken/" not in assets
@@ -161,8 +192,11 @@ def test_a_table_too_large_to_read_is_refused_with_a_name(tmp_path, monkeypatch)
     big = tmp_path / "huge.csv"
     with big.open("wb") as f:  # a sparse 2 GiB file: no disk used, but it is what read_table would face
         f.truncate(2 * 2**30)
-    with pytest.raises(DataError, match=r"huge.csv is 2,048 MB, over the 1,024 MB a table may have.*"
-                                        "DRAGON_MAX_TABLE_MB"):
+    with pytest.raises(
+        DataError,
+        match=r"huge.csv is 2,048 MB, over the 1,024 MB a table may have.*"
+        "DRAGON_MAX_TABLE_MB",
+    ):
         read_table(big)
     monkeypatch.setenv("DRAGON_MAX_TABLE_MB", "0.0001")
     small = tmp_path / "small.csv"
@@ -200,6 +234,8 @@ def test_a_worker_that_ignores_sigterm_is_killed_with_everything_it_started(tmp_
         if Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
             break  # killed, waiting to be reaped by init
         time.sleep(0.1)
-    gone = not Path(f"/proc/{child}").exists() or \
-        Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    gone = (
+        not Path(f"/proc/{child}").exists()
+        or Path(f"/proc/{child}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    )
     assert gone, "the worker's own child was killed too"

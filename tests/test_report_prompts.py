@@ -24,7 +24,9 @@ def grpo_only(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("report_prompts")
     path = root / "defs" / "arith" / "defs.yaml"
     path.parent.mkdir(parents=True)
-    path.write_text(component_yaml(textwrap.dedent(f"""\
+    path.write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
         name: arith
         model: {tiny_model}
         stages:
@@ -42,10 +44,15 @@ def grpo_only(tiny_model, tmp_path_factory):
           - {{name: merged_model, kind: merge}}
           - {{name: evaluation_report, kind: evaluate, dataset: prompts, max_new_tokens: 6, n_samples: 2,
               max_eval_rows: 6, n_judge: 0}}
-        """)))
+        """)
+        )
+    )
     runs = root / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     instance = DagsterInstance.ephemeral()
     outcome = materialize_pipeline(load(path), resources=resources, instance=instance)
     return {"outcome": outcome, "runs": runs, "tracking": resources["tracking"], "instance": instance}
@@ -76,7 +83,9 @@ def test_a_grpo_only_pipeline_is_reported_on_its_prompts_with_its_rewards(grpo_o
         assert set(figures["metrics"]) >= {"numeric", "exact"}, "task metrics against the reference too"
     assert report["merged_not_worse"] == (report["merged"]["reward"] >= report["base"]["reward"] - 1e-6)
     assert {r["name"]: (r["type"], r["weight"], r["stage"]) for r in report["rewards"]} == {
-        "numeric": ("numeric", 1.0, "grpo_adapter"), "length": ("length", 0.2, "grpo_adapter")}
+        "numeric": ("numeric", 1.0, "grpo_adapter"),
+        "length": ("length", 0.2, "grpo_adapter"),
+    }
     assert len(report["samples"]) == 2
     for sample in report["samples"]:
         assert sample["prompt"].startswith("What is") and sample["reference"]

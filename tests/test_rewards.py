@@ -10,9 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dragon_dagster.engine.rewards import (
-    Reward, RewardError, RewardSet, run_command, score_rows, trl_reward_funcs,
-)
+from dragon_dagster.engine.rewards import Reward, RewardError, RewardSet, run_command, score_rows, trl_reward_funcs
 
 PY = sys.executable
 
@@ -28,6 +26,7 @@ def write(path: Path, source: str) -> Path:
 
 # -- reference rewards --------------------------------------------------------------------------------------
 
+
 def test_exact_is_normalized():
     assert score({"type": "exact"}, "  Lima. ", "lima") == 1.0
     assert score({"type": "exact"}, "Lima, Peru", "Lima") == 0.0
@@ -38,14 +37,17 @@ def test_contains():
     assert score({"type": "contains"}, "Cusco", "Lima") == 0.0
 
 
-@pytest.mark.parametrize("completion, reference, expected", [
-    ("so the answer is 1/2", "0.5", 1.0),
-    ("total: 1,000", "1000", 1.0),
-    ("first 7 then 12", "12", 1.0),
-    ("12 then 7", "12", 0.0),
-    ("no number at all", "3", 0.0),
-    ("-4", "-4.0", 1.0),
-])
+@pytest.mark.parametrize(
+    "completion, reference, expected",
+    [
+        ("so the answer is 1/2", "0.5", 1.0),
+        ("total: 1,000", "1000", 1.0),
+        ("first 7 then 12", "12", 1.0),
+        ("12 then 7", "12", 0.0),
+        ("no number at all", "3", 0.0),
+        ("-4", "-4.0", 1.0),
+    ],
+)
 def test_numeric_compares_the_last_number_exactly(completion, reference, expected):
     assert score({"type": "numeric"}, completion, reference) == expected
 
@@ -58,6 +60,7 @@ def test_reference_rewards_refuse_a_row_without_reference(kind, reference):
 
 
 # -- format rewards -----------------------------------------------------------------------------------------
+
 
 def test_regex_case_sensitivity():
     assert score({"type": "regex", "pattern": r"^T-\d{4}"}, "t-1234 fixed") == 1.0
@@ -72,7 +75,7 @@ def test_json_validity_fences_and_partial_credit():
     assert score({"type": "json"}, "[1, 2]") == 1.0
     assert score({"type": "json"}, "{'a': 1}") == 0.0
     assert score({"type": "json"}, "") == 0.0
-    assert score({"type": "json"}, "Sure:\n```json\n{\"id\": 3}\n```\nDone.") == 1.0
+    assert score({"type": "json"}, 'Sure:\n```json\n{"id": 3}\n```\nDone.') == 1.0
     assert score(keys, '```\n{"id": 1, "status": "open"}\n```') == pytest.approx(2 / 3)
     assert score(keys, '{"id": 1, "status": "open", "owner": null}') == 1.0
     assert score(keys, '["id", "status", "owner"]') == 0.0  # valid JSON but not an object: no key credit
@@ -104,6 +107,7 @@ def test_keyword_any_all_whole_words_case_insensitive():
 
 # -- command ------------------------------------------------------------------------------------------------
 
+
 def test_command_exit_code_from_stdin():
     spec = {"type": "command", "command": [PY, "-c", "import sys; sys.exit(0 if sys.stdin.read() == 'ok' else 3)"]}
     assert score(spec, "ok") == 1.0
@@ -111,8 +115,13 @@ def test_command_exit_code_from_stdin():
 
 
 def test_command_stdout_is_rescaled_and_clamped():
-    spec = {"type": "command", "score_from": "stdout", "min_score": 0, "max_score": 10,
-            "command": [PY, "-c", "import sys; print('lint score'); print(sys.stdin.read())"]}
+    spec = {
+        "type": "command",
+        "score_from": "stdout",
+        "min_score": 0,
+        "max_score": 10,
+        "command": [PY, "-c", "import sys; print('lint score'); print(sys.stdin.read())"],
+    }
     assert score(spec, "7.5") == pytest.approx(0.75)
     assert score(spec, "3/4 then 25") == 1.0
     assert score(spec, "-3") == 0.0
@@ -122,19 +131,25 @@ def test_command_stdout_is_rescaled_and_clamped():
 
 
 def test_command_runs_pytest_on_the_completion_file(tmp_path):
-    spec = {"type": "command", "input": "file", "command": [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                            "{completion_file}"]}
+    spec = {
+        "type": "command",
+        "input": "file",
+        "command": [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "{completion_file}"],
+    }
     good = "def add(a, b):\n    return a + b\n\ndef test_add():\n    assert add(2, 3) == 5\n"
     assert score(spec, good) == 1.0
     assert score(spec, good.replace("a + b", "a - b")) == 0.0
 
 
 def test_command_runs_a_pytest_file_on_the_completion_from_stdin(tmp_path):
-    check = write(tmp_path / "test_check.py", """\
+    check = write(
+        tmp_path / "test_check.py",
+        """\
         import sys
         def test_answer():
             assert sys.stdin.read().strip() == "42"
-    """)
+    """,
+    )
     # -s: without it pytest swaps stdin for a stub, and the test could not read the completion.
     spec = {"type": "command", "command": [PY, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", str(check)]}
     assert score(spec, "42\n") == 1.0
@@ -143,7 +158,10 @@ def test_command_runs_a_pytest_file_on_the_completion_from_stdin(tmp_path):
 
 def test_command_timeout_scores_zero_and_ends_the_process_group(tmp_path):
     # The child would keep stdout open for a minute; killing the group is what lets this return quickly.
-    hang = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    hang = (
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"
+    )
     reward = Reward("command", command=[PY, "-c", hang], timeout=0.5)
     started = time.monotonic()
     assert reward.score("anything") == 0.0
@@ -164,11 +182,15 @@ def test_command_gets_shell_metacharacters_as_data(tmp_path):
 
 
 def test_command_survives_huge_and_non_utf8_output():
-    huge = Reward("command", score_from="stdout",
-                  command=[PY, "-c", "import sys; sys.stdout.write('9 ' * 5_000_000 + '0.25\\n')"])
+    huge = Reward(
+        "command", score_from="stdout", command=[PY, "-c", "import sys; sys.stdout.write('9 ' * 5_000_000 + '0.25\\n')"]
+    )
     assert huge.score("") == pytest.approx(0.25)
-    binary = Reward("command", score_from="stdout",
-                    command=[PY, "-c", "import sys; sys.stdout.buffer.write(b'\\xff\\xfe\\x80 score 0.5 \\xc3')"])
+    binary = Reward(
+        "command",
+        score_from="stdout",
+        command=[PY, "-c", "import sys; sys.stdout.buffer.write(b'\\xff\\xfe\\x80 score 0.5 \\xc3')"],
+    )
     assert binary.score("") == pytest.approx(0.5)
     code, out = run_command([PY, "-c", "import sys; sys.stdout.buffer.write(b'\\xff' * 10)"], None, 10)
     assert code == 0 and out == "\ufffd" * 10
@@ -186,14 +208,23 @@ def test_command_that_does_not_exist_is_a_clear_row_error():
 
 # -- custom ---------------------------------------------------------------------------------------------------
 
+
 def test_custom_reward_gets_prompt_completion_reference_and_row(tmp_path):
-    path = write(tmp_path / "product.py", """\
+    path = write(
+        tmp_path / "product.py",
+        """\
         def reward(prompt, completion, reference, row):
             return 1.0 if row["product"] in completion and prompt.startswith("Ask") and reference == "r" else 0.0
-    """)
+    """,
+    )
     rs = RewardSet([{"type": "custom", "file": str(path), "name": "mentions_product"}])
-    rows = [{"prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Ask about it"}],
-             "reference": "r", "product": "Widget"}] * 2
+    rows = [
+        {
+            "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": "Ask about it"}],
+            "reference": "r",
+            "product": "Widget",
+        }
+    ] * 2
     out = rs.score(["The Widget works", "nothing"], rows)
     assert out.scores == {"mentions_product": [1.0, 0.0]}
 
@@ -217,12 +248,15 @@ def test_custom_file_that_does_not_load_or_exist(tmp_path):
 
 
 def test_raising_custom_reward_raise_or_zero(tmp_path):
-    path = write(tmp_path / "picky.py", """\
+    path = write(
+        tmp_path / "picky.py",
+        """\
         def reward(prompt, completion, reference, row):
             if completion == "boom":
                 raise KeyError("no such field")
             return 0.5
-    """)
+    """,
+    )
     rs = RewardSet([{"type": "custom", "file": str(path), "name": "picky"}, {"type": "length", "max_chars": 100}])
     rows = [{"prompt": "p"}] * 3
     with pytest.raises(RewardError) as info:
@@ -261,36 +295,40 @@ def test_localize_copies_custom_files_into_the_run(tmp_path):
 
 # -- validation and spec ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec, message", [
-    ({"type": "nope"}, "unknown reward type 'nope'"),
-    ({"type": "exact", "weight": -1}, "'exact'.*weight must be a number >= 0"),
-    ({"type": "exact", "weight": "1"}, "weight must be a number"),
-    ({"type": "exact", "weight": True}, "weight must be a number"),
-    ({"type": "exact", "name": ""}, "name must be a non-empty string"),
-    ({"type": "regex"}, "'regex'.*needs a pattern"),
-    ({"type": "regex", "pattern": "("}, "not a valid regular expression"),
-    ({"type": "regex", "pattern": "x", "case_sensitive": "yes"}, "case_sensitive must be true or false"),
-    ({"type": "length"}, "'length'.*needs min_chars or max_chars"),
-    ({"type": "length", "max_chars": 0}, "max_chars must be a whole number >= 1"),
-    ({"type": "length", "min_chars": 2.5}, "min_chars must be a whole number"),
-    ({"type": "length", "min_chars": 30, "max_chars": 20}, "above max_chars"),
-    ({"type": "keyword"}, "'keyword'.*needs words"),
-    ({"type": "keyword", "words": []}, "needs words"),
-    ({"type": "keyword", "words": ["a"], "mode": "some"}, "mode must be one of 'any', 'all'"),
-    ({"type": "json", "keys": [1]}, "needs keys"),
-    ({"type": "command"}, "'command'.*needs command"),
-    ({"type": "command", "command": []}, "needs command"),
-    ({"type": "command", "command": ["pytest", None]}, "needs command"),
-    ({"type": "command", "command": "pytest -q"}, "never run through a shell"),
-    ({"type": "command", "command": ["x"], "input": "argv"}, "input must be one of"),
-    ({"type": "command", "command": ["x"], "input": "file"}, "needs a '{completion_file}' argument"),
-    ({"type": "command", "command": ["x"], "score_from": "stderr"}, "score_from must be one of"),
-    ({"type": "command", "command": ["x"], "score_from": "stdout", "max_score": 0}, "must differ"),
-    ({"type": "command", "command": ["x"], "timeout": -1}, "timeout must be a number >= 0"),
-    ({"type": "custom"}, "'custom'.*needs file"),
-    ({"type": "numeric", "max_chars": 20}, "'numeric'.*does not take max_chars"),
-    ({"type": "length", "max_chars": 20, "patern": "x"}, "does not take patern"),
-])
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"type": "nope"}, "unknown reward type 'nope'"),
+        ({"type": "exact", "weight": -1}, "'exact'.*weight must be a number >= 0"),
+        ({"type": "exact", "weight": "1"}, "weight must be a number"),
+        ({"type": "exact", "weight": True}, "weight must be a number"),
+        ({"type": "exact", "name": ""}, "name must be a non-empty string"),
+        ({"type": "regex"}, "'regex'.*needs a pattern"),
+        ({"type": "regex", "pattern": "("}, "not a valid regular expression"),
+        ({"type": "regex", "pattern": "x", "case_sensitive": "yes"}, "case_sensitive must be true or false"),
+        ({"type": "length"}, "'length'.*needs min_chars or max_chars"),
+        ({"type": "length", "max_chars": 0}, "max_chars must be a whole number >= 1"),
+        ({"type": "length", "min_chars": 2.5}, "min_chars must be a whole number"),
+        ({"type": "length", "min_chars": 30, "max_chars": 20}, "above max_chars"),
+        ({"type": "keyword"}, "'keyword'.*needs words"),
+        ({"type": "keyword", "words": []}, "needs words"),
+        ({"type": "keyword", "words": ["a"], "mode": "some"}, "mode must be one of 'any', 'all'"),
+        ({"type": "json", "keys": [1]}, "needs keys"),
+        ({"type": "command"}, "'command'.*needs command"),
+        ({"type": "command", "command": []}, "needs command"),
+        ({"type": "command", "command": ["pytest", None]}, "needs command"),
+        ({"type": "command", "command": "pytest -q"}, "never run through a shell"),
+        ({"type": "command", "command": ["x"], "input": "argv"}, "input must be one of"),
+        ({"type": "command", "command": ["x"], "input": "file"}, "needs a '{completion_file}' argument"),
+        ({"type": "command", "command": ["x"], "score_from": "stderr"}, "score_from must be one of"),
+        ({"type": "command", "command": ["x"], "score_from": "stdout", "max_score": 0}, "must differ"),
+        ({"type": "command", "command": ["x"], "timeout": -1}, "timeout must be a number >= 0"),
+        ({"type": "custom"}, "'custom'.*needs file"),
+        ({"type": "numeric", "max_chars": 20}, "'numeric'.*does not take max_chars"),
+        ({"type": "length", "max_chars": 20, "patern": "x"}, "does not take patern"),
+    ],
+)
 def test_validation_errors_name_the_reward_and_problem(spec, message):
     with pytest.raises(RewardError, match=message):
         Reward.from_dict(spec)
@@ -301,8 +339,11 @@ def test_reward_error_is_a_value_error():
 
 
 def test_spec_round_trip_and_default_names():
-    specs = [{"type": "numeric", "weight": 1}, {"type": "length", "max_chars": 20, "weight": 0.2},
-             {"type": "regex", "pattern": "^T-", "name": "ticket", "case_sensitive": True}]
+    specs = [
+        {"type": "numeric", "weight": 1},
+        {"type": "length", "max_chars": 20, "weight": 0.2},
+        {"type": "regex", "pattern": "^T-", "name": "ticket", "case_sensitive": True},
+    ]
     rs = RewardSet.from_list(specs)
     assert rs.names == ["numeric", "length", "ticket"]
     assert rs.weights() == [1.0, 0.2, 1.0]
@@ -338,8 +379,11 @@ def test_score_totals_and_means():
     out = rs.score(["4", "it is 5"], rows)
     assert out.scores == {"numeric": [1.0, 0.0], "length": [1.0, pytest.approx(0.25)]}
     assert out.total == [1.5, pytest.approx(0.125)]
-    assert out.means() == {"reward": pytest.approx(0.8125), "reward_numeric": 0.5,
-                           "reward_length": pytest.approx(0.625)}
+    assert out.means() == {
+        "reward": pytest.approx(0.8125),
+        "reward_numeric": 0.5,
+        "reward_length": pytest.approx(0.625),
+    }
     with pytest.raises(RewardError, match="on_error"):
         rs.score(["4", "6"], rows, on_error="ignore")
     with pytest.raises(RewardError, match="1 completions for 2 rows"):
@@ -348,19 +392,27 @@ def test_score_totals_and_means():
 
 # -- TRL adapter ----------------------------------------------------------------------------------------------
 
+
 def test_trl_funcs_accept_strings_and_messages_with_columns_as_kwargs(tmp_path):
-    path = write(tmp_path / "field.py", """\
+    path = write(
+        tmp_path / "field.py",
+        """\
         def reward(prompt, completion, reference, row):
             return float(row["product"] in completion and prompt == "Which product?")
-    """)
-    rs = RewardSet([{"type": "numeric"}, {"type": "length", "max_chars": 10, "weight": 0.2},
-                    {"type": "custom", "file": str(path), "name": "product"}])
+    """,
+    )
+    rs = RewardSet(
+        [
+            {"type": "numeric"},
+            {"type": "length", "max_chars": 10, "weight": 0.2},
+            {"type": "custom", "file": str(path), "name": "product"},
+        ]
+    )
     funcs = trl_reward_funcs(rs)
     assert [f.__name__ for f in funcs] == ["numeric", "length", "product"]
     assert rs.weights() == [1.0, 0.2, 1.0]
     prompts = [[{"role": "user", "content": "Which product?"}]] * 2
-    kwargs = {"reference": ["7", "8"], "product": ["Gizmo", "Gizmo"], "trainer_state": object(),
-              "log_metric": print}
+    kwargs = {"reference": ["7", "8"], "product": ["Gizmo", "Gizmo"], "trainer_state": object(), "log_metric": print}
     as_text = ["Gizmo 7", "Gizmo 9 now"]
     as_messages = [[{"role": "assistant", "content": c}] for c in as_text]
     for completions in (as_text, as_messages):

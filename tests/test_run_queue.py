@@ -18,7 +18,7 @@ def test_runs_wait_for_the_training_pool_in_the_queue(tmp_path):
         assert isinstance(instance.run_coordinator, QueuedRunCoordinator)  # the daemon dequeues runs
         pools = instance.get_concurrency_config().pool_config
         assert pools.pool_granularity == PoolGranularity.RUN  # held in the queue while a run holds the pool
-        assert pools.default_pool_limit == 1                  # the training pool: one at a time
+        assert pools.default_pool_limit == 1  # the training pool: one at a time
         assert instance.get_concurrency_config().run_queue_config.should_block_op_concurrency_limited_runs
 
 
@@ -49,9 +49,14 @@ job = define_asset_job("both", selection=["a", "b"], executor_def=POOL_EXECUTOR)
 defs = Definitions(assets=[make("a"), make("b")], jobs=[job])
 """)
     (tmp_path / "home").mkdir()
-    out = subprocess.run([str(Path(sys.executable).parent / "dagster"), "job", "execute", "-f", "jobdef.py", "-j", "both"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")})
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "dagster"), "job", "execute", "-f", "jobdef.py", "-j", "both"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "DAGSTER_HOME": str(tmp_path / "home")},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     spans = sorted(tuple(map(float, line.split()[1:])) for line in times.read_text().splitlines())
     assert len(spans) == 2 and spans[0][1] <= spans[1][0], f"pooled steps overlapped: {spans}"

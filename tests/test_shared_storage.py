@@ -39,8 +39,12 @@ def bucket(moto_endpoint, monkeypatch) -> str:
     """A fresh bucket on the loopback server; the AWS_* environment s3fs and botocore read points at it."""
     import boto3
 
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_ENDPOINT_URL": moto_endpoint, "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(name, value)
     for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(name, raising=False)
@@ -67,6 +71,7 @@ def write_artifact(store: ArtifactStore, stage: str = "sft_dataset", run_id: str
 
 # ------------------------------------------------------------------------------------------------ publish
 
+
 def test_publish_uploads_every_file_before_the_marker(bucket, tmp_path, monkeypatch):
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"), artifact_uri=f"s3://{bucket}/team")
     seen = []
@@ -75,6 +80,7 @@ def test_publish_uploads_every_file_before_the_marker(bucket, tmp_path, monkeypa
     def watched(fs, local_file, remote_path):
         seen.append((remote_path, keys(bucket)))  # what the bucket held before each file went up
         upload(fs, local_file, remote_path)
+
     monkeypatch.setattr(remote, "_upload", watched)
 
     final = write_artifact(store)
@@ -82,11 +88,15 @@ def test_publish_uploads_every_file_before_the_marker(bucket, tmp_path, monkeypa
     rel = final.relative_to(store.root / "artifacts").as_posix()
     assert uri == f"s3://{bucket}/team/{rel}"
     assert len(seen) == 3 and not any(k.endswith(MARKER) for _, before in seen for k in before)
-    assert keys(bucket) == sorted(f"team/{rel}/{name}" for name in
-                                  ("train.jsonl", "sub/weights.bin", "manifest.json", MARKER))
+    assert keys(bucket) == sorted(
+        f"team/{rel}/{name}" for name in ("train.jsonl", "sub/weights.bin", "manifest.json", MARKER)
+    )
     marker = remote.read_marker(uri)
-    assert marker["files"] == {"manifest.json": final.joinpath("manifest.json").stat().st_size,
-                               "sub/weights.bin": 2048, "train.jsonl": 18}
+    assert marker["files"] == {
+        "manifest.json": final.joinpath("manifest.json").stat().st_size,
+        "sub/weights.bin": 2048,
+        "train.jsonl": 18,
+    }
     assert is_read_only(final)  # the local copy is still an ordinary finished artifact
     assert store.uri_for(tmp_path / "elsewhere") is None
     assert ArtifactStore(runs_dir=str(tmp_path / "runs")).uri_for(final) is None  # no artifact_uri: local only
@@ -102,6 +112,7 @@ def test_an_upload_cut_off_midway_leaves_no_artifact_anywhere(bucket, tmp_path, 
         if len(calls) == 2:
             raise ConnectionResetError("connection reset by peer")
         upload(fs, local_file, remote_path)
+
     monkeypatch.setattr(remote, "_upload", flaky)
 
     with pytest.raises(RemoteStoreError, match=f"s3://{bucket}/team/tiny/sft_dataset/.*ConnectionResetError"):
@@ -143,6 +154,7 @@ def test_a_complete_remote_artifact_is_never_overwritten(bucket, tmp_path, monke
 
 # ------------------------------------------------------------------------------------------ local copies
 
+
 def test_local_fetches_the_artifact_into_a_fresh_runs_dir(bucket, tmp_path, monkeypatch):
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"), artifact_uri=f"s3://{bucket}/team")
     final = write_artifact(store)
@@ -168,6 +180,7 @@ def test_local_fetches_the_artifact_into_a_fresh_runs_dir(bucket, tmp_path, monk
 
 # ------------------------------------------------------------------------------------- errors name the URI
 
+
 def test_a_missing_bucket_fails_the_asset_naming_the_uri(bucket, tmp_path):
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"), artifact_uri=f"s3://{bucket}-missing/team")
     with pytest.raises(RemoteStoreError, match=f"s3://{bucket}-missing/team/tiny/sft_dataset/.*bucket does not"):
@@ -188,6 +201,7 @@ def test_an_unreachable_endpoint_fails_fast_naming_the_uri(bucket, tmp_path, mon
 
 
 # ------------------------------------------------------------------------------------- jobs on other nodes
+
 
 def fake_worker(job: dict) -> None:
     """A stand-in for a trainer: reads its inputs, writes its outputs into output_dir."""
@@ -212,9 +226,16 @@ def test_a_job_runs_on_another_node_through_the_store(bucket, tmp_path, monkeypa
         (tmp / "data").mkdir()
         (tmp / "data" / "eval.jsonl").write_text("held out\n")
         (tmp / ".job-run.json").write_text("{}")  # the launcher's local run file: never shipped
-        job = {"settings": {"kind": "sft"}, "model": str(base_model), "adapters": [str(upstream / "adapter")],
-               "train_file": str(dataset / "train.jsonl"), "eval_file": str(tmp / "data" / "eval.jsonl"),
-               "output_dir": str(tmp), "checkpoint_dir": str(store.root / "checkpoints" / "x"), "resume_from": None}
+        job = {
+            "settings": {"kind": "sft"},
+            "model": str(base_model),
+            "adapters": [str(upstream / "adapter")],
+            "train_file": str(dataset / "train.jsonl"),
+            "eval_file": str(tmp / "data" / "eval.jsonl"),
+            "output_dir": str(tmp),
+            "checkpoint_dir": str(store.root / "checkpoints" / "x"),
+            "resume_from": None,
+        }
         output_uri = store.staging_uri(final, "run2")
         shipped = remote.remote_job(job, store.root, store.artifact_uri, output_uri)
         assert shipped["output_dir"] == output_uri and output_uri.startswith(f"s3://{bucket}/team/.staging/run2/")
@@ -222,7 +243,10 @@ def test_a_job_runs_on_another_node_through_the_store(bucket, tmp_path, monkeypa
         assert shipped["adapters"] == [store.uri_for(upstream / "adapter")]
         assert shipped["eval_file"] == output_uri + "/data/eval.jsonl"
         assert (shipped["model"], shipped["checkpoint_dir"], shipped["resume_from"]) == (
-            job["model"], job["checkpoint_dir"], None)  # outside the artifacts: must be reachable as they are
+            job["model"],
+            job["checkpoint_dir"],
+            None,
+        )  # outside the artifacts: must be reachable as they are
         remote.push_inputs(tmp, output_uri)
 
         # the worker's node: only the job (as JSON) and the environment
@@ -246,8 +270,12 @@ def test_a_job_runs_on_another_node_through_the_store(bucket, tmp_path, monkeypa
     fetched = []
     download = remote._download_files
     monkeypatch.setattr(remote, "_download_files", lambda *a: (fetched.append(a[1]), download(*a)))
-    again = remote.remote_job({**job, "output_dir": str(tmp_path / "runs" / "artifacts" / "tiny" / "x" / "y")},
-                              store.root, store.artifact_uri, store.staging_uri(final, "run3"))
+    again = remote.remote_job(
+        {**job, "output_dir": str(tmp_path / "runs" / "artifacts" / "tiny" / "x" / "y")},
+        store.root,
+        store.artifact_uri,
+        store.staging_uri(final, "run3"),
+    )
     again["eval_file"] = store.uri_for(dataset / "train.jsonl")
     with remote.localized(again, cache) as local_job:
         assert Path(local_job["train_file"]).read_text().count("\n") == 2
@@ -258,10 +286,17 @@ def test_a_job_runs_on_another_node_through_the_store(bucket, tmp_path, monkeypa
 def test_remote_job_rewrites_every_path_into_the_artifacts_and_nothing_else(tmp_path):
     arts = tmp_path / "runs" / "artifacts"
     adapter = str(arts / "tiny" / "sft_adapter" / "a-1" / "adapter")
-    job = {"output_dir": str(arts / "tiny" / "evaluation_report" / ".tmp-r-1"), "model": "org/hub-model",
-           "base_model": str(tmp_path / "base"), "merged_model": str(arts / "tiny" / "merged_model" / "m-1" / "model"),
-           "first_stage_adapters": [adapter], "stages": [{"name": "sft_adapter", "dir": adapter[:-len("/adapter")]}],
-           "rewards": [], "settings": {"kind": "evaluate"}, "max_len": 64}
+    job = {
+        "output_dir": str(arts / "tiny" / "evaluation_report" / ".tmp-r-1"),
+        "model": "org/hub-model",
+        "base_model": str(tmp_path / "base"),
+        "merged_model": str(arts / "tiny" / "merged_model" / "m-1" / "model"),
+        "first_stage_adapters": [adapter],
+        "stages": [{"name": "sft_adapter", "dir": adapter[: -len("/adapter")]}],
+        "rewards": [],
+        "settings": {"kind": "evaluate"},
+        "max_len": 64,
+    }
     got = remote.remote_job(job, tmp_path / "runs", "s3://b/p/", "s3://b/p/.staging/r/x")
     assert got["merged_model"] == "s3://b/p/tiny/merged_model/m-1/model"
     assert got["first_stage_adapters"] == ["s3://b/p/tiny/sft_adapter/a-1/adapter"]
@@ -275,8 +310,12 @@ def test_a_failed_job_uploads_nothing(bucket, tmp_path):
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"), artifact_uri=f"s3://{bucket}/team")
     dataset = write_artifact(store)
     output_uri = f"s3://{bucket}/team/.staging/run9/tiny/sft_adapter/x-1-abc"
-    job = remote.remote_job({"train_file": str(dataset / "train.jsonl"), "output_dir": str(tmp_path / "w")},
-                            store.root, store.artifact_uri, output_uri)
+    job = remote.remote_job(
+        {"train_file": str(dataset / "train.jsonl"), "output_dir": str(tmp_path / "w")},
+        store.root,
+        store.artifact_uri,
+        output_uri,
+    )
     with pytest.raises(ValueError, match="diverged"):
         with remote.localized(job, tmp_path / "cache") as local_job:
             (Path(local_job["output_dir"]) / "half.bin").write_bytes(b"x")
@@ -288,6 +327,7 @@ def test_a_failed_job_uploads_nothing(bucket, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ shared mount
+
 
 def test_a_shared_mount_by_file_uri(tmp_path):
     mount = tmp_path / "mnt" / "shared"
@@ -305,6 +345,7 @@ def test_a_shared_mount_by_file_uri(tmp_path):
 
 # ------------------------------------------------------------------------------------- a real pipeline stage
 
+
 @pytest.mark.slow
 def test_a_pipeline_trains_and_merges_through_the_bucket(bucket, tiny_model, tmp_path, monkeypatch):
     """Every artifact is published; the training and merge jobs go through the store (the worker fetches what
@@ -321,12 +362,19 @@ def test_a_pipeline_trains_and_merges_through_the_bucket(bucket, tiny_model, tmp
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
     runs = tmp_path / "runs"
     store = ArtifactStore(runs_dir=str(runs), artifact_uri=f"s3://{bucket}/shared")
-    resources = {"store": store, "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": store,
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     parts, instance = build_pipeline_defs(pipeline), DagsterInstance.ephemeral()
     names = ("tickets", "sft_dataset", "sft_adapter", "merged_model")
-    result = materialize(parts["assets"], instance=instance, resources=resources,
-                         selection=AssetSelection.assets(*[["tiny", n] for n in names]))
+    result = materialize(
+        parts["assets"],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.assets(*[["tiny", n] for n in names]),
+    )
     assert result.success
     published = keys(bucket, "shared/")
     for name in names:
@@ -334,16 +382,22 @@ def test_a_pipeline_trains_and_merges_through_the_bucket(bucket, tiny_model, tmp
         rel = local.relative_to(runs / "artifacts").as_posix()
         assert f"shared/{rel}/{MARKER}" in published, (name, published)
         assert set(remote.read_marker(store.uri_for(local))["files"]) == {
-            p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()}
+            p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()
+        }
     assert not [k for k in published if "/.staging/" in k], "each job's staging prefix is collected and removed"
     adapter = Path(result.output_for_node("tiny__sft_adapter"))
     fetched = list((cache / "artifacts").glob(f"{adapter.name}-*"))
     assert fetched and (fetched[0] / "adapter" / "adapter_model.safetensors").exists(), (
-        "the merge worker read the adapter from the bucket, not from the runs directory")
+        "the merge worker read the adapter from the bucket, not from the runs directory"
+    )
     assert (adapter / "adapter" / "adapter_model.safetensors").exists()  # collected back: the step's own copy
     assert not list(adapter.glob(".job-run.json")) and not list(adapter.glob("status.json"))
 
     remove_tree(adapter)  # this machine lost its copy (another node ran the training)
-    again = materialize(parts["assets"], instance=instance, resources=resources,
-                        selection=AssetSelection.assets(["tiny", "merged_model"]))
+    again = materialize(
+        parts["assets"],
+        instance=instance,
+        resources=resources,
+        selection=AssetSelection.assets(["tiny", "merged_model"]),
+    )
     assert again.success and (adapter / "adapter" / "adapter_model.safetensors").exists()

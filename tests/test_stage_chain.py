@@ -9,9 +9,9 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline
+from dragon_dagster.engine.artifacts import read_manifest
 from dragon_dagster.engine.spec.pipeline import load
 from dragon_dagster.engine.worker import load_job
-from dragon_dagster.engine.artifacts import read_manifest
 
 from .test_pipeline_materialize import failed_message
 
@@ -21,8 +21,10 @@ STEPS = "{max_steps: 3, batch_size: 2, grad_accum: 1, logging_steps: 1, max_seq_
 def chain_yaml(directory: Path, model: Path, extra_reward: str = "") -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "short_reward.py").write_text(
-        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion) < 12 else 0.0\n")
-    (directory / "chain.yaml").write_text(textwrap.dedent(f"""\
+        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion) < 12 else 0.0\n"
+    )
+    (directory / "chain.yaml").write_text(
+        textwrap.dedent(f"""\
         name: chain
         model: {model}
         datasets:
@@ -48,7 +50,8 @@ def chain_yaml(directory: Path, model: Path, extra_reward: str = "") -> None:
           - {{name: merged_model, kind: merge}}
           - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 4, n_samples: 2,
               n_judge: 2}}
-        """))
+        """)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +61,11 @@ def chain(tiny_model, tmp_path_factory):
     root = tmp_path_factory.mktemp("stages")
     chain_yaml(root / "pipelines", tiny_model)
     runs = root / "runs"
-    resources = {"store": ArtifactStore(runs_dir=str(runs)), "tracking": MLflowTracking(runs_dir=str(runs)),
-                 "training": TrainingResource(device="cpu")}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(runs)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+        "training": TrainingResource(device="cpu"),
+    }
     instance = DagsterInstance.ephemeral()
     outcome = materialize_pipeline(load(root / "pipelines" / "chain.yaml"), resources=resources, instance=instance)
     return {"outcome": outcome, "runs": runs, "tracking": resources["tracking"], "instance": instance}
@@ -73,7 +79,9 @@ def test_every_stage_materializes_and_chains(chain):
     assert dpo["method"] == "dpo" and dpo["chain"] == sft["chain"] + [str(art["dpo_adapter"] / "adapter")]
     assert grpo["chain"] == dpo["chain"] + [str(art["grpo_adapter"] / "adapter")]
     assert read_manifest(art["merged_model"])["adapters"] == grpo["chain"]
-    assert dpo["upstream_mlflow_run_id"] == sft["mlflow_run_id"] and grpo["upstream_mlflow_run_id"] == dpo["mlflow_run_id"]
+    assert (
+        dpo["upstream_mlflow_run_id"] == sft["mlflow_run_id"] and grpo["upstream_mlflow_run_id"] == dpo["mlflow_run_id"]
+    )
     checks = {c["name"] for c in outcome["checks"]}
     assert {"kl_within_bound", "groups_have_reward_variance", "format_not_rising_while_accuracy_falls"} <= checks
 
@@ -94,8 +102,13 @@ def test_dpo_reports_preference_accuracy_and_logs_reward_metrics(chain):
     assert 0.0 <= dpo["result"]["pref_accuracy"] <= 1.0 and "reward_margin" in dpo["result"]
     client = MlflowClient(chain["tracking"].uri)
     run = client.get_run(dpo["mlflow_run_id"])
-    assert {"train/rewards/chosen", "train/rewards/rejected", "train/rewards/margins", "train/rewards/accuracies",
-            "eval/pref_accuracy"} <= set(run.data.metrics)
+    assert {
+        "train/rewards/chosen",
+        "train/rewards/rejected",
+        "train/rewards/margins",
+        "train/rewards/accuracies",
+        "eval/pref_accuracy",
+    } <= set(run.data.metrics)
     assert run.data.params["beta"] == "0.1" and run.data.tags["upstream_mlflow_run_id"]
     # its held-out objective is named for what it is, not logged as an `eval/loss` beside SFT's NLL
     assert "eval/dpo_loss" in run.data.metrics and "eval/loss" not in run.data.metrics
@@ -125,7 +138,8 @@ def test_grpo_logs_progress_columns_and_measures_before_and_after(chain):
         assert load_job(written)[0].settings.model_dump() == written["settings"]
     run = MlflowClient(chain["tracking"].uri).get_run(manifest["mlflow_run_id"])
     assert {"train/reward", "train/kl", "train/rewards/numeric/mean", "eval/reward_before", "eval/reward"} <= set(
-        run.data.metrics)
+        run.data.metrics
+    )
 
 
 def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
@@ -143,8 +157,9 @@ def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
     assert "Held-out loss after each stage" in markdown and "| after dpo_adapter |" in markdown
     from mlflow import MlflowClient
 
-    report_run = MlflowClient(chain["tracking"].uri).get_run(read_manifest(
-        chain["outcome"]["artifacts"]["evaluation_report"])["mlflow_run_id"])
+    report_run = MlflowClient(chain["tracking"].uri).get_run(
+        read_manifest(chain["outcome"]["artifacts"]["evaluation_report"])["mlflow_run_id"]
+    )
     assert {"stage_nll/sft_adapter", "stage_nll/dpo_adapter", "stage_nll/grpo_adapter"} <= set(report_run.data.metrics)
     for against in ("vs_base", "vs_first_stage"):
         figures = report["judge"][against]
@@ -155,8 +170,9 @@ def run_small(tmp_path, tiny_model, resources_for, yaml_text: str):
     (tmp_path / "p").mkdir(exist_ok=True)
     (tmp_path / "p" / "small.yaml").write_text(textwrap.dedent(yaml_text).replace("MODEL", str(tiny_model)))
     instance = DagsterInstance.ephemeral()
-    outcome = materialize_pipeline(load(tmp_path / "p" / "small.yaml"), resources=resources_for(tmp_path / "runs"),
-                                   instance=instance)
+    outcome = materialize_pipeline(
+        load(tmp_path / "p" / "small.yaml"), resources=resources_for(tmp_path / "runs"), instance=instance
+    )
     return outcome, instance
 
 
@@ -165,12 +181,16 @@ def test_orpo_on_pairs_from_a_file_continues_from_sft(tiny_model, tmp_path, reso
 
     df = pd.read_csv(Path(__file__).parent.parent / "dragon_dagster" / "example_data" / "tickets.csv").head(30)
     df.assign(bad=df["product"] + " is not supported.").to_parquet(tmp_path / "pairs.parquet")
-    outcome, instance = run_small(tmp_path, tiny_model, resources_for, f"""\
+    outcome, instance = run_small(
+        tmp_path,
+        tiny_model,
+        resources_for,
+        f"""\
         name: small
         model: MODEL
         datasets:
           tickets: {{path: "example:tickets.csv"}}
-          pairs_file: {{path: "{tmp_path / 'pairs.parquet'}"}}
+          pairs_file: {{path: "{tmp_path / "pairs.parquet"}"}}
         stages:
           - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: subject, response: reply}}
           - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {STEPS}, n_samples: 1, max_new_tokens: 2}}
@@ -178,7 +198,8 @@ def test_orpo_on_pairs_from_a_file_continues_from_sft(tiny_model, tmp_path, reso
               rejected: bad, eval_frac: 0.2}}
           - {{name: orpo_adapter, kind: preference, method: orpo, dataset: pairs, args: {STEPS}, n_samples: 1,
               max_new_tokens: 2}}
-        """)
+        """,
+    )
     assert outcome["success"]
     manifest = read_manifest(outcome["artifacts"]["orpo_adapter"])
     event = instance.get_latest_materialization_event(AssetKey(["small", "pairs"]))
@@ -191,31 +212,42 @@ def test_orpo_on_pairs_from_a_file_continues_from_sft(tiny_model, tmp_path, reso
 
 
 def test_a_reward_that_needs_a_reference_fails_before_training(tiny_model, tmp_path, resources_for):
-    outcome, instance = run_small(tmp_path, tiny_model, resources_for, f"""\
+    outcome, instance = run_small(
+        tmp_path,
+        tiny_model,
+        resources_for,
+        f"""\
         name: small
         model: MODEL
         stages:
           - {{name: prompts, kind: prompt_dataset, path: "example:arithmetic.csv", prompt: question}}
           - {{name: grpo_adapter, kind: grpo, dataset: prompts, rewards: [{{type: numeric}}], args: {STEPS}}}
-        """)
+        """,
+    )
     assert not outcome["success"]
     # the preflight names it before the stage loads anything
-    assert "reward(s) ['numeric'] compare with a reference, but prompts maps no reference column" in \
-        failed_message(instance, outcome["run_id"])
+    assert "reward(s) ['numeric'] compare with a reference, but prompts maps no reference column" in failed_message(
+        instance, outcome["run_id"]
+    )
     assert not list((tmp_path / "runs" / "artifacts" / "small").glob("grpo_adapter/*"))
 
 
 def test_a_reward_file_without_the_function_is_named(tiny_model, tmp_path, resources_for):
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / "nothing.py").write_text("def score(x):\n    return 1\n")
-    outcome, instance = run_small(tmp_path, tiny_model, resources_for, f"""\
+    outcome, instance = run_small(
+        tmp_path,
+        tiny_model,
+        resources_for,
+        f"""\
         name: small
         model: MODEL
         stages:
           - {{name: prompts, kind: prompt_dataset, path: "example:arithmetic.csv", prompt: question, reference: answer}}
           - {{name: grpo_adapter, kind: grpo, dataset: prompts, rewards: [{{type: custom, file: nothing.py}}],
               args: {STEPS}}}
-        """)
+        """,
+    )
     assert not outcome["success"]
     message = failed_message(instance, outcome["run_id"])
     assert "nothing.py" in message and "reward" in message

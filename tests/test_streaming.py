@@ -35,6 +35,7 @@ def local(chatty_model) -> LocalBackend:
 
 # ------------------------------------------------------------------------------------------ local model
 
+
 def test_local_stream_joins_to_the_greedy_reply_in_several_chunks(local):
     (whole,) = local.chat([HELLO], max_new_tokens=40)
     chunks = list(local.stream(HELLO, max_new_tokens=40))
@@ -76,7 +77,9 @@ def test_local_stop_mid_stream_keeps_a_shorter_reply_and_ends_the_thread(local, 
     chat.rate(False)
     chat.edit("A complete answer.")
     assert [(r["verdict"], r["reply"], r["edited"]) for r in store.records()] == [
-        ("down", reply.text, None), ("edit", reply.text, "A complete answer.")]
+        ("down", reply.text, None),
+        ("edit", reply.text, "A complete answer."),
+    ]
     assert not chat.is_stopped()  # the edited reply is whole
     # the conversation goes on; a regenerated reply streams and replaces the last one
     chat.max_new_tokens = 20
@@ -165,6 +168,7 @@ def test_terminal_prints_tokens_as_they_come_and_ctrl_c_stops_only_the_reply(loc
 
 # ------------------------------------------------------------------------------------------ servers
 
+
 def test_stream_over_transformers_serve_matches_the_whole_reply(served):
     backend = ServerBackend(served["url"], served["model"], timeout=60, retries=1, backoff=0.1)
     (whole,) = backend.chat([HELLO], max_new_tokens=24)
@@ -190,8 +194,9 @@ class SSEServer:
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-                server.requests.append({"body": body, "headers": {k.lower(): v for k, v in self.headers.items()},
-                                        "at": time.monotonic()})
+                server.requests.append(
+                    {"body": body, "headers": {k.lower(): v for k, v in self.headers.items()}, "at": time.monotonic()}
+                )
                 status, events, gap = script(len(server.requests), body)
                 if not isinstance(events, list):
                     data = json.dumps(events).encode()
@@ -231,8 +236,13 @@ class SSEServer:
 
 
 def delta(text: str) -> dict:
-    return {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
-            "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+    return {
+        "id": "c",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "m",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
 
 
 @pytest.fixture()
@@ -242,6 +252,7 @@ def sse():
     def start(script) -> SSEServer:
         servers.append(SSEServer(script))
         return servers[-1]
+
     yield start
     for server in servers:
         server.close()
@@ -253,8 +264,11 @@ def test_server_stream_retries_then_streams_as_the_server_sends(sse, monkeypatch
     monkeypatch.setenv("OPENAI_ORG_ID", "org-env")
     monkeypatch.setenv("OPENAI_CUSTOM_HEADERS", "X-Leak: yes")
     words = ["  Once", " upon", " a", " time.  ", "\n"]
-    server = sse(lambda n, body: (503, {"error": "warming up"}, 0) if n <= 2 else
-                 (200, [delta(w) for w in words] + [b"[DONE]"], 0.3))
+    server = sse(
+        lambda n, body: (
+            (503, {"error": "warming up"}, 0) if n <= 2 else (200, [delta(w) for w in words] + [b"[DONE]"], 0.3)
+        )
+    )
     backend = ServerBackend(server.url, "m", retries=3, backoff=0.01, headers={"X-Team": "dragons"})
     arrivals, chunks = [], []
     for chunk in backend.stream(HELLO, max_new_tokens=9, temperature=0.5, system="Be brief."):
@@ -291,8 +305,13 @@ def test_server_stream_errors_are_clear(sse):
             got.append(chunk)
     assert got == ["Half", " a reply"]  # what came before the break was delivered
 
-    whole = sse(lambda n, body: (200, {"choices": [{"index": 0, "message": {"role": "assistant",
-                                                                            "content": " all at once "}}]}, 0))
+    whole = sse(
+        lambda n, body: (
+            200,
+            {"choices": [{"index": 0, "message": {"role": "assistant", "content": " all at once "}}]},
+            0,
+        )
+    )
     assert list(ServerBackend(whole.url, "m").stream("hi")) == ["all at once"]  # a server that ignores stream
 
     # a Chat whose turn fails keeps its history and says why
@@ -304,9 +323,10 @@ def test_server_stream_errors_are_clear(sse):
 
 # ------------------------------------------------------------------------------------------ the chat page
 
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_chat_page_streams_a_reply_and_stop_keeps_it_in_a_real_browser(chromium, chatty_model, tmp_path):
+def test_chat_page_streams_a_reply_and_stop_keeps_it_in_a_real_browser(chromium, chatty_model, tmp_path):  # noqa: F811
     from playwright.sync_api import expect, sync_playwright
     from transformers import AutoTokenizer
 
@@ -317,8 +337,10 @@ def test_chat_page_streams_a_reply_and_stop_keeps_it_in_a_real_browser(chromium,
     app = chat_ui.build_app(backend, store, "chatty", temperature=0.0, max_new_tokens=LONG)
     url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
     # every 20 ms: how long the last message on the page is (what a person watching would see)
-    record = ("window.__lens = []; setInterval(() => { const m = document.querySelectorAll("
-              "'#chatbot [data-testid=\"bot\"]'); if (m.length > 1) window.__lens.push(m[1].innerText.length); }, 20);")
+    record = (
+        "window.__lens = []; setInterval(() => { const m = document.querySelectorAll("
+        "'#chatbot [data-testid=\"bot\"]'); if (m.length > 1) window.__lens.push(m[1].innerText.length); }, 20);"
+    )
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)

@@ -1,5 +1,6 @@
-"""A real Dagster webserver and daemon on loopback (`dagster dev`, as `make ui` runs it): launch a materialization through GraphQL, terminate the run while
-it trains (the trainer saves a checkpoint and stops), then launch again with resume: true."""
+"""A real Dagster webserver and daemon on loopback (`dagster dev`, as `make ui` runs it): launch a materialization
+through GraphQL, terminate the run while it trains (the trainer saves a checkpoint and stops), then launch again
+with resume: true."""
 
 import json
 import os
@@ -45,17 +46,36 @@ class Webserver:
         home = root / "dagster_home"
         home.mkdir()
         (home / "dagster.yaml").write_text((Path(__file__).parent.parent / "dagster.yaml").read_text())
-        env = {**os.environ, "DAGSTER_HOME": str(home), "PYTHONPATH": str(project),
-               "DRAGON_RUNS_DIR": str(root / "runs"), "HF_HUB_OFFLINE": "1"}
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "PYTHONPATH": str(project),
+            "DRAGON_RUNS_DIR": str(root / "runs"),
+            "HF_HUB_OFFLINE": "1",
+        }
         (project / "workspace.yaml").write_text(  # the location named as the project's pyproject names it
             f"load_from:\n  - python_module: {{module_name: {module}, working_directory: ., "
-            f"location_name: {location}}}\n")
+            f"location_name: {location}}}\n"
+        )
         self.log = open(root / "webserver.log", "w")
         # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "dagster"), "dev", "-h", "127.0.0.1", "-p", str(self.port),
-             "-w", "workspace.yaml"], env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=project,
-            start_new_session=True)
+            [
+                str(Path(sys.executable).parent / "dagster"),
+                "dev",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-w",
+                "workspace.yaml",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=project,
+            start_new_session=True,
+        )
         self.url = f"http://127.0.0.1:{self.port}/graphql"
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -76,8 +96,11 @@ class Webserver:
 
     def launch(self, job: str, assets: list[list[str]] | None, run_config: dict) -> str:
         repo = next(n for n in self.gql(LOCATIONS)["repositoriesOrError"]["nodes"])
-        selector = {"repositoryLocationName": repo["location"]["name"], "repositoryName": repo["name"],
-                    "pipelineName": job}
+        selector = {
+            "repositoryLocationName": repo["location"]["name"],
+            "repositoryName": repo["name"],
+            "pipelineName": job,
+        }
         if assets:
             selector["assetSelection"] = [{"path": a} for a in assets]
         result = self.gql(LAUNCH, params={"selector": selector, "runConfigData": run_config})["launchRun"]
@@ -106,23 +129,31 @@ class Webserver:
 
 
 def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
-    long_args = ("{max_steps: 120, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
-                 "max_seq_len: 128, learning_rate: 1.0e-3}")
+    long_args = (
+        "{max_steps: 120, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+        "max_seq_len: 128, learning_rate: 1.0e-3}"
+    )
     defs = user_project(tmp_path / "project")
     write_pipeline(defs, tiny_model, args=long_args)
     server = Webserver(tmp_path, tmp_path / "project")
     runs = tmp_path / "runs"
     try:
-        run_id = server.launch("tiny_pipeline", [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]],
-                               {})
+        run_id = server.launch(
+            "tiny_pipeline", [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]], {}
+        )
         # wait until the trainer has logged a few steps, then terminate the run as the UI's button does
         deadline = time.time() + 240
         progress = []
         while time.time() < deadline and len(progress) < 3:
-            progress = [line for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")
-                        for line in f.read_text().splitlines()]
+            progress = [
+                line
+                for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")
+                for line in f.read_text().splitlines()
+            ]
             assert server.status(run_id) in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED"), (
-                server.status(run_id), (tmp_path / "webserver.log").read_text()[-3000:])
+                server.status(run_id),
+                (tmp_path / "webserver.log").read_text()[-3000:],
+            )
             time.sleep(0.5)
         assert len(progress) >= 3, "training never got going"
         stop = server.gql(TERMINATE, runId=run_id)["terminateRun"]
@@ -157,8 +188,10 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
 
 # ------------------------------------------------------------------------ workers never outlive their job
 
-LONG_ARGS = ("{max_steps: 400, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
-             "max_seq_len: 128, learning_rate: 1.0e-3}")
+LONG_ARGS = (
+    "{max_steps: 400, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+    "max_seq_len: 128, learning_rate: 1.0e-3}"
+)
 TRAIN = [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]]
 
 
@@ -211,8 +244,12 @@ def start_training(server) -> tuple[str, int]:
     """Launch the long SFT; return the run id and the worker's pid once it has logged a step."""
     run_id = server.launch("tiny_pipeline", TRAIN, {})
     runs = server.root / "runs"
-    wait_for(lambda: any(f.read_text().strip() for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")),
-             300, "training to log a step", server)
+    wait_for(
+        lambda: any(f.read_text().strip() for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")),
+        300,
+        "training to log a step",
+        server,
+    )
     [worker] = workers(str(runs / "artifacts" / "tiny" / "sft_adapter"))
     return run_id, worker
 
@@ -263,12 +300,14 @@ def test_terminating_a_run_stops_a_synthesis_worker_at_once(tiny_model, tmp_path
         "  stages:\n"
         "    - {name: sft_dataset, kind: chat_dataset, source: tickets, prompt: '{subject}', response: reply}\n"
         "    - {name: teacher_rows, kind: synthetic_dataset, dataset: sft_dataset,\n"
-        f"       teacher: {{base_url: '{hung.url}', model: t, timeout: 600, retries: 0}}}}\n")
+        f"       teacher: {{base_url: '{hung.url}', model: t, timeout: 600, retries: 0}}}}\n"
+    )
     server = Webserver(tmp_path, tmp_path / "project")
     server.root = tmp_path
     try:
-        run_id = server.launch("hang_pipeline", [["hang", "tickets"], ["hang", "sft_dataset"], ["hang", "teacher_rows"]],
-                               {})
+        run_id = server.launch(
+            "hang_pipeline", [["hang", "tickets"], ["hang", "sft_dataset"], ["hang", "teacher_rows"]], {}
+        )
         wait_for(lambda: hung.requests, 300, "the worker to call the teacher", server)
         [worker] = workers(str(tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows"))
         stop = server.gql(TERMINATE, runId=run_id)["terminateRun"]
@@ -277,7 +316,10 @@ def test_terminating_a_run_stops_a_synthesis_worker_at_once(tiny_model, tmp_path
         wait_for(lambda: not alive(worker), 20, "the synthesis worker to stop", server)
         assert time.time() - stopped < 20
         assert server.wait(run_id, timeout=60) == "CANCELED"
-        assert not [p for p in (tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows").iterdir()
-                    if not p.name.startswith(".tmp-")]
+        assert not [
+            p
+            for p in (tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows").iterdir()
+            if not p.name.startswith(".tmp-")
+        ]
     finally:
         server.stop()

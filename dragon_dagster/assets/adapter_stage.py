@@ -12,13 +12,19 @@ from ..engine.artifacts import read_manifest, sha256, write_manifest
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.spec import preflight
-from ..resources.launcher import ENDED
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.stages import GRPO, TrainerStage
+from ..resources.launcher import ENDED
 from .metadata import finite
 
-ARTIFACTS_TO_MLFLOW = ("job.json", "metrics.json", "samples.jsonl", "progress.jsonl", "loss.png",
-                       "adapter/adapter_config.json")
+ARTIFACTS_TO_MLFLOW = (
+    "job.json",
+    "metrics.json",
+    "samples.jsonl",
+    "progress.jsonl",
+    "loss.png",
+    "adapter/adapter_config.json",
+)
 
 
 def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str):
@@ -43,12 +49,18 @@ def run_is_live(instance):
     """Whether a Dagster run id belongs to a run still going (queued to cancelling): its files are in use."""
     from dagster import DagsterRunStatus
 
-    going = {DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.STARTING,
-             DagsterRunStatus.STARTED, DagsterRunStatus.CANCELING}
+    going = {
+        DagsterRunStatus.QUEUED,
+        DagsterRunStatus.NOT_STARTED,
+        DagsterRunStatus.STARTING,
+        DagsterRunStatus.STARTED,
+        DagsterRunStatus.CANCELING,
+    }
 
     def is_live(run_id: str) -> bool:
         run = instance.get_run_by_id(run_id)
         return run is not None and run.status in going
+
     return is_live
 
 
@@ -57,8 +69,9 @@ def close_dead_runs(tracking, instance, pipeline: str, stage: str) -> list[str]:
     process was killed before it could end them. Returns their ids."""
     client = tracking.client()
     closed = []
-    for run in client.search_runs([tracking.experiment_id(pipeline)],
-                                  f"attributes.status = 'RUNNING' and tags.stage = '{stage}'"):
+    for run in client.search_runs(
+        [tracking.experiment_id(pipeline)], f"attributes.status = 'RUNNING' and tags.stage = '{stage}'"
+    ):
         dagster_run = instance.get_run_by_id(run.data.tags.get("dagster_run_id", ""))
         if dagster_run is not None and dagster_run.status in ENDED:  # never touch another instance's runs
             client.set_terminated(run.info.run_id, "KILLED")
@@ -66,51 +79,85 @@ def close_dead_runs(tracking, instance, pipeline: str, stage: str) -> list[str]:
     return closed
 
 
-def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset: str, previous: str | None,
-                       resume: bool, store, tracking, training, start_model: str | None = None,
-                       tags: dict | None = None) -> Output[str]:
+def run_training_stage(
+    context,
+    pipeline: Pipeline,
+    stage: TrainerStage,
+    dataset: str,
+    previous: str | None,
+    resume: bool,
+    store,
+    tracking,
+    training,
+    start_model: str | None = None,
+    tags: dict | None = None,
+) -> Output[str]:
     """stage: the effective settings (YAML, defaults and this run's config). start_model: a model directory to
     start from instead of the pipeline's model (feedback retraining)."""
     if start_model is None:  # a pipeline stage: no stage trains while any of the pipeline's data is broken
         found = preflight.problems(pipeline)
         if found:
-            raise Failure(description=f"{stage.name}: preflight found problems in the pipeline's data; nothing "
-                                      "was trained: " + "; ".join(found))
+            raise Failure(
+                description=f"{stage.name}: preflight found problems in the pipeline's data; nothing "
+                "was trained: " + "; ".join(found)
+            )
     previous_manifest = read_manifest(previous) if previous else {}
     method, settings = stage.objective(), stage.model_dump()  # defaults included: job file and MLflow params
     try:  # everything that can be checked before a model loads fails here, with the problem named
-        resolved = (previous_manifest.get("resolved_model") or start_model
-                    or models.check_loadable(pipeline.model))
+        resolved = previous_manifest.get("resolved_model") or start_model or models.check_loadable(pipeline.model)
         rewards = check_rewards(pipeline, stage, dataset)
     except (ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
     resume_from = None
     if resume:
-        checkpoint = store.latest_checkpoint(pipeline.name, stage.name, log=context.log.warning,
-                                             is_live=run_is_live(context.instance))
+        checkpoint = store.latest_checkpoint(
+            pipeline.name, stage.name, log=context.log.warning, is_live=run_is_live(context.instance)
+        )
         if checkpoint is None:
-            raise Failure(description=f"{stage.name}: resume is true but no complete checkpoint was found under "
-                                      f"{store.root / 'checkpoints' / pipeline.name / stage.name}")
+            raise Failure(
+                description=f"{stage.name}: resume is true but no complete checkpoint was found under "
+                f"{store.root / 'checkpoints' / pipeline.name / stage.name}"
+            )
         resume_from = str(checkpoint)
     checkpoint_dir = store.checkpoint_dir(pipeline.name, stage.name, context.run_id)
-    tags = {"pipeline": pipeline.name, "stage": stage.name, "method": method,
-            "asset_key": context.asset_key.to_user_string(), "dagster_run_id": context.run_id,
-            "base_model": pipeline.model, "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
-            "resumed_from": resume_from, "started_from": start_model, **(tags or {})}
+    tags = {
+        "pipeline": pipeline.name,
+        "stage": stage.name,
+        "method": method,
+        "asset_key": context.asset_key.to_user_string(),
+        "dagster_run_id": context.run_id,
+        "base_model": pipeline.model,
+        "upstream_mlflow_run_id": previous_manifest.get("mlflow_run_id"),
+        "resumed_from": resume_from,
+        "started_from": start_model,
+        **(tags or {}),
+    }
     tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
     store.clean_stale_staging(run_is_live(context.instance), log=context.log.warning)  # killed writes' leftovers
     for dead in close_dead_runs(tracking, context.instance, pipeline.name, stage.name):
-        context.log.warning(f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: "
-                            "marked KILLED")
-    run_id = tracking.start_run(pipeline.name, stage.name, tags,
-                                {"model": pipeline.model, "method": method, **settings, "dataset": dataset,
-                                 "hardware": training.hardware(), "speed": training.speed()})
+        context.log.warning(
+            f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: marked KILLED"
+        )
+    run_id = tracking.start_run(
+        pipeline.name,
+        stage.name,
+        tags,
+        {
+            "model": pipeline.model,
+            "method": method,
+            **settings,
+            "dataset": dataset,
+            "hardware": training.hardware(),
+            "speed": training.speed(),
+        },
+    )
     context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
     status = "FAILED"
     try:
-        tracking.log_datasets(run_id, Path(dataset), Path(dataset).parent.name,
-                              {"training": train_file, "evaluation": eval_file})
+        tracking.log_datasets(
+            run_id, Path(dataset), Path(dataset).parent.name, {"training": train_file, "evaluation": eval_file}
+        )
         with store.new_artifact(pipeline.name, stage.name, context.run_id) as (tmp, final):
             (tmp / "data").mkdir()
             for source in (train_file, eval_file):  # the artifact holds the data that reproduces it
@@ -118,20 +165,42 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
                     shutil.copyfile(source, tmp / "data" / source.name)
             if rewards is not None:  # custom reward files travel with the run, so it is self-contained
                 settings["rewards"] = rewards.localize(tmp).to_list(relative_to=tmp)
-            job = {"settings": settings, "model": resolved, "adapters": previous_manifest.get("chain", []),
-                   "train_file": str(tmp / "data" / "train.jsonl"),
-                   "eval_file": str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
-                   "output_dir": str(tmp), "checkpoint_dir": str(checkpoint_dir), "resume_from": resume_from}
-            result = training.run_job(context, job, tmp, env=tracking.env(), store=store, final=final,
-                                      on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step,
-                                                                                         finite_only=False))
-            write_manifest(tmp, kind="adapter", stage=stage.name, method=method,
-                           base_model=start_model or pipeline.model,
-                           resolved_model=resolved, chain=[*previous_manifest.get("chain", []), str(final / "adapter")],
-                           dataset=dataset, previous=previous, settings=settings, mlflow_run_id=run_id,
-                           reward_files=reward_files(rewards),
-                           upstream_mlflow_run_id=previous_manifest.get("mlflow_run_id"),
-                           dagster_run_id=context.run_id, result=result)
+            job = {
+                "settings": settings,
+                "model": resolved,
+                "adapters": previous_manifest.get("chain", []),
+                "train_file": str(tmp / "data" / "train.jsonl"),
+                "eval_file": str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
+                "output_dir": str(tmp),
+                "checkpoint_dir": str(checkpoint_dir),
+                "resume_from": resume_from,
+            }
+            result = training.run_job(
+                context,
+                job,
+                tmp,
+                env=tracking.env(),
+                store=store,
+                final=final,
+                on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step, finite_only=False),
+            )
+            write_manifest(
+                tmp,
+                kind="adapter",
+                stage=stage.name,
+                method=method,
+                base_model=start_model or pipeline.model,
+                resolved_model=resolved,
+                chain=[*previous_manifest.get("chain", []), str(final / "adapter")],
+                dataset=dataset,
+                previous=previous,
+                settings=settings,
+                mlflow_run_id=run_id,
+                reward_files=reward_files(rewards),
+                upstream_mlflow_run_id=previous_manifest.get("mlflow_run_id"),
+                dagster_run_id=context.run_id,
+                result=result,
+            )
             tracking.log_artifacts(run_id, [tmp / name for name in ARTIFACTS_TO_MLFLOW])
         status = "FINISHED"
     except BaseException as exc:
@@ -141,16 +210,35 @@ def run_training_stage(context, pipeline: Pipeline, stage: TrainerStage, dataset
         tracking.end_run(run_id, status)
     # the adapter is saved: this run's checkpoints and the ones it resumed from are moot; another run's are not
     store.discard_checkpoints(pipeline.name, stage.name, context.run_id, resumed_from=resume_from)
-    headline = finite({k: result.get(k) for k in ("train_loss", "first_loss", "last_loss", "eval_loss", "perplexity",
-                                                  "preference_loss",
-                                                  "pref_accuracy", "reward_margin", "reward_before", "reward_after")})
-    return Output(str(final), metadata={
-        "artifact_dir": MetadataValue.path(str(final)), "mlflow_run_id": run_id,
-        "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
-        "global_step": result.get("global_step", 0), **headline,
-        **{f"eval/{k}": v for k, v in finite(result.get("metrics", {})).items()},
-        **grpo_metadata(result),
-    })
+    headline = finite(
+        {
+            k: result.get(k)
+            for k in (
+                "train_loss",
+                "first_loss",
+                "last_loss",
+                "eval_loss",
+                "perplexity",
+                "preference_loss",
+                "pref_accuracy",
+                "reward_margin",
+                "reward_before",
+                "reward_after",
+            )
+        }
+    )
+    return Output(
+        str(final),
+        metadata={
+            "artifact_dir": MetadataValue.path(str(final)),
+            "mlflow_run_id": run_id,
+            "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
+            "global_step": result.get("global_step", 0),
+            **headline,
+            **{f"eval/{k}": v for k, v in finite(result.get("metrics", {})).items()},
+            **grpo_metadata(result),
+        },
+    )
 
 
 def grpo_metadata(result: dict) -> dict:
@@ -158,8 +246,9 @@ def grpo_metadata(result: dict) -> dict:
     completions cut off at max_new_tokens; nothing for results without them."""
     metadata = {}
     for when in ("before", "after"):
-        metadata.update({f"reward_{when}/{name}": value
-                         for name, value in finite(result.get(f"per_reward_{when}") or {}).items()})
+        metadata.update(
+            {f"reward_{when}/{name}": value for name, value in finite(result.get(f"per_reward_{when}") or {}).items()}
+        )
     if "per_reward_before" in result:  # a GRPO result
         metadata.update(finite({"clipped_ratio": result.get("clipped_ratio")}))
         if isinstance(result.get("max_new_tokens"), int):

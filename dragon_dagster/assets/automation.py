@@ -13,19 +13,37 @@ loop every minute.
 
 from __future__ import annotations
 
-from dagster import (AssetKey, DagsterEventType, DagsterInstance, DagsterRun, DagsterRunStatus,
-                     DefaultScheduleStatus, DefaultSensorStatus, RunRequest, RunsFilter, SkipReason, schedule, sensor)
+from dagster import (
+    AssetKey,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRun,
+    DagsterRunStatus,
+    DefaultScheduleStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SkipReason,
+    schedule,
+    sensor,
+)
 
 from ..engine.feedback import FeedbackStore
 from ..engine.spec.pipeline import Pipeline
 from ..resources import ArtifactStore
 
-RANGE_TAG = "dragon/feedback_range"        # "first_id-last_id": the records a retraining run used
+RANGE_TAG = "dragon/feedback_range"  # "first_id-last_id": the records a retraining run used
 PIPELINE_TAG = "dragon/feedback_pipeline"  # whose feedback a retraining run used
-MAX_FAILED_ATTEMPTS = 3                    # failed runs since the last success before the sensor waits for more
-UNFINISHED = [DagsterRunStatus.QUEUED, DagsterRunStatus.NOT_STARTED, DagsterRunStatus.MANAGED,
-              DagsterRunStatus.STARTING, DagsterRunStatus.STARTED, DagsterRunStatus.SUSPENDED,
-              DagsterRunStatus.CANCELING]
+MAX_FAILED_ATTEMPTS = 3  # failed runs since the last success before the sensor waits for more
+UNFINISHED = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.MANAGED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+    DagsterRunStatus.SUSPENDED,
+    DagsterRunStatus.CANCELING,
+]
 FAILED = [DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED]
 
 
@@ -57,8 +75,10 @@ def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
             if up_to is None or not record.run_id or record.run_id in checked:
                 continue
             checked.add(record.run_id)
-            if any(e.dagster_event and e.dagster_event.asset_key == report_key
-                   for e in instance.all_logs(record.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)):
+            if any(
+                e.dagster_event and e.dagster_event.asset_key == report_key
+                for e in instance.all_logs(record.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)
+            ):
                 return int(up_to.value)
         if not found.has_more:
             return 0
@@ -67,10 +87,12 @@ def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
 
 def unfinished_runs(instance: DagsterInstance, pipeline: Pipeline) -> list[DagsterRun]:
     """Retraining runs of this pipeline that are queued or going (by job name or by the pipeline tag)."""
-    runs = {r.run_id: r for r in instance.get_runs(RunsFilter(job_name=retrain_job_name(pipeline),
-                                                              statuses=UNFINISHED))}
-    runs.update({r.run_id: r for r in instance.get_runs(RunsFilter(tags={PIPELINE_TAG: pipeline.name},
-                                                                   statuses=UNFINISHED))})
+    runs = {
+        r.run_id: r for r in instance.get_runs(RunsFilter(job_name=retrain_job_name(pipeline), statuses=UNFINISHED))
+    }
+    runs.update(
+        {r.run_id: r for r in instance.get_runs(RunsFilter(tags={PIPELINE_TAG: pipeline.name}, statuses=UNFINISHED))}
+    )
     return list(runs.values())
 
 
@@ -84,44 +106,59 @@ def _request(instance: DagsterInstance, pipeline: Pipeline, used: int, newest: i
 def _running(instance: DagsterInstance, pipeline: Pipeline) -> SkipReason | None:
     running = unfinished_runs(instance, pipeline)
     if running:
-        return SkipReason(f"retraining run {running[0].run_id} (records {running[0].tags.get(RANGE_TAG, 'all')}) "
-                          f"has not finished")
+        return SkipReason(
+            f"retraining run {running[0].run_id} (records {running[0].tags.get(RANGE_TAG, 'all')}) has not finished"
+        )
     return None
 
 
 def feedback_sensor(pipeline: Pipeline, min_new: int, job):
-    @sensor(name=f"{pipeline.name}_feedback_sensor", job=job, minimum_interval_seconds=60,
-            default_status=DefaultSensorStatus.RUNNING,
-            description=f"Requests retraining when at least {min_new} feedback records exist that no successful "
-                        f"retraining used; a failed retraining's records are requested again.")
+    @sensor(
+        name=f"{pipeline.name}_feedback_sensor",
+        job=job,
+        minimum_interval_seconds=60,
+        default_status=DefaultSensorStatus.RUNNING,
+        description=f"Requests retraining when at least {min_new} feedback records exist that no successful "
+        f"retraining used; a failed retraining's records are requested again.",
+    )
     def _sensor(context, store: ArtifactStore):
         instance = context.instance
         newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
         used = last_used_id(instance, pipeline.name)
         if newest - used < min_new:
-            return SkipReason(f"{newest - used} new feedback records since the last successful retraining "
-                              f"(records up to {used}); waiting for {min_new}")
+            return SkipReason(
+                f"{newest - used} new feedback records since the last successful retraining "
+                f"(records up to {used}); waiting for {min_new}"
+            )
         busy = _running(instance, pipeline)
         if busy:
             return busy
-        failed = [r for r in instance.get_runs(RunsFilter(tags={PIPELINE_TAG: pipeline.name}, statuses=FAILED),
-                                               limit=500)
-                  if (parse_range(r.tags.get(RANGE_TAG)) or (0, 0))[0] == used + 1]
+        failed = [
+            r
+            for r in instance.get_runs(RunsFilter(tags={PIPELINE_TAG: pipeline.name}, statuses=FAILED), limit=500)
+            if (parse_range(r.tags.get(RANGE_TAG)) or (0, 0))[0] == used + 1
+        ]
         if len(failed) >= MAX_FAILED_ATTEMPTS:
             reached = max(parse_range(r.tags[RANGE_TAG])[1] for r in failed)
             if newest - reached < min_new:
-                return SkipReason(f"{len(failed)} retraining runs on the records after {used} failed (the last "
-                                  f"covered up to {reached}); waiting for {min_new} records beyond {reached} "
-                                  f"before trying again")
+                return SkipReason(
+                    f"{len(failed)} retraining runs on the records after {used} failed (the last "
+                    f"covered up to {reached}); waiting for {min_new} records beyond {reached} "
+                    f"before trying again"
+                )
         return _request(instance, pipeline, used, newest, "feedback")
+
     return _sensor
 
 
 def feedback_schedule(pipeline: Pipeline, cron: str, job):
-    @schedule(name=f"{pipeline.name}_retrain_schedule", cron_schedule=cron, job=job,
-              default_status=DefaultScheduleStatus.RUNNING,
-              description="Retrains on the feedback that no successful retraining used yet; skips when there is "
-                          "none.")
+    @schedule(
+        name=f"{pipeline.name}_retrain_schedule",
+        cron_schedule=cron,
+        job=job,
+        default_status=DefaultScheduleStatus.RUNNING,
+        description="Retrains on the feedback that no successful retraining used yet; skips when there is none.",
+    )
     def _schedule(context, store: ArtifactStore):
         instance = context.instance
         newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
@@ -129,4 +166,5 @@ def feedback_schedule(pipeline: Pipeline, cron: str, job):
         if newest <= used:
             return SkipReason(f"no new feedback since the last retraining (records up to {used})")
         return _running(instance, pipeline) or _request(instance, pipeline, used, newest, "scheduled")
+
     return _schedule

@@ -1,6 +1,5 @@
 """Asset checks: the dataset is usable, the adapter learned, the merged model is not worse than the base."""
 
-
 import json
 import math
 from pathlib import Path
@@ -9,9 +8,9 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, asset_check
 
 from ..engine.data import tables as data_lib
 from ..engine.rewards import ACCURACY_TYPES, FORMAT_TYPES
-from ..engine.train import progress
 from ..engine.spec.pipeline import Pipeline
 from ..engine.spec.registry import KINDS
+from ..engine.train import progress
 from ..resources import MLflowTracking
 from .registry import promote_merged, report_merged_dir
 
@@ -24,17 +23,23 @@ def latest_path(context, key: AssetKey) -> Path:
 
 
 def dataset_check(key: AssetKey):
-    @asset_check(asset=key, name="dataset_quality", blocking=True,
-                 description="Non-empty, no empty prompt or response (an ERROR that blocks the stages after it); "
-                             f"duplicates under {MAX_DUPLICATE_SHARE:.0%} (a warning).")
+    @asset_check(
+        asset=key,
+        name="dataset_quality",
+        blocking=True,
+        description="Non-empty, no empty prompt or response (an ERROR that blocks the stages after it); "
+        f"duplicates under {MAX_DUPLICATE_SHARE:.0%} (a warning).",
+    )
     def _check(context) -> AssetCheckResult:
         path = latest_path(context, key)
         rows = data_lib.read_jsonl(path / "train.jsonl") + data_lib.read_jsonl(path / "eval.jsonl")
         quality = data_lib.quality(rows)
         broken = quality["rows"] == 0 or quality["empty_prompts"] > 0 or quality["empty_replies"] > 0
         ok = not broken and quality["duplicate_share"] <= MAX_DUPLICATE_SHARE
-        return AssetCheckResult(passed=ok, metadata=quality,
-                                severity=AssetCheckSeverity.ERROR if broken else AssetCheckSeverity.WARN)
+        return AssetCheckResult(
+            passed=ok, metadata=quality, severity=AssetCheckSeverity.ERROR if broken else AssetCheckSeverity.WARN
+        )
+
     return _check
 
 
@@ -49,43 +54,73 @@ def leakage_check(key: AssetKey, allow_leakage: bool, answers_count: bool):
     trained on as text, so its answer overlap is reported but does not fail the check."""
     figures = "prompt_overlap" + (" or answer_overlap" if answers_count else "")
 
-    @asset_check(asset=key, name="held_out_not_leaking", blocking=True,
-                 description=f"No held-out row's {figures.replace('_overlap', '')} also appears in train "
-                             f"(overlap above {MAX_OVERLAP}); " + ("allow_leakage: true makes it a warning." if
-                                                                  allow_leakage else "blocks the stages after it."))
+    @asset_check(
+        asset=key,
+        name="held_out_not_leaking",
+        blocking=True,
+        description=f"No held-out row's {figures.replace('_overlap', '')} also appears in train "
+        f"(overlap above {MAX_OVERLAP}); "
+        + ("allow_leakage: true makes it a warning." if allow_leakage else "blocks the stages after it."),
+    )
     def _check(context) -> AssetCheckResult:
         manifest = json.loads((latest_path(context, key) / "manifest.json").read_text())
         prompt, answer = manifest.get("prompt_overlap", 0.0), manifest.get("answer_overlap", 0.0)
         leaking = prompt > MAX_OVERLAP or (answers_count and answer > MAX_OVERLAP)
-        description = (f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
-                       "appear in train: held-out figures would measure recall. Set group_by to a column that "
-                       "keeps related rows together, or allow_leakage: true." if leaking else None)
-        return AssetCheckResult(passed=not leaking, description=description,
-                                severity=AssetCheckSeverity.WARN if allow_leakage else AssetCheckSeverity.ERROR,
-                                metadata={"prompt_overlap": prompt, "answer_overlap": answer, "max_overlap": MAX_OVERLAP,
-                                          "answer_overlap_counts": answers_count, "allow_leakage": allow_leakage,
-                                          "duplicates_dropped": manifest.get("duplicates_dropped", 0)})
+        description = (
+            f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
+            "appear in train: held-out figures would measure recall. Set group_by to a column that "
+            "keeps related rows together, or allow_leakage: true."
+            if leaking
+            else None
+        )
+        return AssetCheckResult(
+            passed=not leaking,
+            description=description,
+            severity=AssetCheckSeverity.WARN if allow_leakage else AssetCheckSeverity.ERROR,
+            metadata={
+                "prompt_overlap": prompt,
+                "answer_overlap": answer,
+                "max_overlap": MAX_OVERLAP,
+                "answer_overlap_counts": answers_count,
+                "allow_leakage": allow_leakage,
+                "duplicates_dropped": manifest.get("duplicates_dropped", 0),
+            },
+        )
+
     return _check
 
 
 def adapter_check(key: AssetKey):
-    @asset_check(asset=key, name="losses_finite_and_falling",
-                 description="Every logged training loss is finite and the last is below the first.")
+    @asset_check(
+        asset=key,
+        name="losses_finite_and_falling",
+        description="Every logged training loss is finite and the last is below the first.",
+    )
     def _check(context) -> AssetCheckResult:
         losses = [r["loss"] for r in progress.read(latest_path(context, key)) if r.get("loss") is not None]
         finite = all(math.isfinite(x) for x in losses)
         falling = len(losses) >= 2 and losses[-1] < losses[0]
-        return AssetCheckResult(passed=bool(losses) and finite and falling, metadata={
-            "logged_steps": len(losses), "all_finite": finite, "first_loss": losses[0] if losses else -1.0,
-            "last_loss": losses[-1] if losses else -1.0})
+        return AssetCheckResult(
+            passed=bool(losses) and finite and falling,
+            metadata={
+                "logged_steps": len(losses),
+                "all_finite": finite,
+                "first_loss": losses[0] if losses else -1.0,
+                "last_loss": losses[-1] if losses else -1.0,
+            },
+        )
+
     return _check
 
 
 def report_check(key: AssetKey):
-    @asset_check(asset=key, name="merged_not_worse_than_base",
-                 description="The merged model's held-out loss is not above the base model's (a warning). "
-                             "Passing makes the merged model the champion in the MLflow Model Registry, unless "
-                             "the champion is a model retrained from feedback.")
+    @asset_check(
+        asset=key,
+        name="merged_not_worse_than_base",
+        description="The merged model's held-out loss is not above the base model's (a warning). "
+        "Passing makes the merged model the champion in the MLflow Model Registry, unless "
+        "the champion is a model retrained from feedback.",
+    )
     def _check(context, tracking: MLflowTracking) -> AssetCheckResult:
         report_dir = latest_path(context, key)
         report = json.loads((report_dir / "report.json").read_text())
@@ -95,15 +130,25 @@ def report_check(key: AssetKey):
             merged = report_merged_dir(report_dir)
             # replaces a champion from this pipeline's own merges, never a retrained one (that one learned from
             # feedback, and this report does not compare with it): then this model stays the challenger
-            promoted = promote_merged(context, key.path[0], tracking, merged,
-                                      f"{key.to_user_string()}: not worse than the base model",
-                                      only_over=(f"{key.path[0]}/{Path(merged).parent.name}",))
-        return AssetCheckResult(passed=passed, severity=AssetCheckSeverity.WARN,
-                                metadata={"base_eval_loss": report["base"]["eval_loss"],
-                                          "merged_eval_loss": report["merged"]["eval_loss"], **promoted})
+            promoted = promote_merged(
+                context,
+                key.path[0],
+                tracking,
+                merged,
+                f"{key.to_user_string()}: not worse than the base model",
+                only_over=(f"{key.path[0]}/{Path(merged).parent.name}",),
+            )
+        return AssetCheckResult(
+            passed=passed,
+            severity=AssetCheckSeverity.WARN,
+            metadata={
+                "base_eval_loss": report["base"]["eval_loss"],
+                "merged_eval_loss": report["merged"]["eval_loss"],
+                **promoted,
+            },
+        )
+
     return _check
-
-
 
 
 def thirds(rows: list[dict], column: str) -> tuple[float, float] | None:
@@ -128,12 +173,20 @@ def opposed_moves(kinds: dict, moves: dict[str, tuple[float, float]], margin: fl
 def held_out_moves(result: dict, kinds: dict) -> dict[str, tuple[float, float]]:
     """Each reward's mean on the held-out prompts before and after training (rewards with both figures)."""
     before, after = result.get("per_reward_before") or {}, result.get("per_reward_after") or {}
-    return {n: (float(before[n]), float(after[n])) for n in kinds
-            if isinstance(before.get(n), (int, float)) and isinstance(after.get(n), (int, float))}
+    return {
+        n: (float(before[n]), float(after[n]))
+        for n in kinds
+        if isinstance(before.get(n), (int, float)) and isinstance(after.get(n), (int, float))
+    }
 
 
-def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float, truncation_limit: float = 0.25,
-                block_on_reward_hacking: bool = False):
+def grpo_checks(
+    key: AssetKey,
+    kl_bound: float,
+    zero_std_limit: float,
+    truncation_limit: float = 0.25,
+    block_on_reward_hacking: bool = False,
+):
     """Reward hacking guards (grpo-rlvr notes): format up while accuracy down (training trend and held-out
     before/after; blocking with severity ERROR when asked), runaway KL, no signal, completions cut off."""
     from ..engine.train.grpo import mean_clipped_ratio, suggest_max_new_tokens
@@ -146,11 +199,14 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float, truncatio
         path, manifest = artifact(context)
         return progress.read(path), manifest["result"].get("reward_kinds", {})
 
-    @asset_check(asset=key, name="format_not_rising_while_accuracy_falls", blocking=block_on_reward_hacking,
-                 description="Flags a format or length reward that rises while an accuracy reward falls, over the "
-                             "training steps (first third against last) or on the held-out prompts (before "
-                             "training against after)" + ("; blocks the stages after it." if block_on_reward_hacking
-                                                          else "."))
+    @asset_check(
+        asset=key,
+        name="format_not_rising_while_accuracy_falls",
+        blocking=block_on_reward_hacking,
+        description="Flags a format or length reward that rises while an accuracy reward falls, over the "
+        "training steps (first third against last) or on the held-out prompts (before "
+        "training against after)" + ("; blocks the stages after it." if block_on_reward_hacking else "."),
+    )
     def _hacking(context) -> AssetCheckResult:
         path, manifest = artifact(context)
         rows, result = progress.read(path), manifest["result"]
@@ -160,35 +216,54 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float, truncatio
         held = held_out_moves(result, kinds)
         held_rising, held_falling = opposed_moves(kinds, held)
         hacked = bool(rising and falling) or bool(held_rising and held_falling)
-        metadata = {"format_rising": ", ".join(rising) or "-", "accuracy_falling": ", ".join(falling) or "-",
-                    "held_out_format_rising": ", ".join(held_rising) or "-",
-                    "held_out_accuracy_falling": ", ".join(held_falling) or "-",
-                    "margin": HACKING_MARGIN, "blocking": block_on_reward_hacking}
+        metadata = {
+            "format_rising": ", ".join(rising) or "-",
+            "accuracy_falling": ", ".join(falling) or "-",
+            "held_out_format_rising": ", ".join(held_rising) or "-",
+            "held_out_accuracy_falling": ", ".join(held_falling) or "-",
+            "margin": HACKING_MARGIN,
+            "blocking": block_on_reward_hacking,
+        }
         for name, (before, after) in held.items():
             metadata[f"reward_before/{name}"], metadata[f"reward_after/{name}"] = before, after
         why = []
         if rising and falling:
             why.append(f"during training {', '.join(rising)} rose while {', '.join(falling)} fell")
         if held_rising and held_falling:
-            why.append("on the held-out prompts " + ", ".join(
-                f"{n} went {held[n][0]:.3f} -> {held[n][1]:.3f}" for n in held_rising + held_falling))
-        description = ("Reward hacking suspected: " + "; ".join(why) + ". The adapter is optimizing the format "
-                       "reward at the cost of accuracy." if hacked else None)
-        return AssetCheckResult(passed=not hacked, description=description, metadata=metadata,
-                                severity=AssetCheckSeverity.ERROR if block_on_reward_hacking
-                                else AssetCheckSeverity.WARN)
+            why.append(
+                "on the held-out prompts "
+                + ", ".join(f"{n} went {held[n][0]:.3f} -> {held[n][1]:.3f}" for n in held_rising + held_falling)
+            )
+        description = (
+            "Reward hacking suspected: " + "; ".join(why) + ". The adapter is optimizing the format "
+            "reward at the cost of accuracy."
+            if hacked
+            else None
+        )
+        return AssetCheckResult(
+            passed=not hacked,
+            description=description,
+            metadata=metadata,
+            severity=AssetCheckSeverity.ERROR if block_on_reward_hacking else AssetCheckSeverity.WARN,
+        )
 
     @asset_check(asset=key, name="kl_within_bound", description=f"KL to the starting model stays under {kl_bound}.")
     def _kl(context) -> AssetCheckResult:
         rows, _ = rows_and_kinds(context)
         kls = [r["kl"] for r in rows if isinstance(r.get("kl"), (int, float))]
         peak = max(kls, default=0.0)
-        return AssetCheckResult(passed=peak <= kl_bound, severity=AssetCheckSeverity.WARN,
-                                metadata={"max_kl": float(peak), "bound": kl_bound, "logged_steps": len(kls)})
+        return AssetCheckResult(
+            passed=peak <= kl_bound,
+            severity=AssetCheckSeverity.WARN,
+            metadata={"max_kl": float(peak), "bound": kl_bound, "logged_steps": len(kls)},
+        )
 
-    @asset_check(asset=key, name="groups_have_reward_variance",
-                 description=f"Share of groups whose completions all scored the same on the accuracy rewards "
-                             f"(no learning signal) stays under {zero_std_limit}.")
+    @asset_check(
+        asset=key,
+        name="groups_have_reward_variance",
+        description=f"Share of groups whose completions all scored the same on the accuracy rewards "
+        f"(no learning signal) stays under {zero_std_limit}.",
+    )
     def _variance(context) -> AssetCheckResult:
         rows, kinds = rows_and_kinds(context)
         groups_file = latest_path(context, key) / "groups.jsonl"
@@ -198,43 +273,61 @@ def grpo_checks(key: AssetKey, kl_bound: float, zero_std_limit: float, truncatio
         if not shares:  # older artifacts: TRL's figure on the total reward
             shares = [r["zero_std_frac"] for r in rows if isinstance(r.get("zero_std_frac"), (int, float))]
         share = sum(shares) / len(shares) if shares else 1.0
-        return AssetCheckResult(passed=share < zero_std_limit, severity=AssetCheckSeverity.WARN,
-                                metadata={"mean_zero_std_frac": float(share), "limit": zero_std_limit,
-                                          "rewards": ", ".join(sorted(accuracy))})
+        return AssetCheckResult(
+            passed=share < zero_std_limit,
+            severity=AssetCheckSeverity.WARN,
+            metadata={
+                "mean_zero_std_frac": float(share),
+                "limit": zero_std_limit,
+                "rewards": ", ".join(sorted(accuracy)),
+            },
+        )
 
-    @asset_check(asset=key, name="completions_not_truncated",
-                 description=f"Mean share of training completions cut off at max_new_tokens stays at or under "
-                             f"{truncation_limit} (a cut-off completion seldom reaches its answer).")
+    @asset_check(
+        asset=key,
+        name="completions_not_truncated",
+        description=f"Mean share of training completions cut off at max_new_tokens stays at or under "
+        f"{truncation_limit} (a cut-off completion seldom reaches its answer).",
+    )
     def _truncation(context) -> AssetCheckResult:
         path, manifest = artifact(context)
         result = manifest["result"]
         ratio = mean_clipped_ratio(progress.read(path))
         current = result.get("max_new_tokens") or (manifest.get("settings") or {}).get("max_new_tokens")
-        metadata = {"mean_clipped_ratio": float(ratio) if ratio is not None else "not logged",
-                    "limit": truncation_limit, "max_new_tokens": current if current is not None else "unknown"}
+        metadata = {
+            "mean_clipped_ratio": float(ratio) if ratio is not None else "not logged",
+            "limit": truncation_limit,
+            "max_new_tokens": current if current is not None else "unknown",
+        }
         if ratio is None or ratio <= truncation_limit:
             return AssetCheckResult(passed=True, severity=AssetCheckSeverity.WARN, metadata=metadata)
         suggested = result.get("suggested_max_new_tokens") or (
-            suggest_max_new_tokens(current, result.get("longest_reference_tokens")) if current else None)
+            suggest_max_new_tokens(current, result.get("longest_reference_tokens")) if current else None
+        )
         metadata["suggested_max_new_tokens"] = suggested if suggested is not None else "unknown"
         if result.get("longest_reference_tokens") is not None:
             metadata["longest_reference_tokens"] = result["longest_reference_tokens"]
         return AssetCheckResult(
-            passed=False, severity=AssetCheckSeverity.WARN, metadata=metadata,
+            passed=False,
+            severity=AssetCheckSeverity.WARN,
+            metadata=metadata,
             description=f"{ratio:.0%} of completions were cut off at max_new_tokens={current}: rewards that read the "
-                        f"answer at the end scored nothing, so the stage learned little. Raise the stage's "
-                        f"max_new_tokens" + (f" (try {suggested})." if suggested else "."))
+            f"answer at the end scored nothing, so the stage learned little. Raise the stage's "
+            f"max_new_tokens" + (f" (try {suggested})." if suggested else "."),
+        )
 
     return [_hacking, _kl, _variance, _truncation]
 
 
 CHECKS = {  # check family (registry.StageKind.checks) -> the checks it attaches to a stage's asset
     "dataset_quality": lambda key, stage: [dataset_check(key)],
-    "held_out_leakage": lambda key, stage: [leakage_check(key, stage.allow_leakage,
-                                                          answers_count=stage.kind != "prompt_dataset")],
+    "held_out_leakage": lambda key, stage: [
+        leakage_check(key, stage.allow_leakage, answers_count=stage.kind != "prompt_dataset")
+    ],
     "adapter_learned": lambda key, stage: [adapter_check(key)],
-    "reward_hacking": lambda key, stage: grpo_checks(key, stage.kl_bound, stage.zero_std_limit,
-                                                     stage.truncation_limit, stage.block_on_reward_hacking),
+    "reward_hacking": lambda key, stage: grpo_checks(
+        key, stage.kl_bound, stage.zero_std_limit, stage.truncation_limit, stage.block_on_reward_hacking
+    ),
     "report_not_worse": lambda key, stage: [report_check(key)],
 }
 

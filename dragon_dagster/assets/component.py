@@ -33,6 +33,7 @@ class PipelineAttributes(BaseModel):
     def model_json_schema(cls, *args, **kwargs) -> dict[str, Any]:
         return Pipeline.model_json_schema(*args, **kwargs)
 
+
 STARTER = """\
   # A starter pipeline: SFT on the bundled support tickets, merged and evaluated on held-out rows.
   # Point `path` at your own CSV/JSONL/Parquet file and map its columns with {{column}} templates.
@@ -74,7 +75,8 @@ class PipelineScaffolder(dg.Scaffolder):
         name = re.sub(r"[^a-z0-9_]", "_", request.target_path.name.lower()).lstrip("_0123456789") or "pipeline"
         request.target_path.mkdir(parents=True, exist_ok=True)
         (request.target_path / "defs.yaml").write_text(
-            f"type: {request.type_name}\n\nattributes:\n{STARTER.format(name=name)}")
+            f"type: {request.type_name}\n\nattributes:\n{STARTER.format(name=name)}"
+        )
 
 
 @dg.scaffold_with(PipelineScaffolder)
@@ -108,8 +110,13 @@ def broken_pipeline_sensor(folder: str, error: str) -> dg.SensorDefinition:
     """Where a broken pipeline shows in the UI (Automation): its name says which, its description and ticks why."""
     name = re.sub(r"[^A-Za-z0-9_]", "_", folder) + "_pipeline_is_broken"
 
-    @dg.sensor(name=name, description=f"This pipeline did not load: {error}", minimum_interval_seconds=3600,
-               default_status=dg.DefaultSensorStatus.RUNNING)
+    @dg.sensor(
+        name=name,
+        description=f"This pipeline did not load: {error}",
+        minimum_interval_seconds=3600,
+        default_status=dg.DefaultSensorStatus.RUNNING,
+    )
     def _broken(context):
         return dg.SkipReason(f"the pipeline did not load: {error}")
+
     return _broken

@@ -61,8 +61,13 @@ def find_pipeline(name: str, defs: Definitions | None = None) -> Pipeline:
     return pipelines[name]
 
 
-def materialize_pipeline(pipeline: Pipeline, profile: str | None = None, resources: dict | None = None,
-                         instance: DagsterInstance | None = None, extra_config: dict | None = None) -> dict:
+def materialize_pipeline(
+    pipeline: Pipeline,
+    profile: str | None = None,
+    resources: dict | None = None,
+    instance: DagsterInstance | None = None,
+    extra_config: dict | None = None,
+) -> dict:
     from ..resources import default_resources
 
     parts = build_pipeline_defs(pipeline)
@@ -75,8 +80,10 @@ def materialize_pipeline(pipeline: Pipeline, profile: str | None = None, resourc
     # the pipeline's own job, so the run is listed under its name in the UI (not an ephemeral job)
     defs = Definitions(**parts, resources=resources or default_resources())
     result = defs.resolve_job_def(f"{pipeline.name}_pipeline").execute_in_process(
-        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}}, instance=instance,
-        raise_on_error=False)
+        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        instance=instance,
+        raise_on_error=False,
+    )
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}
     artifacts = {}
     for event in result.get_asset_materialization_events():
@@ -86,11 +93,24 @@ def materialize_pipeline(pipeline: Pipeline, profile: str | None = None, resourc
     for stage_name in names:
         stat = stats.get(f"{pipeline.name}__{stage_name}")
         seconds = (stat.end_time - stat.start_time) if stat and stat.end_time and stat.start_time else 0.0
-        stages.append({"asset": f"{pipeline.name}/{stage_name}", "seconds": seconds,
-                       "status": stat.status.value if stat and stat.status else "NOT RUN",
-                       "artifact": artifacts.get(stage_name)})
-    checks = [{"name": e.check_name, "asset": e.asset_key.to_user_string(), "passed": e.passed,
-               "severity": e.severity.value} for e in result.get_asset_check_evaluations()]
+        stages.append(
+            {
+                "asset": f"{pipeline.name}/{stage_name}",
+                "seconds": seconds,
+                "status": stat.status.value if stat and stat.status else "NOT RUN",
+                "artifact": artifacts.get(stage_name),
+            }
+        )
+    checks = [
+        {"name": e.check_name, "asset": e.asset_key.to_user_string(), "passed": e.passed, "severity": e.severity.value}
+        for e in result.get_asset_check_evaluations()
+    ]
     report = next((artifacts[s.name] for s in pipeline.stages if s.kind == "evaluate" and s.name in artifacts), None)
-    return {"success": result.success, "run_id": result.run_id, "stages": stages, "checks": checks,
-            "report": report, "artifacts": artifacts}
+    return {
+        "success": result.success,
+        "run_id": result.run_id,
+        "stages": stages,
+        "checks": checks,
+        "report": report,
+        "artifacts": artifacts,
+    }

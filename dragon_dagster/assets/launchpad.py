@@ -14,8 +14,7 @@ from ..engine.spec.pipeline import describe
 from ..engine.spec.registry import overlay, tunable_fields
 from ..engine.spec.stages import Settings, Stage
 
-RESUME = (bool, Field(False, description="Continue from the last complete checkpoint a cancelled or failed run "
-                                         "left."))
+RESUME = (bool, Field(False, description="Continue from the last complete checkpoint a cancelled or failed run left."))
 
 
 def launchpad_config(stage: Stage, **extra: tuple[type, Any]) -> type[Config]:
@@ -28,7 +27,7 @@ def _config_class(settings: Settings, class_name: str, extra: dict | None = None
     for name, annotation in tunable_fields(type(settings)).items():
         value, doc = getattr(settings, name), type(settings).model_fields[name].description
         if isinstance(value, Settings):
-            nested = _config_class(value, class_name[:-len("Config")] + _camel(name) + "Config")
+            nested = _config_class(value, class_name[: -len("Config")] + _camel(name) + "Config")
             fields[name] = (nested, Field(default_factory=nested, description=doc))
         else:
             fields[name] = (annotation, Field(value, description=doc))

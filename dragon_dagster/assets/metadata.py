@@ -12,9 +12,11 @@ def md_table(rows: list[dict], columns: list[str] | None = None, width: int = 16
     if not rows:
         return MetadataValue.md("_no rows_")
     columns = columns or list(rows[0])
+
     def cell(value) -> str:
         text = str(value).replace("|", "\\|").replace("\n", "<br>")
         return text if len(text) <= width else text[: width - 1] + "…"
+
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return MetadataValue.md("\n".join(lines))
@@ -24,8 +26,12 @@ def length_stats(lengths: list[int]) -> dict:
     if not lengths:
         return {}
     ordered = sorted(lengths)
-    return {"min": ordered[0], "mean": round(statistics.mean(ordered), 1),
-            "p95": ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)], "max": ordered[-1]}
+    return {
+        "min": ordered[0],
+        "mean": round(statistics.mean(ordered), 1),
+        "p95": ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)],
+        "max": ordered[-1],
+    }
 
 
 def finite(values: dict) -> dict:

@@ -23,27 +23,41 @@ def register_merged_model(context, pipeline: Pipeline, tracking, final: Path) ->
     after publishing, so the version is found by its artifact_dir tag, not written into the manifest."""
     manifest = read_manifest(final)
     chain = manifest.get("adapters", [])
-    chain_runs = [read_manifest(Path(a).parent).get("mlflow_run_id") for a in chain
-                  if (Path(a).parent / "manifest.json").exists()]
-    tags = {"pipeline": pipeline.name, "dagster_run_id": context.run_id,
-            "asset_key": context.asset_key.to_user_string(), "artifact_dir": str(final),
-            "model_dir": str(final / "model"), "base_model": manifest.get("base_model"),
-            "started_from": manifest.get("resolved_model"),
-            "upstream_mlflow_run_ids": ",".join(r for r in chain_runs if r),
-            "stages": ",".join(Path(a).parent.parent.name for a in chain)}
+    chain_runs = [
+        read_manifest(Path(a).parent).get("mlflow_run_id") for a in chain if (Path(a).parent / "manifest.json").exists()
+    ]
+    tags = {
+        "pipeline": pipeline.name,
+        "dagster_run_id": context.run_id,
+        "asset_key": context.asset_key.to_user_string(),
+        "artifact_dir": str(final),
+        "model_dir": str(final / "model"),
+        "base_model": manifest.get("base_model"),
+        "started_from": manifest.get("resolved_model"),
+        "upstream_mlflow_run_ids": ",".join(r for r in chain_runs if r),
+        "stages": ",".join(Path(a).parent.parent.name for a in chain),
+    }
     try:
-        version = tracking.register_model(pipeline.name, final / "model", manifest.get("upstream_mlflow_run_id"),
-                                          tags, description=pipeline.description or "")
+        version = tracking.register_model(
+            pipeline.name,
+            final / "model",
+            manifest.get("upstream_mlflow_run_id"),
+            tags,
+            description=pipeline.description or "",
+        )
     except Exception as exc:
-        raise Failure(description=f"the merged model is saved at {final}, but registering it in the MLflow "
-                                  f"registry at {tracking.uri} failed: {exc}. Materialize the merge again once "
-                                  "MLflow is reachable.") from exc
+        raise Failure(
+            description=f"the merged model is saved at {final}, but registering it in the MLflow "
+            f"registry at {tracking.uri} failed: {exc}. Materialize the merge again once "
+            "MLflow is reachable."
+        ) from exc
     context.log.info(f"registered models:/{pipeline.name}/{version} (alias challenger)")
     return version
 
 
-def promote_merged(context, pipeline: str, tracking, merged_dir: str | Path, reason: str,
-                   only_over: tuple[str, ...] | None = None) -> dict:
+def promote_merged(
+    context, pipeline: str, tracking, merged_dir: str | Path, reason: str, only_over: tuple[str, ...] | None = None
+) -> dict:
     """Make the merged model at merged_dir the champion; metadata for the check that decided it.
 
     The version is looked up by its artifact directory in this registry, never taken on trust. only_over:
@@ -52,18 +66,23 @@ def promote_merged(context, pipeline: str, tracking, merged_dir: str | Path, rea
     client = tracking.client()
     version = version_for(client, pipeline, merged_dir)
     if version is None:
-        context.log.warning(f"{merged_dir} is not a registered version of {pipeline!r} in {tracking.uri}: "
-                            "nothing promoted")
+        context.log.warning(
+            f"{merged_dir} is not a registered version of {pipeline!r} in {tracking.uri}: nothing promoted"
+        )
         return {"promoted": f"none: {merged_dir} is not registered in {tracking.uri}"}
     current = alias_version(client, pipeline, CHAMPION)
     if only_over is not None and current is not None and current != version:
         owner = client.get_model_version(pipeline, current).tags.get("asset_key", "")
         if owner not in only_over:
-            context.log.info(f"champion stays models:/{pipeline}/{current} ({owner}); this model is the "
-                             f"challenger, models:/{pipeline}/{version}")
-            return {"champion": f"models:/{pipeline}/{current} (kept: {owner or 'set by hand'})",
-                    "challenger": f"models:/{pipeline}/{version}",
-                    "to_promote": f"dragon models {pipeline} --promote {version}"}
+            context.log.info(
+                f"champion stays models:/{pipeline}/{current} ({owner}); this model is the "
+                f"challenger, models:/{pipeline}/{version}"
+            )
+            return {
+                "champion": f"models:/{pipeline}/{current} (kept: {owner or 'set by hand'})",
+                "challenger": f"models:/{pipeline}/{version}",
+                "to_promote": f"dragon models {pipeline} --promote {version}",
+            }
     replaced = tracking.promote(pipeline, version, reason)
     context.log.info(f"models:/{pipeline}/{version} is now the champion (was {replaced or 'none'})")
     return {"champion": f"models:/{pipeline}/{version}", "previous_champion": str(replaced or "none")}

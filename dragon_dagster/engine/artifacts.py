@@ -23,9 +23,9 @@ import shutil
 import stat
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".tmp-"
@@ -161,14 +161,20 @@ def dir_size(path: Path) -> int:
 CHECKPOINT_PREFIX = "checkpoint-"
 TRAINER_STATE = "trainer_state.json"
 # Any one of these holds the weights transformers' Trainer loads on resume (adapter ones for LoRA).
-CHECKPOINT_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin", "model.safetensors", "pytorch_model.bin",
-                      "model.safetensors.index.json", "pytorch_model.bin.index.json")
+CHECKPOINT_WEIGHTS = (
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "model.safetensors",
+    "pytorch_model.bin",
+    "model.safetensors.index.json",
+    "pytorch_model.bin.index.json",
+)
 
 
 def checkpoint_step(path: str | Path) -> int | None:
     """N of a `checkpoint-N` directory name; None for any other name."""
     name = Path(path).name
-    step = name[len(CHECKPOINT_PREFIX):]
+    step = name[len(CHECKPOINT_PREFIX) :]
     return int(step) if name.startswith(CHECKPOINT_PREFIX) and step.isdigit() else None
 
 
@@ -196,8 +202,13 @@ def checkpoint_problem(path: str | Path) -> str | None:
     if step is not None and state["global_step"] != step:
         return f"{TRAINER_STATE} is for step {state['global_step']}, not {step}"
     weights = [path / name for name in CHECKPOINT_WEIGHTS if (path / name).is_file()]
-    weights += [sub / name for sub in path.iterdir() if sub.is_dir()  # several adapters: one folder each
-                for name in CHECKPOINT_WEIGHTS[:2] if (sub / name).is_file()]
+    weights += [
+        sub / name
+        for sub in path.iterdir()
+        if sub.is_dir()  # several adapters: one folder each
+        for name in CHECKPOINT_WEIGHTS[:2]
+        if (sub / name).is_file()
+    ]
     if not weights:
         return "no model or adapter weights"
     for file in weights:

@@ -38,8 +38,9 @@ class Parallel:
         values = job.get("parallel")
         if not values:
             return None
-        unknown = sorted(set(values) - {"workers", "backend", "cpus_per_worker", "gpus_per_worker",
-                                      "memory_gb_per_worker"})
+        unknown = sorted(
+            set(values) - {"workers", "backend", "cpus_per_worker", "gpus_per_worker", "memory_gb_per_worker"}
+        )
         if unknown:
             raise ValueError(f"parallel: unknown setting(s) {unknown}")
         parallel = cls(**values)
@@ -86,8 +87,10 @@ def split_batch(batch_size: int, workers: int, what: str = "batch_size") -> int:
     """Each worker's share of a global batch; the settings name the global batch so that a run's loss curve
     does not depend on how many workers share it."""
     if batch_size % workers:
-        raise ValueError(f"{what} ({batch_size}) must be divisible by the number of workers ({workers}): "
-                         f"it is the global batch, split evenly across the workers")
+        raise ValueError(
+            f"{what} ({batch_size}) must be divisible by the number of workers ({workers}): "
+            f"it is the global batch, split evenly across the workers"
+        )
     return batch_size // workers
 
 
@@ -133,8 +136,10 @@ def check_in_sync(model, log) -> None:
     digests: list = [None] * dist.get_world_size()
     dist.all_gather_object(digests, weights_digest(model))
     if len(set(digests)) > 1:
-        raise RuntimeError(f"the data-parallel ranks ended with different weights (sha256 per rank: {digests}): "
-                           f"their gradients were not synchronised")
+        raise RuntimeError(
+            f"the data-parallel ranks ended with different weights (sha256 per rank: {digests}): "
+            f"their gradients were not synchronised"
+        )
     log(f"trainable weights identical on all {len(digests)} ranks (sha256 {digests[0][:16]})")
 
 

@@ -47,13 +47,14 @@ import random
 import sqlite3
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 VERDICTS = ("up", "down", "edit")
 ROLES = ("system", "user", "assistant")
-MAX_MESSAGE_CHARS = 32_000   # the longest single message (a turn, a reply, an edit) the store accepts
+MAX_MESSAGE_CHARS = 32_000  # the longest single message (a turn, a reply, an edit) the store accepts
 SCHEMA_VERSION = 2
 
 MESSAGES_TABLE = """
@@ -106,8 +107,7 @@ def too_long(text: str, limit: int | None = MAX_MESSAGE_CHARS, what: str = "a me
     """The refusal for text over the limit, naming its length and the limit; None when it fits."""
     if limit is None or len(text) <= limit:
         return None
-    return (f"{what} is {len(text):,} characters long; the limit is {limit:,} characters per message "
-            f"(MAX_MESSAGE_CHARS)")
+    return f"{what} is {len(text):,} characters long; the limit is {limit:,} characters per message (MAX_MESSAGE_CHARS)"
 
 
 def _messages(turns: Any) -> list[dict]:
@@ -122,8 +122,9 @@ def _messages(turns: Any) -> list[dict]:
     clean = []
     for message in turns:
         if not isinstance(message, dict) or message.get("role") not in ROLES or "content" not in message:
-            raise FeedbackError(f"a chat message must be a dict with a role in {ROLES} and a content, "
-                                f"got {message!r:.200}")
+            raise FeedbackError(
+                f"a chat message must be a dict with a role in {ROLES} and a content, got {message!r:.200}"
+            )
         clean.append({"role": message["role"], "content": str(message["content"])})
     return clean
 
@@ -148,8 +149,12 @@ def _insert_turns(conn: sqlite3.Connection, messages: list[dict]) -> int:
         digest = _digest(m["role"], m["content"])
         row = conn.execute("SELECT id FROM messages WHERE parent = ? AND digest = ?", (parent, digest)).fetchone()
         if row is None:
-            row = (conn.execute("INSERT INTO messages (parent, role, content, digest) VALUES (?, ?, ?, ?)",
-                                (parent, m["role"], m["content"], digest)).lastrowid,)
+            row = (
+                conn.execute(
+                    "INSERT INTO messages (parent, role, content, digest) VALUES (?, ?, ?, ?)",
+                    (parent, m["role"], m["content"], digest),
+                ).lastrowid,
+            )
         parent = int(row[0])
     return parent
 
@@ -160,8 +165,11 @@ def _convertible(text: Any) -> list[dict] | None:
         value = json.loads(text)
     except (TypeError, ValueError):
         return None
-    if not isinstance(value, list) or not value or not all(
-            isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+    ):
         return None
     return [{"role": m["role"], "content": str(m["content"])} for m in value]
 
@@ -173,17 +181,31 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
     seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'feedback'").fetchone()
     last = 0
     while True:
-        rows = conn.execute("SELECT id, conversation_id, turns, reply, verdict, edited, model, created FROM feedback "
-                            "WHERE id > ? ORDER BY id LIMIT 500", (last,)).fetchall()
+        rows = conn.execute(
+            "SELECT id, conversation_id, turns, reply, verdict, edited, model, created FROM feedback "
+            "WHERE id > ? ORDER BY id LIMIT 500",
+            (last,),
+        ).fetchall()
         if not rows:
             break
         for fid, conversation_id, turns, reply, verdict, edited, model, created in rows:
             messages = _convertible(turns)
             turns_id = _insert_turns(conn, messages) if messages is not None else None
-            conn.execute("INSERT INTO feedback_v2 (id, conversation_id, turns_id, legacy_turns, reply, verdict, "
-                         "edited, model, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (fid, conversation_id, turns_id, None if messages is not None else turns, reply, verdict,
-                          edited, model, created))
+            conn.execute(
+                "INSERT INTO feedback_v2 (id, conversation_id, turns_id, legacy_turns, reply, verdict, "
+                "edited, model, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    fid,
+                    conversation_id,
+                    turns_id,
+                    None if messages is not None else turns,
+                    reply,
+                    verdict,
+                    edited,
+                    model,
+                    created,
+                ),
+            )
         last = rows[-1][0]
     conn.execute("DROP TABLE feedback")
     conn.execute("ALTER TABLE feedback_v2 RENAME TO feedback")
@@ -249,8 +271,9 @@ class FeedbackStore:
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
-                    raise FeedbackError(f"{self.path} has feedback schema version {version}; this code reads "
-                                        f"up to {SCHEMA_VERSION}")
+                    raise FeedbackError(
+                        f"{self.path} has feedback schema version {version}; this code reads up to {SCHEMA_VERSION}"
+                    )
                 if version < SCHEMA_VERSION:
                     columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
                     if "turns" in columns:
@@ -279,8 +302,15 @@ class FeedbackStore:
         if problem:
             raise FeedbackError(problem)
 
-    def record(self, conversation_id: str, turns: list[dict], reply: str, verdict: str,
-               edited: str | None = None, model: str = "") -> int:
+    def record(
+        self,
+        conversation_id: str,
+        turns: list[dict],
+        reply: str,
+        verdict: str,
+        edited: str | None = None,
+        model: str = "",
+    ) -> int:
         """Append one feedback event and return its id once it is durably committed."""
         if verdict not in VERDICTS:
             raise FeedbackError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
@@ -296,16 +326,25 @@ class FeedbackStore:
         messages = check_turns(turns)
         for i, m in enumerate(messages):
             self._check_length(m["content"], f"turn {i} ({m['role']})")
-        row = (str(conversation_id), reply, verdict, edited, str(model or ""),
-               datetime.now(timezone.utc).isoformat(timespec="microseconds"))
+        row = (
+            str(conversation_id),
+            reply,
+            verdict,
+            edited,
+            str(model or ""),
+            datetime.now(UTC).isoformat(timespec="microseconds"),
+        )
         self._ensure()
 
         def insert(conn):
             conn.execute("BEGIN IMMEDIATE")
             try:
                 turns_id = _insert_turns(conn, messages)
-                cursor = conn.execute("INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, "
-                                      "created) VALUES (?, ?, ?, ?, ?, ?, ?)", (row[0], turns_id, *row[1:]))
+                cursor = conn.execute(
+                    "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, "
+                    "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (row[0], turns_id, *row[1:]),
+                )
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -320,8 +359,9 @@ class FeedbackStore:
     def count(self, after_id: int = 0) -> int:
         """How many records have an id above after_id."""
         self._ensure()
-        return self._retry(lambda conn: conn.execute("SELECT COUNT(*) FROM feedback WHERE id > ?",
-                                                     (int(after_id),)).fetchone()[0])
+        return self._retry(
+            lambda conn: conn.execute("SELECT COUNT(*) FROM feedback WHERE id > ?", (int(after_id),)).fetchone()[0]
+        )
 
     def max_id(self) -> int:
         """The highest id recorded (0 when empty): a watermark for incremental reads."""
@@ -341,13 +381,15 @@ class FeedbackStore:
         def read(conn):
             conn.execute("BEGIN")  # one snapshot for the records and their messages
             try:
-                rows = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id",
-                                    args).fetchall()
+                rows = conn.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
+                ).fetchall()
                 nodes = conn.execute(
                     f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
                     f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
                     f"SELECT id, parent, role, content FROM messages WHERE id IN (SELECT id FROM chain)",
-                    args).fetchall()
+                    args,
+                ).fetchall()
             finally:
                 conn.execute("COMMIT")
             return rows, nodes
@@ -387,10 +429,12 @@ class FeedbackStore:
 
 # ------------------------------------------------------------------------------------- training data
 
+
 def _inspect(record: Any) -> tuple[str | None, dict | None]:
     """(why the record cannot be used, None) or (None, the record with clean turns)."""
-    if not isinstance(record, dict) or ("id" in record and (not isinstance(record["id"], int)
-                                                            or isinstance(record["id"], bool))):
+    if not isinstance(record, dict) or (
+        "id" in record and (not isinstance(record["id"], int) or isinstance(record["id"], bool))
+    ):
         return "malformed", None
     turns = record.get("turns")
     if isinstance(turns, (str, bytes)):
@@ -446,8 +490,11 @@ def _ratings(records: list[dict]) -> list[dict]:
     for i, r in enumerate(records):
         if r["verdict"] != "edit":
             last[(str(r.get("conversation_id")), _key(r["turns"]), r["reply"])] = i
-    return [r for i, r in enumerate(records)
-            if r["verdict"] == "edit" or last[(str(r.get("conversation_id")), _key(r["turns"]), r["reply"])] == i]
+    return [
+        r
+        for i, r in enumerate(records)
+        if r["verdict"] == "edit" or last[(str(r.get("conversation_id")), _key(r["turns"]), r["reply"])] == i
+    ]
 
 
 def _good(record: dict) -> str | None:
@@ -486,8 +533,13 @@ def preference_pairs(records: Iterable[dict]) -> list[dict]:
         key = _key([turns, chosen, rejected])
         if key not in seen:
             seen.add(key)
-            out.append({"prompt": turns, "chosen": [{"role": "assistant", "content": chosen}],
-                        "rejected": [{"role": "assistant", "content": rejected}]})
+            out.append(
+                {
+                    "prompt": turns,
+                    "chosen": [{"role": "assistant", "content": chosen}],
+                    "rejected": [{"role": "assistant", "content": rejected}],
+                }
+            )
 
     for group in _groups(list(records)):
         goods = [g for g in (_good(r) for r in group["events"]) if g is not None]
@@ -527,8 +579,13 @@ def unpaired_ratings(records: Iterable[dict]) -> list[dict]:
             key = _key([group["turns"], r["reply"], r["verdict"]])
             if key not in seen:
                 seen.add(key)
-                out.append({"prompt": group["turns"], "completion": [{"role": "assistant", "content": r["reply"]}],
-                            "label": r["verdict"] == "up"})
+                out.append(
+                    {
+                        "prompt": group["turns"],
+                        "completion": [{"role": "assistant", "content": r["reply"]}],
+                        "label": r["verdict"] == "up",
+                    }
+                )
     return out
 
 
@@ -552,9 +609,14 @@ def split_by_conversation(records: Iterable[dict], held_out_frac: float, seed: i
     way. Every dataset made from feedback splits by it, so no objective trains on a held-out conversation."""
     records = list(records)
     conversations = {str(r.get("conversation_id")) for r in records}
-    n_held = 0 if len(conversations) < 2 or held_out_frac <= 0 else \
-        min(len(conversations) - 1, max(1, round(len(conversations) * held_out_frac)))
+    n_held = (
+        0
+        if len(conversations) < 2 or held_out_frac <= 0
+        else min(len(conversations) - 1, max(1, round(len(conversations) * held_out_frac)))
+    )
     rank = sorted(conversations, key=lambda c: hashlib.sha256(f"{seed}\0{c}".encode()).hexdigest())
     held = set(rank[:n_held])
-    return ([r for r in records if str(r.get("conversation_id")) not in held],
-            [r for r in records if str(r.get("conversation_id")) in held])
+    return (
+        [r for r in records if str(r.get("conversation_id")) not in held],
+        [r for r in records if str(r.get("conversation_id")) in held],
+    )

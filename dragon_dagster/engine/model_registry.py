@@ -48,8 +48,9 @@ class ChatModel(mlflow.pyfunc.PythonModel):
     `mlflow.pyfunc.load_model(...).predict(["Hello"])` gives. Chat and serving load the directory directly."""
 
     def load_context(self, context):
-        from .models import load_tokenizer
         from transformers import AutoModelForCausalLM
+
+        from .models import load_tokenizer
 
         self.tokenizer = load_tokenizer(context.artifacts[MODEL_SUBDIR])
         self.model = AutoModelForCausalLM.from_pretrained(context.artifacts[MODEL_SUBDIR])
@@ -57,8 +58,12 @@ class ChatModel(mlflow.pyfunc.PythonModel):
     def predict(self, context, model_input: list[str], params: dict | None = None) -> list[str]:
         from .evaluate.replies import generate
 
-        return generate(self.model, self.tokenizer, [[{"role": "user", "content": str(p)}] for p in model_input],
-                        max_new_tokens=int((params or {}).get("max_new_tokens", 128)))
+        return generate(
+            self.model,
+            self.tokenizer,
+            [[{"role": "user", "content": str(p)}] for p in model_input],
+            max_new_tokens=int((params or {}).get("max_new_tokens", 128)),
+        )
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,9 @@ def parse_uri(uri: str) -> ModelRef | None:
     match = _URI.match(uri.strip())
     if not match:
         if uri.startswith("models:/"):
-            raise RegistryError(f"{uri!r} is not a model URI this tool reads: use models:/<name>@<alias> or "
-                                "models:/<name>/<version>")
+            raise RegistryError(
+                f"{uri!r} is not a model URI this tool reads: use models:/<name>@<alias> or models:/<name>/<version>"
+            )
         return None
     return ModelRef(match["name"], match["alias"], match["version"])
 
@@ -98,20 +104,30 @@ def save_chat_model(model_dir: Path, dest: Path) -> None:
     from importlib.metadata import version
 
     requirements = [f"{package}=={version(package)}" for package in ("torch", "transformers", "peft")]
-    mlflow.pyfunc.save_model(str(dest), python_model=ChatModel(), artifacts={MODEL_SUBDIR: str(model_dir)},
-                             pip_requirements=requirements)  # the signature comes from predict's type hints
+    mlflow.pyfunc.save_model(
+        str(dest), python_model=ChatModel(), artifacts={MODEL_SUBDIR: str(model_dir)}, pip_requirements=requirements
+    )  # the signature comes from predict's type hints
 
 
-def log_and_register(client, experiment_id: str, name: str, model_dir: Path, run_id: str | None,
-                     tags: dict[str, str], scratch: Path, description: str = "") -> str:
+def log_and_register(
+    client,
+    experiment_id: str,
+    name: str,
+    model_dir: Path,
+    run_id: str | None,
+    tags: dict[str, str],
+    scratch: Path,
+    description: str = "",
+) -> str:
     """Log model_dir as an MLflow model on run_id, register it as a new version of `name` with tags, make it
     the challenger; returns the version. scratch: where the model is staged (the same disk as the store, so the
     copy is written once)."""
     from mlflow.entities import LoggedModelOutput, LoggedModelStatus
     from mlflow.exceptions import MlflowException
 
-    logged = client.create_logged_model(experiment_id, name=name, source_run_id=run_id, tags=tags,
-                                        model_type="chat-model")
+    logged = client.create_logged_model(
+        experiment_id, name=name, source_run_id=run_id, tags=tags, model_type="chat-model"
+    )
     scratch.mkdir(parents=True, exist_ok=True)
     staged = Path(tempfile.mkdtemp(prefix=".mlflow-model-", dir=scratch))
     try:
@@ -132,9 +148,14 @@ def log_and_register(client, experiment_id: str, name: str, model_dir: Path, run
             raise
     # source: the logged model's location, not models:/<id>, which MLflow's sqlite registry looks up through the
     # process-wide tracking URI (not this client's); likewise model_id without a run_id
-    version = client.create_model_version(name, source=logged.artifact_location, run_id=run_id, tags=tags,
-                                          model_id=logged.model_id if run_id else None,
-                                          description=description or None)
+    version = client.create_model_version(
+        name,
+        source=logged.artifact_location,
+        run_id=run_id,
+        tags=tags,
+        model_id=logged.model_id if run_id else None,
+        description=description or None,
+    )
     client.set_registered_model_alias(name, CHALLENGER, version.version)
     return str(version.version)
 
@@ -151,8 +172,9 @@ def version_of(client, ref: ModelRef):
     except MlflowException as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if _not_found(exc):
-            raise NotRegistered(f"{ref}: no such registered model version in the MLflow registry at "
-                                f"{client.tracking_uri} ({first})") from exc
+            raise NotRegistered(
+                f"{ref}: no such registered model version in the MLflow registry at {client.tracking_uri} ({first})"
+            ) from exc
         raise RegistryError(f"{ref}: the MLflow registry at {client.tracking_uri} did not answer: {first}") from exc
 
 
@@ -191,8 +213,9 @@ def model_dir(client, ref: ModelRef, cache: Path) -> Path:
         cache.mkdir(parents=True, exist_ok=True)
         partial = Path(tempfile.mkdtemp(prefix=".download-", dir=cache))
         try:
-            got = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(partial),
-                                                      tracking_uri=client.tracking_uri)
+            got = mlflow.artifacts.download_artifacts(
+                artifact_uri=uri, dst_path=str(partial), tracking_uri=client.tracking_uri
+            )
             target.parent.mkdir(parents=True, exist_ok=True)
             try:  # whole or not at all: a killed download leaves only a .download-* dir
                 Path(got).rename(target)

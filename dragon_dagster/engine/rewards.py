@@ -43,7 +43,9 @@ ACCURACY_TYPES = ("exact", "contains", "numeric", "command", "custom")
 FORMAT_TYPES = ("regex", "json", "length", "keyword")
 # The options each type takes; from_dict rejects the others, so a YAML typo fails instead of being ignored.
 OPTIONS: dict[str, tuple[str, ...]] = {
-    "exact": (), "contains": (), "numeric": (),
+    "exact": (),
+    "contains": (),
+    "numeric": (),
     "regex": ("pattern", "case_sensitive"),
     "json": ("keys",),
     "length": ("min_chars", "max_chars"),
@@ -103,8 +105,9 @@ class Reward:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or (integer and not float(value).is_integer()) or (minimum is not None and value < minimum):
             kind = "a whole number" if integer else "a number"
-            raise self._fail(f"{what} must be {kind}" + (f" >= {minimum}" if minimum is not None else "")
-                             + f", got {value!r}")
+            raise self._fail(
+                f"{what} must be {kind}" + (f" >= {minimum}" if minimum is not None else "") + f", got {value!r}"
+            )
         return int(value) if integer else float(value)
 
     def _strings(self, value: Any, what: str) -> list[str]:
@@ -149,17 +152,23 @@ class Reward:
 
     def _validate_command(self) -> None:
         if isinstance(self.command, str):  # a string would need a shell to split it, and shells are never used
-            raise self._fail(f"command must be a list of arguments (it is never run through a shell), "
-                             f"e.g. {self.command.split()!r}")
-        if not isinstance(self.command, (list, tuple)) or not self.command or \
-                not all(isinstance(a, str) for a in self.command):
+            raise self._fail(
+                f"command must be a list of arguments (it is never run through a shell), e.g. {self.command.split()!r}"
+            )
+        if (
+            not isinstance(self.command, (list, tuple))
+            or not self.command
+            or not all(isinstance(a, str) for a in self.command)
+        ):
             raise self._fail(f"needs command, a non-empty list of strings, got {self.command!r}")
         self.command = list(self.command)
         self.input = self._choice(self.input, "input", ("stdin", "file"))
         self.score_from = self._choice(self.score_from, "score_from", ("exit_code", "stdout"))
         if self.input == "file" and not any(COMPLETION_FILE in a for a in self.command):
-            raise self._fail(f"input='file' needs a {COMPLETION_FILE!r} argument in command, "
-                             "otherwise the command never sees the completion")
+            raise self._fail(
+                f"input='file' needs a {COMPLETION_FILE!r} argument in command, "
+                "otherwise the command never sees the completion"
+            )
         self.min_score = self._number(self.min_score, "min_score")
         self.max_score = self._number(self.max_score, "max_score")
         if self.score_from == "stdout" and self.min_score == self.max_score:
@@ -191,8 +200,10 @@ class Reward:
         extra = sorted(map(str, set(spec) - allowed))
         if extra:
             label = spec.get("name", kind)
-            raise RewardError(f"reward {label!r} ({kind}) does not take {', '.join(extra)}; "
-                              f"it takes {', '.join(sorted(allowed - {'type'}))}")
+            raise RewardError(
+                f"reward {label!r} ({kind}) does not take {', '.join(extra)}; "
+                f"it takes {', '.join(sorted(allowed - {'type'}))}"
+            )
         spec = dict(spec)
         if spec.get("file") is not None and base_dir is not None:
             spec["file"] = str(Path(base_dir) / spec["file"])
@@ -261,8 +272,7 @@ class Reward:
 
     def _score_keyword(self, completion: str, *_: Any) -> float:
         # Whole words, case-insensitive: "cat" should not be found inside "category".
-        found = [re.search(rf"(?<!\w){re.escape(w)}(?!\w)", completion, re.IGNORECASE) is not None
-                 for w in self.words]
+        found = [re.search(rf"(?<!\w){re.escape(w)}(?!\w)", completion, re.IGNORECASE) is not None for w in self.words]
         return float(any(found) if self.mode == "any" else all(found))
 
     def _score_command(self, completion: str, *_: Any) -> float:
@@ -288,8 +298,12 @@ class Reward:
         return min(1.0, max(0.0, scaled))
 
     def _score_custom(self, completion: str, reference: Any, prompt: str, row: Mapping) -> float:
-        value = call_with_timeout(self.load(), (prompt, completion, reference, row), self.timeout,
-                                  lambda: self._fail(f"{self.fn}() in {self.file} took longer than {self.timeout:g} s"))
+        value = call_with_timeout(
+            self.load(),
+            (prompt, completion, reference, row),
+            self.timeout,
+            lambda: self._fail(f"{self.fn}() in {self.file} took longer than {self.timeout:g} s"),
+        )
         if not (isinstance(value, (int, float)) and math.isfinite(value)):  # NaN would poison the weighted sum
             raise self._fail(f"{self.fn}() in {self.file} returned {value!r}, not a finite number")
         return float(value)
@@ -362,11 +376,15 @@ class RewardSet:
                 continue
             missing = [i for i, row in enumerate(rows) if _blank(row.get("reference"))]
             if missing and len(missing) == len(rows):
-                raise r._fail("compares against a reference, but the dataset lacks a reference; "
-                              "map a reference column or use a reward that needs none")
+                raise r._fail(
+                    "compares against a reference, but the dataset lacks a reference; "
+                    "map a reference column or use a reward that needs none"
+                )
             if missing:
-                raise r._fail(f"compares against a reference, but {len(missing)} of {len(rows)} rows lack one "
-                              f"(rows {_some(missing)})")
+                raise r._fail(
+                    f"compares against a reference, but {len(missing)} of {len(rows)} rows lack one "
+                    f"(rows {_some(missing)})"
+                )
             if r.type == "numeric":
                 # Without a number in the reference every completion scores 0: no signal, only wasted compute.
                 bad = [i for i, row in enumerate(rows) if last_number(str(row["reference"])) is None]
@@ -384,16 +402,20 @@ class RewardSet:
         return RewardScores(scores, total, errors)
 
 
-def score_rows(reward: Reward, completions: Sequence[Any], rows: Sequence[Mapping],
-               on_error: str = "raise") -> tuple[list[float], int]:
+def score_rows(
+    reward: Reward, completions: Sequence[Any], rows: Sequence[Mapping], on_error: str = "raise"
+) -> tuple[list[float], int]:
     """One reward over aligned completions and rows: the scores and the number of rows that failed."""
     if on_error not in ("raise", "zero"):
         raise RewardError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
     out, failed = [], 0
     for i, (completion, row) in enumerate(zip(completions, rows)):
         try:
-            out.append(reward.score(_text(completion, "assistant"), row.get("reference"),
-                                    _text(row.get("prompt", ""), "user"), row))
+            out.append(
+                reward.score(
+                    _text(completion, "assistant"), row.get("reference"), _text(row.get("prompt", ""), "user"), row
+                )
+            )
         except Exception as e:
             if on_error == "raise":
                 where = f" in {reward.file}" if reward.type == "custom" else ""
@@ -429,8 +451,7 @@ def _trl_func(reward: Reward, on_error: str) -> Callable:
 def _trl_rows(prompts: Sequence[Any], kwargs: Mapping[str, Any]) -> list[dict]:
     """TRL passes each dataset column as a keyword list aligned with the completions; rebuild the rows."""
     n = len(prompts)
-    columns = {k: v for k, v in kwargs.items()
-               if k not in _TRL_EXTRAS and isinstance(v, (list, tuple)) and len(v) == n}
+    columns = {k: v for k, v in kwargs.items() if k not in _TRL_EXTRAS and isinstance(v, (list, tuple)) and len(v) == n}
     return [{"prompt": p, **{k: v[i] for k, v in columns.items()}} for i, p in enumerate(prompts)]
 
 
@@ -460,8 +481,13 @@ def run_command(argv: Sequence[str], stdin: bytes | None, timeout: float) -> tup
     process group, so a timeout also ends whatever it started.
     """
     posix = os.name == "posix"
-    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=posix)
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=posix,
+    )
     tail = bytearray()
     threads = [threading.Thread(target=_drain, args=(proc.stdout, tail), daemon=True)]
     if stdin is not None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 from pathlib import Path
 
 from .artifacts import read_manifest
@@ -16,9 +15,15 @@ def list_artifacts(runs_dir: Path, pipeline: str | None = None) -> list[dict]:
         if directory.name.startswith(".tmp-") or not directory.is_dir():
             continue
         manifest = read_manifest(directory)
-        rows.append({"asset": f"{directory.parent.parent.name}/{directory.parent.name}",
-                     "kind": manifest.get("kind", "?"), "created": manifest.get("created", ""),
-                     "mlflow_run_id": manifest.get("mlflow_run_id"), "dir": str(directory)})
+        rows.append(
+            {
+                "asset": f"{directory.parent.parent.name}/{directory.parent.name}",
+                "kind": manifest.get("kind", "?"),
+                "created": manifest.get("created", ""),
+                "mlflow_run_id": manifest.get("mlflow_run_id"),
+                "dir": str(directory),
+            }
+        )
     return sorted(rows, key=lambda r: (r["created"], r["dir"]), reverse=True)
 
 
@@ -92,11 +97,17 @@ def comparison(tracking_uri: str, experiment: str | None = None) -> list[dict]:
     rows = []
     for run in client.search_runs(ids, order_by=["attributes.start_time DESC"], max_results=1000):
         tags, metrics = run.data.tags, run.data.metrics
-        row = {"experiment": names.get(run.info.experiment_id), "run": run.info.run_name,
-               "run_id": run.info.run_id, "stage": tags.get("stage"), "method": tags.get("method"),
-               "status": run.info.status, "headline": headline(metrics),
-               "upstream": (tags.get("upstream_mlflow_run_id") or "")[:8],
-               "started": time.strftime("%Y-%m-%d %H:%M", time.localtime((run.info.start_time or 0) / 1000))}
+        row = {
+            "experiment": names.get(run.info.experiment_id),
+            "run": run.info.run_name,
+            "run_id": run.info.run_id,
+            "stage": tags.get("stage"),
+            "method": tags.get("method"),
+            "status": run.info.status,
+            "headline": headline(metrics),
+            "upstream": (tags.get("upstream_mlflow_run_id") or "")[:8],
+            "started": time.strftime("%Y-%m-%d %H:%M", time.localtime((run.info.start_time or 0) / 1000)),
+        }
         row.update({k: v for k, v in metrics.items() if k.startswith(ROW_METRICS) or k in LAST_STEP})
         rows.append(row)
     return rows
@@ -104,6 +115,7 @@ def comparison(tracking_uri: str, experiment: str | None = None) -> list[dict]:
 
 def headline(metrics: dict[str, float]) -> str:
     """A run's own figures in one line, chosen by what it logged (the loss is a column of its own)."""
+
     def fig(value) -> str:
         return f"{value:.4g}" if isinstance(value, (int, float)) else "?"
 
@@ -111,8 +123,11 @@ def headline(metrics: dict[str, float]) -> str:
     if any(k in metrics for k in ("eval/reward", "eval/reward_before", "train/reward")):  # GRPO
         if "eval/reward" in metrics or "eval/reward_before" in metrics:
             parts.append(f"reward {fig(metrics.get('eval/reward_before'))} -> {fig(metrics.get('eval/reward'))}")
-        per_reward = {k[len("eval/reward_"):]: v for k, v in sorted(metrics.items())
-                      if k.startswith("eval/reward_") and k not in ("eval/reward_before", "eval/reward_margin")}
+        per_reward = {
+            k[len("eval/reward_") :]: v
+            for k, v in sorted(metrics.items())
+            if k.startswith("eval/reward_") and k not in ("eval/reward_before", "eval/reward_margin")
+        }
         if per_reward:
             each = "(" + ", ".join(f"{name} {fig(v)}" for name, v in per_reward.items()) + ")"
             parts[-1:] = [f"{parts[-1]} {each}"] if parts else [each]
@@ -121,9 +136,11 @@ def headline(metrics: dict[str, float]) -> str:
         if "train/kl" in metrics:
             parts.append(f"kl {fig(metrics['train/kl'])}")
     elif "eval/pref_accuracy" in metrics or "eval/reward_margin" in metrics:  # DPO, ORPO
-        parts += [f"{name} {fig(metrics[f'eval/{name}'])}" for name in ("pref_accuracy", "reward_margin",
-                                                                        "dpo_loss", "orpo_loss")
-                  if f"eval/{name}" in metrics]  # a preference objective: its own figures, never eval/loss
+        parts += [
+            f"{name} {fig(metrics[f'eval/{name}'])}"
+            for name in ("pref_accuracy", "reward_margin", "dpo_loss", "orpo_loss")
+            if f"eval/{name}" in metrics
+        ]  # a preference objective: its own figures, never eval/loss
     else:  # SFT, the base model, the report
         shown = {k: v for k, v in metrics.items() if k.startswith(ROW_METRICS) and k != "eval/loss"}
         first = [k for k in ("eval/perplexity",) if k in shown]

@@ -21,10 +21,12 @@ def sample(process) -> dict[str, float]:
     import psutil
 
     memory = psutil.virtual_memory()
-    values = {"system/cpu_utilization_percentage": psutil.cpu_percent(interval=None),
-              "system/system_memory_usage_megabytes": (memory.total - memory.available) / 2**20,
-              "system/system_memory_usage_percentage": memory.percent,
-              "system/process_rss_megabytes": process.memory_info().rss / 2**20}
+    values = {
+        "system/cpu_utilization_percentage": psutil.cpu_percent(interval=None),
+        "system/system_memory_usage_megabytes": (memory.total - memory.available) / 2**20,
+        "system/system_memory_usage_percentage": memory.percent,
+        "system/process_rss_megabytes": process.memory_info().rss / 2**20,
+    }
     values.update(gpu_sample())
     return values
 

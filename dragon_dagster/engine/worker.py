@@ -70,8 +70,7 @@ def watch_parent(expected: int, interval_s: float = 1.0, grandparent: bool = Fal
     def watch():
         while (alive(expected) and os.getppid() == agent) if grandparent else os.getppid() == expected:
             time.sleep(interval_s)
-        print(f"worker: parent process {expected if os.getppid() == agent else agent} is gone; stopping",
-              flush=True)
+        print(f"worker: parent process {expected if os.getppid() == agent else agent} is gone; stopping", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, daemon=True, name="parent-watchdog").start()
@@ -98,8 +97,9 @@ class PipesReporter(Reporter):
     def metrics(self, step: int, values: dict[str, float]) -> None:
         if self.pipes is None or not values:
             return
-        self.pipes.report_custom_message({"kind": "metrics", "step": int(step),
-                                          "values": {k: float(v) for k, v in values.items()}})
+        self.pipes.report_custom_message(
+            {"kind": "metrics", "step": int(step), "values": {k: float(v) for k, v in values.items()}}
+        )
 
     def send(self, payload: dict, status_file: Path | None) -> None:
         """The outcome, as a Pipes message and as a file beside a local job (readable even after a crash exit)."""
@@ -148,8 +148,10 @@ def execute(job: dict, reporter: Reporter) -> tuple[dict, int]:
 
         traceback.print_exc()
         cancelled = isinstance(exc, (Cancelled, StopNow))
-        return ({"event": "cancelled" if cancelled else "error", "error": f"{type(exc).__name__}: {exc}"},
-                EXIT_CANCELLED if cancelled else EXIT_FAILED)
+        return (
+            {"event": "cancelled" if cancelled else "error", "error": f"{type(exc).__name__}: {exc}"},
+            EXIT_CANCELLED if cancelled else EXIT_FAILED,
+        )
     return {"event": "result", "result": result}, 0
 
 

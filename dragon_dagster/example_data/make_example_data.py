@@ -17,28 +17,44 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 PRODUCTS = {
-    "Thermostat T2": ["drops off Wi-Fi", "shows the wrong temperature", "will not hold a schedule",
-                      "keeps restarting"],
-    "Smart Plug Mini": ["cannot be found by the app", "turns itself off at night", "clicks but the lamp stays off",
-                        "lost its energy history"],
-    "Doorbell Cam": ["video lags by several seconds", "does not ring the chime", "battery drains in two days",
-                     "night vision is blurry"],
-    "Hub Pro": ["went offline after an update", "blinks red", "does not see my sensors",
-                "is very slow to respond"],
-    "Motion Sensor": ["triggers when nobody is there", "never triggers", "reports low battery with a new battery",
-                      "shows as unavailable"],
+    "Thermostat T2": ["drops off Wi-Fi", "shows the wrong temperature", "will not hold a schedule", "keeps restarting"],
+    "Smart Plug Mini": [
+        "cannot be found by the app",
+        "turns itself off at night",
+        "clicks but the lamp stays off",
+        "lost its energy history",
+    ],
+    "Doorbell Cam": [
+        "video lags by several seconds",
+        "does not ring the chime",
+        "battery drains in two days",
+        "night vision is blurry",
+    ],
+    "Hub Pro": ["went offline after an update", "blinks red", "does not see my sensors", "is very slow to respond"],
+    "Motion Sensor": [
+        "triggers when nobody is there",
+        "never triggers",
+        "reports low battery with a new battery",
+        "shows as unavailable",
+    ],
 }
 
 FIXES = {
     "drops off Wi-Fi": "put it on a 2.4 GHz network, since it cannot join 5 GHz, and keep the router within 10 m",
     "shows the wrong temperature": "open Settings > Calibration and set the offset to match a reference thermometer",
-    "will not hold a schedule": "check that the time zone in Settings > Device matches your home, then save the schedule again",
+    "will not hold a schedule": (
+        "check that the time zone in Settings > Device matches your home, then save the schedule again"
+    ),
     "keeps restarting": "check that the C-wire is connected, since a weak power supply makes it reboot",
-    "cannot be found by the app": "hold the button for 10 seconds until the light blinks blue, then add it again in the app",
+    "cannot be found by the app": (
+        "hold the button for 10 seconds until the light blinks blue, then add it again in the app"
+    ),
     "turns itself off at night": "open the plug's schedule and remove the old 'Away' rule that switches it off",
     "clicks but the lamp stays off": "try another lamp, and if that works, the lamp's own switch is off",
     "lost its energy history": "update the app to the latest version: history is kept on the server and comes back",
-    "video lags by several seconds": "lower the stream quality to 720p in the camera settings, or move the router closer",
+    "video lags by several seconds": (
+        "lower the stream quality to 720p in the camera settings, or move the router closer"
+    ),
     "does not ring the chime": "re-pair the chime from Settings > Chime and test it with the button in the app",
     "battery drains in two days": "turn off continuous motion recording and set the motion zone smaller",
     "night vision is blurry": "wipe the lens and remove the protective film, which reflects the infrared light",
@@ -53,8 +69,14 @@ FIXES = {
 }
 
 OPENERS = ["Hi,", "Hello,", "Hey support,", "Good morning,", "Hi team,"]
-CONTEXT = ["since yesterday", "for a week now", "after I moved it to another room", "since the last app update",
-           "every evening", "since I changed my router"]
+CONTEXT = [
+    "since yesterday",
+    "for a week now",
+    "after I moved it to another room",
+    "since the last app update",
+    "every evening",
+    "since I changed my router",
+]
 ASKS = ["What should I do?", "Can you help?", "Is it broken?", "How do I fix this?", "Any ideas?"]
 NAMES = ["Alex", "Sam", "Priya", "Jonas", "Maria", "Chen", "Fatima", "Luca", "Emma", "Kofi"]
 
@@ -65,19 +87,20 @@ def tickets(n: int = 200, seed: int = 42) -> list[dict]:
     while len(rows) < n:
         product = rng.choice(sorted(PRODUCTS))
         problem = rng.choice(PRODUCTS[product])
-        opener, context, ask, name = (rng.choice(OPENERS), rng.choice(CONTEXT), rng.choice(ASKS),
-                                      rng.choice(NAMES))
+        opener, context, ask, name = (rng.choice(OPENERS), rng.choice(CONTEXT), rng.choice(ASKS), rng.choice(NAMES))
         key = (product, problem, context, ask, name)
         if key in seen:
             continue
         seen.add(key)
-        rows.append({
-            "subject": f"{product} {problem}",
-            "body": f"{opener} my {product} {problem} {context}. {ask}\n{name}",
-            "product": product,
-            "reply": f"Hi {name}, sorry about the trouble with your {product}. Please {FIXES[problem]}. "
-                     "If that does not help, reply here and we will arrange a replacement.",
-        })
+        rows.append(
+            {
+                "subject": f"{product} {problem}",
+                "body": f"{opener} my {product} {problem} {context}. {ask}\n{name}",
+                "product": product,
+                "reply": f"Hi {name}, sorry about the trouble with your {product}. Please {FIXES[problem]}. "
+                "If that does not help, reply here and we will arrange a replacement.",
+            }
+        )
     return rows
 
 

@@ -42,49 +42,77 @@ URL_PASSWORD = re.compile(r"://[^/@\s:]+:[^/@\s]+@")  # a URL with user:password
 class K8sPod(Config):
     """Where and how the worker pod runs. Credentials come from secrets (env_from_secrets), never from here."""
 
-    image: str = Field(default="", description="Container image with dragon-dagster (and its training extras) "
-                                               "installed; `python` on its PATH runs the worker.")
-    namespace: str = Field(default="", description="Namespace for the pod. Empty: the one Dagster runs in "
-                                                   "(in-cluster), else the kubeconfig context's, else default.")
+    image: str = Field(
+        default="",
+        description="Container image with dragon-dagster (and its training extras) "
+        "installed; `python` on its PATH runs the worker.",
+    )
+    namespace: str = Field(
+        default="",
+        description="Namespace for the pod. Empty: the one Dagster runs in "
+        "(in-cluster), else the kubeconfig context's, else default.",
+    )
     image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
-        default="IfNotPresent", description="The container's imagePullPolicy.")
-    service_account_name: str = Field(default="", description="Service account of the pod. Empty: the "
-                                                              "namespace's default.")
+        default="IfNotPresent", description="The container's imagePullPolicy."
+    )
+    service_account_name: str = Field(
+        default="", description="Service account of the pod. Empty: the namespace's default."
+    )
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Node labels the pod must land on, e.g. "
-                                          "{'nvidia.com/gpu.product': 'NVIDIA-H100-80GB-HBM3'}.")
+        default_factory=dict,
+        description="Node labels the pod must land on, e.g. {'nvidia.com/gpu.product': 'NVIDIA-H100-80GB-HBM3'}.",
+    )
     tolerations: list[dict[str, Any]] = Field(
-        default_factory=list, description="Kubernetes tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, "
-                                          "effect: NoSchedule}] for tainted GPU nodes.")
+        default_factory=list,
+        description="Kubernetes tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, "
+        "effect: NoSchedule}] for tainted GPU nodes.",
+    )
     volumes: list[dict[str, Any]] = Field(
-        default_factory=list, description="Kubernetes volume specs, e.g. [{name: runs, persistentVolumeClaim: "
-                                          "{claimName: dragon-runs}}]: the runs dir the job file and artifacts "
-                                          "live in.")
+        default_factory=list,
+        description="Kubernetes volume specs, e.g. [{name: runs, persistentVolumeClaim: "
+        "{claimName: dragon-runs}}]: the runs dir the job file and artifacts "
+        "live in.",
+    )
     volume_mounts: list[dict[str, Any]] = Field(
-        default_factory=list, description="Mounts of the worker container, e.g. [{name: runs, mountPath: /runs}]; "
-                                          "the runs dir must have the same path as in the Dagster step.")
+        default_factory=list,
+        description="Mounts of the worker container, e.g. [{name: runs, mountPath: /runs}]; "
+        "the runs dir must have the same path as in the Dagster step.",
+    )
     env_from_secrets: list[str] = Field(
-        default_factory=list, description="Names of secrets whose keys become the worker's environment "
-                                          "(MLflow and S3 credentials: AWS_ACCESS_KEY_ID, MLFLOW_TRACKING_TOKEN..).")
-    gpu_resource: str = Field(default="nvidia.com/gpu", description="Extended resource the GPUs are requested "
-                                                                    "as (amd.com/gpu, a MIG profile, ...).")
-    shm_size_gb: float = Field(default=0, ge=0, description="Size of a memory-backed /dev/shm, GiB (counts "
-                                                            "against memory_gb). Containers get 64 MiB, too "
-                                                            "little for NCCL with several GPUs (torchrun, "
-                                                            "workers > 1) or DataLoader workers. 0: none.")
+        default_factory=list,
+        description="Names of secrets whose keys become the worker's environment "
+        "(MLflow and S3 credentials: AWS_ACCESS_KEY_ID, MLFLOW_TRACKING_TOKEN..).",
+    )
+    gpu_resource: str = Field(
+        default="nvidia.com/gpu",
+        description="Extended resource the GPUs are requested as (amd.com/gpu, a MIG profile, ...).",
+    )
+    shm_size_gb: float = Field(
+        default=0,
+        ge=0,
+        description="Size of a memory-backed /dev/shm, GiB (counts "
+        "against memory_gb). Containers get 64 MiB, too "
+        "little for NCCL with several GPUs (torchrun, "
+        "workers > 1) or DataLoader workers. 0: none.",
+    )
     pod_labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the pod.")
     pod_annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of the pod.")
-    kubeconfig_file: str = Field(default="", description="kubeconfig to use. Empty: $KUBECONFIG or "
-                                                         "~/.kube/config, or the in-cluster config.")
+    kubeconfig_file: str = Field(
+        default="", description="kubeconfig to use. Empty: $KUBECONFIG or ~/.kube/config, or the in-cluster config."
+    )
     kube_context: str = Field(default="", description="Context in the kubeconfig. Empty: its current one.")
     load_incluster_config: bool = Field(
-        default=False, description="Use the service account of the pod Dagster runs in. False: a kubeconfig "
-                                   "if one is set, else in-cluster when KUBERNETES_SERVICE_HOST is set.")
-    connect_timeout_s: float = Field(default=10, description="How long to wait for the API server before "
-                                                             "the step fails, not hangs.")
+        default=False,
+        description="Use the service account of the pod Dagster runs in. False: a kubeconfig "
+        "if one is set, else in-cluster when KUBERNETES_SERVICE_HOST is set.",
+    )
+    connect_timeout_s: float = Field(
+        default=10, description="How long to wait for the API server before the step fails, not hangs."
+    )
     poll_interval_s: float = Field(default=5, description="Seconds between pod status polls.")
-    pod_wait_timeout_s: float = Field(default=7 * 86400, description="Longest a pod may run (queueing for a "
-                                                                     "node included). 0: no limit.")
+    pod_wait_timeout_s: float = Field(
+        default=7 * 86400, description="Longest a pod may run (queueing for a node included). 0: no limit."
+    )
 
 
 def _quantity_cpu(cpus: float) -> str:
@@ -93,13 +121,14 @@ def _quantity_cpu(cpus: float) -> str:
 
 def _whole_gpus(gpus: float) -> int:
     if gpus < 0 or not float(gpus).is_integer():
-        raise ValueError(f"gpus={gpus}: Kubernetes hands out whole devices; for a slice of one, set "
-                         "gpu_resource to the MIG profile or time-sliced resource your cluster offers")
+        raise ValueError(
+            f"gpus={gpus}: Kubernetes hands out whole devices; for a slice of one, set "
+            "gpu_resource to the MIG profile or time-sliced resource your cluster offers"
+        )
     return int(gpus)
 
 
-def pod_spec(pod: K8sPod, *, cpus: float, gpus: float, memory_gb: float,
-             termination_grace_s: float = 600) -> dict:
+def pod_spec(pod: K8sPod, *, cpus: float, gpus: float, memory_gb: float, termination_grace_s: float = 600) -> dict:
     """The base pod spec (camelCase, as in a manifest) that PipesK8sClient completes with image, command and
     the Pipes environment: resources, volumes, scheduling, secrets and the stop grace period."""
     requests: dict[str, str] = {}
@@ -108,8 +137,9 @@ def pod_spec(pod: K8sPod, *, cpus: float, gpus: float, memory_gb: float,
         requests["cpu"] = _quantity_cpu(cpus)
     if memory_gb > 0:
         # limit == request: a worker past its size is OOMKilled at a known point, not when the node fills
-        requests["memory"] = limits["memory"] = (f"{int(memory_gb)}Gi" if float(memory_gb).is_integer()
-                                                 else f"{math.ceil(memory_gb * 1024)}Mi")
+        requests["memory"] = limits["memory"] = (
+            f"{int(memory_gb)}Gi" if float(memory_gb).is_integer() else f"{math.ceil(memory_gb * 1024)}Mi"
+        )
     n_gpus = _whole_gpus(gpus)
     if n_gpus:
         limits[pod.gpu_resource] = str(n_gpus)  # extended resources: the request defaults to the limit
@@ -121,8 +151,9 @@ def pod_spec(pod: K8sPod, *, cpus: float, gpus: float, memory_gb: float,
     volumes = [dict(v) for v in pod.volumes]
     mounts = [dict(m) for m in pod.volume_mounts]
     if pod.shm_size_gb > 0:
-        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory",
-                                                     "sizeLimit": f"{math.ceil(pod.shm_size_gb * 1024)}Mi"}})
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(pod.shm_size_gb * 1024)}Mi"}}
+        )
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if mounts:
         container["volumeMounts"] = mounts
@@ -165,8 +196,10 @@ def pod_env(env: Mapping[str, str], warn: Callable[[str], None] = print) -> dict
         if name == PARENT_PID:  # the worker's watchdog compares it with its parent: meaningless in a pod
             continue
         if SECRET_NAME.search(name) or URL_PASSWORD.search(str(value)):
-            warn(f"k8s launcher: {name} looks like a credential and is not put in the pod manifest; "
-                 "put it in a Kubernetes secret listed in k8s.env_from_secrets")
+            warn(
+                f"k8s launcher: {name} looks like a credential and is not put in the pod manifest; "
+                "put it in a Kubernetes secret listed in k8s.env_from_secrets"
+            )
             continue
         out[name] = str(value)
     return out
@@ -181,10 +214,19 @@ def _messages_env() -> dict[str, str]:
         return {DAGSTER_PIPES_MESSAGES_ENV_VAR: encode_env_var(params)}
 
 
-def render_pod(pod: K8sPod, command: Sequence[str], env: Mapping[str, str] | None = None, *,
-               cpus: float, gpus: float, memory_gb: float, termination_grace_s: float = 600,
-               bootstrap_env: Mapping[str, str] | None = None, pod_name: str = "dragon-worker",
-               warn: Callable[[str], None] = print) -> dict:
+def render_pod(
+    pod: K8sPod,
+    command: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    cpus: float,
+    gpus: float,
+    memory_gb: float,
+    termination_grace_s: float = 600,
+    bootstrap_env: Mapping[str, str] | None = None,
+    pod_name: str = "dragon-worker",
+    warn: Callable[[str], None] = print,
+) -> dict:
     """The pod manifest (apiVersion, kind, metadata, spec; camelCase) as PipesK8sClient.run submits it: built
     by dagster-k8s's own build_pod_body from the same pieces run_pod hands it. bootstrap_env: the Pipes
     variables of a session; by default DAGSTER_PIPES_MESSAGES as the log reader sets it and a placeholder
@@ -196,11 +238,13 @@ def render_pod(pod: K8sPod, command: Sequence[str], env: Mapping[str, str] | Non
     if bootstrap_env is None:
         bootstrap_env = {DAGSTER_PIPES_CONTEXT_ENV_VAR: CONTEXT_PLACEHOLDER, **_messages_env()}
     body = build_pod_body(
-        pod_name=pod_name, image=pod.image or None, command=list(command),
+        pod_name=pod_name,
+        image=pod.image or None,
+        command=list(command),
         env_vars={**bootstrap_env, **pod_env(env or {}, warn)},  # the order PipesK8sClient.run merges them in
         base_pod_meta=pod_meta(pod),
-        base_pod_spec=pod_spec(pod, cpus=cpus, gpus=gpus, memory_gb=memory_gb,
-                               termination_grace_s=termination_grace_s))
+        base_pod_spec=pod_spec(pod, cpus=cpus, gpus=gpus, memory_gb=memory_gb, termination_grace_s=termination_grace_s),
+    )
     manifest = kubernetes.client.ApiClient().sanitize_for_serialization(body)
     manifest["metadata"]["namespace"] = pod.namespace or "default"
     return {"apiVersion": "v1", "kind": "Pod", **manifest}
@@ -213,15 +257,18 @@ def _client_configuration(pod: K8sPod):
 
     cfg = kubernetes.client.Configuration()
     incluster = pod.load_incluster_config or (
-        not pod.kubeconfig_file and not pod.kube_context and bool(os.getenv("KUBERNETES_SERVICE_HOST")))
+        not pod.kubeconfig_file and not pod.kube_context and bool(os.getenv("KUBERNETES_SERVICE_HOST"))
+    )
     if incluster:
         kubernetes.config.load_incluster_config(client_configuration=cfg)
         source = "the in-cluster service account"
     else:
-        kubernetes.config.load_kube_config(config_file=pod.kubeconfig_file or None,
-                                           context=pod.kube_context or None, client_configuration=cfg)
-        source = (f"kubeconfig {pod.kubeconfig_file or os.environ.get('KUBECONFIG') or '~/.kube/config'}"
-                  + (f", context {pod.kube_context}" if pod.kube_context else ""))
+        kubernetes.config.load_kube_config(
+            config_file=pod.kubeconfig_file or None, context=pod.kube_context or None, client_configuration=cfg
+        )
+        source = f"kubeconfig {pod.kubeconfig_file or os.environ.get('KUBECONFIG') or '~/.kube/config'}" + (
+            f", context {pod.kube_context}" if pod.kube_context else ""
+        )
     return cfg, source
 
 
@@ -235,9 +282,11 @@ def check_cluster(pod: K8sPod) -> str:
     try:
         cfg, source = _client_configuration(pod)
     except (kubernetes.config.ConfigException, OSError, TypeError, ValueError) as exc:
-        raise Failure(description=f"k8s launcher: no usable Kubernetes configuration "
-                                  f"(kubeconfig_file={pod.kubeconfig_file!r}, load_incluster_config="
-                                  f"{pod.load_incluster_config}): {exc}") from exc
+        raise Failure(
+            description=f"k8s launcher: no usable Kubernetes configuration "
+            f"(kubeconfig_file={pod.kubeconfig_file!r}, load_incluster_config="
+            f"{pod.load_incluster_config}): {exc}"
+        ) from exc
     cfg.retries = 0  # one bounded try: a refused or silent endpoint fails the step at once
     api = kubernetes.client.ApiClient(cfg)
     timeout = (pod.connect_timeout_s, pod.connect_timeout_s)
@@ -245,12 +294,16 @@ def check_cluster(pod: K8sPod) -> str:
         kubernetes.client.VersionApi(api).get_code(_request_timeout=timeout)
     except kubernetes.client.ApiException as exc:
         if exc.status in (401, 403):  # reachable, but these credentials will not create pods either
-            raise Failure(description=f"k8s launcher: the Kubernetes API server at {cfg.host} ({source}) "
-                                      f"refused the credentials: {exc.status} {exc.reason}") from exc
+            raise Failure(
+                description=f"k8s launcher: the Kubernetes API server at {cfg.host} ({source}) "
+                f"refused the credentials: {exc.status} {exc.reason}"
+            ) from exc
         # any other answer: the server is there; what it thinks of the pod, run_pod's create call will say
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise Failure(description=f"k8s launcher: cannot reach the Kubernetes API server at {cfg.host} "
-                                  f"({source}) within {pod.connect_timeout_s:g} s: {exc}") from exc
+        raise Failure(
+            description=f"k8s launcher: cannot reach the Kubernetes API server at {cfg.host} "
+            f"({source}) within {pod.connect_timeout_s:g} s: {exc}"
+        ) from exc
     finally:
         api.close()
     return cfg.host
@@ -286,9 +339,18 @@ def _tapped_client_class():
     return TappedK8sClient
 
 
-def run_pod(context, pod: K8sPod, command: Sequence[str], env: Mapping[str, str],
-            wrap_reader: Callable[[PipesMessageReader], PipesMessageReader] = lambda reader: reader, *,
-            cpus: float, gpus: float, memory_gb: float, termination_grace_s: float = 600) -> int:
+def run_pod(
+    context,
+    pod: K8sPod,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    wrap_reader: Callable[[PipesMessageReader], PipesMessageReader] = lambda reader: reader,
+    *,
+    cpus: float,
+    gpus: float,
+    memory_gb: float,
+    termination_grace_s: float = 600,
+) -> int:
     """Run command in a pod of pod.image and wait for it; the worker's exit code.
 
     0 on success; the worker's own failure codes (it failed or was cancelled and said why in its outcome
@@ -306,22 +368,34 @@ def run_pod(context, pod: K8sPod, command: Sequence[str], env: Mapping[str, str]
     endpoint = check_cluster(pod)
     namespace = pod.namespace or detect_current_namespace(pod.kubeconfig_file or None) or "default"
     launch_id = uuid.uuid4().hex[:16]
-    client = _tapped_client_class()(message_reader=wrap_reader(PipesK8sPodLogsMessageReader()),
-                          load_incluster_config=True if pod.load_incluster_config else None,
-                          kubeconfig_file=pod.kubeconfig_file or None, kube_context=pod.kube_context or None,
-                          poll_interval=float(pod.poll_interval_s))
+    client = _tapped_client_class()(
+        message_reader=wrap_reader(PipesK8sPodLogsMessageReader()),
+        load_incluster_config=True if pod.load_incluster_config else None,
+        kubeconfig_file=pod.kubeconfig_file or None,
+        kube_context=pod.kube_context or None,
+        poll_interval=float(pod.poll_interval_s),
+    )
     spec = pod_spec(pod, cpus=cpus, gpus=gpus, memory_gb=memory_gb, termination_grace_s=termination_grace_s)
-    context.log.info(f"k8s launcher: starting a pod of {pod.image} in namespace {namespace} on {endpoint} "
-                     f"(label {LAUNCH_LABEL}={launch_id})")
+    context.log.info(
+        f"k8s launcher: starting a pod of {pod.image} in namespace {namespace} on {endpoint} "
+        f"(label {LAUNCH_LABEL}={launch_id})"
+    )
     # After run() returns or raises, the client's global config is loaded: the pod is found and deleted here,
     # not by run(), so that its exit code can be read first and a cancelled trainer gets its grace period.
     core = None
     try:
         try:
-            client.run(context=context, image=pod.image, command=list(command), namespace=namespace,
-                       env=pod_env(env, context.log.warning), base_pod_meta=pod_meta(pod, launch_id),
-                       base_pod_spec=spec, pod_wait_timeout=float(pod.pod_wait_timeout_s),
-                       delete_pod_on_completion=False)
+            client.run(
+                context=context,
+                image=pod.image,
+                command=list(command),
+                namespace=namespace,
+                env=pod_env(env, context.log.warning),
+                base_pod_meta=pod_meta(pod, launch_id),
+                base_pod_spec=spec,
+                pod_wait_timeout=float(pod.pod_wait_timeout_s),
+                delete_pod_on_completion=False,
+            )
             return 0
         except DagsterK8sError as exc:
             core = DagsterKubernetesClient.production_client().core_api
@@ -331,15 +405,24 @@ def run_pod(context, pod: K8sPod, command: Sequence[str], env: Mapping[str, str]
                 # ready first): then the log tail in dagster-k8s's error is all there is
                 context.log.warning(f"k8s launcher: the worker pod ended ({why}): {_first_lines(str(exc))}")
                 return code
-            raise Failure(description=f"k8s launcher: the worker pod in namespace {namespace} failed"
-                                      f"{f' ({why})' if why else ''}: {_first_lines(str(exc))}") from exc
+            raise Failure(
+                description=f"k8s launcher: the worker pod in namespace {namespace} failed"
+                f"{f' ({why})' if why else ''}: {_first_lines(str(exc))}"
+            ) from exc
         except kubernetes.client.ApiException as exc:  # refused: forbidden, invalid spec, over quota
-            raise Failure(description=f"k8s launcher: the API server at {endpoint} refused the worker pod in "
-                                      f"namespace {namespace}: {exc.status} {exc.reason}: "
-                                      f"{_first_lines(str(exc.body or ''))}") from exc
+            raise Failure(
+                description=f"k8s launcher: the API server at {endpoint} refused the worker pod in "
+                f"namespace {namespace}: {exc.status} {exc.reason}: "
+                f"{_first_lines(str(exc.body or ''))}"
+            ) from exc
     finally:
-        _delete_pods(core or DagsterKubernetesClient.production_client().core_api, namespace, launch_id,
-                     termination_grace_s, context.log)
+        _delete_pods(
+            core or DagsterKubernetesClient.production_client().core_api,
+            namespace,
+            launch_id,
+            termination_grace_s,
+            context.log,
+        )
 
 
 def _termination(core, namespace: str, launch_id: str) -> tuple[int | None, str]:
@@ -359,8 +442,9 @@ def _termination(core, namespace: str, launch_id: str) -> tuple[int | None, str]
             continue
         if cs.state and cs.state.terminated:
             t = cs.state.terminated
-            reasons.append(f"exit code {t.exit_code}, {t.reason or 'terminated'}"
-                           + (f": {t.message}" if t.message else ""))
+            reasons.append(
+                f"exit code {t.exit_code}, {t.reason or 'terminated'}" + (f": {t.message}" if t.message else "")
+            )
             return t.exit_code, "; ".join(reasons)
         if cs.state and cs.state.waiting:
             reasons.append(f"{cs.state.waiting.reason}: {cs.state.waiting.message or ''}".rstrip(": "))
@@ -374,12 +458,15 @@ def _delete_pods(core, namespace: str, launch_id: str, grace_s: float, log) -> N
         for item in pods:
             running = not (item.status and item.status.phase in ("Succeeded", "Failed"))
             if running:
-                log.info(f"k8s launcher: stopping pod {item.metadata.name}: SIGTERM, then SIGKILL after "
-                         f"{grace_s:.0f} s")
+                log.info(
+                    f"k8s launcher: stopping pod {item.metadata.name}: SIGTERM, then SIGKILL after {grace_s:.0f} s"
+                )
             core.delete_namespaced_pod(item.metadata.name, namespace, grace_period_seconds=int(math.ceil(grace_s)))
     except Exception as exc:  # noqa: BLE001 - never hide the step's own outcome behind a cleanup error
-        log.warning(f"k8s launcher: could not delete the pod labelled {LAUNCH_LABEL}={launch_id} in namespace "
-                    f"{namespace} ({type(exc).__name__}: {exc}); delete it by hand")
+        log.warning(
+            f"k8s launcher: could not delete the pod labelled {LAUNCH_LABEL}={launch_id} in namespace "
+            f"{namespace} ({type(exc).__name__}: {exc}); delete it by hand"
+        )
 
 
 def _first_lines(text: str, n: int = 40) -> str:
@@ -405,9 +492,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = yaml.safe_load(open(args.config).read()) if args.config else {}
     pod = K8sPod(**(config or {}))
-    manifest = render_pod(pod, ["python", "-m", "dragon_dagster.engine.worker", "/runs/<artifact>/.job-run.json"],
-                          cpus=args.cpus, gpus=args.gpus, memory_gb=args.memory_gb,
-                          termination_grace_s=args.termination_grace_s, warn=lambda m: print(m, file=sys.stderr))
+    manifest = render_pod(
+        pod,
+        ["python", "-m", "dragon_dagster.engine.worker", "/runs/<artifact>/.job-run.json"],
+        cpus=args.cpus,
+        gpus=args.gpus,
+        memory_gb=args.memory_gb,
+        termination_grace_s=args.termination_grace_s,
+        warn=lambda m: print(m, file=sys.stderr),
+    )
     print(yaml.safe_dump(manifest, sort_keys=False))
     return 0
 

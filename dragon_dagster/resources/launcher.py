@@ -23,8 +23,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from dagster import (ConfigurableResource, DagsterRunStatus, Failure, PipesMessageReader,
-                     PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session)
+from dagster import (
+    ConfigurableResource,
+    DagsterRunStatus,
+    Failure,
+    PipesMessageReader,
+    PipesTempFileContextInjector,
+    PipesTempFileMessageReader,
+    open_pipes_session,
+)
 from pydantic import Field
 
 from ..engine import remote
@@ -41,60 +48,108 @@ class TrainingResource(ConfigurableResource):
 
     device: Literal["auto", "cuda", "mps", "cpu"] = Field(default="auto", description="Where to train.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
-        default="auto", description="auto: bfloat16 on GPUs that support it, float32 on CPU/MPS.")
+        default="auto", description="auto: bfloat16 on GPUs that support it, float32 on CPU/MPS."
+    )
     load_in_4bit: bool = Field(default=False, description="QLoRA: load the base model in 4-bit (CUDA only).")
     packing: Literal["auto", "on", "off"] = Field(
-        default="auto", description="SFT: pack rows into max_seq_len rows, each sequence attending only to itself. "
-                                    "auto: on for CUDA (fills the GPU), off elsewhere (a step keeps batch_size rows).")
+        default="auto",
+        description="SFT: pack rows into max_seq_len rows, each sequence attending only to itself. "
+        "auto: on for CUDA (fills the GPU), off elsewhere (a step keeps batch_size rows).",
+    )
     loss_kernel: Literal["auto", "chunked", "trl"] = Field(
-        default="auto", description="SFT loss head. chunked: projects only trained positions, gradient formed in "
-                                    "forward; trl: TRL's fused head (Triton on GPUs). auto: trl on CUDA, else chunked.")
+        default="auto",
+        description="SFT loss head. chunked: projects only trained positions, gradient formed in "
+        "forward; trl: TRL's fused head (Triton on GPUs). auto: trl on CUDA, else chunked.",
+    )
     generation_batch_size: int = Field(
-        default=0, description="GRPO: completions sampled per generation round, reused over several optimizer "
-                               "steps (TRL generation_batch_size). 0: one step's worth.")
+        default=0,
+        description="GRPO: completions sampled per generation round, reused over several optimizer "
+        "steps (TRL generation_batch_size). 0: one step's worth.",
+    )
     torch_compile: bool = Field(default=False, description="Compile the model with torch.compile before training.")
     unpad: Literal["auto", "on", "off"] = Field(
-        default="auto", description="With the chunked head, run the model over the real tokens of a batch only, "
-                                    "each row attending to itself. auto: on except for CUDA.")
+        default="auto",
+        description="With the chunked head, run the model over the real tokens of a batch only, "
+        "each row attending to itself. auto: on except for CUDA.",
+    )
     dropout_mask: Literal["auto", "fast", "torch"] = Field(
-        default="auto", description="LoRA dropout masks: fast draws 16 bits per element (CPU), torch one 32-bit "
-                                    "number. auto: fast except for CUDA.")
+        default="auto",
+        description="LoRA dropout masks: fast draws 16 bits per element (CPU), torch one 32-bit "
+        "number. auto: fast except for CUDA.",
+    )
     sampling: Literal["auto", "grouped", "trl"] = Field(
-        default="auto", description="GRPO sampling. grouped: each prompt's forward pass once for its group, and "
-                                    "no LoRA dropout while sampling; trl: TRL's generate as is. auto: grouped.")
+        default="auto",
+        description="GRPO sampling. grouped: each prompt's forward pass once for its group, and "
+        "no LoRA dropout while sampling; trl: TRL's generate as is. auto: grouped.",
+    )
     launcher: Literal["subprocess", "ray", "k8s"] = Field(
-        default="subprocess", description="Where the worker runs. subprocess: a child process of the Dagster run "
-                                          "(torchrun with workers > 1); ray: a Ray job on the cluster at "
-                                          "ray_address (Ray Train with workers > 1); k8s: a pod (see k8s).")
-    workers: int = Field(default=1, ge=1, description="Data-parallel processes that train one stage, gradients "
-                                                      "synchronised. A stage's batch_size stays the global batch.")
+        default="subprocess",
+        description="Where the worker runs. subprocess: a child process of the Dagster run "
+        "(torchrun with workers > 1); ray: a Ray job on the cluster at "
+        "ray_address (Ray Train with workers > 1); k8s: a pod (see k8s).",
+    )
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Data-parallel processes that train one stage, gradients "
+        "synchronised. A stage's batch_size stays the global batch.",
+    )
     cpus_per_worker: float = Field(default=1.0, gt=0, description="CPUs each worker asks for (ray, k8s).")
-    gpus_per_worker: float = Field(default=-1, description="GPUs each worker asks for (ray, k8s). -1: one when "
-                                                           "device is cuda, else none.")
-    memory_gb_per_worker: float = Field(default=0, ge=0, description="Memory each worker asks for (ray, k8s); "
-                                                                     "0: no request.")
-    ray_address: str = Field(default="", description="Ray dashboard address, e.g. http://head:8265. Empty: "
-                                                     "$RAY_ADDRESS.")
+    gpus_per_worker: float = Field(
+        default=-1, description="GPUs each worker asks for (ray, k8s). -1: one when device is cuda, else none."
+    )
+    memory_gb_per_worker: float = Field(
+        default=0, ge=0, description="Memory each worker asks for (ray, k8s); 0: no request."
+    )
+    ray_address: str = Field(
+        default="", description="Ray dashboard address, e.g. http://head:8265. Empty: $RAY_ADDRESS."
+    )
     ray_runtime_env: dict[str, Any] = Field(
-        default_factory=dict, description="Ray runtime_env for the job (pip, env_vars, ...). Visible in the Ray "
-                                          "dashboard: keep secrets in the cluster's environment, not here.")
-    k8s: K8sPod = Field(default_factory=K8sPod, description="The pod a k8s worker runs in: image, namespace, "
-                                                            "volumes, node selector, secrets.")
-    python: str = Field(default="", description="Python interpreter for the worker. Empty: this one for "
-                                                "subprocess, `python` on the PATH of a Ray node or pod.")
-    termination_timeout_s: float = Field(default=600, description="How long a cancelled trainer may take "
-                                                                   "to save its checkpoint before it is killed.")
+        default_factory=dict,
+        description="Ray runtime_env for the job (pip, env_vars, ...). Visible in the Ray "
+        "dashboard: keep secrets in the cluster's environment, not here.",
+    )
+    k8s: K8sPod = Field(
+        default_factory=K8sPod,
+        description="The pod a k8s worker runs in: image, namespace, volumes, node selector, secrets.",
+    )
+    python: str = Field(
+        default="",
+        description="Python interpreter for the worker. Empty: this one for "
+        "subprocess, `python` on the PATH of a Ray node or pod.",
+    )
+    termination_timeout_s: float = Field(
+        default=600, description="How long a cancelled trainer may take to save its checkpoint before it is killed."
+    )
 
     def hardware(self) -> dict:
         return Hardware(self.device, self.dtype, self.load_in_4bit).validate().__dict__
 
     def speed(self) -> dict:
-        return Speed(self.packing, self.loss_kernel, self.generation_batch_size or None,
-                     self.torch_compile, self.unpad, self.dropout_mask, self.sampling).validate().__dict__
+        return (
+            Speed(
+                self.packing,
+                self.loss_kernel,
+                self.generation_batch_size or None,
+                self.torch_compile,
+                self.unpad,
+                self.dropout_mask,
+                self.sampling,
+            )
+            .validate()
+            .__dict__
+        )
 
-    def run_job(self, context, job: dict, workdir: Path, env: dict[str, str] | None = None,
-                on_metrics: Callable[[int, dict], None] | None = None, store=None,
-                final: Path | None = None) -> dict:
+    def run_job(
+        self,
+        context,
+        job: dict,
+        workdir: Path,
+        env: dict[str, str] | None = None,
+        on_metrics: Callable[[int, dict], None] | None = None,
+        store=None,
+        final: Path | None = None,
+    ) -> dict:
         """Write the job file into workdir (it stays with the artifact), run the worker, return its result.
 
         on_metrics(step, values) gets the worker's step metrics while it runs (the stages log them to MLflow);
@@ -117,8 +172,9 @@ class TrainingResource(ConfigurableResource):
         output_uri = store.staging_uri(final, context.run_id) if store and store.artifact_uri else None
         try:
             shipped = ship(job, workdir, store, output_uri) if output_uri else None
-            returncode = self._launch(context, self.command(shipped or str(run_file), job), env or {}, tap,
-                                      parallel=bool(job.get("parallel")))
+            returncode = self._launch(
+                context, self.command(shipped or str(run_file), job), env or {}, tap, parallel=bool(job.get("parallel"))
+            )
             if shipped and returncode == 0 and tap.outcome.get("event") == "result":
                 remote.collect(output_uri, workdir)
         finally:
@@ -128,9 +184,15 @@ class TrainingResource(ConfigurableResource):
         status = tap.outcome or _read_status(status_file)
         status_file.unlink(missing_ok=True)
         if returncode != 0 or status.get("event") != "result":
-            raise Failure(description=status.get("error") or (
-                f"the {kind} worker ({self.launcher}) exited with code {returncode}: see the run's log for the "
-                "traceback" if returncode else f"the {kind} worker finished without a result"))
+            raise Failure(
+                description=status.get("error")
+                or (
+                    f"the {kind} worker ({self.launcher}) exited with code {returncode}: see the run's log for the "
+                    "traceback"
+                    if returncode
+                    else f"the {kind} worker finished without a result"
+                )
+            )
         return status["result"]
 
     def command(self, job_source: str, job: dict) -> list[str]:
@@ -143,14 +205,27 @@ class TrainingResource(ConfigurableResource):
         # about as long as the resource gives, to finish the step and save the checkpoint, but before the
         # resource kills the agent's group, which does not hold the ranks (they run in sessions of their own)
         shutdown_s = max(5, int(self.termination_timeout_s) - 10)
-        return [python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.workers}",
-                f"--shutdown-timeout={shutdown_s}", "-m", "dragon_dagster.engine.worker", job_source]
+        return [
+            python,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={self.workers}",
+            f"--shutdown-timeout={shutdown_s}",
+            "-m",
+            "dragon_dagster.engine.worker",
+            job_source,
+        ]
 
     def parallel(self) -> dict:
         """How the worker spreads one training stage over `workers` processes (engine/worker.py reads it)."""
-        return {"workers": self.workers, "backend": "ray" if self.launcher == "ray" else "torchrun",
-                "cpus_per_worker": self.cpus_per_worker, "gpus_per_worker": self.gpus(),
-                "memory_gb_per_worker": self.memory_gb_per_worker}
+        return {
+            "workers": self.workers,
+            "backend": "ray" if self.launcher == "ray" else "torchrun",
+            "cpus_per_worker": self.cpus_per_worker,
+            "gpus_per_worker": self.gpus(),
+            "memory_gb_per_worker": self.memory_gb_per_worker,
+        }
 
     def gpus(self) -> float:
         if self.gpus_per_worker >= 0:
@@ -163,29 +238,50 @@ class TrainingResource(ConfigurableResource):
 
             parent = os.getppid()
             return run_ray_job(
-                context, address=self.ray_address, command=command, env=env, wrap_reader=tap.wrap,
-                runtime_env=self.ray_runtime_env, stop_wait_s=self.termination_timeout_s,
+                context,
+                address=self.ray_address,
+                command=command,
+                env=env,
+                wrap_reader=tap.wrap,
+                runtime_env=self.ray_runtime_env,
+                stop_wait_s=self.termination_timeout_s,
                 # with workers > 1 the driver only coordinates: the Ray Train workers hold the resources
-                cpus=0 if parallel else self.cpus_per_worker, gpus=0 if parallel else self.gpus(),
-                memory_gb=0 if parallel else self.memory_gb_per_worker, gone=lambda: run_gone(context, parent))
+                cpus=0 if parallel else self.cpus_per_worker,
+                gpus=0 if parallel else self.gpus(),
+                memory_gb=0 if parallel else self.memory_gb_per_worker,
+                gone=lambda: run_gone(context, parent),
+            )
         if self.launcher == "k8s":
             from .k8s_pod import run_pod
 
             n = self.workers if parallel else 1  # torchrun runs the ranks inside the one pod
-            return run_pod(context, self.k8s, command, env, tap.wrap, cpus=self.cpus_per_worker * n,
-                           gpus=self.gpus() * n, memory_gb=self.memory_gb_per_worker * n,
-                           termination_grace_s=self.termination_timeout_s)
+            return run_pod(
+                context,
+                self.k8s,
+                command,
+                env,
+                tap.wrap,
+                cpus=self.cpus_per_worker * n,
+                gpus=self.gpus() * n,
+                memory_gb=self.memory_gb_per_worker * n,
+                termination_grace_s=self.termination_timeout_s,
+            )
         return self._run_worker(context, command, env, tap)
 
     def _run_worker(self, context, command: list[str], env: dict[str, str], tap: PipesTap) -> int:
-        with open_pipes_session(context=context, context_injector=PipesTempFileContextInjector(),
-                                message_reader=tap.wrap(PipesTempFileMessageReader())) as session:
+        with open_pipes_session(
+            context=context,
+            context_injector=PipesTempFileContextInjector(),
+            message_reader=tap.wrap(PipesTempFileMessageReader()),
+        ) as session:
             # a Dagster process inside a distributed job of its own (a PyTorchJob pod, say) has RANK and the
             # like set: a worker that read them would think itself a rank; torchrun sets its ranks' own
             inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
-            proc = subprocess.Popen(command, start_new_session=True,  # its own process group: see the docstring
-                                    env={**inherited, **env, **session.get_bootstrap_env_vars(),
-                                         PARENT_PID: str(os.getpid())})
+            proc = subprocess.Popen(
+                command,
+                start_new_session=True,  # its own process group: see the docstring
+                env={**inherited, **env, **session.get_bootstrap_env_vars(), PARENT_PID: str(os.getpid())},
+            )
             try:
                 return self._wait(context, proc)
             except BaseException:  # the run was terminated (Dagster raises an interrupt here), or it is gone
@@ -206,8 +302,16 @@ class TrainingResource(ConfigurableResource):
 
 
 RUN_FILE = ".job-run.json"
-RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                  "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+RANK_VARIABLES = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def ship(job: dict, workdir: Path, store, out: str) -> str:
@@ -222,8 +326,7 @@ def ship(job: dict, workdir: Path, store, out: str) -> str:
 
 
 # Job fields that may name a path inside the staging dir (the artifact's directory under its temporary name).
-PATH_FIELDS = ("output_dir", "train_file", "eval_file", "prompts_file", "checkpoint_dir", "resume_from",
-               "merged_model")
+PATH_FIELDS = ("output_dir", "train_file", "eval_file", "prompts_file", "checkpoint_dir", "resume_from", "merged_model")
 
 
 def portable_job(job: dict, workdir: Path) -> dict:
@@ -297,8 +400,7 @@ class PipesTap:
     never fails or blocks the training it describes.
     """
 
-    def __init__(self, on_metrics: Callable[[int, dict], None] | None = None,
-                 warn: Callable[[str], None] = print):
+    def __init__(self, on_metrics: Callable[[int, dict], None] | None = None, warn: Callable[[str], None] = print):
         self.on_metrics, self.warn = on_metrics, warn
         self.outcome: dict = {}
         self.failures = 0
@@ -321,8 +423,10 @@ class PipesTap:
             except Exception as exc:  # noqa: BLE001 - see the class docstring
                 self.failures += 1
                 if self.failures == 1:
-                    self.warn(f"could not forward step metrics to tracking ({type(exc).__name__}: {exc}); "
-                              "training goes on, the metrics stay in the artifact's progress.jsonl")
+                    self.warn(
+                        f"could not forward step metrics to tracking ({type(exc).__name__}: {exc}); "
+                        "training goes on, the metrics stay in the artifact's progress.jsonl"
+                    )
         return True
 
 

@@ -24,20 +24,37 @@ from dagster import Failure
 from .k8s_pod import pod_env
 
 
-def submit_params(command: list[str], env: dict[str, str], *, runtime_env: dict, cpus: float, gpus: float,
-                  memory_gb: float, stop_wait_s: float, job_id: str) -> dict:
+def submit_params(
+    command: list[str],
+    env: dict[str, str],
+    *,
+    runtime_env: dict,
+    cpus: float,
+    gpus: float,
+    memory_gb: float,
+    stop_wait_s: float,
+    job_id: str,
+) -> dict:
     """What JobSubmissionClient.submit_job gets (dagster-ray adds the Pipes bootstrap variables to env_vars)."""
     runtime_env = dict(runtime_env or {})
     # the dashboard shows a job's runtime env to anyone who can open it: no credentials in it
-    runtime_env["env_vars"] = {**(runtime_env.get("env_vars") or {}), **pod_env(env),
-                               "PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": str(int(stop_wait_s)),
-                               # the job's log is the Pipes channel: a progress bar's carriage returns would
-                               # glue a message to the bar's line, where the reader no longer sees it
-                               "TQDM_DISABLE": "1"}
+    runtime_env["env_vars"] = {
+        **(runtime_env.get("env_vars") or {}),
+        **pod_env(env),
+        "PYTHONUNBUFFERED": "1",
+        "RAY_JOB_STOP_WAIT_TIME_S": str(int(stop_wait_s)),
+        # the job's log is the Pipes channel: a progress bar's carriage returns would
+        # glue a message to the bar's line, where the reader no longer sees it
+        "TQDM_DISABLE": "1",
+    }
     if cpus >= 1:  # torch's threads: as many as the job holds (the job supervisor's environment says 1)
         runtime_env["env_vars"].setdefault("OMP_NUM_THREADS", str(int(cpus)))
-    params = {"entrypoint": shlex.join(command), "runtime_env": runtime_env, "submission_id": job_id,
-              "entrypoint_num_cpus": cpus}
+    params = {
+        "entrypoint": shlex.join(command),
+        "runtime_env": runtime_env,
+        "submission_id": job_id,
+        "entrypoint_num_cpus": cpus,
+    }
     if gpus:
         params["entrypoint_num_gpus"] = gpus
     if memory_gb:
@@ -45,36 +62,63 @@ def submit_params(command: list[str], env: dict[str, str], *, runtime_env: dict,
     return params
 
 
-def run_ray_job(context, *, address: str, command: list[str], env: dict[str, str], wrap_reader: Callable,
-                runtime_env: dict, cpus: float, gpus: float, memory_gb: float, stop_wait_s: float,
-                gone: Callable[[], str | None], extras: dict | None = None) -> int:
+def run_ray_job(
+    context,
+    *,
+    address: str,
+    command: list[str],
+    env: dict[str, str],
+    wrap_reader: Callable,
+    runtime_env: dict,
+    cpus: float,
+    gpus: float,
+    memory_gb: float,
+    stop_wait_s: float,
+    gone: Callable[[], str | None],
+    extras: dict | None = None,
+) -> int:
     """Run command as a Ray job and wait for it: 0 when it succeeded, 1 when it failed or was stopped.
 
     gone() says why the Dagster run can no longer record the work (None while it can): the job is stopped then.
     """
     from dagster_ray import PipesRayJobMessageReader
 
-    client = _client_class()(address=address or None, message_reader=wrap_reader(PipesRayJobMessageReader()),
-                             forward_termination=True, poll_interval=0.25)
+    client = _client_class()(
+        address=address or None,
+        message_reader=wrap_reader(PipesRayJobMessageReader()),
+        forward_termination=True,
+        poll_interval=0.25,
+    )
     job_id = f"dragon-{context.run_id[:8]}-{uuid.uuid4().hex[:6]}"
-    params = submit_params(command, env, runtime_env=runtime_env, cpus=cpus, gpus=gpus, memory_gb=memory_gb,
-                           stop_wait_s=stop_wait_s, job_id=job_id)
+    params = submit_params(
+        command,
+        env,
+        runtime_env=runtime_env,
+        cpus=cpus,
+        gpus=gpus,
+        memory_gb=memory_gb,
+        stop_wait_s=stop_wait_s,
+        job_id=job_id,
+    )
     try:
         ray_client = client.client
     except Exception as exc:  # noqa: BLE001 - any connection problem: say where we tried
-        raise Failure(description=f"cannot reach the Ray cluster at {address or '$RAY_ADDRESS'}: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+        raise Failure(
+            description=f"cannot reach the Ray cluster at {address or '$RAY_ADDRESS'}: {type(exc).__name__}: {exc}"
+        ) from exc
     done = threading.Event()
     stopped: list[str] = []
-    watchdog = threading.Thread(target=_watch, args=(ray_client, job_id, gone, done, stopped, context.log),
-                                daemon=True, name="ray-job-watchdog")
+    watchdog = threading.Thread(
+        target=_watch, args=(ray_client, job_id, gone, done, stopped, context.log), daemon=True, name="ray-job-watchdog"
+    )
     watchdog.start()
     try:
         client.run(context=context, submit_job_params=params, extras=extras)
         return 0
     except SubmitError as exc:
-        raise Failure(description=f"could not submit the job to the Ray cluster at {address or '$RAY_ADDRESS'}: "
-                                  f"{exc}") from exc
+        raise Failure(
+            description=f"could not submit the job to the Ray cluster at {address or '$RAY_ADDRESS'}: {exc}"
+        ) from exc
     except RuntimeError as exc:  # dagster-ray: the job FAILED or was STOPPED; the outcome message says why
         context.log.warning(str(exc)[-2000:])
         if stopped:
@@ -122,8 +166,15 @@ def _client_class():
     return RetryingSubmit
 
 
-def _watch(ray_client, job_id: str, gone: Callable[[], str | None], done: threading.Event,
-           stopped: list[str], log, interval_s: float = 2.0) -> None:
+def _watch(
+    ray_client,
+    job_id: str,
+    gone: Callable[[], str | None],
+    done: threading.Event,
+    stopped: list[str],
+    log,
+    interval_s: float = 2.0,
+) -> None:
     while not done.wait(interval_s):
         reason = gone()
         if reason:

@@ -5,17 +5,23 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from dagster import ConfigurableResource
 from pydantic import Field
 
 from ..engine import remote
-from ..engine.artifacts import (STAGING_PREFIX, checkpoint_problem, checkpoint_step, new_artifact_path,
-                                remove_tree, staged_dir, staging_owner)
+from ..engine.artifacts import (
+    STAGING_PREFIX,
+    checkpoint_problem,
+    checkpoint_step,
+    new_artifact_path,
+    remove_tree,
+    staged_dir,
+    staging_owner,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,14 +45,18 @@ def _newest_mtime(path: Path) -> float:
 class ArtifactStore(ConfigurableResource):
     """Immutable artifact directories under a runs directory, one per materialization."""
 
-    runs_dir: str = Field(default="", description="Root of artifacts, checkpoints and the MLflow store. "
-                                                  "Empty: $DRAGON_RUNS_DIR, else ./runs.")
+    runs_dir: str = Field(
+        default="",
+        description="Root of artifacts, checkpoints and the MLflow store. Empty: $DRAGON_RUNS_DIR, else ./runs.",
+    )
     artifact_uri: str = Field(
-        default="", description="Where finished artifacts live for every node, e.g. s3://bucket/prefix or "
-                                "file:///mnt/shared/artifacts: each is published to <artifact_uri>/<pipeline>/<stage>/"
-                                "<name>/ (files, then a .complete marker) and runs_dir/artifacts is its local cache. "
-                                "Credentials and endpoints come from the environment only (AWS_ACCESS_KEY_ID, "
-                                "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...). Empty: local artifacts only.")
+        default="",
+        description="Where finished artifacts live for every node, e.g. s3://bucket/prefix or "
+        "file:///mnt/shared/artifacts: each is published to <artifact_uri>/<pipeline>/<stage>/"
+        "<name>/ (files, then a .complete marker) and runs_dir/artifacts is its local cache. "
+        "Credentials and endpoints come from the environment only (AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...). Empty: local artifacts only.",
+    )
 
     @property
     def root(self) -> Path:
@@ -101,24 +111,29 @@ class ArtifactStore(ConfigurableResource):
             base = self.artifact_uri.rstrip("/")
             if not base or not value.startswith(base + "/"):
                 raise ValueError(f"{value} is not under this store's artifact_uri ({self.artifact_uri or 'unset'})")
-            rel = Path(value[len(base) + 1:].strip("/"))
+            rel = Path(value[len(base) + 1 :].strip("/"))
         else:
             if Path(value).exists():
                 return Path(value)
             rel = self._relative(value)
             if rel is None or not self.artifact_uri:
-                raise FileNotFoundError(f"no artifact at {value}" + ("" if self.artifact_uri else
-                                                                       " (and no artifact_uri to fetch it from)"))
+                raise FileNotFoundError(
+                    f"no artifact at {value}" + ("" if self.artifact_uri else " (and no artifact_uri to fetch it from)")
+                )
         parts = rel.parts
         if len(parts) < remote.ARTIFACT_DEPTH or ".." in parts or parts[0].startswith("."):
             raise ValueError(f"{path_or_uri} names no artifact (<pipeline>/<stage>/<name>/...)")
-        artifact = Path(*parts[:remote.ARTIFACT_DEPTH])
+        artifact = Path(*parts[: remote.ARTIFACT_DEPTH])
         local = remote.fetch_dir(remote.join(self.artifact_uri, artifact.as_posix()), self.artifacts_root / artifact)
-        return local.joinpath(*parts[remote.ARTIFACT_DEPTH:])
+        return local.joinpath(*parts[remote.ARTIFACT_DEPTH :])
 
-    def clean_stale_staging(self, is_live: Callable[[str], bool], min_age_s: float = 600,
-                            unowned_min_age_s: float = 86400,
-                            log: Callable[[str], None] | None = None) -> list[Path]:
+    def clean_stale_staging(
+        self,
+        is_live: Callable[[str], bool],
+        min_age_s: float = 600,
+        unowned_min_age_s: float = 86400,
+        log: Callable[[str], None] | None = None,
+    ) -> list[Path]:
         """Remove the staging leftovers of killed writes; returns what it removed.
 
         A `.tmp-*` directory under artifacts/<pipeline>/<stage>/ goes when the run its name carries is not live
@@ -170,8 +185,13 @@ class ArtifactStore(ConfigurableResource):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def latest_checkpoint(self, pipeline: str, stage: str, log: Callable[[str], None] | None = None,
-                          is_live: Callable[[str], bool] | None = None) -> Path | None:
+    def latest_checkpoint(
+        self,
+        pipeline: str,
+        stage: str,
+        log: Callable[[str], None] | None = None,
+        is_live: Callable[[str], bool] | None = None,
+    ) -> Path | None:
         """The newest complete checkpoint any earlier run of this stage left behind (cancelled, failed, killed).
 
         Newest by modification time, then step. Incomplete ones (a kill during the save: no trainer_state.json,
@@ -179,8 +199,9 @@ class ArtifactStore(ConfigurableResource):
         their checkpoints are still being written and rotated.
         """
         log = log or logger.warning
-        found = [p for p in self.checkpoints_root(pipeline, stage).glob("*/checkpoint-*")
-                 if checkpoint_step(p) is not None]
+        found = [
+            p for p in self.checkpoints_root(pipeline, stage).glob("*/checkpoint-*") if checkpoint_step(p) is not None
+        ]
 
         def newest_first(path: Path) -> tuple[float, int]:
             try:
@@ -202,8 +223,9 @@ class ArtifactStore(ConfigurableResource):
             log(f"skipping incomplete checkpoint {path}: {problem}")
         return None
 
-    def discard_checkpoints(self, pipeline: str, stage: str, run_id: str,
-                            resumed_from: str | Path | None = None) -> list[Path]:
+    def discard_checkpoints(
+        self, pipeline: str, stage: str, run_id: str, resumed_from: str | Path | None = None
+    ) -> list[Path]:
         """Delete run_id's checkpoint directory, and with resumed_from (a checkpoint this run resumed from) the
         directory of the run that wrote it; never any other run's. Returns the directories removed."""
         base = self.checkpoints_root(pipeline, stage)

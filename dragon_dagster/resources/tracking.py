@@ -27,15 +27,18 @@ def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
     """Point an experiment, its runs and its logged models from the artifact location old to new, in the
     sqlite store db; returns how many runs moved. Idempotent, so concurrent callers agree."""
     with closing(sqlite3.connect(db, timeout=60)) as conn, conn:  # one transaction, then closed
-        conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ? AND artifact_location = ?",
-                     (new, int(experiment_id), old))
+        conn.execute(
+            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = ? AND artifact_location = ?",
+            (new, int(experiment_id), old),
+        )
         moved = {}
         for table, column in (("runs", "artifact_uri"), ("logged_models", "artifact_location")):
             if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
                 moved[table] = conn.execute(
                     f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE experiment_id = ? AND "
                     f"({column} = ? OR substr({column}, 1, ?) = ?)",
-                    (new, len(old) + 1, int(experiment_id), old, len(old) + 1, old + "/")).rowcount
+                    (new, len(old) + 1, int(experiment_id), old, len(old) + 1, old + "/"),
+                ).rowcount
     try:  # the client caches each run's artifact repository by run id
         from mlflow.tracking._tracking_service import utils
 
@@ -80,8 +83,10 @@ def flatten(prefix: str, values: dict) -> dict[str, str]:
 class MLflowTracking(ConfigurableResource):
     """Logs params, step metrics, eval metrics, lineage tags and artifacts to an MLflow tracking server."""
 
-    tracking_uri: str = Field(default="", description="MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI when set, "
-                                                      "else a sqlite store in the runs dir.")
+    tracking_uri: str = Field(
+        default="",
+        description="MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI when set, else a sqlite store in the runs dir.",
+    )
     ui_url: str = Field(default="http://127.0.0.1:5000", description="Where `make ui` serves MLflow, for links.")
     runs_dir: str = Field(default="", description="Runs directory for the default sqlite store and artifacts.")
 
@@ -123,8 +128,11 @@ class MLflowTracking(ConfigurableResource):
                 client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return experiment.experiment_id
         try:  # the kind tag opens the experiment on MLflow's model-training view, not the GenAI overview
-            return client.create_experiment(pipeline, artifact_location=self.artifact_location(pipeline),
-                                            tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND})
+            return client.create_experiment(
+                pipeline,
+                artifact_location=self.artifact_location(pipeline),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
         except Exception:  # created by a concurrent run in the meantime
             return client.get_experiment_by_name(pipeline).experiment_id
 
@@ -142,26 +150,30 @@ class MLflowTracking(ConfigurableResource):
             return  # inside this runs dir: wherever it is, it moves with it
         if old is not None and old.name == experiment.name and old.parent.name == "mlartifacts":
             runs = rebase_experiment(self.root / "mlflow.db", experiment.experiment_id, stored, expected)
-            logger.warning(f"MLflow experiment {experiment.name!r} pointed at {stored}, under another runs "
-                           f"directory (this one was moved or copied): its artifact location and {runs} runs "
-                           f"now point at {expected}")
+            logger.warning(
+                f"MLflow experiment {experiment.name!r} pointed at {stored}, under another runs "
+                f"directory (this one was moved or copied): its artifact location and {runs} runs "
+                f"now point at {expected}"
+            )
             return
         raise RelocatedStoreError(
             f"MLflow experiment {experiment.name!r} in {self.uri} keeps its artifacts at {stored}, outside the "
             f"runs directory {self.root}: logging would write there, not into {expected}. Fix: delete or rename "
             f"that experiment (mlflow experiments delete/rename), or set the tracking resource's tracking_uri to "
-            f"the store that owns {stored}.")
+            f"the store that owns {stored}."
+        )
 
     def start_run(self, pipeline: str, run_name: str, tags: dict[str, str], params: dict) -> str:
         client = self.client()
-        run = client.create_run(self.experiment_id(pipeline), run_name=run_name,
-                                tags={k: str(v) for k, v in tags.items() if v is not None})
+        run = client.create_run(
+            self.experiment_id(pipeline), run_name=run_name, tags={k: str(v) for k, v in tags.items() if v is not None}
+        )
         from mlflow.entities import Param
 
         flat = flatten("", params)
         items = [Param(k, v) for k, v in flat.items()]
         for start in range(0, len(items), 90):
-            client.log_batch(run.info.run_id, params=items[start:start + 90])
+            client.log_batch(run.info.run_id, params=items[start : start + 90])
         return run.info.run_id
 
     def log_metrics(self, run_id: str, values: dict, step: int = 0, finite_only: bool = True) -> None:
@@ -171,8 +183,11 @@ class MLflowTracking(ConfigurableResource):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in values.items()
-                   if isinstance(v, (int, float)) and (math.isfinite(v) or not finite_only)]
+        metrics = [
+            Metric(k, float(v), now, step)
+            for k, v in values.items()
+            if isinstance(v, (int, float)) and (math.isfinite(v) or not finite_only)
+        ]
         if metrics:
             self.client().log_batch(run_id, metrics=metrics)
 
@@ -192,10 +207,14 @@ class MLflowTracking(ConfigurableResource):
             data = Path(path).read_bytes()
             rows = [json.loads(line) for line in data.splitlines() if line.strip()]
             columns = sorted({key for row in rows for key in row})
-            dataset = Dataset(name=name, digest=hashlib.sha256(data).hexdigest()[:16], source_type="local",
-                              source=json.dumps({"uri": str(dataset_dir), "file": Path(path).name}),
-                              schema=json.dumps({"columns": columns}),
-                              profile=json.dumps({"num_rows": len(rows)}))
+            dataset = Dataset(
+                name=name,
+                digest=hashlib.sha256(data).hexdigest()[:16],
+                source_type="local",
+                source=json.dumps({"uri": str(dataset_dir), "file": Path(path).name}),
+                schema=json.dumps({"columns": columns}),
+                profile=json.dumps({"num_rows": len(rows)}),
+            )
             inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
         if inputs:
             self.client().log_inputs(run_id, datasets=inputs)
@@ -217,13 +236,21 @@ class MLflowTracking(ConfigurableResource):
 
     # --- the model registry: which model is live (engine/model_registry.py) ---
 
-    def register_model(self, pipeline: str, model_dir: Path, run_id: str | None, tags: dict,
-                       description: str = "") -> str:
+    def register_model(
+        self, pipeline: str, model_dir: Path, run_id: str | None, tags: dict, description: str = ""
+    ) -> str:
         """Log model_dir as an MLflow model on run_id (the run that trained it) and register it as a new
         version of the pipeline's registered model, aliased `challenger`; returns the version."""
-        return registry.log_and_register(self.client(), self.experiment_id(pipeline), pipeline, Path(model_dir),
-                                         run_id, {k: str(v)[:5000] for k, v in tags.items() if v is not None},
-                                         scratch=self.root / ".staging", description=description)
+        return registry.log_and_register(
+            self.client(),
+            self.experiment_id(pipeline),
+            pipeline,
+            Path(model_dir),
+            run_id,
+            {k: str(v)[:5000] for k, v in tags.items() if v is not None},
+            scratch=self.root / ".staging",
+            description=description,
+        )
 
     def promote(self, pipeline: str, version: str, reason: str) -> str | None:
         """Make version the champion; returns the version it replaced (None for the first)."""
@@ -238,8 +265,9 @@ class MLflowTracking(ConfigurableResource):
         client = self.client()
         if registry.alias_version(client, pipeline, registry.CHAMPION) is None:
             return None
-        return registry.model_dir(client, registry.ModelRef(pipeline, alias=registry.CHAMPION),
-                                  self.root / "cache" / "models")
+        return registry.model_dir(
+            client, registry.ModelRef(pipeline, alias=registry.CHAMPION), self.root / "cache" / "models"
+        )
 
     def live_model(self, pipeline: str, runs_dir: Path, merge_stage: str = "merged_model") -> Path | None:
         """The model people chat with and retraining starts from: the champion, else (no gate has passed yet)
@@ -257,5 +285,7 @@ class MLflowTracking(ConfigurableResource):
         return registry.model_dir(self.client(), registry.parse_uri(uri), self.root / "cache" / "models")
 
     def env(self) -> dict[str, str]:
-        return {"MLFLOW_TRACKING_URI": self.uri, **({"MLFLOW_ALLOW_FILE_STORE": "true"}
-                                                     if os.environ.get("MLFLOW_ALLOW_FILE_STORE") else {})}
+        return {
+            "MLFLOW_TRACKING_URI": self.uri,
+            **({"MLFLOW_ALLOW_FILE_STORE": "true"} if os.environ.get("MLFLOW_ALLOW_FILE_STORE") else {}),
+        }

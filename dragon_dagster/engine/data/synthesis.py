@@ -18,19 +18,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..evaluate.judge import Judge
 from ..infer.backends import LocalBackend, as_backend
+from ..reporter import Reporter
 from ..spec.stages import PreferencePairs, SyntheticDataset
 from .tables import reply_text, split_rows, user_text, write_jsonl
-from ..evaluate.judge import Judge
-from ..reporter import Reporter
 
 
 @dataclass
 class PairsJob:
-    settings: PreferencePairs         # the stage's settings; judge: default the student's base model (weak)
-    model: str                        # the student's base model (resolved)
-    adapters: list[str]               # the student's adapter chain
-    prompts_file: str                 # chat rows whose prompts (and reference replies) are used
+    settings: PreferencePairs  # the stage's settings; judge: default the student's base model (weak)
+    model: str  # the student's base model (resolved)
+    adapters: list[str]  # the student's adapter chain
+    prompts_file: str  # chat rows whose prompts (and reference replies) are used
     output_dir: str
     hardware: dict = field(default_factory=dict)
 
@@ -39,8 +39,11 @@ def student_backend(job: PairsJob) -> LocalBackend:
     """The student: the latest adapter artifact, its whole chain folded into the base model."""
     if not job.adapters:
         raise ValueError("preference pairs need a student: a training stage before this one")
-    return LocalBackend(str(Path(job.adapters[-1]).parent), device=job.hardware.get("device", "auto"),
-                        dtype=job.hardware.get("dtype", "auto"))
+    return LocalBackend(
+        str(Path(job.adapters[-1]).parent),
+        device=job.hardware.get("device", "auto"),
+        dtype=job.hardware.get("dtype", "auto"),
+    )
 
 
 def synthesize_pairs(job: PairsJob, reporter: Reporter) -> dict:
@@ -54,9 +57,14 @@ def synthesize_pairs(job: PairsJob, reporter: Reporter) -> dict:
     kept, dropped = [], Counter()
     if job.settings.mode == "teacher":
         reporter.log(f"teacher mode: {len(rows)} prompts, student samples at temperature {job.settings.temperature}")
-        students = student.chat(prompts, max_new_tokens=job.settings.max_new_tokens, temperature=job.settings.temperature)
-        teachers = ([reply_text(r) for r in rows] if job.settings.teacher == "reference"
-                    else as_backend(job.settings.teacher).chat(prompts, max_new_tokens=job.settings.max_new_tokens))
+        students = student.chat(
+            prompts, max_new_tokens=job.settings.max_new_tokens, temperature=job.settings.temperature
+        )
+        teachers = (
+            [reply_text(r) for r in rows]
+            if job.settings.teacher == "reference"
+            else as_backend(job.settings.teacher).chat(prompts, max_new_tokens=job.settings.max_new_tokens)
+        )
         for row, chosen, rejected in zip(rows, teachers, students):
             reason = _drop_reason(chosen, rejected)
             if reason:
@@ -64,12 +72,21 @@ def synthesize_pairs(job: PairsJob, reporter: Reporter) -> dict:
                 continue
             kept.append(_pair(row, chosen, rejected))
     else:
-        judge = Judge(as_backend(job.settings.judge) if job.settings.judge else student_base(job), rubric=job.settings.rubric,
-                      cache_path=Path(job.output_dir) / "judge_cache.sqlite")
-        reporter.log(f"judge mode: {len(rows)} prompts x {job.settings.n_samples_per_prompt} samples, judged by {judge.backend!r}")
+        judge = Judge(
+            as_backend(job.settings.judge) if job.settings.judge else student_base(job),
+            rubric=job.settings.rubric,
+            cache_path=Path(job.output_dir) / "judge_cache.sqlite",
+        )
+        reporter.log(
+            f"judge mode: {len(rows)} prompts x {job.settings.n_samples_per_prompt} samples, "
+            f"judged by {judge.backend!r}"
+        )
         for row in rows:
-            samples = student.chat([row["prompt"]] * job.settings.n_samples_per_prompt, max_new_tokens=job.settings.max_new_tokens,
-                                   temperature=job.settings.temperature)
+            samples = student.chat(
+                [row["prompt"]] * job.settings.n_samples_per_prompt,
+                max_new_tokens=job.settings.max_new_tokens,
+                temperature=job.settings.temperature,
+            )
             scores = judge.score([row["prompt"]] * len(samples), samples, [reply_text(row)] * len(samples))
             scored = [(s.score, text) for s, text in zip(scores, samples) if s.score is not None]
             if len(scored) < 2:
@@ -98,8 +115,11 @@ def _drop_reason(chosen: str, rejected: str) -> str | None:
 
 
 def _pair(row: dict, chosen: str, rejected: str) -> dict:
-    return {"prompt": row["prompt"], "chosen": [{"role": "assistant", "content": chosen}],
-            "rejected": [{"role": "assistant", "content": rejected}]}
+    return {
+        "prompt": row["prompt"],
+        "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+    }
 
 
 def write_pairs(job: PairsJob, kept: list[dict], dropped: dict, reporter: Reporter) -> dict:
@@ -111,13 +131,15 @@ def write_pairs(job: PairsJob, kept: list[dict], dropped: dict, reporter: Report
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "eval.jsonl", held)
     reporter.log(f"kept {len(kept)} pairs, dropped {sum(dropped.values())} ({dropped})")
-    preview = [{"prompt": user_text(p), "chosen": p["chosen"][0]["content"], "rejected": p["rejected"][0]["content"]}
-               for p in kept[:5]]
-    return {"kept": len(kept), "dropped": dropped, "train_rows": len(train), "eval_rows": len(held),
-            "preview": preview}
+    preview = [
+        {"prompt": user_text(p), "chosen": p["chosen"][0]["content"], "rejected": p["rejected"][0]["content"]}
+        for p in kept[:5]
+    ]
+    return {"kept": len(kept), "dropped": dropped, "train_rows": len(train), "eval_rows": len(held), "preview": preview}
 
 
 # --- teacher-written SFT data -------------------------------------------------------------------------------
+
 
 @dataclass
 class SyntheticJob:
@@ -147,8 +169,9 @@ def quality_pass(rows: list[dict], job: SyntheticJob) -> tuple[list[dict], Count
             dropped["repeated_prompt"] += 1
         elif job.settings.dedupe and any(reply == r for r in seen_replies):
             dropped["repeated_response"] += 1
-        elif job.settings.dedupe and any(difflib.SequenceMatcher(None, reply, r).ratio() >= job.settings.near_dup_threshold
-                                for r in seen_replies):
+        elif job.settings.dedupe and any(
+            difflib.SequenceMatcher(None, reply, r).ratio() >= job.settings.near_dup_threshold for r in seen_replies
+        ):
             dropped["near_repeated_response"] += 1
         else:
             kept.append(row)
@@ -163,18 +186,31 @@ def synthesize_sft(job: SyntheticJob, reporter: Reporter) -> dict:
     source = read_jsonl(job.prompts_file)
     prompts = [r["prompt"] for r in source]
     reporter.log(f"teacher answers {len(prompts)} prompts")
-    replies = as_backend(job.settings.teacher).chat(prompts, max_new_tokens=job.settings.max_new_tokens, temperature=job.settings.temperature,
-                                           system=job.settings.system)
-    rows = [{"prompt": ([{"role": "system", "content": job.settings.system}] if job.settings.system else [])
-             + [m for m in p if m["role"] != "system"],
-             "completion": [{"role": "assistant", "content": reply}]} for p, reply in zip(prompts, replies)]
+    replies = as_backend(job.settings.teacher).chat(
+        prompts,
+        max_new_tokens=job.settings.max_new_tokens,
+        temperature=job.settings.temperature,
+        system=job.settings.system,
+    )
+    rows = [
+        {
+            "prompt": ([{"role": "system", "content": job.settings.system}] if job.settings.system else [])
+            + [m for m in p if m["role"] != "system"],
+            "completion": [{"role": "assistant", "content": reply}],
+        }
+        for p, reply in zip(prompts, replies)
+    ]
     kept, dropped = quality_pass(rows, job)
     if job.settings.judge is not None and kept:
-        scores = Judge(as_backend(job.settings.judge), rubric=job.settings.rubric,
-                       cache_path=Path(job.output_dir) / "judge_cache.sqlite").score(
-            [r["prompt"] for r in kept], [reply_text(r) for r in kept])
+        scores = Judge(
+            as_backend(job.settings.judge),
+            rubric=job.settings.rubric,
+            cache_path=Path(job.output_dir) / "judge_cache.sqlite",
+        ).score([r["prompt"] for r in kept], [reply_text(r) for r in kept])
         gated = [r for r, s in zip(kept, scores) if s.score is not None and s.score >= job.settings.min_score]
-        dropped["judge_below_min_score"] += sum(1 for s in scores if s.score is not None and s.score < job.settings.min_score)
+        dropped["judge_below_min_score"] += sum(
+            1 for s in scores if s.score is not None and s.score < job.settings.min_score
+        )
         dropped["judge_unparsed"] += sum(1 for s in scores if s.score is None)
         kept = gated
     if not kept:
@@ -184,5 +220,10 @@ def synthesize_sft(job: SyntheticJob, reporter: Reporter) -> dict:
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "eval.jsonl", held)
     (out / "dropped.json").write_text(json.dumps(dict(dropped), indent=2))
-    return {"kept": len(kept), "dropped": dict(dropped), "train_rows": len(train), "eval_rows": len(held),
-            "preview": [{"prompt": user_text(r), "response": reply_text(r)} for r in kept[:5]]}
+    return {
+        "kept": len(kept),
+        "dropped": dict(dropped),
+        "train_rows": len(train),
+        "eval_rows": len(held),
+        "preview": [{"prompt": user_text(r), "response": reply_text(r)} for r in kept[:5]],
+    }

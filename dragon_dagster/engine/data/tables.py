@@ -49,8 +49,10 @@ def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> 
                 raise DataError(f"cannot tell the format of {path}: use one of {sorted(FORMATS)} or set format")
             size, limit = path.stat().st_size, max_table_bytes()
             if size > limit:
-                raise DataError(f"{path} is {size / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB a table may "
-                                "have: split it, sample the rows you train on, or raise DRAGON_MAX_TABLE_MB")
+                raise DataError(
+                    f"{path} is {size / 2**20:,.0f} MB, over the {limit / 2**20:,.0f} MB a table may "
+                    "have: split it, sample the rows you train on, or raise DRAGON_MAX_TABLE_MB"
+                )
             try:
                 df = {
                     "csv": lambda: pd.read_csv(path, dtype=str, keep_default_na=False),
@@ -61,10 +63,15 @@ def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> 
             except (ValueError, OSError, UnicodeDecodeError) as exc:
                 raise DataError(f"cannot read {path} as {fmt}: {exc}") from exc
             except MemoryError as exc:  # pyarrow's ArrowMemoryError is one
-                raise DataError(f"not enough memory to read {path} ({size / 2**20:,.0f} MB): split it or "
-                                "sample the rows you train on") from exc
+                raise DataError(
+                    f"not enough memory to read {path} ({size / 2**20:,.0f} MB): split it or "
+                    "sample the rows you train on"
+                ) from exc
     if len(df) == 0:
-        raise DataError(f"dataset {getattr(source, 'name', '') or source if not isinstance(source, pd.DataFrame) else 'data frame'} is empty (no rows)")
+        raise DataError(
+            f"dataset {'data frame' if isinstance(source, pd.DataFrame) else getattr(source, 'name', '') or source} "
+            "is empty (no rows)"
+        )
     return df.reset_index(drop=True)
 
 
@@ -128,7 +135,7 @@ class Mapping:
     system: str | None = None
     conversations: str | None = None
 
-    def validate(self) -> "Mapping":
+    def validate(self) -> Mapping:
         if self.conversations is None and not (self.prompt and self.response):
             raise DataError("a mapping needs prompt and response (column names or templates), or conversations")
         return self
@@ -151,8 +158,12 @@ def map_rows(df: pd.DataFrame, mapping: Mapping) -> list[dict]:
     check_columns(df, {"prompt": mapping.prompt, "response": mapping.response, "system": mapping.system})
     rows = []
     for record in df.to_dict(orient="records"):
-        rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
-                     "completion": [{"role": "assistant", "content": render(mapping.response, record)}]})
+        rows.append(
+            {
+                "prompt": user_turns(mapping.prompt, mapping.system, record),
+                "completion": [{"role": "assistant", "content": render(mapping.response, record)}],
+            }
+        )
     return rows
 
 
@@ -179,8 +190,9 @@ def conversation_row(messages: list[dict], index: int = 0) -> dict:
     return {"prompt": clean[:-1], "completion": clean[-1:]}
 
 
-def split_rows(rows: list[dict], eval_frac: float = 0.05, seed: int = 42,
-               groups: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+def split_rows(
+    rows: list[dict], eval_frac: float = 0.05, seed: int = 42, groups: list[str] | None = None
+) -> tuple[list[dict], list[dict]]:
     """Hold out eval_frac of the rows (none under 20 rows, at least one otherwise), shuffled by seed.
 
     groups: one value per row; rows with the same value land on the same side. Whole groups are held out in
@@ -198,8 +210,10 @@ def split_rows(rows: list[dict], eval_frac: float = 0.05, seed: int = 42,
     for i, value in enumerate(groups if groups is not None else range(len(rows))):
         members.setdefault(value, []).append(i)
     if n_eval and len(members) < 2:
-        raise DataError(f"every row is in one group ({next(iter(members))!r}): nothing can be held out without "
-                        "leaking; group by another column or set eval_frac: 0")
+        raise DataError(
+            f"every row is in one group ({next(iter(members))!r}): nothing can be held out without "
+            "leaking; group by another column or set eval_frac: 0"
+        )
     order = list(members.values())
     random.Random(seed).shuffle(order)
     held: set[int] = set()
@@ -220,8 +234,18 @@ def split_rows(rows: list[dict], eval_frac: float = 0.05, seed: int = 42,
 def row_key(row: dict) -> str:
     """What makes two rows the same example: the prompt turns and the reply (a pair's both replies, a prompt's
     reference). Other columns a prompt row carries do not count."""
-    return json.dumps([row.get("prompt"), row.get("completion"), row.get("chosen"), row.get("rejected"),
-                       row.get("reference"), row.get("label")], sort_keys=True, ensure_ascii=False)
+    return json.dumps(
+        [
+            row.get("prompt"),
+            row.get("completion"),
+            row.get("chosen"),
+            row.get("rejected"),
+            row.get("reference"),
+            row.get("label"),
+        ],
+        sort_keys=True,
+        ensure_ascii=False,
+    )
 
 
 def dedupe_rows(rows: list[dict], groups: list[str] | None = None) -> tuple[list[dict], list[str] | None, int]:
@@ -298,8 +322,12 @@ def quality(rows: list[dict]) -> dict[str, Any]:
     empty_reply = sum(1 for r in rows if ("completion" in r or "chosen" in r) and not reply_text(r).strip())
     keys = [json.dumps(r, sort_keys=True) for r in rows]
     duplicate_share = (1 - len(set(keys)) / len(keys)) if keys else 0.0
-    return {"rows": len(rows), "empty_prompts": empty_prompt, "empty_replies": empty_reply,
-            "duplicate_share": round(duplicate_share, 4)}
+    return {
+        "rows": len(rows),
+        "empty_prompts": empty_prompt,
+        "empty_replies": empty_reply,
+        "duplicate_share": round(duplicate_share, 4),
+    }
 
 
 @dataclass(frozen=True)
@@ -312,12 +340,14 @@ class PairsMapping:
     system: str | None = None
 
 
-def map_pairs(df: pd.DataFrame, mapping: PairsMapping,
-              kept: list[int] | None = None) -> tuple[list[dict], dict[str, int]]:
+def map_pairs(
+    df: pd.DataFrame, mapping: PairsMapping, kept: list[int] | None = None
+) -> tuple[list[dict], dict[str, int]]:
     """Rows in TRL's conversational preference format, and counts of pairs dropped by reason. kept: a list the
     source position of every kept row is appended to (to carry a group_by value along)."""
-    check_columns(df, {"prompt": mapping.prompt, "chosen": mapping.chosen, "rejected": mapping.rejected,
-                       "system": mapping.system})
+    check_columns(
+        df, {"prompt": mapping.prompt, "chosen": mapping.chosen, "rejected": mapping.rejected, "system": mapping.system}
+    )
     rows, dropped = [], {"chosen_equals_rejected": 0, "empty": 0}
     for position, record in enumerate(df.to_dict(orient="records")):
         prompt, chosen, rejected = (render(s, record) for s in (mapping.prompt, mapping.chosen, mapping.rejected))
@@ -327,9 +357,13 @@ def map_pairs(df: pd.DataFrame, mapping: PairsMapping,
         if chosen.strip() == rejected.strip():  # no preference signal; DPO would learn nothing from it
             dropped["chosen_equals_rejected"] += 1
             continue
-        rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
-                     "chosen": [{"role": "assistant", "content": chosen}],
-                     "rejected": [{"role": "assistant", "content": rejected}]})
+        rows.append(
+            {
+                "prompt": user_turns(mapping.prompt, mapping.system, record),
+                "chosen": [{"role": "assistant", "content": chosen}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        )
         if kept is not None:
             kept.append(position)
     if not rows:
@@ -338,8 +372,7 @@ def map_pairs(df: pd.DataFrame, mapping: PairsMapping,
 
 
 LIKED = {"true", "1", "yes", "y", "up", "good", "liked", "like", "desirable", "positive", "+1", "chosen"}
-DISLIKED = {"false", "0", "no", "n", "down", "bad", "disliked", "dislike", "undesirable", "negative", "-1",
-            "rejected"}
+DISLIKED = {"false", "0", "no", "n", "down", "bad", "disliked", "dislike", "undesirable", "negative", "-1", "rejected"}
 
 
 def parse_label(value: Any) -> bool:
@@ -353,8 +386,9 @@ def parse_label(value: Any) -> bool:
         text = text[:-2]
     if text in LIKED or text in DISLIKED:
         return text in LIKED
-    raise DataError(f"label {value!r} is neither liked ({', '.join(sorted(LIKED))}) nor disliked "
-                    f"({', '.join(sorted(DISLIKED))})")
+    raise DataError(
+        f"label {value!r} is neither liked ({', '.join(sorted(LIKED))}) nor disliked ({', '.join(sorted(DISLIKED))})"
+    )
 
 
 @dataclass(frozen=True)
@@ -367,15 +401,18 @@ class RatedMapping:
     system: str | None = None
 
 
-def map_rated(df: pd.DataFrame, mapping: RatedMapping,
-              kept: list[int] | None = None) -> tuple[list[dict], dict[str, int]]:
+def map_rated(
+    df: pd.DataFrame, mapping: RatedMapping, kept: list[int] | None = None
+) -> tuple[list[dict], dict[str, int]]:
     """Rows in TRL's unpaired preference format ({"prompt", "completion", "label"}), and counts dropped. kept: a
     list the source position of every kept row is appended to (to carry a group_by value along)."""
-    check_columns(df, {"prompt": mapping.prompt, "reply": mapping.reply, "label": mapping.label,
-                       "system": mapping.system})
+    check_columns(
+        df, {"prompt": mapping.prompt, "reply": mapping.reply, "label": mapping.label, "system": mapping.system}
+    )
     if mapping.label not in df.columns:
-        raise DataError(f"label {mapping.label!r} must name one column (not a template); the dataset has "
-                        f"{list(df.columns)}")
+        raise DataError(
+            f"label {mapping.label!r} must name one column (not a template); the dataset has {list(df.columns)}"
+        )
     rows, dropped = [], {"empty": 0}
     for position, record in enumerate(df.to_dict(orient="records")):
         prompt, reply = render(mapping.prompt, record), render(mapping.reply, record)
@@ -386,8 +423,13 @@ def map_rated(df: pd.DataFrame, mapping: RatedMapping,
             label = parse_label(record[mapping.label])
         except DataError as exc:
             raise DataError(f"row {position + 1}, column {mapping.label!r}: {exc}") from None
-        rows.append({"prompt": user_turns(mapping.prompt, mapping.system, record),
-                     "completion": [{"role": "assistant", "content": reply}], "label": label})
+        rows.append(
+            {
+                "prompt": user_turns(mapping.prompt, mapping.system, record),
+                "completion": [{"role": "assistant", "content": reply}],
+                "label": label,
+            }
+        )
         if kept is not None:
             kept.append(position)
     if not rows:
@@ -401,8 +443,10 @@ def unpaired(rows: list[dict]) -> list[dict]:
     out = []
     for row in rows:
         if "chosen" in row:
-            out += [{"prompt": row["prompt"], "completion": row["chosen"], "label": True},
-                    {"prompt": row["prompt"], "completion": row["rejected"], "label": False}]
+            out += [
+                {"prompt": row["prompt"], "completion": row["chosen"], "label": True},
+                {"prompt": row["prompt"], "completion": row["rejected"], "label": False},
+            ]
         else:
             out.append({"prompt": row["prompt"], "completion": row["completion"], "label": bool(row["label"])})
     return out

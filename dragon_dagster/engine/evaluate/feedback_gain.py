@@ -30,8 +30,9 @@ def held_out_feedback(files: dict[str, str | None]) -> tuple[list[dict], list[di
             pairs += rows
             rated += unpaired(rows)
         else:
-            rated += [{"prompt": r["prompt"], "completion": r["completion"], "label": r.get("label", True)}
-                      for r in rows]
+            rated += [
+                {"prompt": r["prompt"], "completion": r["completion"], "label": r.get("label", True)} for r in rows
+            ]
     seen, unique = set(), []
     for row in rated:
         key = json.dumps([row["prompt"], row["completion"], row["label"]], sort_keys=True)
@@ -45,8 +46,9 @@ def _per_token(scored: list[tuple[float, int]]) -> list[float]:
     return [logp / max(1, n) for logp, n in scored]
 
 
-def model_figures(model, tokenizer, rated: list[dict], pairs: list[dict], taste=None, max_len: int = 1024,
-                  max_new_tokens: int = 64) -> dict:
+def model_figures(
+    model, tokenizer, rated: list[dict], pairs: list[dict], taste=None, max_len: int = 1024, max_new_tokens: int = 64
+) -> dict:
     """One model's raw figures on the held-out feedback: per-token log-probabilities of the rated replies,
     whether each pair's chosen reply is the likelier, and with a taste the score of a fresh reply per prompt."""
     from .replies import generate, reply_logprobs
@@ -54,8 +56,11 @@ def model_figures(model, tokenizer, rated: list[dict], pairs: list[dict], taste=
     out = {"logps": _per_token(reply_logprobs(model, tokenizer, rated, max_len)) if rated else []}
     if pairs:
         chosen = _per_token(reply_logprobs(model, tokenizer, pairs, max_len))
-        rejected = _per_token(reply_logprobs(model, tokenizer, [{"prompt": p["prompt"], "completion": p["rejected"]}
-                                                                for p in pairs], max_len))
+        rejected = _per_token(
+            reply_logprobs(
+                model, tokenizer, [{"prompt": p["prompt"], "completion": p["rejected"]} for p in pairs], max_len
+            )
+        )
         out["pair_wins"] = [c > r for c, r in zip(chosen, rejected)]
     if taste is not None:
         prompts = _prompts(rated)
@@ -81,19 +86,31 @@ def gain(start: dict, retrained: dict, rated: list[dict], pairs: list[dict], lik
     """The gate's figures from both models' raw figures: each metric's start, retrained and gain (None where
     there is nothing held out to measure it on), and what was held out."""
     liked = sum(bool(r["label"]) for r in rated)
-    figures = {"held_out": {"rated_replies": len(rated), "liked": liked, "disliked": len(rated) - liked,
-                            "pairs": len(pairs), "prompts": len(_prompts(rated))},
-               "reward": None, "pair_accuracy": None, "liked_share": None}
+    figures = {
+        "held_out": {
+            "rated_replies": len(rated),
+            "liked": liked,
+            "disliked": len(rated) - liked,
+            "pairs": len(pairs),
+            "prompts": len(_prompts(rated)),
+        },
+        "reward": None,
+        "pair_accuracy": None,
+        "liked_share": None,
+    }
     if rated:
         signed = [(a - b) * (1 if r["label"] else -1) for a, b, r in zip(retrained["logps"], start["logps"], rated)]
-        figures["reward"] = {"start": 0.0, "retrained": mean(signed), "gain": mean(signed),
-                             "right_way": sum(s > 0 for s in signed) / len(signed)}
+        figures["reward"] = {
+            "start": 0.0,
+            "retrained": mean(signed),
+            "gain": mean(signed),
+            "right_way": sum(s > 0 for s in signed) / len(signed),
+        }
     if pairs:
         before, after = mean(start["pair_wins"]), mean(retrained["pair_wins"])
         figures["pair_accuracy"] = {"start": before, "retrained": after, "gain": after - before}
     if "taste_scores" in start and start["taste_scores"]:
         before = mean(s >= liked_at for s in start["taste_scores"])
         after = mean(s >= liked_at for s in retrained["taste_scores"])
-        figures["liked_share"] = {"start": before, "retrained": after, "gain": after - before,
-                                  "liked_at": liked_at}
+        figures["liked_share"] = {"start": before, "retrained": after, "gain": after - before, "liked_at": liked_at}
     return figures

@@ -27,11 +27,15 @@ from typing import Any
 from ..infer.backends import Backend, as_backend
 from .metrics import unfence
 
-DEFAULT_RUBRIC = ("Reward replies that are correct, helpful and directly address the user's request. "
-                  "Penalise factual errors, made-up details, ignoring the request, and needless padding.")
+DEFAULT_RUBRIC = (
+    "Reward replies that are correct, helpful and directly address the user's request. "
+    "Penalise factual errors, made-up details, ignoring the request, and needless padding."
+)
 
-SYSTEM = ("You are an impartial, strict judge of AI assistant replies. Judge only by the criteria given. "
-          "Always answer with a single JSON object and nothing else.")
+SYSTEM = (
+    "You are an impartial, strict judge of AI assistant replies. Judge only by the criteria given. "
+    "Always answer with a single JSON object and nothing else."
+)
 
 SCORE_TEMPLATE = """Rate the assistant reply below from 1 (useless or wrong) to 10 (excellent).
 
@@ -78,6 +82,7 @@ VERDICTS = ("a", "b", "tie", "unparsed")
 
 # ------------------------------------------------------------------------------------------------ parsing
 
+
 def _balanced_objects(text: str, limit: int = 64):
     """Every balanced {...} substring, by start position (double-quoted strings and escapes respected)."""
     starts = [i for i, ch in enumerate(text) if ch == "{"][:limit]
@@ -99,7 +104,7 @@ def _balanced_objects(text: str, limit: int = 64):
             elif ch == "}":
                 depth -= 1
                 if depth == 0:
-                    yield text[start:i + 1]
+                    yield text[start : i + 1]
                     break
 
 
@@ -183,7 +188,7 @@ def parse_winner(text: str) -> tuple[str | None, str]:
     value = _field(answer, ("winner", "better", "choice", "verdict", "preferred"))
     if value is None or isinstance(value, bool):
         return None, reason
-    label = str(value).strip().strip('"\'.').lower()
+    label = str(value).strip().strip("\"'.").lower()
     if label in _FIRST:
         return "1", reason
     if label in _SECOND:
@@ -194,6 +199,7 @@ def parse_winner(text: str) -> tuple[str | None, str]:
 
 
 # ------------------------------------------------------------------------------------------------ results
+
 
 @dataclass
 class Score:
@@ -209,8 +215,12 @@ class Score:
 def score_summary(scores: list[Score]) -> dict:
     """n, how many were scored and unparsed, and the mean over the scored ones (None when none were)."""
     values = [s.score for s in scores if s.score is not None]
-    return {"n": len(scores), "scored": len(values), "unparsed": len(scores) - len(values),
-            "mean": sum(values) / len(values) if values else None}
+    return {
+        "n": len(scores),
+        "scored": len(values),
+        "unparsed": len(scores) - len(values),
+        "mean": sum(values) / len(values) if values else None,
+    }
 
 
 @dataclass
@@ -269,8 +279,15 @@ class PairwiseResult:
         return [r.verdict for r in self.rows]
 
     def summary(self) -> dict:
-        return {"n": len(self.rows), "wins": self.wins, "ties": self.ties, "losses": self.losses,
-                "unparsed": self.unparsed, "disagreements": self.disagreements, "win_rate": self.win_rate}
+        return {
+            "n": len(self.rows),
+            "wins": self.wins,
+            "ties": self.ties,
+            "losses": self.losses,
+            "unparsed": self.unparsed,
+            "disagreements": self.disagreements,
+            "win_rate": self.win_rate,
+        }
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "rows": [asdict(r) for r in self.rows]}
@@ -285,6 +302,7 @@ def combine(a_first: str | None, b_first: str | None) -> str:
 
 # ------------------------------------------------------------------------------------------------ cache
 
+
 class _Cache:
     """Raw judge answers by key: a dict in memory, mirrored to SQLite at `path` when given."""
 
@@ -295,8 +313,10 @@ class _Cache:
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connect() as db:
-                db.execute("CREATE TABLE IF NOT EXISTS judge_cache (key TEXT PRIMARY KEY, backend TEXT, "
-                           "answer TEXT NOT NULL, created REAL DEFAULT (julianday('now')))")
+                db.execute(
+                    "CREATE TABLE IF NOT EXISTS judge_cache (key TEXT PRIMARY KEY, backend TEXT, "
+                    "answer TEXT NOT NULL, created REAL DEFAULT (julianday('now')))"
+                )
 
     def _connect(self):
         return sqlite3.connect(self.path, timeout=30)
@@ -307,9 +327,10 @@ class _Cache:
         if self.path and missing:
             with self.lock, self._connect() as db:
                 for start in range(0, len(missing), 500):
-                    chunk = missing[start:start + 500]
-                    rows = db.execute(f"SELECT key, answer FROM judge_cache WHERE key IN "
-                                      f"({','.join('?' * len(chunk))})", chunk).fetchall()
+                    chunk = missing[start : start + 500]
+                    rows = db.execute(
+                        f"SELECT key, answer FROM judge_cache WHERE key IN ({','.join('?' * len(chunk))})", chunk
+                    ).fetchall()
                     found.update(rows)
             self.memory.update({k: v for k, v in found.items()})
         return found
@@ -318,11 +339,14 @@ class _Cache:
         self.memory.update(items)
         if self.path and items:
             with self.lock, self._connect() as db:
-                db.executemany("INSERT OR REPLACE INTO judge_cache (key, backend, answer) VALUES (?, ?, ?)",
-                               [(k, backend, v) for k, v in items.items()])
+                db.executemany(
+                    "INSERT OR REPLACE INTO judge_cache (key, backend, answer) VALUES (?, ?, ?)",
+                    [(k, backend, v) for k, v in items.items()],
+                )
 
 
 # ------------------------------------------------------------------------------------------------ judge
+
 
 def _render(prompt: Any) -> str:
     """A prompt as text for the judge: a string as is, a conversation as role-tagged turns."""
@@ -342,8 +366,15 @@ def _check_lengths(prompts: list, *columns: tuple[str, list | None]) -> None:
 class Judge:
     """An LLM judge over any Backend (or a backend config mapping, or a model spec for a LocalBackend)."""
 
-    def __init__(self, backend: Backend | dict | str, rubric: str | None = None, cache_path: str | Path | None = None,
-                 max_new_tokens: int = 256, *, system: str | None = None):
+    def __init__(
+        self,
+        backend: Backend | dict | str,
+        rubric: str | None = None,
+        cache_path: str | Path | None = None,
+        max_new_tokens: int = 256,
+        *,
+        system: str | None = None,
+    ):
         self.backend = as_backend(backend)
         self.rubric = rubric.strip() if rubric and rubric.strip() else DEFAULT_RUBRIC
         self.max_new_tokens = max_new_tokens
@@ -355,14 +386,16 @@ class Judge:
         return REFERENCE_BLOCK.format(reference=reference) if reference not in (None, "") else ""
 
     def _key(self, messages: list[dict]) -> str:
-        blob = json.dumps([self.backend.identity, self.rubric, self.max_new_tokens, messages], sort_keys=True,
-                          ensure_ascii=False)
+        blob = json.dumps(
+            [self.backend.identity, self.rubric, self.max_new_tokens, messages], sort_keys=True, ensure_ascii=False
+        )
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def ask(self, user_messages: list[str]) -> list[str]:
         """Raw judge answers to judge prompts, from the cache where possible; the rest in one backend call."""
-        conversations = [[{"role": "system", "content": self.system}, {"role": "user", "content": m}]
-                         for m in user_messages]
+        conversations = [
+            [{"role": "system", "content": self.system}, {"role": "user", "content": m}] for m in user_messages
+        ]
         keys = [self._key(c) for c in conversations]
         found = self.cache.get_many(keys)
         todo = {k: c for k, c in zip(keys, conversations) if k not in found}  # duplicates asked once
@@ -378,23 +411,33 @@ class Judge:
     def score(self, prompts: list, replies: list[str], references: list[str] | None = None) -> list[Score]:
         """A 1..10 score per reply against the rubric (reference answers as ground truth when given)."""
         _check_lengths(prompts, ("replies", replies), ("references", references))
-        messages = [SCORE_TEMPLATE.format(rubric=self.rubric, prompt=_render(p), reply=r,
-                                          reference_block=self._reference_block(references[i] if references else None))
-                    for i, (p, r) in enumerate(zip(prompts, replies))]
+        messages = [
+            SCORE_TEMPLATE.format(
+                rubric=self.rubric,
+                prompt=_render(p),
+                reply=r,
+                reference_block=self._reference_block(references[i] if references else None),
+            )
+            for i, (p, r) in enumerate(zip(prompts, replies))
+        ]
         scores = []
         for raw in self.ask(messages):
             value, reason = parse_score(raw)
             scores.append(Score(score=value, reason=reason, raw=raw))
         return scores
 
-    def compare(self, prompts: list, replies_a: list[str], replies_b: list[str],
-                references: list[str] | None = None) -> PairwiseResult:
+    def compare(
+        self, prompts: list, replies_a: list[str], replies_b: list[str], references: list[str] | None = None
+    ) -> PairwiseResult:
         """A against B on every prompt, each judged twice with the replies swapped; verdicts from A's side."""
         _check_lengths(prompts, ("replies_b", replies_b), ("replies_a", replies_a), ("references", references))
         messages = []
         for i, (p, a, b) in enumerate(zip(prompts, replies_a, replies_b)):
-            common = {"rubric": self.rubric, "prompt": _render(p),
-                      "reference_block": self._reference_block(references[i] if references else None)}
+            common = {
+                "rubric": self.rubric,
+                "prompt": _render(p),
+                "reference_block": self._reference_block(references[i] if references else None),
+            }
             messages.append(PAIRWISE_TEMPLATE.format(first=a, second=b, **common))
             messages.append(PAIRWISE_TEMPLATE.format(first=b, second=a, **common))
         raws = self.ask(messages)
@@ -404,7 +447,15 @@ class Judge:
             w2, reason2 = parse_winner(raw_b_first)
             a_first = {"1": "a", "2": "b", "tie": "tie"}.get(w1) if w1 else None
             b_first = {"1": "b", "2": "a", "tie": "tie"}.get(w2) if w2 else None
-            rows.append(PairwiseRow(verdict=combine(a_first, b_first), a_first=a_first, b_first=b_first,
-                                    reason_a_first=reason1, reason_b_first=reason2,
-                                    raw_a_first=raw_a_first, raw_b_first=raw_b_first))
+            rows.append(
+                PairwiseRow(
+                    verdict=combine(a_first, b_first),
+                    a_first=a_first,
+                    b_first=b_first,
+                    reason_a_first=reason1,
+                    reason_b_first=reason2,
+                    raw_a_first=raw_a_first,
+                    raw_b_first=raw_b_first,
+                )
+            )
         return PairwiseResult(rows=rows)

@@ -6,9 +6,9 @@ import json
 import re
 import string
 from collections import Counter
+from collections.abc import Callable
 from fractions import Fraction
 from statistics import mean
-from typing import Callable
 
 _PUNCT = re.escape(string.punctuation)
 
@@ -87,13 +87,18 @@ def metric_regex(pattern: str, ignore_case: bool = True) -> Callable[[str, str, 
 
 
 METRICS: dict[str, Callable[[str, str, str], float]] = {
-    "exact": exact, "contains": contains, "token_f1": token_f1,
-    "json_valid": json_valid, "numeric": numeric, "length_ratio": length_ratio,
+    "exact": exact,
+    "contains": contains,
+    "token_f1": token_f1,
+    "json_valid": json_valid,
+    "numeric": numeric,
+    "length_ratio": length_ratio,
 }
 
 
-def score(generated: list[str], references: list[str], prompts: list[str] | None = None,
-          names: list[str] | None = None) -> dict[str, float]:
+def score(
+    generated: list[str], references: list[str], prompts: list[str] | None = None, names: list[str] | None = None
+) -> dict[str, float]:
     """Mean of each named metric over the rows."""
     unknown = sorted(set(names or []) - set(METRICS))
     if unknown:

@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from statistics import mean
 
-from . import metrics as task_metrics
 from ..data.tables import reply_text, user_text
 from ..rewards import ACCURACY_TYPES
-
+from . import metrics as task_metrics
 
 # Rewards that say right (1) or wrong: the report also gives the share of rows scoring 1.
 
@@ -28,8 +27,11 @@ def eval_metrics(figures: dict) -> dict[str, float]:
         out["eval/reward"] = figures["reward"]
     out.update({f"eval/reward_{k}": v for k, v in (figures.get("rewards") or {}).items()})
     out.update({f"eval/accuracy_{k}": v for k, v in (figures.get("accuracy") or {}).items()})
-    return {k: float(v) for k, v in out.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in out.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 ALWAYS_METRICS = ["exact", "contains", "token_f1", "length_ratio"]
@@ -69,7 +71,9 @@ def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
     return full_ids[:max_len], min(len(prompt_ids), max_len)
 
 
-def reply_logprobs(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> list[tuple[float, int]]:
+def reply_logprobs(
+    model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8
+) -> list[tuple[float, int]]:
     """(summed log-probability, token count) of each row's reply (its completion, or a pair's chosen reply)
     given its prompt turns: what a KTO/DPO implicit reward and the held-out loss are made of."""
     import torch
@@ -78,20 +82,21 @@ def reply_logprobs(model, tokenizer, rows: list[dict], max_len: int = 1024, batc
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out = []
     for start in range(0, len(rows), batch_size):
-        encoded = [_encode(tokenizer, r, max_len) for r in rows[start:start + batch_size]]
+        encoded = [_encode(tokenizer, r, max_len) for r in rows[start : start + batch_size]]
         width = max(len(ids) for ids, _ in encoded)
         input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
         labels = torch.full_like(input_ids, -100)
         attention = torch.zeros_like(input_ids)
         for i, (ids, n_prompt) in enumerate(encoded):
-            input_ids[i, :len(ids)] = torch.tensor(ids)
-            attention[i, :len(ids)] = 1
-            labels[i, n_prompt:len(ids)] = torch.tensor(ids[n_prompt:], dtype=torch.long)
+            input_ids[i, : len(ids)] = torch.tensor(ids)
+            attention[i, : len(ids)] = 1
+            labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:], dtype=torch.long)
         with torch.no_grad():
             logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
         shift_logits, shift_labels = logits[:, :-1], labels[:, 1:].to(device)
-        nll = torch.nn.functional.cross_entropy(shift_logits.transpose(1, 2), shift_labels, ignore_index=-100,
-                                                reduction="none")
+        nll = torch.nn.functional.cross_entropy(
+            shift_logits.transpose(1, 2), shift_labels, ignore_index=-100, reduction="none"
+        )
         counts = (shift_labels != -100).sum(dim=1)
         out += [(-float(total), int(n)) for total, n in zip(nll.sum(dim=1), counts)]
     return out
@@ -107,8 +112,16 @@ def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, bat
     return {"eval_loss": mean_loss, "perplexity": math.exp(min(mean_loss, 50)), "eval_tokens": count}
 
 
-def generate(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int = 128, temperature: float = 0.0,
-             top_p: float = 1.0, batch_size: int = 8, seed: int = 42) -> list[str]:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[list[dict]],
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    batch_size: int = 8,
+    seed: int = 42,
+) -> list[str]:
     """Replies to chat prompts (lists of messages), batched with left padding. temperature 0 is greedy."""
     import torch
 
@@ -120,38 +133,52 @@ def generate(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int = 
     replies = []
     with decode_weights.prepared(model, min(batch_size, len(prompts)) or 1):  # CPU: folded, packed weights
         for start in range(0, len(prompts), batch_size):
-            replies += generate_batch(model, tokenizer, prompts[start:start + batch_size], device, max_new_tokens,
-                                      temperature, top_p)
+            replies += generate_batch(
+                model, tokenizer, prompts[start : start + batch_size], device, max_new_tokens, temperature, top_p
+            )
     return replies
 
 
-def generate_batch(model, tokenizer, prompts: list[list[dict]], device, max_new_tokens: int, temperature: float,
-                   top_p: float) -> list[str]:
+def generate_batch(
+    model, tokenizer, prompts: list[list[dict]], device, max_new_tokens: int, temperature: float, top_p: float
+) -> list[str]:
     """Replies to one batch of chat prompts, left-padded together."""
     import torch
 
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
-        "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p}
+        if temperature > 0
+        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    )
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
-    new = out[:, batch["input_ids"].shape[1]:]
+    new = out[:, batch["input_ids"].shape[1] :]
     return [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
 
-def evaluate_rows(model, tokenizer, rows: list[dict], n_samples: int | None = None, max_new_tokens: int = 128,
-                  max_len: int = 1024, metric_names: list[str] | None = None) -> dict:
+def evaluate_rows(
+    model,
+    tokenizer,
+    rows: list[dict],
+    n_samples: int | None = None,
+    max_new_tokens: int = 128,
+    max_len: int = 1024,
+    metric_names: list[str] | None = None,
+) -> dict:
     """Loss and perplexity on all rows; replies and task metrics on the first n_samples rows."""
     result = completion_loss(model, tokenizer, rows, max_len=max_len)
     sample_rows = rows if n_samples is None else rows[:n_samples]
     replies = generate(model, tokenizer, [r["prompt"] for r in sample_rows], max_new_tokens=max_new_tokens)
     references = [reply_text(r) for r in sample_rows]
     prompts = [user_text(r) for r in sample_rows]
-    result["metrics"] = task_metrics.score(replies, references, prompts, choose_metrics(references, metric_names)
-                                           ) if replies else {}
-    result["samples"] = [{"prompt": p, "reference": ref, "generated": g}
-                         for p, ref, g in zip(prompts, references, replies)]
+    result["metrics"] = (
+        task_metrics.score(replies, references, prompts, choose_metrics(references, metric_names)) if replies else {}
+    )
+    result["samples"] = [
+        {"prompt": p, "reference": ref, "generated": g} for p, ref, g in zip(prompts, references, replies)
+    ]
     return result
 
 
@@ -162,8 +189,9 @@ def reference_texts(rows: list[dict]) -> list[str] | None:
     return None if not refs or any(blank) else [str(x) for x in refs]
 
 
-def score_prompt_rows(model, tokenizer, rows: list[dict], rewards=None, max_new_tokens: int = 128,
-                      metric_names: list[str] | None = None) -> dict:
+def score_prompt_rows(
+    model, tokenizer, rows: list[dict], rewards=None, max_new_tokens: int = 128, metric_names: list[str] | None = None
+) -> dict:
     """Greedy replies to prompt rows, which have no reference replies and so no loss (eval_loss and perplexity
     are None, never 0). With a RewardSet: the mean weighted reward, the mean per reward, and for accuracy-like
     rewards the share of rows scoring 1 (a failing reward scores 0 and is counted in reward_errors). Where
@@ -178,11 +206,17 @@ def score_prompt_rows(model, tokenizer, rows: list[dict], rewards=None, max_new_
         totals = scores.total
         result["reward"] = mean(scores.total)
         result["rewards"] = {name: mean(values) for name, values in scores.scores.items()}
-        result["accuracy"] = {r.name: mean(float(s >= 1.0 - 1e-9) for s in scores.scores[r.name])
-                              for r in rewards if r.type in ACCURACY_TYPES}
+        result["accuracy"] = {
+            r.name: mean(float(s >= 1.0 - 1e-9) for s in scores.scores[r.name])
+            for r in rewards
+            if r.type in ACCURACY_TYPES
+        }
         result["reward_errors"] = scores.errors
-    result["metrics"] = task_metrics.score(replies, refs, prompts, choose_metrics(refs, metric_names)
-                                           ) if refs and replies else {}
-    result["samples"] = [{"prompt": p, "reference": "" if refs is None else ref, "generated": g, "reward": t}
-                         for p, ref, g, t in zip(prompts, refs or [""] * len(rows), replies, totals)]
+    result["metrics"] = (
+        task_metrics.score(replies, refs, prompts, choose_metrics(refs, metric_names)) if refs and replies else {}
+    )
+    result["samples"] = [
+        {"prompt": p, "reference": "" if refs is None else ref, "generated": g, "reward": t}
+        for p, ref, g, t in zip(prompts, refs or [""] * len(rows), replies, totals)
+    ]
     return result

@@ -16,8 +16,7 @@ from ..artifacts import read_manifest
 from ..models import PRESETS
 
 # A stage's figures shown on the card, in this order (from its manifest's `result`); the rest stay in MLflow.
-RESULT_KEYS = ("held_out", "train_loss", "eval_loss", "perplexity", "preference_loss", "reward_before",
-               "reward_after")
+RESULT_KEYS = ("held_out", "train_loss", "eval_loss", "perplexity", "preference_loss", "reward_before", "reward_after")
 # Settings that shape the adapter (the rest stay in its job.json and MLflow run).
 SETTING_KEYS = ("beta", "group_size", "temperature")
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
@@ -58,15 +57,20 @@ def card_facts(adapters: list[str], resolved_model: str) -> dict:
     for adapter, m in zip(adapters, manifests):
         settings = m.get("settings") or {}
         dataset = m.get("dataset")
-        stages.append({
-            "name": m.get("stage") or Path(adapter).parent.parent.name, "method": m.get("method") or settings.get("kind"),
-            "dataset": Path(dataset).parent.name if dataset else settings.get("dataset"),
-            "settings": shown_settings(settings),
-            "result": flat_result(m.get("result") or {})})
+        stages.append(
+            {
+                "name": m.get("stage") or Path(adapter).parent.parent.name,
+                "method": m.get("method") or settings.get("kind"),
+                "dataset": Path(dataset).parent.name if dataset else settings.get("dataset"),
+                "settings": shown_settings(settings),
+                "result": flat_result(m.get("result") or {}),
+            }
+        )
     datasets = []
     for name in dict.fromkeys(s["dataset"] for s in stages if s["dataset"]):
-        dataset_dir = next((Path(m["dataset"]) for m in manifests if m.get("dataset")
-                            and Path(m["dataset"]).parent.name == name), None)
+        dataset_dir = next(
+            (Path(m["dataset"]) for m in manifests if m.get("dataset") and Path(m["dataset"]).parent.name == name), None
+        )
         dm = read_manifest(dataset_dir) if dataset_dir else {}
         counts = {**(dm.get("result") or {}), **dm}  # a synthesized dataset counts its rows in its result
         source = dm.get("source")
@@ -74,10 +78,22 @@ def card_facts(adapters: list[str], resolved_model: str) -> dict:
             source = read_manifest(source).get("source", source)
         if not source and dm.get("dataset"):  # synthesized from an earlier dataset stage
             source = f"the {Path(dm['dataset']).parent.name} stage"
-        datasets.append({"name": name, "kind": dm.get("kind"), "source": source,
-                         "train_rows": counts.get("train_rows"), "eval_rows": counts.get("eval_rows")})
-    return {"base_model": base, "base_model_id": hub_id(base), "license": license_of(base, resolved_model),
-            "stages": stages, "datasets": datasets}
+        datasets.append(
+            {
+                "name": name,
+                "kind": dm.get("kind"),
+                "source": source,
+                "train_rows": counts.get("train_rows"),
+                "eval_rows": counts.get("eval_rows"),
+            }
+        )
+    return {
+        "base_model": base,
+        "base_model_id": hub_id(base),
+        "license": license_of(base, resolved_model),
+        "stages": stages,
+        "datasets": datasets,
+    }
 
 
 def shown_settings(settings: dict) -> dict:
@@ -86,7 +102,9 @@ def shown_settings(settings: dict) -> dict:
     out.update({f"lora.{k}": lora[k] for k in LORA_KEYS if lora.get(k) is not None})
     out.update({k: args[k] for k in ARG_KEYS if args.get(k) is not None})
     if settings.get("rewards"):
-        out["rewards"] = ", ".join(f"{r.get('name') or r.get('type')} x{r.get('weight', 1)}" for r in settings["rewards"])
+        out["rewards"] = ", ".join(
+            f"{r.get('name') or r.get('type')} x{r.get('weight', 1)}" for r in settings["rewards"]
+        )
     return out
 
 
@@ -113,34 +131,58 @@ def _fmt(value) -> str:
 
 
 def training_section(facts: dict) -> list[str]:
-    lines = ["## Training", "", f"Base model: `{facts['base_model']}` (licence: {facts.get('license') or 'unknown'}).",
-             ""]
+    lines = [
+        "## Training",
+        "",
+        f"Base model: `{facts['base_model']}` (licence: {facts.get('license') or 'unknown'}).",
+        "",
+    ]
     if not facts.get("stages"):
         return lines + ["No adapter stages are recorded for this model (exported from a plain model directory).", ""]
-    lines += ["LoRA adapters trained one after the other, each continuing from the one before, folded into the "
-              "base model's weights:", "", "| stage | method | dataset | settings |", "|---|---|---|---|"]
+    lines += [
+        "LoRA adapters trained one after the other, each continuing from the one before, folded into the "
+        "base model's weights:",
+        "",
+        "| stage | method | dataset | settings |",
+        "|---|---|---|---|",
+    ]
     for s in facts.get("stages", []):
         settings = "; ".join(f"{k}: {_fmt(v)}" for k, v in s["settings"].items())
         lines.append(f"| {s['name']} | {s['method']} | {s['dataset']} | {settings.replace('|', '/')} |")
     if facts.get("datasets"):
         lines += ["", "Datasets:", ""]
-        lines += [f"- {d['name']} ({d.get('kind') or 'dataset'}): {d.get('train_rows')} training and "
-                  f"{d.get('eval_rows')} held-out rows, from "
-                  + (d["source"] if str(d.get("source")).startswith("the ") else f"`{d.get('source')}`")
-                  for d in facts["datasets"]]
+        lines += [
+            f"- {d['name']} ({d.get('kind') or 'dataset'}): {d.get('train_rows')} training and "
+            f"{d.get('eval_rows')} held-out rows, from "
+            + (d["source"] if str(d.get("source")).startswith("the ") else f"`{d.get('source')}`")
+            for d in facts["datasets"]
+        ]
     results = [s for s in facts.get("stages", []) if s["result"]]
     if results:
         keys = list(dict.fromkeys(k for s in results for k in s["result"]))
-        lines += ["", "## Each stage's results (its adapter's own evaluation, held-out rows when `held_out`)", "",
-                  "| stage | " + " | ".join(keys) + " |", "|---|" + "---|" * len(keys)]
+        lines += [
+            "",
+            "## Each stage's results (its adapter's own evaluation, held-out rows when `held_out`)",
+            "",
+            "| stage | " + " | ".join(keys) + " |",
+            "|---|" + "---|" * len(keys),
+        ]
         lines += [f"| {s['name']} | " + " | ".join(_fmt(s["result"].get(k, "")) for k in keys) + " |" for s in results]
     return lines + [""]
 
 
 def merged_card(facts: dict, title: str) -> str:
-    return "\n".join([front_matter(facts, ["dragon-dagster", "lora", "merged"]), f"# {title}", "",
-                      "A standalone model: the adapter chain below merged into its base model. Load it with "
-                      "`AutoModelForCausalLM.from_pretrained(<this directory>)`.", "", *training_section(facts)])
+    return "\n".join(
+        [
+            front_matter(facts, ["dragon-dagster", "lora", "merged"]),
+            f"# {title}",
+            "",
+            "A standalone model: the adapter chain below merged into its base model. Load it with "
+            "`AutoModelForCausalLM.from_pretrained(<this directory>)`.",
+            "",
+            *training_section(facts),
+        ]
+    )
 
 
 def evaluation_table(report: dict) -> str:
@@ -148,33 +190,64 @@ def evaluation_table(report: dict) -> str:
     base, merged = report.get("base", {}), report.get("merged", {})
     names = [n for n in ("eval_loss", "perplexity", "reward") if n in base] + list(base.get("metrics", {}))
     split = "held-out" if report.get("held_out", True) else "training"
-    lines = [f"{report.get('rows')} {split} rows, base model against the merged model (before quantization).", "",
-             "| metric | base | merged |", "|---|---|---|"]
+    lines = [
+        f"{report.get('rows')} {split} rows, base model against the merged model (before quantization).",
+        "",
+        "| metric | base | merged |",
+        "|---|---|---|",
+    ]
     for n in names:
-        lines.append(f"| {n} | {_fmt(base.get(n, base.get('metrics', {}).get(n)))} | "
-                     f"{_fmt(merged.get(n, merged.get('metrics', {}).get(n)))} |")
+        lines.append(
+            f"| {n} | {_fmt(base.get(n, base.get('metrics', {}).get(n)))} | "
+            f"{_fmt(merged.get(n, merged.get('metrics', {}).get(n)))} |"
+        )
     return "\n".join(lines)
 
 
-def export_card(facts: dict, title: str, files: list[dict], ollama_name: str | None, system: str | None,
-                evaluation: str | None) -> str:
+def export_card(
+    facts: dict, title: str, files: list[dict], ollama_name: str | None, system: str | None, evaluation: str | None
+) -> str:
     """files: [{"file", "format", "size_mb", "sha256"}]."""
-    quant = {"f16": "16-bit floats (norms and biases 32-bit): the merged weights, rounded",
-             "q8_0": "8-bit blocks of 32 weights with a 16-bit scale (norms and biases 32-bit): about half the size, "
-                     "replies nearly always the same"}
-    lines = [front_matter(facts, ["dragon-dagster", "gguf", "lora", "ollama"]), f"# {title} (GGUF)", "",
-             "The merged model as GGUF files for llama.cpp and Ollama, with its tokenizer and chat template inside.",
-             "", "## Files", "", "| file | format | size (MB) | sha256 |", "|---|---|---|---|"]
+    quant = {
+        "f16": "16-bit floats (norms and biases 32-bit): the merged weights, rounded",
+        "q8_0": "8-bit blocks of 32 weights with a 16-bit scale (norms and biases 32-bit): about half the size, "
+        "replies nearly always the same",
+    }
+    lines = [
+        front_matter(facts, ["dragon-dagster", "gguf", "lora", "ollama"]),
+        f"# {title} (GGUF)",
+        "",
+        "The merged model as GGUF files for llama.cpp and Ollama, with its tokenizer and chat template inside.",
+        "",
+        "## Files",
+        "",
+        "| file | format | size (MB) | sha256 |",
+        "|---|---|---|---|",
+    ]
     lines += [f"| {f['file']} | {f['format']} | {f['size_mb']} | `{f['sha256']}` |" for f in files]
     lines += [""] + [f"- {f['format']}: {quant[f['format']]}" for f in files] + [""]
     lines += ["## Run it", ""]
     if ollama_name:
-        lines += ["With Ollama (the Modelfile holds the chat template, the stop tokens"
-                  + (" and the system prompt" if system else "") + "):", "", "```sh",
-                  f"ollama create {ollama_name} -f Modelfile", f"ollama run {ollama_name}", "```", ""]
+        lines += [
+            "With Ollama (the Modelfile holds the chat template, the stop tokens"
+            + (" and the system prompt" if system else "")
+            + "):",
+            "",
+            "```sh",
+            f"ollama create {ollama_name} -f Modelfile",
+            f"ollama run {ollama_name}",
+            "```",
+            "",
+        ]
     first = files[-1]["file"] if files else "model.gguf"
-    lines += ["With llama.cpp (the chat template is read from the file):", "", "```sh",
-              f"llama-cli -m {first} -cnv" + (f" -sys {json.dumps(system)}" if system else ""), "```", ""]
+    lines += [
+        "With llama.cpp (the chat template is read from the file):",
+        "",
+        "```sh",
+        f"llama-cli -m {first} -cnv" + (f" -sys {json.dumps(system)}" if system else ""),
+        "```",
+        "",
+    ]
     if system:
         lines += ["System prompt the model was trained with:", "", f"> {system}", ""]
     if evaluation:

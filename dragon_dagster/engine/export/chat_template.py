@@ -24,14 +24,14 @@ SENTINEL = "\u2063DRAGON{}\u2063"  # invisible separator around a marker no temp
 
 @dataclass(frozen=True)
 class Segments:
-    start_with_system: str   # before the system content, when the conversation opens with a system message
+    start_with_system: str  # before the system content, when the conversation opens with a system message
     start_without_system: str  # at the start when it does not (a BOS, a default system prompt)
     system_suffix: str
     user_prefix: str
     user_suffix: str
     assistant_prefix: str
     assistant_suffix: str
-    generation_prompt: str   # after the last message, when a reply is asked for
+    generation_prompt: str  # after the last message, when a reply is asked for
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -63,23 +63,26 @@ def _apply(tokenizer, messages: list[dict], add_generation_prompt: bool = False)
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     except Exception as exc:  # a template raising on a conversation shape (e.g. "system role not supported")
-        raise ExportError(f"the chat template cannot render {[m['role'] for m in messages]}: "
-                          f"{type(exc).__name__}: {exc}") from exc
+        raise ExportError(
+            f"the chat template cannot render {[m['role'] for m in messages]}: {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 def _around(text: str, marker: str, what: str) -> tuple[str, str]:
     if text.count(marker) != 1:
-        raise ExportError(f"the chat template does not write the {what} content exactly once; it is not a "
-                          "per-message concatenation")
+        raise ExportError(
+            f"the chat template does not write the {what} content exactly once; it is not a per-message concatenation"
+        )
     before, after = text.split(marker)
     return before, after
 
 
 def _rest(longer: str, shorter: str, what: str) -> str:
     if not longer.startswith(shorter):
-        raise ExportError(f"the chat template rewrites earlier messages when {what} is added; it is not a "
-                          "per-message concatenation")
-    return longer[len(shorter):]
+        raise ExportError(
+            f"the chat template rewrites earlier messages when {what} is added; it is not a per-message concatenation"
+        )
+    return longer[len(shorter) :]
 
 
 def derive(tokenizer) -> Segments:
@@ -98,23 +101,40 @@ def derive(tokenizer) -> Segments:
     user_prefix, user_suffix = _around(_rest(with_user, only_system, "a user message"), u, "user")
     with_reply = _apply(tokenizer, system + turn + reply)
     assistant_prefix, assistant_suffix = _around(_rest(with_reply, with_user, "an assistant reply"), a, "assistant")
-    generation_prompt = _rest(_apply(tokenizer, system + turn, add_generation_prompt=True), with_user,
-                              "the generation prompt")
+    generation_prompt = _rest(
+        _apply(tokenizer, system + turn, add_generation_prompt=True), with_user, "the generation prompt"
+    )
     before_user, after_user = _around(_apply(tokenizer, turn), u, "user")
     if not before_user.endswith(user_prefix) or after_user != user_suffix:
         raise ExportError("the chat template writes a user message differently when there is no system message")
-    segments = Segments(start_with_system, before_user[:len(before_user) - len(user_prefix)], system_suffix,
-                        user_prefix, user_suffix, assistant_prefix, assistant_suffix, generation_prompt)
+    segments = Segments(
+        start_with_system,
+        before_user[: len(before_user) - len(user_prefix)],
+        system_suffix,
+        user_prefix,
+        user_suffix,
+        assistant_prefix,
+        assistant_suffix,
+        generation_prompt,
+    )
     check(tokenizer, segments)
     return segments
 
 
 CHECK_CONVERSATIONS = [
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi there"},
-     {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "What is 2+2?"},
-     {"role": "assistant", "content": "4"}, {"role": "user", "content": "Thanks!\nBye."}],
-    [{"role": "user", "content": "My lamp will not pair."}, {"role": "assistant", "content": "Reset it."},
-     {"role": "user", "content": "Done"}],
+    [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "Thanks!\nBye."},
+    ],
+    [
+        {"role": "user", "content": "My lamp will not pair."},
+        {"role": "assistant", "content": "Reset it."},
+        {"role": "user", "content": "Done"},
+    ],
     [{"role": "user", "content": "One question"}],
 ]
 
@@ -124,15 +144,19 @@ def check(tokenizer, segments: Segments) -> None:
     for messages in CHECK_CONVERSATIONS:
         for prompt in (True, False):
             if render(segments, messages, prompt) != _apply(tokenizer, messages, prompt):
-                raise ExportError(f"the chat template is not a per-message concatenation: composing its segments "
-                                  f"differs from the template for roles {[m['role'] for m in messages]} "
-                                  f"(add_generation_prompt={prompt})")
+                raise ExportError(
+                    f"the chat template is not a per-message concatenation: composing its segments "
+                    f"differs from the template for roles {[m['role'] for m in messages]} "
+                    f"(add_generation_prompt={prompt})"
+                )
 
 
 def stop_tokens(tokenizer, segments: Segments) -> list[str]:
     """End-of-turn tokens: the special tokens in the assistant's suffix, and the EOS token."""
     added = [t.content for t in tokenizer.added_tokens_decoder.values() if t.special]
-    special = sorted({t for t in [*tokenizer.all_special_tokens, *added] if t and t in segments.assistant_suffix},
-                     key=segments.assistant_suffix.index)
+    special = sorted(
+        {t for t in [*tokenizer.all_special_tokens, *added] if t and t in segments.assistant_suffix},
+        key=segments.assistant_suffix.index,
+    )
     eos = tokenizer.eos_token
     return special + ([eos] if eos and eos not in special else [])

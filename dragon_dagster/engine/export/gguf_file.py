@@ -27,8 +27,8 @@ class ExportError(ValueError):
 
 @dataclass(frozen=True)
 class Architecture:
-    gguf_arch: str          # general.architecture, the key prefix of the model metadata
-    permute_qk: bool        # llama.cpp's rope layout for q/k rows
+    gguf_arch: str  # general.architecture, the key prefix of the model metadata
+    permute_qk: bool  # llama.cpp's rope layout for q/k rows
     writes_vocab_size: bool  # llama writes <arch>.vocab_size and rope.dimension_count, qwen2 does not
     allows_attention_bias: bool
 
@@ -51,8 +51,10 @@ def architecture_of(config: dict) -> Architecture:
     names = config.get("architectures") or [config.get("model_type", "unknown")]
     arch = SUPPORTED_ARCHITECTURES.get(names[0])
     if arch is None:
-        raise ExportError(f"cannot export a {names[0]} model to GGUF: supported architectures are "
-                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+        raise ExportError(
+            f"cannot export a {names[0]} model to GGUF: supported architectures are "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     return arch
 
 
@@ -90,8 +92,11 @@ def permute(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarr
     """llama.cpp's convert_hf_to_gguf LlamaModel.permute: each head's rows from halves to interleaved pairs."""
     if n_head_kv is not None and n_head != n_head_kv:
         n_head = n_head_kv
-    return (weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
-            .swapaxes(1, 2).reshape(weights.shape))
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def gguf_tensors(config: dict, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -132,13 +137,15 @@ def tensor_payload(data: np.ndarray, fmt: str):
     if data.ndim <= 1:
         return data.astype(np.float32), None
     if fmt == "q8_0" and data.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0] == 0:
-        return gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType.Q8_0), \
-            gguf.GGMLQuantizationType.Q8_0
+        return gguf.quants.quantize(
+            data.astype(np.float32), gguf.GGMLQuantizationType.Q8_0
+        ), gguf.GGMLQuantizationType.Q8_0
     return data.astype(np.float16), None
 
 
-def add_model_metadata(writer, config: dict, arch: Architecture, fmt: str, n_vocab: int, n_params: int,
-                       general: dict) -> None:
+def add_model_metadata(
+    writer, config: dict, arch: Architecture, fmt: str, n_vocab: int, n_params: int, general: dict
+) -> None:
     import gguf
 
     writer.add_type(gguf.GGUFType.MODEL)

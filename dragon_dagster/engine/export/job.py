@@ -25,8 +25,9 @@ def model_source(model_dir: str | Path) -> tuple[Path, dict, str]:
     model_dir = Path(model_dir)
     manifest = read_manifest(model_dir)
     if manifest.get("kind") == "merged_model":
-        facts = (manifest.get("info") or {}).get("card") or card.card_facts(manifest.get("adapters") or [],
-                                                                            manifest.get("resolved_model"))
+        facts = (manifest.get("info") or {}).get("card") or card.card_facts(
+            manifest.get("adapters") or [], manifest.get("resolved_model")
+        )
         # an artifact lives at <runs>/artifacts/<pipeline>/<stage>/<run>: the pipeline names the model
         return model_dir / "model", facts, model_dir.parent.parent.name
     if not (model_dir / "config.json").exists():
@@ -34,8 +35,13 @@ def model_source(model_dir: str | Path) -> tuple[Path, dict, str]:
     # the embedded model's converted cache is the preset (its licence and hub id), not an anonymous directory
     embedded = model_dir.resolve() == (models.cache_dir() / models.EMBEDDED).resolve()
     base = models.EMBEDDED if embedded else read_config(model_dir).get("_name_or_path") or str(model_dir)
-    facts = {"base_model": base, "base_model_id": card.hub_id(base), "license": card.license_of(base, str(model_dir)),
-             "stages": [], "datasets": []}
+    facts = {
+        "base_model": base,
+        "base_model_id": card.hub_id(base),
+        "license": card.license_of(base, str(model_dir)),
+        "stages": [],
+        "datasets": [],
+    }
     return model_dir, facts, model_dir.name
 
 
@@ -47,9 +53,16 @@ def slug(name: str) -> str:
     return out
 
 
-def export_model(model_dir: str | Path, out_dir: str | Path, formats: tuple[str, ...] | list[str] = FORMATS,
-                 system: str | None = None, name: str | None = None, ollama_files: bool = True,
-                 evaluation: str | None = None, reporter: Reporter | None = None) -> dict:
+def export_model(
+    model_dir: str | Path,
+    out_dir: str | Path,
+    formats: tuple[str, ...] | list[str] = FORMATS,
+    system: str | None = None,
+    name: str | None = None,
+    ollama_files: bool = True,
+    evaluation: str | None = None,
+    reporter: Reporter | None = None,
+) -> dict:
     """Write <name>-<format>.gguf for each format, a Modelfile (ollama_files) and README.md into out_dir.
 
     model_dir: a merged-model artifact directory (its manifest gives the card's facts) or a model directory.
@@ -77,17 +90,29 @@ def export_model(model_dir: str | Path, out_dir: str | Path, formats: tuple[str,
         stops = chat_template.stop_tokens(tokenizer, segments)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    general = {"name": name, "license": facts.get("license"), "base_model": facts.get("base_model"),
-               "base_model_repo": facts.get("base_model_id")}
+    general = {
+        "name": name,
+        "license": facts.get("license"),
+        "base_model": facts.get("base_model"),
+        "base_model_repo": facts.get("base_model_id"),
+    }
     files = []
     for fmt in formats:
         t0 = time.perf_counter()
         path = out / f"{name}-{fmt}.gguf"
         write_gguf(weights_dir, path, fmt, general)
         size = path.stat().st_size
-        files.append({"file": path.name, "format": fmt, "path": str(path), "size_bytes": size,
-                      "size_mb": round(size / 1e6, 1), "sha256": sha256(path),
-                      "seconds": round(time.perf_counter() - t0, 2)})
+        files.append(
+            {
+                "file": path.name,
+                "format": fmt,
+                "path": str(path),
+                "size_bytes": size,
+                "size_mb": round(size / 1e6, 1),
+                "sha256": sha256(path),
+                "seconds": round(time.perf_counter() - t0, 2),
+            }
+        )
         if reporter:
             reporter.log(f"wrote {path.name}: {size / 1e6:.1f} MB in {files[-1]['seconds']} s")
     modelfile = command = None
@@ -98,16 +123,25 @@ def export_model(model_dir: str | Path, out_dir: str | Path, formats: tuple[str,
         command = ollama.create_command(out, name)
     readme = out / "README.md"
     readme.write_text(card.export_card(facts, name, files, name if ollama_files else None, system, evaluation))
-    return {"export_dir": str(out), "name": name, "architecture": architecture, "files": files,
-            "modelfile": modelfile, "ollama_create": command, "stop": stops or [], "system": system,
-            "card": str(readme), "seconds": round(time.perf_counter() - started, 2)}
+    return {
+        "export_dir": str(out),
+        "name": name,
+        "architecture": architecture,
+        "files": files,
+        "modelfile": modelfile,
+        "ollama_create": command,
+        "stop": stops or [],
+        "system": system,
+        "card": str(readme),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
 
 
 @dataclass
 class ExportJob:
     settings: Export
-    model: str              # the merged-model artifact directory
-    output_dir: str         # the export artifact's directory; the files go into its gguf/
+    model: str  # the merged-model artifact directory
+    output_dir: str  # the export artifact's directory; the files go into its gguf/
     system: str | None = None
     name: str | None = None
     evaluation: str | None = None  # the evaluation report's table, read by the asset
@@ -116,8 +150,15 @@ class ExportJob:
 
 def export_stage(job: ExportJob, reporter: Reporter) -> dict:
     reporter.log(f"exporting {job.model} to GGUF ({', '.join(job.settings.formats)})")
-    info = export_model(job.model, Path(job.output_dir) / EXPORT_SUBDIR, formats=job.settings.formats,
-                        system=job.system, name=job.name, ollama_files=job.settings.ollama,
-                        evaluation=job.evaluation, reporter=reporter)
+    info = export_model(
+        job.model,
+        Path(job.output_dir) / EXPORT_SUBDIR,
+        formats=job.settings.formats,
+        system=job.system,
+        name=job.name,
+        ollama_files=job.settings.ollama,
+        evaluation=job.evaluation,
+        reporter=reporter,
+    )
     reporter.log(f"exported in {info['seconds']} s")
     return info

@@ -27,19 +27,33 @@ def go_template(segments: Segments) -> str:
     """The TEMPLATE: one range over .Messages; the generation prompt after the last user message, and no
     suffix after a last assistant message (Ollama continues it)."""
     t = go_text
-    return "\n".join([
-        "{{- range $i, $_ := .Messages }}",
-        "{{- $last := eq (len (slice $.Messages $i)) 1 }}",
-        "{{- if eq $i 0 }}{{ if eq .Role \"system\" }}" + t(segments.start_with_system) + "{{ else }}"
-        + t(segments.start_without_system) + "{{ end }}{{ end }}",
-        "{{- if eq .Role \"system\" }}{{ .Content }}" + t(segments.system_suffix),
-        "{{- else if eq .Role \"user\" }}" + t(segments.user_prefix) + "{{ .Content }}" + t(segments.user_suffix)
-        + "{{ if $last }}" + t(segments.generation_prompt) + "{{ end }}",
-        "{{- else if eq .Role \"assistant\" }}" + t(segments.assistant_prefix) + "{{ .Content }}"
-        + "{{ if not $last }}" + t(segments.assistant_suffix) + "{{ end }}",
-        "{{- end }}",
-        "{{- end }}",
-    ])
+    return "\n".join(
+        [
+            "{{- range $i, $_ := .Messages }}",
+            "{{- $last := eq (len (slice $.Messages $i)) 1 }}",
+            '{{- if eq $i 0 }}{{ if eq .Role "system" }}'
+            + t(segments.start_with_system)
+            + "{{ else }}"
+            + t(segments.start_without_system)
+            + "{{ end }}{{ end }}",
+            '{{- if eq .Role "system" }}{{ .Content }}' + t(segments.system_suffix),
+            '{{- else if eq .Role "user" }}'
+            + t(segments.user_prefix)
+            + "{{ .Content }}"
+            + t(segments.user_suffix)
+            + "{{ if $last }}"
+            + t(segments.generation_prompt)
+            + "{{ end }}",
+            '{{- else if eq .Role "assistant" }}'
+            + t(segments.assistant_prefix)
+            + "{{ .Content }}"
+            + "{{ if not $last }}"
+            + t(segments.assistant_suffix)
+            + "{{ end }}",
+            "{{- end }}",
+            "{{- end }}",
+        ]
+    )
 
 
 def triple_quoted(text: str, what: str) -> str:
@@ -56,8 +70,9 @@ def modelfile(gguf_name: str, segments: Segments, stops: list[str], system: str 
     return "\n".join(lines) + "\n"
 
 
-def write_modelfile(export_dir: str | Path, gguf_name: str, segments: Segments, stops: list[str],
-                    system: str | None) -> Path:
+def write_modelfile(
+    export_dir: str | Path, gguf_name: str, segments: Segments, stops: list[str], system: str | None
+) -> Path:
     path = Path(export_dir) / MODELFILE
     path.write_text(modelfile(gguf_name, segments, stops, system))
     return path

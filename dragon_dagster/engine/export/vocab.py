@@ -20,14 +20,14 @@ from pathlib import Path
 from .gguf_file import ExportError
 
 # The converter's check text, verbatim.
-CHECK_TEXT = '\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ ------======= нещо на Български \'\'\'\'\'\'```````""""......!!!!!!?????? I\'ve been \'told he\'s there, \'RE you sure? \'M not sure I\'ll make it, \'D you like some tea? We\'Ve a\'lL'
+CHECK_TEXT = "\n \n\n \n\n\n \t \t\t \t\n  \n   \n    \n     \n🚀 (normal) 😶\u200d🌫️ (multiple emojis concatenated) ✅ 🦙🦙 3 33 333 3333 33333 333333 3333333 33333333 3.3 3..3 3...3 កាន់តែពិសេសអាច😁 ?我想在apple工作1314151天～ ------======= нещо на Български ''''''```````\"\"\"\"......!!!!!!?????? I've been 'told he's there, 'RE you sure? 'M not sure I'll make it, 'D you like some tea? We'Ve a'lL"  # noqa: E501 - llama.cpp's check text
 
 PRE_TOKENIZERS = {
-    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",     # HuggingFaceTB/SmolLM-135M
-    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",      # Qwen/Qwen1.5-7B
-    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",      # Qwen/Qwen3-Embedding-0.6B
+    "855059429035d75a914d1eda9f10a876752e281a054a7a3d421ef0533e5b6249": "smollm",  # HuggingFaceTB/SmolLM-135M
+    "e636dc30a262dcc0d8c323492e32ae2b70728f4df7dfe9737d9f920a282b8aea": "qwen2",  # Qwen/Qwen1.5-7B
+    "d4540891389ea895b53b399da6ac824becc30f2fba0e9ddbb98f92e55ca0e97c": "qwen2",  # Qwen/Qwen3-Embedding-0.6B
     "0ef9807a4087ebef797fc749390439009c3b9eda9ad1a097abbe738f486c01e5": "llama-bpe",  # meta-llama/Meta-Llama-3-8B
-    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",      # openai-community/gpt2
+    "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",  # openai-community/gpt2
 }
 
 
@@ -43,8 +43,13 @@ def split_rule_name(tokenizer) -> str | None:
     if pre.get("type") == "ByteLevel" and pre.get("use_regex", True):
         return "gpt-2"  # GPT-2's own regex, inside ByteLevel
     parts = pre.get("pretokenizers") or []
-    if pre.get("type") != "Sequence" or len(parts) != 2 or parts[0].get("type") != "Split" \
-            or parts[1].get("type") != "ByteLevel" or parts[1].get("use_regex"):
+    if (
+        pre.get("type") != "Sequence"
+        or len(parts) != 2
+        or parts[0].get("type") != "Split"
+        or parts[1].get("type") != "ByteLevel"
+        or parts[1].get("use_regex")
+    ):
         return None
     regex = (parts[0].get("pattern") or {}).get("Regex")
     return next((n for n in SPLIT_NAMES if GGUF_PRE_TOKENIZER_SPLITS.get(n) == regex), None)
@@ -54,16 +59,21 @@ def pre_tokenizer_name(tokenizer) -> str:
     digest = sha256(str(tokenizer.encode(CHECK_TEXT)).encode()).hexdigest()
     name = PRE_TOKENIZERS.get(digest) or split_rule_name(tokenizer)
     if name is None:
-        raise ExportError(f"the tokenizer's pre-tokenizer is not one this export knows (llama.cpp check hash "
-                          f"{digest}; known: {', '.join(sorted(set(PRE_TOKENIZERS.values())))}): llama.cpp "
-                          "would split text differently from the tokenizer the model was trained with")
+        raise ExportError(
+            f"the tokenizer's pre-tokenizer is not one this export knows (llama.cpp check hash "
+            f"{digest}; known: {', '.join(sorted(set(PRE_TOKENIZERS.values())))}): llama.cpp "
+            "would split text differently from the tokenizer the model was trained with"
+        )
     return name
 
 
 def looks_special(token: str) -> bool:
     """The converter's does_token_look_special: some added tokens are control tokens not marked special."""
-    return token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token.startswith("<|") and token.endswith("|>")) \
+    return (
+        token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]")
+        or (token.startswith("<|") and token.endswith("|>"))
         or (token.startswith("<｜") and token.endswith("｜>"))
+    )
 
 
 def token_list(tokenizer, n_vocab: int) -> tuple[list[str], list[int]]:

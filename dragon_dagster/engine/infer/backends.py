@@ -20,9 +20,10 @@ import contextlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..spec.settings import DEVICES, DTYPES, Hardware
 
@@ -42,8 +43,9 @@ def as_conversation(item: Any) -> list[dict]:
     messages = []
     for message in item:
         if not isinstance(message, dict) or message.get("role") not in ROLES or "content" not in message:
-            raise BackendError(f"a chat message must be a dict with a role in {ROLES} and a content, "
-                               f"got {message!r:.200}")
+            raise BackendError(
+                f"a chat message must be a dict with a role in {ROLES} and a content, got {message!r:.200}"
+            )
         messages.append({"role": message["role"], "content": message["content"]})
     return messages
 
@@ -74,7 +76,7 @@ def _stripped(chunks: Iterator[str]) -> Iterator[str]:
             text = pending + (chunk if started else chunk.lstrip())
             started = started or bool(text)
             body = text.rstrip()
-            pending = text[len(body):]
+            pending = text[len(body) :]
             if body:
                 yield body
     finally:
@@ -91,8 +93,15 @@ class Backend:
         """A stable description of what answers (kind, place, model): cache keys include it."""
         return type(self).__name__
 
-    def chat(self, conversations: list[list[dict]], *, max_new_tokens: int = 256, temperature: float = 0.0,
-             top_p: float = 1.0, system: str | None = None) -> list[str]:
+    def chat(
+        self,
+        conversations: list[list[dict]],
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        system: str | None = None,
+    ) -> list[str]:
         """One reply per conversation, in order. temperature 0 is greedy; `system` is prepended when given."""
         if isinstance(conversations, (str, dict)):
             raise BackendError("chat() takes a list of conversations; wrap a single one in a list")
@@ -100,15 +109,21 @@ class Backend:
         convs = [with_system(as_conversation(c), system) for c in conversations]
         if not convs:
             return []
-        replies = self._chat(convs, max_new_tokens=max_new_tokens, temperature=float(temperature),
-                             top_p=float(top_p))
+        replies = self._chat(convs, max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p))
         if len(replies) != len(convs):
             raise BackendError(f"{self.identity} returned {len(replies)} replies for {len(convs)} conversations")
         return replies
 
-    def stream(self, conversation: list[dict] | str, *, max_new_tokens: int = 256, temperature: float = 0.0,
-               top_p: float = 1.0, system: str | None = None,
-               stop: threading.Event | None = None) -> Iterator[str]:
+    def stream(
+        self,
+        conversation: list[dict] | str,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        system: str | None = None,
+        stop: threading.Event | None = None,
+    ) -> Iterator[str]:
         """One reply to one conversation as text chunks, as they are generated. Setting `stop` (from any
         thread) ends the reply early; the chunks already generated still come. Joined, the chunks are the
         reply chat() gives (leading and trailing whitespace stripped). Closing the iterator early also stops
@@ -116,23 +131,27 @@ class Backend:
         _check_settings(max_new_tokens, temperature, top_p)
         conv = with_system(as_conversation(conversation), system)
         stop = stop if stop is not None else threading.Event()
-        return _stripped(self._stream(conv, max_new_tokens=max_new_tokens, temperature=float(temperature),
-                                      top_p=float(top_p), stop=stop))
+        return _stripped(
+            self._stream(
+                conv, max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p), stop=stop
+            )
+        )
 
     def generate(self, prompts: list[str], **kwargs) -> list[str]:
         """Replies to plain user prompts: chat() with one user message each."""
         return self.chat([[{"role": "user", "content": p}] for p in prompts], **kwargs)
 
-    def _chat(self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float,
-              top_p: float) -> list[str]:
+    def _chat(
+        self, conversations: list[list[dict]], *, max_new_tokens: int, temperature: float, top_p: float
+    ) -> list[str]:
         raise NotImplementedError
 
-    def _stream(self, conversation: list[dict], *, max_new_tokens: int, temperature: float, top_p: float,
-                stop: threading.Event) -> Iterator[str]:
+    def _stream(
+        self, conversation: list[dict], *, max_new_tokens: int, temperature: float, top_p: float, stop: threading.Event
+    ) -> Iterator[str]:
         """A backend that cannot stream yields its whole reply as one chunk (unless stopped before asking)."""
         if not stop.is_set():
-            yield from self._chat([conversation], max_new_tokens=max_new_tokens, temperature=temperature,
-                                  top_p=top_p)
+            yield from self._chat([conversation], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
 
     def __repr__(self) -> str:
         return f"<{self.identity}>"
@@ -172,13 +191,21 @@ class LocalBackend(Backend):
     merged-model artifact directory. The last `keep_loaded` models (across all LocalBackends, keyed by
     model, device and dtype) stay loaded; keep_loaded=0 loads for every call and keeps nothing."""
 
-    def __init__(self, model: str, device: str = "auto", dtype: str = "auto", keep_loaded: int = 2,
-                 batch_size: int = 8, seed: int = 42):
+    def __init__(
+        self,
+        model: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        keep_loaded: int = 2,
+        batch_size: int = 8,
+        seed: int = 42,
+    ):
         if not model or not isinstance(model, (str, Path)):
             raise BackendError(f"LocalBackend needs a model (preset, hub id or directory), got {model!r}")
         if device not in DEVICES or dtype not in DTYPES:
-            raise BackendError(f"LocalBackend: device must be one of {DEVICES} and dtype one of {DTYPES}, "
-                               f"got {device!r}, {dtype!r}")
+            raise BackendError(
+                f"LocalBackend: device must be one of {DEVICES} and dtype one of {DTYPES}, got {device!r}, {dtype!r}"
+            )
         if not isinstance(keep_loaded, int) or keep_loaded < 0:
             raise BackendError(f"keep_loaded must be an integer >= 0, got {keep_loaded!r}")
         path = Path(str(model)).expanduser()
@@ -232,14 +259,30 @@ class LocalBackend(Backend):
 
         entry = self.loaded()
         with entry["lock"]:  # generate() sets tokenizer padding; one batch at a time per model
-            return generate(entry["model"], entry["tokenizer"], conversations, max_new_tokens=max_new_tokens,
-                            temperature=temperature, top_p=top_p, batch_size=self.batch_size, seed=self.seed)
+            return generate(
+                entry["model"],
+                entry["tokenizer"],
+                conversations,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                batch_size=self.batch_size,
+                seed=self.seed,
+            )
 
     def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
         entry = self.loaded()
-        yield from stream_generate(entry["model"], entry["tokenizer"], conversation, stop, lock=entry["lock"],
-                                   max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                   seed=self.seed)
+        yield from stream_generate(
+            entry["model"],
+            entry["tokenizer"],
+            conversation,
+            stop,
+            lock=entry["lock"],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=self.seed,
+        )
 
 
 def _stop_criteria(*events: threading.Event):
@@ -260,9 +303,18 @@ def _stop_criteria(*events: threading.Event):
 TOKEN_TIMEOUT_S = 600.0
 
 
-def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.Event, *, max_new_tokens: int,
-                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 42,
-                    lock: threading.Lock | None = None) -> Iterator[str]:
+def stream_generate(
+    model,
+    tokenizer,
+    conversation: list[dict],
+    stop: threading.Event,
+    *,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 42,
+    lock: threading.Lock | None = None,
+) -> Iterator[str]:
     """One reply as decoded text chunks while model.generate runs in a thread (settings and decoding as in
     evaluate.replies.generate, so the chunks join to the same text). Setting `stop` ends generation at the
     next token; leaving this generator early (close, an exception in the reader) stops it too, and the thread
@@ -275,8 +327,11 @@ def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.
 
     text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
     inputs = tokenizer([text], return_tensors="pt", add_special_tokens=False).to(next(model.parameters()).device)
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else {
-        "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p}
+        if temperature > 0
+        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    )
     streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=TOKEN_TIMEOUT_S, skip_special_tokens=True)
     failure: list[BaseException] = []
     left = threading.Event()  # the reader is gone: stop without touching the caller's event
@@ -286,9 +341,14 @@ def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.
             # the weights evaluate.replies.generate decodes with (CPU: folded, packed), so the text is the same
             with lock or contextlib.nullcontext(), torch.no_grad(), decode_weights.prepared(model, 1):
                 torch.manual_seed(seed)
-                model.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                               streamer=streamer, **sampling,
-                               stopping_criteria=StoppingCriteriaList([_stop_criteria(stop, left)]))
+                model.generate(
+                    **inputs,
+                    max_new_tokens=max_new_tokens,
+                    pad_token_id=tokenizer.pad_token_id,
+                    streamer=streamer,
+                    **sampling,
+                    stopping_criteria=StoppingCriteriaList([_stop_criteria(stop, left)]),
+                )
         except BaseException as exc:  # noqa: BLE001 - handed to the reader, which raises it
             failure.append(exc)
             streamer.end()  # the reader waits for the end signal
@@ -308,6 +368,7 @@ def stream_generate(model, tokenizer, conversation: list[dict], stop: threading.
 
 # ---------------------------------------------------------------------------------------------- server
 
+
 def chat_completions_url(base_url: str) -> str:
     """The /v1/chat/completions endpoint for a base URL given with or without /v1 (or as the endpoint)."""
     url = str(base_url or "").strip().rstrip("/")
@@ -324,8 +385,10 @@ def _openai():
     try:
         import openai
     except ImportError as exc:
-        raise BackendError("talking to a model server needs the openai package: pip install openai "
-                           "(dragon-dagster depends on it; a partial install may lack it)") from exc
+        raise BackendError(
+            "talking to a model server needs the openai package: pip install openai "
+            "(dragon-dagster depends on it; a partial install may lack it)"
+        ) from exc
     return openai
 
 
@@ -345,7 +408,7 @@ def _client_class():
             # the SDK insists on a key; without one, requests omit the Authorization header (see request_headers)
             super().__init__(api_key=key or "unused", default_headers=headers, **kwargs)
             self.organization = self.project = None  # not OPENAI_ORG_ID / OPENAI_PROJECT_ID
-            self._custom_headers = headers            # not OPENAI_CUSTOM_HEADERS
+            self._custom_headers = headers  # not OPENAI_CUSTOM_HEADERS
             self.dragon_backoff = backoff
             keyed = key or any(name.lower() == "authorization" for name in headers)
             # per request, as the SDK wants an omitted Authorization header: then none is sent at all
@@ -369,8 +432,17 @@ class ServerBackend(Backend):
     429 and 5xx are retried `retries` times with exponential backoff (backoff, 2*backoff, ...; Retry-After is
     honoured, up to 60 s). `timeout` bounds connecting and each read (for a stream: the wait for each chunk)."""
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, headers: dict | None = None,
-                 timeout: float = 60, retries: int = 3, backoff: float = 0.5, concurrency: int = 4):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        headers: dict | None = None,
+        timeout: float = 60,
+        retries: int = 3,
+        backoff: float = 0.5,
+        concurrency: int = 4,
+    ):
         if not model or not isinstance(model, str):
             raise BackendError(f"ServerBackend needs the model name the server knows, got {model!r}")
         if not isinstance(retries, int) or retries < 0 or not isinstance(concurrency, int) or concurrency < 1:
@@ -397,8 +469,13 @@ class ServerBackend(Backend):
         with self._client_lock:
             if self._client is None:
                 self._client = _client_class()(
-                    key=self.api_key, headers=self.headers, backoff=self.backoff,
-                    base_url=self.url[:-len("/chat/completions")], timeout=self.timeout, max_retries=self.retries)
+                    key=self.api_key,
+                    headers=self.headers,
+                    backoff=self.backoff,
+                    base_url=self.url[: -len("/chat/completions")],
+                    timeout=self.timeout,
+                    max_retries=self.retries,
+                )
             return self._client
 
     def _create(self, messages: list[dict], max_new_tokens: int, temperature: float, top_p: float, stream: bool):
@@ -408,17 +485,26 @@ class ServerBackend(Backend):
         try:
             client = self.client()
             return client.chat.completions.with_raw_response.create(
-                model=self.model, messages=messages, max_tokens=max_new_tokens, temperature=temperature,
-                top_p=top_p, stream=stream, extra_headers=client.request_headers)
+                model=self.model,
+                messages=messages,
+                max_tokens=max_new_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                stream=stream,
+                extra_headers=client.request_headers,
+            )
         except openai.APIStatusError as exc:
             status = exc.status_code
             tries = f" after {self.retries + 1} attempt(s)" if _retried(status) else ""
-            raise BackendError(f"{self.url} returned HTTP {status}{tries} for model {self.model!r}: "
-                               f"{exc.response.text[:500]}") from exc
+            raise BackendError(
+                f"{self.url} returned HTTP {status}{tries} for model {self.model!r}: {exc.response.text[:500]}"
+            ) from exc
         except openai.APIConnectionError as exc:  # refused, reset, DNS, timeouts
             cause = exc.__cause__ or exc
-            raise BackendError(f"cannot reach {self.url} after {self.retries + 1} attempt(s): "
-                               f"{type(cause).__name__}: {str(cause)[:300] or exc}") from exc
+            raise BackendError(
+                f"cannot reach {self.url} after {self.retries + 1} attempt(s): "
+                f"{type(cause).__name__}: {str(cause)[:300] or exc}"
+            ) from exc
         except openai.OpenAIError as exc:
             raise BackendError(f"request to {self.url} failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
@@ -431,13 +517,16 @@ class ServerBackend(Backend):
         try:
             body = response.json()
         except ValueError as exc:
-            raise BackendError(f"{self.url} returned HTTP {status} with a body that is not JSON: "
-                               f"{response.text[:300]!r}") from exc
+            raise BackendError(
+                f"{self.url} returned HTTP {status} with a body that is not JSON: {response.text[:300]!r}"
+            ) from exc
         try:
             content = body["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError) as exc:
-            raise BackendError(f"{self.url} returned HTTP {status} without choices[0].message.content "
-                               f"(not an OpenAI chat completion): {str(body)[:300]}") from exc
+            raise BackendError(
+                f"{self.url} returned HTTP {status} without choices[0].message.content "
+                f"(not an OpenAI chat completion): {str(body)[:300]}"
+            ) from exc
         return self._text(content, status).strip()
 
     def _text(self, content: Any, status: int) -> str:
@@ -452,8 +541,9 @@ class ServerBackend(Backend):
     def _chat(self, conversations, *, max_new_tokens, temperature, top_p):
         if len(conversations) == 1 or self.concurrency == 1:
             return [self._one(c, max_new_tokens, temperature, top_p) for c in conversations]
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(conversations)),
-                                  thread_name_prefix="dragon-server")
+        pool = ThreadPoolExecutor(
+            max_workers=min(self.concurrency, len(conversations)), thread_name_prefix="dragon-server"
+        )
         try:
             futures = [pool.submit(self._one, c, max_new_tokens, temperature, top_p) for c in conversations]
             replies = [f.result() for f in futures]
@@ -493,19 +583,31 @@ class ServerBackend(Backend):
                     yield text
         except Exception as exc:
             # the SDK's errors, and httpx's transport errors (peer gone, read timeout) that it passes through
-            if not isinstance(exc, (openai.OpenAIError, OSError, ValueError)) and \
-                    type(exc).__module__.split(".")[0] not in ("httpx", "httpx2", "httpcore"):
+            if not isinstance(exc, (openai.OpenAIError, OSError, ValueError)) and type(exc).__module__.split(".")[
+                0
+            ] not in ("httpx", "httpx2", "httpcore"):
                 raise
             cause = exc.__cause__ or exc
-            raise BackendError(f"the reply stream from {self.url} broke after {received} character(s): "
-                               f"{type(cause).__name__}: {str(cause)[:300] or exc}") from exc
+            raise BackendError(
+                f"the reply stream from {self.url} broke after {received} character(s): "
+                f"{type(cause).__name__}: {str(cause)[:300] or exc}"
+            ) from exc
 
 
 # ---------------------------------------------------------------------------------------------- config
 
 _LOCAL_KEYS = ("model", "device", "dtype", "keep_loaded", "batch_size", "seed")
-_SERVER_KEYS = ("base_url", "model", "api_key", "api_key_env", "headers", "timeout", "retries", "backoff",
-                "concurrency")
+_SERVER_KEYS = (
+    "base_url",
+    "model",
+    "api_key",
+    "api_key_env",
+    "headers",
+    "timeout",
+    "retries",
+    "backoff",
+    "concurrency",
+)
 
 
 def backend_from_dict(d: dict) -> Backend:
@@ -530,8 +632,9 @@ def backend_from_dict(d: dict) -> Backend:
     if values.get("api_key_env"):  # the key itself stays in the environment: never in a file, a log or MLflow
         name = values.pop("api_key_env")
         if not os.environ.get(name):
-            raise BackendError(f"server backend: api_key_env names {name}, which is not set in this process's "
-                               "environment")
+            raise BackendError(
+                f"server backend: api_key_env names {name}, which is not set in this process's environment"
+            )
         values["api_key"] = os.environ[name]
     return LocalBackend(**values) if kind == "local" else ServerBackend(**values)
 

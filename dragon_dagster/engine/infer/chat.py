@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import threading
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
-from .backends import Backend, BackendError, as_backend
 from ..data.tables import DataError, conversation_row
 from ..feedback import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
+from .backends import Backend, BackendError, as_backend
 
 ROLES = ("system", "user", "assistant")
 
@@ -68,13 +69,13 @@ class ReplyStream:
     was (a new turn's user message is taken back); a failed request leaves it as it was too and raises.
     Closing the stream early (`close()`, or Ctrl-C in the reader) counts as a stop. Iterate it once."""
 
-    def __init__(self, chat: "Chat", regenerate: bool, user_text: str = ""):
+    def __init__(self, chat: Chat, regenerate: bool, user_text: str = ""):
         self.chat, self.regenerate, self.user_text = chat, regenerate, user_text
         self.text, self.stopped, self.done = "", False, False
         self._stop = threading.Event()
         self._chunks = self._run()
 
-    def __iter__(self) -> "ReplyStream":
+    def __iter__(self) -> ReplyStream:
         return self
 
     def __next__(self) -> str:
@@ -96,8 +97,14 @@ class ReplyStream:
         try:
             messages = chat.messages[:-1] if self.regenerate else chat.messages
             sent, dropped = chat._context(messages)
-            chunks = chat.backend.stream(sent, max_new_tokens=chat.max_new_tokens, temperature=chat.temperature,
-                                         top_p=chat.top_p, system=chat.system, stop=self._stop)
+            chunks = chat.backend.stream(
+                sent,
+                max_new_tokens=chat.max_new_tokens,
+                temperature=chat.temperature,
+                top_p=chat.top_p,
+                system=chat.system,
+                stop=self._stop,
+            )
             for chunk in chunks:
                 self.text += chunk
                 yield chunk
@@ -113,7 +120,7 @@ class ReplyStream:
                 chunks.close()  # ends the generation (a no-op when it has finished)
         self._finish(chat, sent, dropped)
 
-    def _finish(self, chat: "Chat", sent: list[dict], dropped: int) -> None:
+    def _finish(self, chat: Chat, sent: list[dict], dropped: int) -> None:
         self.stopped, self.done = self._stop.is_set(), True
         if not self.text:  # nothing to keep
             chat._abort(self)
@@ -125,10 +132,19 @@ class ReplyStream:
 class Chat:
     """A multi-turn conversation with `backend` (a Backend, a config mapping or a model spec)."""
 
-    def __init__(self, backend: Backend | dict | str, system: str | None = None, context_turns: int | None = None,
-                 model_label: str = "", store: FeedbackStore | None = None, conversation_id: str | None = None,
-                 max_new_tokens: int = 256, temperature: float = 0.7, top_p: float = 0.9,
-                 max_message_chars: int | None = MAX_MESSAGE_CHARS):
+    def __init__(
+        self,
+        backend: Backend | dict | str,
+        system: str | None = None,
+        context_turns: int | None = None,
+        model_label: str = "",
+        store: FeedbackStore | None = None,
+        conversation_id: str | None = None,
+        max_new_tokens: int = 256,
+        temperature: float = 0.7,
+        top_p: float = 0.9,
+        max_message_chars: int | None = MAX_MESSAGE_CHARS,
+    ):
         if context_turns is not None and (not isinstance(context_turns, int) or context_turns < 0):
             raise ChatError(f"context_turns must be an integer >= 0 or None, got {context_turns!r}")
         self.backend = as_backend(backend)
@@ -139,10 +155,10 @@ class Chat:
         self.conversation_id = conversation_id or uuid.uuid4().hex
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_message_chars = max_message_chars
-        self.messages: list[dict] = []   # user and assistant turns; the system prompt is kept apart
-        self.last_dropped = 0            # earlier exchanges left out of the last request (context_turns)
+        self.messages: list[dict] = []  # user and assistant turns; the system prompt is kept apart
+        self.last_dropped = 0  # earlier exchanges left out of the last request (context_turns)
         self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
-        self.feedback: list[dict] = []   # the feedback events of this session, with their store id (or None)
+        self.feedback: list[dict] = []  # the feedback events of this session, with their store id (or None)
         self.active: ReplyStream | None = None  # the reply being streamed, if any
 
     def __repr__(self) -> str:
@@ -154,13 +170,18 @@ class Chat:
         """What the backend gets for `messages` (the context window applied) and how many exchanges it drops."""
         earlier = _exchanges(messages[:-1])
         keep = len(earlier) if self.context_turns is None else min(self.context_turns, len(earlier))
-        sent = [_plain(m) for group in earlier[len(earlier) - keep:] for m in group] + [_plain(messages[-1])]
+        sent = [_plain(m) for group in earlier[len(earlier) - keep :] for m in group] + [_plain(messages[-1])]
         return sent, len(earlier) - keep
 
     def _ask(self, messages: list[dict]) -> str:
         sent, dropped = self._context(messages)
-        (reply,) = self.backend.chat([sent], max_new_tokens=self.max_new_tokens, temperature=self.temperature,
-                                     top_p=self.top_p, system=self.system)
+        (reply,) = self.backend.chat(
+            [sent],
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            system=self.system,
+        )
         self.last_dropped, self.last_sent = dropped, sent
         return reply
 
@@ -282,8 +303,12 @@ class Chat:
 
     def context_usage(self) -> dict:
         """Exchanges in the history, how many the last request sent and dropped, and the context_turns limit."""
-        return {"exchanges": len(_exchanges(self.messages)), "sent": len(_exchanges(self.last_sent)),
-                "dropped": self.last_dropped, "context_turns": self.context_turns}
+        return {
+            "exchanges": len(_exchanges(self.messages)),
+            "sent": len(_exchanges(self.last_sent)),
+            "dropped": self.last_dropped,
+            "context_turns": self.context_turns,
+        }
 
     # ------------------------------------------------------------------------------------ feedback
 
@@ -299,9 +324,14 @@ class Chat:
     def _record(self, position: int, verdict: str, edited: str | None = None) -> int | None:
         system = [{"role": "system", "content": self.system}] if self.system else []
         turns = system + [_plain(m) for m in self.messages[:position]]
-        event = {"conversation_id": self.conversation_id, "turns": turns,
-                 "reply": self.messages[position]["content"], "verdict": verdict, "edited": edited,
-                 "model": self.model_label}
+        event = {
+            "conversation_id": self.conversation_id,
+            "turns": turns,
+            "reply": self.messages[position]["content"],
+            "verdict": verdict,
+            "edited": edited,
+            "model": self.model_label,
+        }
         if not any(m["role"] == "user" for m in event["turns"]):
             raise ChatError("that reply has no user turn before it; there is nothing to learn from it")
         event["id"] = self.store.record(**event) if self.store is not None else None
@@ -364,14 +394,14 @@ class Chat:
                 raise ChatError(f"{path} is neither JSON nor JSONL: {exc}") from None
             if value and all(isinstance(v, dict) and "messages" in v for v in value):
                 if len(value) != 1:
-                    raise ChatError(f"{path} holds {len(value)} conversations; a transcript is one")
+                    raise ChatError(f"{path} holds {len(value)} conversations; a transcript is one") from None
                 value = value[0]
         if isinstance(value, dict) and "messages" in value:
             value = value["messages"]
         return _messages(value, where=str(path))
 
     @classmethod
-    def load(cls, path: str | Path, backend: Backend | dict | str, **kwargs) -> "Chat":
+    def load(cls, path: str | Path, backend: Backend | dict | str, **kwargs) -> Chat:
         """A Chat that continues a saved transcript; a leading system message becomes the system prompt
         unless `system` is given."""
         messages = cls.read_transcript(path)
@@ -402,8 +432,11 @@ as it is generated, and Ctrl-C stops it there (what it wrote is kept, and can be
 
 
 def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
-    return (f"recorded {verdict} (feedback #{feedback_id})" if feedback_id is not None
-            else f"noted {verdict} (no feedback store: not saved)")
+    return (
+        f"recorded {verdict} (feedback #{feedback_id})"
+        if feedback_id is not None
+        else f"noted {verdict} (no feedback store: not saved)"
+    )
 
 
 def _print_stream(reply: ReplyStream, print_fn: Callable[..., Any], write_fn: Callable[[str], Any] | None) -> None:
@@ -431,8 +464,13 @@ def _default_writer(print_fn: Callable[..., Any]) -> Callable[[str], Any] | None
     return lambda text: print(text, end="", flush=True)
 
 
-def run_terminal(chat: Chat, input_fn: Callable[[str], str] = input, print_fn: Callable[..., Any] = print,
-                 prompt: str = "you> ", write_fn: Callable[[str], Any] | None = None) -> Chat:
+def run_terminal(
+    chat: Chat,
+    input_fn: Callable[[str], str] = input,
+    print_fn: Callable[..., Any] = print,
+    prompt: str = "you> ",
+    write_fn: Callable[[str], Any] | None = None,
+) -> Chat:
     """Read lines from input_fn until /quit or end of input: slash commands act on the chat, anything else
     is a message whose reply is printed as it is generated (through write_fn, chunk by chunk; by default to
     stdout when print_fn is print). Ctrl-C during a reply stops that reply; at the prompt it leaves. Errors
@@ -487,7 +525,6 @@ def run_terminal(chat: Chat, input_fn: Callable[[str], str] = input, print_fn: C
             else:
                 _print_stream(chat.stream(line[1:] if line.startswith("//") else line), print_fn, write_fn)
                 if chat.last_dropped:
-                    print_fn(f"({chat.last_dropped} earlier exchange(s) not sent: context_turns="
-                             f"{chat.context_turns})")
+                    print_fn(f"({chat.last_dropped} earlier exchange(s) not sent: context_turns={chat.context_turns})")
         except (ChatError, FeedbackError, BackendError, OSError) as exc:
             print_fn(f"error: {exc}")

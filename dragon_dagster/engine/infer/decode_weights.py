@@ -38,9 +38,16 @@ def foldable(model) -> list:
         return []
     for layer in layers:
         base = layer.get_base_layer()
-        if (type(layer) is not LoraLinear or type(base) is not torch.nn.Linear or layer.disable_adapters
-                or layer.merged or layer.lora_variant or layer.fan_in_fan_out or any(layer.lora_bias.values())
-                or not on_cpu(base.weight)):
+        if (
+            type(layer) is not LoraLinear
+            or type(base) is not torch.nn.Linear
+            or layer.disable_adapters
+            or layer.merged
+            or layer.lora_variant
+            or layer.fan_in_fan_out
+            or any(layer.lora_bias.values())
+            or not on_cpu(base.weight)
+        ):
             return []
     return layers
 
@@ -79,10 +86,21 @@ def packed_linear(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Tens
 def plain_linears(model) -> list[torch.nn.Linear]:
     """The model's own linear layers, outside LoRA's adapter matrices and without a forward set on the instance
     (accelerate's hooks put one there); float32 weights in CPU memory."""
-    adapters = {id(m) for layer in model.modules() if hasattr(layer, "lora_A")
-                for m in list(layer.lora_A.values()) + list(layer.lora_B.values())}
-    return [m for m in model.modules() if type(m) is torch.nn.Linear and id(m) not in adapters
-            and "forward" not in m.__dict__ and on_cpu(m.weight) and m.weight.dtype == torch.float32]
+    adapters = {
+        id(m)
+        for layer in model.modules()
+        if hasattr(layer, "lora_A")
+        for m in list(layer.lora_A.values()) + list(layer.lora_B.values())
+    }
+    return [
+        m
+        for m in model.modules()
+        if type(m) is torch.nn.Linear
+        and id(m) not in adapters
+        and "forward" not in m.__dict__
+        and on_cpu(m.weight)
+        and m.weight.dtype == torch.float32
+    ]
 
 
 @contextlib.contextmanager
@@ -101,8 +119,11 @@ def prepared(model, rows: int):
                 weights[id(layer.get_base_layer())] = merged
             for module in linears:
                 weight = weights.pop(id(module), module.weight)
-                module.forward = functools.partial(packed_linear, torch.ops.mkldnn._reorder_linear_weight(
-                    weight.detach().contiguous(), rows), module.bias)
+                module.forward = functools.partial(
+                    packed_linear,
+                    torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), rows),
+                    module.bias,
+                )
                 patched.append(module)
             for layer in folds:  # not packed: the base layer runs on the folded weight itself
                 base = layer.get_base_layer()

@@ -30,7 +30,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from . import stages as s
-from .registry import AnyStage, KINDS, overlay, tunable_fields
+from .registry import KINDS, AnyStage, overlay, tunable_fields
 
 TEMPLATED = re.compile(r"\{[^{}]+\}")  # a system prompt filled from each row's columns: no single prompt
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "example_data"
@@ -41,10 +41,13 @@ class PipelineError(ValueError):
 
 
 class DatasetSource(s.Settings):
-    path: str = Field(description="A file or `datasets` directory, relative to the pipeline's folder; "
-                                  "'example:NAME' reads a bundled example file.")
+    path: str = Field(
+        description="A file or `datasets` directory, relative to the pipeline's folder; "
+        "'example:NAME' reads a bundled example file."
+    )
     format: Literal["csv", "jsonl", "json", "parquet"] | None = Field(
-        None, description="File format when the extension does not tell.")
+        None, description="File format when the extension does not tell."
+    )
 
 
 # Retraining from chat feedback continues from the deployed model with lighter settings than the pipeline's.
@@ -55,8 +58,9 @@ class FeedbackSFTArgs(s.TrainArgs):
 class FeedbackSFT(s.SFT):
     kind: Literal["sft"] = "sft"
     name: Literal["feedback_sft_adapter"] = Field("feedback_sft_adapter", description="The asset's name (fixed).")
-    dataset: Literal["feedback_sft_dataset"] = Field("feedback_sft_dataset", description="Liked and edited "
-                                                      "replies from the feedback store (fixed).")
+    dataset: Literal["feedback_sft_dataset"] = Field(
+        "feedback_sft_dataset", description="Liked and edited replies from the feedback store (fixed)."
+    )
     args: FeedbackSFTArgs = Field(default_factory=FeedbackSFTArgs, description="Trainer arguments.")
     n_samples: int = Field(3, ge=0, description="Held-out prompts answered after training.")
     max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
@@ -70,8 +74,7 @@ class FeedbackDPO(s.Preference):
     kind: Literal["preference"] = "preference"
     method: Literal["dpo", "orpo"] = Field("dpo", description="dpo or orpo (kto runs on the unpaired ratings).")
     name: Literal["feedback_dpo_adapter"] = Field("feedback_dpo_adapter", description="The asset's name (fixed).")
-    dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store "
-                                                                                 "(fixed).")
+    dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store (fixed).")
     args: FeedbackDPOArgs = Field(default_factory=FeedbackDPOArgs, description="Trainer arguments.")
     n_samples: int = Field(3, ge=0, description="Held-out pairs answered after training.")
     max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
@@ -84,8 +87,9 @@ class FeedbackKTOArgs(s.PreferenceArgs):
 class FeedbackKTO(s.Preference):
     kind: Literal["preference"] = "preference"
     name: Literal["feedback_kto_adapter"] = Field("feedback_kto_adapter", description="The asset's name (fixed).")
-    dataset: Literal["feedback_ratings"] = Field("feedback_ratings", description="Ratings without a pair from the "
-                                                                                 "feedback store (fixed).")
+    dataset: Literal["feedback_ratings"] = Field(
+        "feedback_ratings", description="Ratings without a pair from the feedback store (fixed)."
+    )
     method: Literal["kto"] = Field("kto", description="kto (fixed): unpaired liked/disliked replies.")
     args: FeedbackKTOArgs = Field(default_factory=FeedbackKTOArgs, description="Trainer arguments.")
     n_samples: int = Field(3, ge=0, description="Held-out ratings answered after training.")
@@ -108,24 +112,33 @@ class Gate(s.Settings):
     """The promotion gate of a retraining: better on held-out feedback, not worse on the pipeline's task."""
 
     metric: Literal["reward", "pair_accuracy", "liked_share"] = Field(
-        "reward", description="What must rise on the held-out feedback (conversations never trained on): reward "
-                              "(the mean implicit reward: per-token log-probability of liked replies up and of "
-                              "disliked ones down, retrained against the starting model), pair_accuracy (share of "
-                              "held-out pairs whose chosen reply is the likelier), or liked_share (share of fresh "
-                              "replies to held-out feedback prompts that `taste` likes).")
+        "reward",
+        description="What must rise on the held-out feedback (conversations never trained on): reward "
+        "(the mean implicit reward: per-token log-probability of liked replies up and of "
+        "disliked ones down, retrained against the starting model), pair_accuracy (share of "
+        "held-out pairs whose chosen reply is the likelier), or liked_share (share of fresh "
+        "replies to held-out feedback prompts that `taste` likes).",
+    )
     min_gain: float | None = Field(
-        0.0, allow_inf_nan=False, description="The retrained model must beat the starting model on `metric` by more "
-                                              "than this; null: only 'not worse' (no gain asked for).")
+        0.0,
+        allow_inf_nan=False,
+        description="The retrained model must beat the starting model on `metric` by more "
+        "than this; null: only 'not worse' (no gain asked for).",
+    )
     task_tolerance: dict[str, float] = Field(
         default_factory=lambda: dict(TASK_TOLERANCE),
         description="How far each task metric of the pipeline's held-out rows may fall (eval_loss: rise) before "
-                    "the retrained model counts as worse; the values given replace those defaults one by one.")
+        "the retrained model counts as worse; the values given replace those defaults one by one.",
+    )
     taste: list[dict[str, Any]] | None = Field(
-        None, description="liked_share: rewards scoring a reply (the GRPO reward types, e.g. a custom file); a "
-                          "reply is liked when their weighted sum is at least liked_at.")
+        None,
+        description="liked_share: rewards scoring a reply (the GRPO reward types, e.g. a custom file); a "
+        "reply is liked when their weighted sum is at least liked_at.",
+    )
     liked_at: float = Field(1.0, allow_inf_nan=False, description="liked_share: the least score of a liked reply.")
-    held_out_frac: float = Field(0.2, ge=0, lt=1, description="Share of feedback conversations held out of "
-                                                              "training, to measure the gain on.")
+    held_out_frac: float = Field(
+        0.2, ge=0, lt=1, description="Share of feedback conversations held out of training, to measure the gain on."
+    )
 
     @model_validator(mode="after")
     def _taste_for_liked_share(self):
@@ -136,24 +149,31 @@ class Gate(s.Settings):
 
             for i, reward in enumerate(self.taste):
                 if reward.get("type") not in OPTIONS:
-                    raise ValueError(f"gate.taste[{i}]: unknown reward type {reward.get('type')!r}; "
-                                     f"known: {', '.join(OPTIONS)}")
+                    raise ValueError(
+                        f"gate.taste[{i}]: unknown reward type {reward.get('type')!r}; known: {', '.join(OPTIONS)}"
+                    )
                 if reward["type"] in NEEDS_REFERENCE:
-                    raise ValueError(f"gate.taste[{i}]: {reward['type']} compares with a reference answer, which "
-                                     "feedback prompts do not have; use regex, length, keyword, json, command or "
-                                     "custom")
+                    raise ValueError(
+                        f"gate.taste[{i}]: {reward['type']} compares with a reference answer, which "
+                        "feedback prompts do not have; use regex, length, keyword, json, command or "
+                        "custom"
+                    )
         return self
 
     @model_validator(mode="after")
     def _tolerances(self):
         unknown = sorted(set(self.task_tolerance) - set(TASK_TOLERANCE) - _task_metric_names())
         if unknown:
-            raise ValueError(f"gate.task_tolerance: unknown metric(s) {unknown}; known: eval_loss, "
-                             + ", ".join(sorted(_task_metric_names())))
+            raise ValueError(
+                f"gate.task_tolerance: unknown metric(s) {unknown}; known: eval_loss, "
+                + ", ".join(sorted(_task_metric_names()))
+            )
         self.task_tolerance = {**TASK_TOLERANCE, **self.task_tolerance}
         if self.min_gain is not None and self.held_out_frac == 0:
-            raise ValueError("gate.min_gain asks for a gain on held-out feedback, but held_out_frac is 0: hold some "
-                             "out, or set min_gain: null")
+            raise ValueError(
+                "gate.min_gain asks for a gain on held-out feedback, but held_out_frac is 0: hold some "
+                "out, or set min_gain: null"
+            )
         return self
 
 
@@ -172,15 +192,18 @@ class Feedback(s.Settings):
     min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
     cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
     objectives: list[Literal["sft", "dpo", "kto"]] = Field(
-        default_factory=lambda: list(OBJECTIVES), min_length=1,
+        default_factory=lambda: list(OBJECTIVES),
+        min_length=1,
         description="What the retraining runs, always in the order sft, dpo, kto: sft (liked and edited replies), "
-                    "dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
-                    "turns), kto (liked or disliked replies without a pair). Each is skipped when it has no records.")
+        "dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
+        "turns), kto (liked or disliked replies without a pair). Each is skipped when it has no records.",
+    )
     sft: FeedbackSFT = Field(default_factory=FeedbackSFT, description="SFT on liked and edited replies.")
     dpo: FeedbackDPO = Field(default_factory=FeedbackDPO, description="DPO on pairs, after the feedback SFT.")
     kto: FeedbackKTO = Field(default_factory=FeedbackKTO, description="KTO on ratings without a pair, last.")
-    evaluate: FeedbackEvaluate = Field(default_factory=FeedbackEvaluate,
-                                       description="The report the promotion gate reads.")
+    evaluate: FeedbackEvaluate = Field(
+        default_factory=FeedbackEvaluate, description="The report the promotion gate reads."
+    )
     gate: Gate = Field(default_factory=Gate, description="When a retrained model becomes the champion.")
 
 
@@ -189,12 +212,15 @@ class Pipeline(s.Settings):
 
     name: str = Field(pattern=s.NAME_PATTERN, description="Prefix of every asset key; lower-case, digits, _.")
     description: str = Field("", description="Shown on the pipeline's job.")
-    model: str = Field("smollm2-135m", description="The base model: a preset (see `dragon presets`), a "
-                                                   "Hugging Face id or a local directory.")
+    model: str = Field(
+        "smollm2-135m",
+        description="The base model: a preset (see `dragon presets`), a Hugging Face id or a local directory.",
+    )
     datasets: dict[str, DatasetSource] = Field(default_factory=dict, description="Source files, by name.")
     stages: list[AnyStage] = Field(min_length=1, description="The stages in order; each names its kind.")
     profiles: dict[str, dict[str, dict[str, Any]]] = Field(
-        default_factory=dict, description="Named per-run overlays: {profile: {stage: {setting: value}}}.")
+        default_factory=dict, description="Named per-run overlays: {profile: {stage: {setting: value}}}."
+    )
     feedback: Feedback | None = Field(None, description="Retraining from chat feedback.")
 
     _upstream: dict[str, list[str]] = PrivateAttr(default_factory=dict)
@@ -208,10 +234,15 @@ class Pipeline(s.Settings):
         schema = super().model_json_schema(*args, **kwargs)
         stages = schema["properties"]["stages"]
         mapping = stages["items"]["discriminator"]["mapping"]
-        stages["items"] = {"type": "object", "required": ["kind"],
-                           "properties": {"kind": {"enum": list(mapping), "description": "The stage's kind."}},
-                           "allOf": [{"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]},
-                                      "then": {"$ref": ref}} for kind, ref in mapping.items()]}
+        stages["items"] = {
+            "type": "object",
+            "required": ["kind"],
+            "properties": {"kind": {"enum": list(mapping), "description": "The stage's kind."}},
+            "allOf": [
+                {"if": {"properties": {"kind": {"const": kind}}, "required": ["kind"]}, "then": {"$ref": ref}}
+                for kind, ref in mapping.items()
+            ],
+        }
         _numbers_as_strings(schema)
         return schema
 
@@ -224,14 +255,18 @@ class Pipeline(s.Settings):
                 raise ValueError(f"stage name {stage.name!r} is used twice")
             for ref in stage.reads():
                 if ref not in seen:
-                    raise ValueError(f"stage {stage.name!r} names {ref!r}, which is not an earlier dataset or "
-                                     f"stage; known so far: {sorted(seen)}")
+                    raise ValueError(
+                        f"stage {stage.name!r} names {ref!r}, which is not an earlier dataset or "
+                        f"stage; known so far: {sorted(seen)}"
+                    )
             upstream = stage.reads()
             role = KINDS[stage.kind].role
             if role == "training" or stage.kind == "preference_pairs":
                 if last_training is None and stage.kind in ("preference", "preference_pairs"):
-                    raise ValueError(f"stage {stage.name!r} ({stage.kind}) has no training stage before it to "
-                                     "continue from; put an sft stage first")
+                    raise ValueError(
+                        f"stage {stage.name!r} ({stage.kind}) has no training stage before it to "
+                        "continue from; put an sft stage first"
+                    )
                 upstream += [last_training] if last_training else []
                 if role == "training":
                     last_training = stage.name
@@ -249,8 +284,11 @@ class Pipeline(s.Settings):
             seen.add(stage.name)
         for stage in self.stages:  # an export also waits for the report on its model, wherever it is listed
             if KINDS[stage.kind].role == "export":
-                self._upstream[stage.name] += [s.name for s in self.stages if KINDS[s.kind].role == "evaluate"
-                                               and self._upstream[s.name][0] == self._upstream[stage.name][0]][:1]
+                self._upstream[stage.name] += [
+                    s.name
+                    for s in self.stages
+                    if KINDS[s.kind].role == "evaluate" and self._upstream[s.name][0] == self._upstream[stage.name][0]
+                ][:1]
         self._check_preference_data()
         self._check_profiles()
         self._check_feedback()
@@ -263,17 +301,23 @@ class Pipeline(s.Settings):
             if stage.kind != "preference":
                 continue
             if stage.dataset not in names:
-                raise ValueError(f"stage {stage.name!r} names {stage.dataset!r}, a source file: map it with a "
-                                 f"{'rated_dataset or ' if stage.method == 'kto' else ''}pairs_dataset first")
+                raise ValueError(
+                    f"stage {stage.name!r} names {stage.dataset!r}, a source file: map it with a "
+                    f"{'rated_dataset or ' if stage.method == 'kto' else ''}pairs_dataset first"
+                )
             data = self.stage(stage.dataset).kind
             paired = data in ("pairs_dataset", "preference_pairs")
             if stage.method == "kto" and not (paired or data == "rated_dataset"):
-                raise ValueError(f"stage {stage.name!r} (kto) trains on rated replies: its dataset "
-                                 f"{stage.dataset!r} is a {data}; use a rated_dataset or a pairs_dataset")
+                raise ValueError(
+                    f"stage {stage.name!r} (kto) trains on rated replies: its dataset "
+                    f"{stage.dataset!r} is a {data}; use a rated_dataset or a pairs_dataset"
+                )
             if stage.method != "kto" and not paired:
-                raise ValueError(f"stage {stage.name!r} ({stage.method}) trains on pairs: its dataset "
-                                 f"{stage.dataset!r} is a {data}; use a pairs_dataset or preference_pairs"
-                                 + (", or method: kto for rated replies" if data == "rated_dataset" else ""))
+                raise ValueError(
+                    f"stage {stage.name!r} ({stage.method}) trains on pairs: its dataset "
+                    f"{stage.dataset!r} is a {data}; use a pairs_dataset or preference_pairs"
+                    + (", or method: kto for rated replies" if data == "rated_dataset" else "")
+                )
 
     def _export_source(self, stage: s.Stage, last_merge: str | None) -> str:
         """The merge stage an export reads: the one it names (checked to be a merge), else the last before it."""
@@ -283,8 +327,10 @@ class Pipeline(s.Settings):
             return last_merge
         named = self.stage(stage.model)
         if KINDS[named.kind].role != "merge":
-            raise ValueError(f"export stage {stage.name!r}: model {stage.model!r} is a {named.kind} stage, not a "
-                             "merge stage; name the merge stage whose model to export")
+            raise ValueError(
+                f"export stage {stage.name!r}: model {stage.model!r} is a {named.kind} stage, not a "
+                "merge stage; name the merge stage whose model to export"
+            )
         return stage.model
 
     def _check_profiles(self) -> None:
@@ -295,8 +341,10 @@ class Pipeline(s.Settings):
                 stage = self.stage(stage_name)
                 fixed = sorted(set(values) - set(tunable_fields(type(stage))))
                 if fixed:
-                    raise ValueError(f"profile {profile!r}, stage {stage_name!r}: {fixed} cannot change per run; "
-                                     f"per-run settings: {sorted(tunable_fields(type(stage)))}")
+                    raise ValueError(
+                        f"profile {profile!r}, stage {stage_name!r}: {fixed} cannot change per run; "
+                        f"per-run settings: {sorted(tunable_fields(type(stage)))}"
+                    )
                 try:
                     type(stage).model_validate(overlay(stage.model_dump(), values))
                 except ValidationError as exc:
@@ -307,8 +355,10 @@ class Pipeline(s.Settings):
             return
         chat = self.first("chat_dataset")
         if self.first("merge") is None or chat is None:
-            raise ValueError("feedback retraining needs a merge stage (the deployed model) and a chat_dataset "
-                             "(held-out rows to compare on)")
+            raise ValueError(
+                "feedback retraining needs a merge stage (the deployed model) and a chat_dataset "
+                "(held-out rows to compare on)"
+            )
         if not self.feedback.evaluate.dataset:
             self.feedback.evaluate.dataset = chat.name
 
@@ -350,8 +400,10 @@ class Pipeline(s.Settings):
         """This pipeline with its file paths resolved against the folder of the YAML that declared it."""
         base = Path(source_file).parent if source_file else None
         datasets = {n: d.model_copy(update={"path": str(resolve_path(d.path, base))}) for n, d in self.datasets.items()}
-        stages = [st.model_copy(update={"path": str(resolve_path(st.path, base))})
-                  if getattr(st, "path", None) else st for st in self.stages]
+        stages = [
+            st.model_copy(update={"path": str(resolve_path(st.path, base))}) if getattr(st, "path", None) else st
+            for st in self.stages
+        ]
         out = self.model_copy(update={"datasets": datasets, "stages": stages})
         out._source_file = str(source_file) if source_file else None
         return out
@@ -370,8 +422,9 @@ def _numbers_as_strings(node: Any) -> None:
             _numbers_as_strings(value)
         if node.get("type") == "number":
             node.pop("type")
-            bounds = {k: node.pop(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
-                      if k in node}
+            bounds = {
+                k: node.pop(k) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in node
+            }
             node["anyOf"] = [{"type": "number", **bounds}, {"type": "string", "pattern": NUMBER_TEXT}]
 
 
@@ -391,8 +444,11 @@ def describe(exc: ValidationError, lines: dict[tuple, int] | None = None) -> str
         loc = [p for p in error["loc"] if not (isinstance(p, str) and p in KINDS)]  # drop the union's tag
         field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "pipeline"
         line = _line_of(lines or {}, tuple(loc))
-        got = f" (got {error['input']!r})" if error["type"] not in ("missing", "extra_forbidden") \
-            and not isinstance(error.get("input"), (dict, list)) else ""
+        got = (
+            f" (got {error['input']!r})"
+            if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), (dict, list))
+            else ""
+        )
         message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
         out.append(f"{field}{f' (line {line})' if line else ''}: {message}{got}")
     return "; ".join(out)

@@ -16,7 +16,6 @@ from . import stages as st
 from .pipeline import Pipeline
 
 
-
 def columns_of(path: str | Path, format: str | None = None) -> list[str] | None:
     """A table's column names from its header (CSV's first line, JSONL's first record, Parquet's schema);
     None where that cannot be told cheaply (a `datasets` directory, plain JSON)."""
@@ -69,13 +68,14 @@ def problems(pipeline: Pipeline) -> list[str]:
                 found.append(f"{stage.name}: {exc}")
                 continue
             if missing:
-                found.append(f"{stage.name}: {role} {spec!r} names missing column(s) {missing}; {path} has "
-                             f"{columns}")
+                found.append(f"{stage.name}: {role} {spec!r} names missing column(s) {missing}; {path} has {columns}")
     for stage in pipeline.stages:
         if isinstance(stage, st.GRPO):
             prompts = pipeline.stage(stage.dataset)
             needing = [r.get("name", r["type"]) for r in stage.rewards if r["type"] in NEEDS_REFERENCE]
             if needing and isinstance(prompts, st.PromptDataset) and not prompts.reference:
-                found.append(f"{stage.name}: reward(s) {needing} compare with a reference, but {prompts.name} "
-                             "maps no reference column")
+                found.append(
+                    f"{stage.name}: reward(s) {needing} compare with a reference, but {prompts.name} "
+                    "maps no reference column"
+                )
     return found

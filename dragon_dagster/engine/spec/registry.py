@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import Field, TypeAdapter
 
@@ -20,7 +20,7 @@ Role = Literal["dataset", "synthesis", "training", "merge", "evaluate", "export"
 class StageKind:
     model: type[s.Stage]
     role: Role
-    worker: str | None = None     # "module:JobClass:function"; None: the stage runs in the Dagster step
+    worker: str | None = None  # "module:JobClass:function"; None: the stage runs in the Dagster step
     checks: tuple[str, ...] = ()  # check families the Dagster layer attaches to the stage's asset
 
     def load_worker(self):
@@ -36,21 +36,25 @@ KINDS: dict[str, StageKind] = {
     "pairs_dataset": StageKind(s.PairsDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
     "rated_dataset": StageKind(s.RatedDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
     "prompt_dataset": StageKind(s.PromptDataset, "dataset", checks=("dataset_quality", "held_out_leakage")),
-    "preference_pairs": StageKind(s.PreferencePairs, "synthesis", f"{_ENGINE}.data.synthesis:PairsJob:synthesize_pairs",
-                                  ("dataset_quality",)),
-    "synthetic_dataset": StageKind(s.SyntheticDataset, "synthesis",
-                                   f"{_ENGINE}.data.synthesis:SyntheticJob:synthesize_sft", ("dataset_quality",)),
+    "preference_pairs": StageKind(
+        s.PreferencePairs, "synthesis", f"{_ENGINE}.data.synthesis:PairsJob:synthesize_pairs", ("dataset_quality",)
+    ),
+    "synthetic_dataset": StageKind(
+        s.SyntheticDataset, "synthesis", f"{_ENGINE}.data.synthesis:SyntheticJob:synthesize_sft", ("dataset_quality",)
+    ),
     "sft": StageKind(s.SFT, "training", f"{_ENGINE}.train.sft:SFTJob:train_sft", ("adapter_learned",)),
-    "preference": StageKind(s.Preference, "training", f"{_ENGINE}.train.preference:PreferenceJob:train_preference",
-                            ("adapter_learned",)),
+    "preference": StageKind(
+        s.Preference, "training", f"{_ENGINE}.train.preference:PreferenceJob:train_preference", ("adapter_learned",)
+    ),
     "grpo": StageKind(s.GRPO, "training", f"{_ENGINE}.train.grpo:GRPOJob:train_grpo", ("reward_hacking",)),
     "merge": StageKind(s.Merge, "merge", f"{_ENGINE}.train.merge:MergeJob:merge_chain"),
-    "evaluate": StageKind(s.Evaluate, "evaluate", f"{_ENGINE}.evaluate.report:ReportJob:evaluate_report",
-                          ("report_not_worse",)),
+    "evaluate": StageKind(
+        s.Evaluate, "evaluate", f"{_ENGINE}.evaluate.report:ReportJob:evaluate_report", ("report_not_worse",)
+    ),
     "export": StageKind(s.Export, "export", f"{_ENGINE}.export.job:ExportJob:export_stage"),
 }
 
-AnyStage = Annotated[Union[tuple(kind.model for kind in KINDS.values())], Field(discriminator="kind")]
+AnyStage = Annotated[tuple(kind.model for kind in KINDS.values()), Field(discriminator="kind")]
 _STAGE = TypeAdapter(AnyStage)
 
 
@@ -74,8 +78,11 @@ def overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def tunable_fields(model: type[s.Settings]) -> dict[str, Any]:
     """Fields that can change per run (the launchpad, profiles): numbers, switches, choices and nested settings.
     Names, templates, file paths and backends are the pipeline's structure and stay in its YAML."""
-    return {name: info.annotation for name, info in model.model_fields.items()
-            if name != "kind" and _tunable(info.annotation)}
+    return {
+        name: info.annotation
+        for name, info in model.model_fields.items()
+        if name != "kind" and _tunable(info.annotation)
+    }
 
 
 def _tunable(annotation: Any) -> bool:

@@ -29,8 +29,10 @@ class Lora(Settings):
     alpha: int = Field(32, gt=0, description="LoRA scaling; the update is scaled by alpha / r.")
     dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input, in [0, 1).")
     target_modules: str | list[str] = Field(
-        "auto", description="Modules that get an adapter: 'auto' (every linear layer but the output head), "
-                            "'all-linear', or a list of module names.")
+        "auto",
+        description="Modules that get an adapter: 'auto' (every linear layer but the output head), "
+        "'all-linear', or a list of module names.",
+    )
 
     def peft_target_modules(self) -> str | list[str]:
         # "auto" means every linear layer but the output head: what QLoRA found works best for small models.
@@ -41,8 +43,7 @@ class TrainArgs(Settings):
     """dragon_train_args: what every trainer stage shares. Subclasses change defaults per stage kind."""
 
     epochs: float = Field(3, gt=0, description="Passes over the training rows.")
-    learning_rate: float = Field(2e-4, gt=0, allow_inf_nan=False,
-                                 description="Peak learning rate of the LoRA weights.")
+    learning_rate: float = Field(2e-4, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
     batch_size: int = Field(4, gt=0, description="Rows per device step.")
     grad_accum: int = Field(4, gt=0, description="Steps whose gradients add up to one update.")
     max_seq_len: int = Field(1024, gt=0, description="Longer rows are truncated to this many tokens.")
@@ -59,16 +60,14 @@ class PreferenceArgs(TrainArgs):
     """dragon_prefer's defaults: a lower learning rate and fewer passes than SFT."""
 
     epochs: float = Field(2, gt=0, description="Passes over the training pairs.")
-    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False,
-                                 description="Peak learning rate of the LoRA weights.")
+    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
 
 
 class GRPOArgs(TrainArgs):
     """dragon_reinforce's defaults: one pass, no accumulation, frequent checkpoints (each step samples)."""
 
     epochs: float = Field(1, gt=0, description="Passes over the prompts.")
-    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False,
-                                 description="Peak learning rate of the LoRA weights.")
+    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
     grad_accum: int = Field(1, gt=0, description="Steps whose gradients add up to one update.")
     save_steps: int = Field(20, gt=0, description="Save a resumable checkpoint every this many steps.")
 
@@ -86,24 +85,38 @@ class Stage(Settings):
 
 # ------------------------------------------------------------------------------------------- datasets
 
+
 class DatasetStage(Stage):
     source: str | None = Field(None, description="A dataset under `datasets:` to map (or give `path`).")
-    path: str | None = Field(None, description="A file to read directly (CSV, JSONL, JSON, Parquet, a saved "
-                                               "`datasets` directory), relative to the pipeline's folder; "
-                                               "'example:NAME' reads a bundled example file.")
+    path: str | None = Field(
+        None,
+        description="A file to read directly (CSV, JSONL, JSON, Parquet, a saved "
+        "`datasets` directory), relative to the pipeline's folder; "
+        "'example:NAME' reads a bundled example file.",
+    )
     format: Literal["csv", "jsonl", "json", "parquet"] | None = Field(
-        None, description="File format when the extension does not tell.")
+        None, description="File format when the extension does not tell."
+    )
     system: str | None = Field(None, description="System prompt: text or a template such as '{persona}'.")
     eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of rows held out for evaluation, in [0, 1).")
     seed: int = Field(42, description="Seed of the held-out split.")
-    dedupe: bool = Field(True, description="Drop exact duplicate rows (same prompt turns and same reply or answer) "
-                                           "before the split; the count is in the asset's metadata.")
-    group_by: str | None = Field(None, description="A source column or a template such as '{subject}': rows with "
-                                                   "the same value go to the same side of the split. Default: rows "
-                                                   "with the same user prompt stay together.")
-    allow_leakage: bool = Field(False, description="Let the stages after this one run even when held-out prompts "
-                                                   "or answers also appear in train (the held_out_not_leaking "
-                                                   "check then only warns).")
+    dedupe: bool = Field(
+        True,
+        description="Drop exact duplicate rows (same prompt turns and same reply or answer) "
+        "before the split; the count is in the asset's metadata.",
+    )
+    group_by: str | None = Field(
+        None,
+        description="A source column or a template such as '{subject}': rows with "
+        "the same value go to the same side of the split. Default: rows "
+        "with the same user prompt stay together.",
+    )
+    allow_leakage: bool = Field(
+        False,
+        description="Let the stages after this one run even when held-out prompts "
+        "or answers also appear in train (the held_out_not_leaking "
+        "check then only warns).",
+    )
 
     @model_validator(mode="after")
     def _one_origin(self):
@@ -121,14 +134,18 @@ class ChatDataset(DatasetStage):
     kind: Literal["chat_dataset"]
     prompt: str | None = Field(None, description="The user turn: a column or a template like '{subject}\\n\\n{body}'.")
     response: str | None = Field(None, description="The assistant reply: a column or a template.")
-    conversations: str | None = Field(None, description="A column of whole conversations (lists of role/content "
-                                                        "turns); the last assistant turn is trained on.")
+    conversations: str | None = Field(
+        None,
+        description="A column of whole conversations (lists of role/content "
+        "turns); the last assistant turn is trained on.",
+    )
 
     @model_validator(mode="after")
     def _mapping(self):
         if self.conversations is None and not (self.prompt and self.response):
-            raise ValueError(f"chat_dataset {self.name!r} needs prompt and response (columns or templates), "
-                             "or conversations")
+            raise ValueError(
+                f"chat_dataset {self.name!r} needs prompt and response (columns or templates), or conversations"
+            )
         return self
 
 
@@ -147,8 +164,10 @@ class RatedDataset(DatasetStage):
     kind: Literal["rated_dataset"]
     prompt: str = Field(description="The user turn: a column or a template.")
     reply: str = Field(description="The rated reply: a column or a template.")
-    label: str = Field(description="The column saying whether the reply is liked: true/false, 1/0, yes/no, "
-                                   "up/down, good/bad, liked/disliked or desirable/undesirable.")
+    label: str = Field(
+        description="The column saying whether the reply is liked: true/false, 1/0, yes/no, "
+        "up/down, good/bad, liked/disliked or desirable/undesirable."
+    )
 
 
 class PromptDataset(DatasetStage):
@@ -161,14 +180,17 @@ class PromptDataset(DatasetStage):
 
 # ------------------------------------------------------------------------------------- synthesized data
 
+
 def no_inline_secret(backend: str | dict[str, Any]) -> str | dict[str, Any]:
     """A key written in the pipeline would be kept in job files, manifests and MLflow params: refuse it."""
     if isinstance(backend, dict):
         headers = backend.get("headers") or {}
         if "api_key" in backend or any(str(h).lower() in ("authorization", "api-key", "x-api-key") for h in headers):
-            raise ValueError("do not write an API key in the pipeline (it would be kept in job files, manifests "
-                             "and MLflow): put it in an environment variable and name that, e.g. "
-                             "api_key_env: OPENAI_API_KEY")
+            raise ValueError(
+                "do not write an API key in the pipeline (it would be kept in job files, manifests "
+                "and MLflow): put it in an environment variable and name that, e.g. "
+                "api_key_env: OPENAI_API_KEY"
+            )
     return backend
 
 
@@ -182,12 +204,16 @@ class PreferencePairs(Stage):
     kind: Literal["preference_pairs"]
     dataset: str = Field(description="An earlier chat dataset whose prompts (and replies) are used.")
     mode: Literal["teacher", "judge"] = Field(
-        "teacher", description="teacher: the teacher's reply is chosen, the student's rejected. judge: the "
-                               "student's best and worst samples by a judge's score.")
-    teacher: Backend = Field("reference", description="'reference' (the dataset's own reply), a model, or a "
-                                                      "server {url, model}.")
-    judge: Backend | None = Field(None, description="Judge mode: the scoring model (default: the base model; "
-                                                    "weak, use a server).")
+        "teacher",
+        description="teacher: the teacher's reply is chosen, the student's rejected. judge: the "
+        "student's best and worst samples by a judge's score.",
+    )
+    teacher: Backend = Field(
+        "reference", description="'reference' (the dataset's own reply), a model, or a server {url, model}."
+    )
+    judge: Backend | None = Field(
+        None, description="Judge mode: the scoring model (default: the base model; weak, use a server)."
+    )
     rubric: str | None = Field(None, description="What the judge scores for.")
     n: int = Field(100, ge=1, description="Prompts to make pairs from.")
     n_samples_per_prompt: int = Field(4, ge=1, description="Judge mode: student samples per prompt (>= 2).")
@@ -220,8 +246,9 @@ class SyntheticDataset(Stage):
     min_score: float = Field(7.0, ge=0, le=10, description="Judge gate: keep rows scored at least this (1-10).")
     rubric: str | None = Field(None, description="What the judge scores for.")
     dedupe: bool = Field(True, description="Drop exact and near-duplicate replies.")
-    near_dup_threshold: float = Field(0.92, gt=0, le=1, description="Similarity above which replies are "
-                                                                    "near-duplicates.")
+    near_dup_threshold: float = Field(
+        0.92, gt=0, le=1, description="Similarity above which replies are near-duplicates."
+    )
     min_chars: int = Field(1, ge=0, description="Drop replies shorter than this.")
     max_chars: int | None = Field(None, gt=0, description="Drop replies longer than this.")
     min_alpha_ratio: float = Field(0.0, ge=0, le=1, description="Drop replies with a smaller share of letters.")
@@ -233,6 +260,7 @@ class SyntheticDataset(Stage):
 
 
 # --------------------------------------------------------------------------------------------- trainers
+
 
 class TrainerStage(Stage):
     """A LoRA adapter trained on a dataset, continuing from the training stage before it (folded in)."""
@@ -263,9 +291,11 @@ def known_metrics(names: list[str] | None) -> list[str] | None:
     return names
 
 
-METRICS_DOC = ("Task metrics of the held-out replies, from exact, contains, token_f1, json_valid, numeric, "
-               "length_ratio. Default: exact, contains, token_f1 and length_ratio, plus numeric when most "
-               "references are numbers and json_valid when most parse as JSON.")
+METRICS_DOC = (
+    "Task metrics of the held-out replies, from exact, contains, token_f1, json_valid, numeric, "
+    "length_ratio. Default: exact, contains, token_f1 and length_ratio, plus numeric when most "
+    "references are numbers and json_valid when most parse as JSON."
+)
 
 
 class SFT(TrainerStage):
@@ -281,25 +311,36 @@ class Preference(TrainerStage):
 
     kind: Literal["preference"]
     method: Literal["dpo", "orpo", "kto"] = Field(
-        "dpo", description="dpo or orpo (pairs), or kto (TRL's KTOTrainer: rated replies without a pair).")
-    beta: float = Field(0.1, gt=0, allow_inf_nan=False,
-                        description="Strength of the preference (DPO, KTO: KL to the starting model).")
+        "dpo", description="dpo or orpo (pairs), or kto (TRL's KTOTrainer: rated replies without a pair)."
+    )
+    beta: float = Field(
+        0.1, gt=0, allow_inf_nan=False, description="Strength of the preference (DPO, KTO: KL to the starting model)."
+    )
     desirable_weight: float | None = Field(
-        None, gt=0, allow_inf_nan=False,
+        None,
+        gt=0,
+        allow_inf_nan=False,
         description="KTO: weight of the liked replies' loss. Default: both weights balance the counts (the side "
-                    "with fewer replies weighs more, as the KTO paper advises).")
-    undesirable_weight: float | None = Field(None, gt=0, allow_inf_nan=False,
-                                             description="KTO: weight of the disliked replies' loss.")
+        "with fewer replies weighs more, as the KTO paper advises).",
+    )
+    undesirable_weight: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="KTO: weight of the disliked replies' loss."
+    )
 
     @model_validator(mode="after")
     def _kto_weights(self):
         if self.method != "kto" and (self.desirable_weight or self.undesirable_weight):
-            raise ValueError(f"stage {self.name!r}: desirable_weight and undesirable_weight are KTO settings; "
-                             f"method is {self.method}")
+            raise ValueError(
+                f"stage {self.name!r}: desirable_weight and undesirable_weight are KTO settings; "
+                f"method is {self.method}"
+            )
         if self.method == "kto" and self.args.batch_size < 2:
-            raise ValueError(f"stage {self.name!r}: KTO needs batch_size >= 2 (it estimates its KL term from the "
-                             "other replies in a batch)")
+            raise ValueError(
+                f"stage {self.name!r}: KTO needs batch_size >= 2 (it estimates its KL term from the "
+                "other replies in a batch)"
+            )
         return self
+
     args: PreferenceArgs = Field(default_factory=PreferenceArgs, description="Trainer arguments.")
 
     def objective(self) -> str:
@@ -311,21 +352,34 @@ class GRPO(TrainerStage):
 
     kind: Literal["grpo"]
     rewards: list[dict[str, Any]] = Field(
-        min_length=1, description="Verifiable rewards, summed by weight, e.g. [{type: numeric}, "
-                                  "{type: length, max_chars: 16, weight: 0.2}]; see the README for the types.")
+        min_length=1,
+        description="Verifiable rewards, summed by weight, e.g. [{type: numeric}, "
+        "{type: length, max_chars: 16, weight: 0.2}]; see the README for the types.",
+    )
     group_size: int = Field(4, ge=2, le=64, description="Completions per prompt, 2..64.")
     beta: float = Field(0.04, ge=0, le=10, description="KL penalty to the starting model, 0..10.")
     temperature: float = Field(1.0, ge=0.05, le=3, description="Sampling temperature, 0.05..3.")
     max_eval_prompts: int = Field(64, ge=0, description="Held-out prompts scored before and after training.")
     kl_bound: float = Field(1.0, gt=0, description="The kl_within_bound check warns above this KL.")
-    zero_std_limit: float = Field(0.9, gt=0, le=1, description="The groups_have_reward_variance check warns when "
-                                                               "this share of groups has no reward variance.")
-    truncation_limit: float = Field(0.25, gt=0, le=1, description="The completions_not_truncated check warns when "
-                                                                  "more than this share of completions is cut off "
-                                                                  "at max_new_tokens (mean over the steps).")
+    zero_std_limit: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="The groups_have_reward_variance check warns when this share of groups has no reward variance.",
+    )
+    truncation_limit: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="The completions_not_truncated check warns when "
+        "more than this share of completions is cut off "
+        "at max_new_tokens (mean over the steps).",
+    )
     block_on_reward_hacking: bool = Field(
-        False, description="Make format_not_rising_while_accuracy_falls a blocking check with severity ERROR: when "
-                           "it fails, the stages after this one are not materialized in the same run.")
+        False,
+        description="Make format_not_rising_while_accuracy_falls a blocking check with severity ERROR: when "
+        "it fails, the stages after this one are not materialized in the same run.",
+    )
     args: GRPOArgs = Field(default_factory=GRPOArgs, description="Trainer arguments.")
 
     @model_validator(mode="after")
@@ -334,19 +388,22 @@ class GRPO(TrainerStage):
 
         for i, reward in enumerate(self.rewards):
             if reward.get("type") not in OPTIONS:
-                raise ValueError(f"rewards[{i}]: unknown reward type {reward.get('type')!r}; "
-                                 f"known: {', '.join(OPTIONS)}")
+                raise ValueError(
+                    f"rewards[{i}]: unknown reward type {reward.get('type')!r}; known: {', '.join(OPTIONS)}"
+                )
         return self
 
 
 # ------------------------------------------------------------------------------------ merge and evaluate
 
+
 class Merge(Stage):
     """The adapter chain folded into the base model: a standalone directory plain transformers loads."""
 
     kind: Literal["merge"]
-    sample_prompt: str = Field("Hello! What can you help me with?",
-                               description="A prompt whose reply is shown in the asset's metadata.")
+    sample_prompt: str = Field(
+        "Hello! What can you help me with?", description="A prompt whose reply is shown in the asset's metadata."
+    )
 
 
 class Evaluate(Stage):
@@ -358,8 +415,10 @@ class Evaluate(Stage):
     max_eval_rows: int = Field(50, gt=0, description="Held-out rows measured (at most).")
     max_new_tokens: int = Field(128, gt=0, description="Length limit of generated replies.")
     n_judge: int = Field(5, ge=0, description="Held-out prompts judged pairwise, both orders (0: none).")
-    judge: Backend | None = Field(None, description="The pairwise judge: a model or a server {url, model}; "
-                                                    "default: the base model (weak, offline).")
+    judge: Backend | None = Field(
+        None,
+        description="The pairwise judge: a model or a server {url, model}; default: the base model (weak, offline).",
+    )
     metrics: Annotated[list[str] | None, AfterValidator(known_metrics)] = Field(None, description=METRICS_DOC)
 
     def reads(self) -> list[str]:
@@ -375,19 +434,30 @@ class Export(Stage):
     """The merged model as GGUF files (llama.cpp, Ollama) with an Ollama Modelfile and a model card."""
 
     kind: Literal["export"]
-    model: str | None = Field(None, description="The merge stage whose model is exported; default: the pipeline's "
-                                                "merge stage (the last one before this stage).")
+    model: str | None = Field(
+        None,
+        description="The merge stage whose model is exported; default: the pipeline's "
+        "merge stage (the last one before this stage).",
+    )
     formats: list[Literal["f16", "q8_0"]] = Field(
         default_factory=lambda: list(GGUF_FORMATS),
-        description="GGUF files to write: f16 (the merged weights in 16 bits) and/or q8_0 (8-bit, half the size).")
-    ollama: bool = Field(True, description="Write an Ollama Modelfile (chat template, stop tokens, system prompt) "
-                                           "beside the GGUF files.")
-    system: str | None = Field(None, description="The Modelfile's system prompt; default: the system prompt of the "
-                                                 "chat dataset the merged model's first stage trained on, if fixed.")
-    model_name: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9._-]*$",
-                                   description="Name in the GGUF metadata, the file names and `ollama create`; "
-                                               "lower-case letters, digits, '.', '_', '-'. Default: the pipeline's "
-                                               "name.")
+        description="GGUF files to write: f16 (the merged weights in 16 bits) and/or q8_0 (8-bit, half the size).",
+    )
+    ollama: bool = Field(
+        True, description="Write an Ollama Modelfile (chat template, stop tokens, system prompt) beside the GGUF files."
+    )
+    system: str | None = Field(
+        None,
+        description="The Modelfile's system prompt; default: the system prompt of the "
+        "chat dataset the merged model's first stage trained on, if fixed.",
+    )
+    model_name: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9][a-z0-9._-]*$",
+        description="Name in the GGUF metadata, the file names and `ollama create`; "
+        "lower-case letters, digits, '.', '_', '-'. Default: the pipeline's "
+        "name.",
+    )
 
     @model_validator(mode="after")
     def _formats(self):
@@ -401,6 +471,25 @@ class Export(Stage):
         return [self.model] if self.model else []
 
 
-__all__ = ["Settings", "Lora", "TrainArgs", "PreferenceArgs", "GRPOArgs", "Stage", "DatasetStage", "ChatDataset",
-           "PairsDataset", "RatedDataset", "PromptDataset", "PreferencePairs", "SyntheticDataset", "TrainerStage", "SFT",
-           "Preference", "GRPO", "Merge", "Evaluate", "Export"]
+__all__ = [
+    "Settings",
+    "Lora",
+    "TrainArgs",
+    "PreferenceArgs",
+    "GRPOArgs",
+    "Stage",
+    "DatasetStage",
+    "ChatDataset",
+    "PairsDataset",
+    "RatedDataset",
+    "PromptDataset",
+    "PreferencePairs",
+    "SyntheticDataset",
+    "TrainerStage",
+    "SFT",
+    "Preference",
+    "GRPO",
+    "Merge",
+    "Evaluate",
+    "Export",
+]

@@ -23,7 +23,7 @@ def keep_mask(shape, p: float, device=None) -> tuple[torch.Tensor, float]:
     for size in shape:
         numel *= size
     # full 64-bit draws (random_() alone leaves the top bit 0), read as four 16-bit numbers each
-    words = torch.empty(-(-numel // 4), dtype=torch.int64, device=device).random_(-2**63, 2**63 - 1)
+    words = torch.empty(-(-numel // 4), dtype=torch.int64, device=device).random_(-(2**63), 2**63 - 1)
     threshold = round(p * LEVELS)
     keep = words.view(torch.int16)[:numel] >= threshold - LEVELS // 2  # drop the lowest `threshold` of 2^16 values
     return keep.view(shape), LEVELS / (LEVELS - threshold)

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from . import progress
 from .. import distributed
 from ..evaluate.replies import generate
 from ..reporter import Reporter
 from ..rewards import RewardSet, trl_reward_funcs
 from ..spec.stages import GRPO
+from . import progress
 from .trainer import StageJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
+
 
 @dataclass
 class GRPOJob(StageJob):
@@ -34,22 +35,30 @@ def validate(job: GRPOJob) -> RewardSet:
     step = job.settings.args.batch_size * job.settings.group_size
     per_worker_completions(job.settings.args.batch_size, job.settings.group_size, distributed.world_size())
     if generation and generation % step:  # checked before a model loads
-        raise ValueError(f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
-                         f"completions, batch_size x group_size = {step}")
+        raise ValueError(
+            f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
+            f"completions, batch_size x group_size = {step}"
+        )
     return RewardSet.from_list(job.settings.rewards, base_dir=job.output_dir)  # custom files were copied in there
 
 
 def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
     """Completions each worker scores per step: batch_size counts prompts across all workers (the global
     batch), each answered group_size times; TRL gathers the rewards, so a group may span workers."""
-    return distributed.split_batch(batch_size * group_size, workers,
-                                   what=f"batch_size x group_size (completions per step, {batch_size} x {group_size})")
+    return distributed.split_batch(
+        batch_size * group_size,
+        workers,
+        what=f"batch_size x group_size (completions per step, {batch_size} x {group_size})",
+    )
 
 
 def progress_columns(rewards: RewardSet) -> dict[str, str]:
     """TRL's log keys as dragonfarm's progress columns."""
-    columns = {"completions/mean_length": "completion_len", "frac_reward_zero_std": "zero_std_frac",
-               "completions/clipped_ratio": "clipped_ratio"}  # share of completions cut at max_new_tokens
+    columns = {
+        "completions/mean_length": "completion_len",
+        "frac_reward_zero_std": "zero_std_frac",
+        "completions/clipped_ratio": "clipped_ratio",
+    }  # share of completions cut at max_new_tokens
     columns.update({f"rewards/{name}/mean": f"reward_{name}" for name in rewards.names})
     return columns
 
@@ -80,9 +89,11 @@ def truncation_warning(summary: dict, limit: float) -> str | None:
     ratio = summary.get("clipped_ratio")
     if ratio is None or ratio <= limit:
         return None
-    return (f"WARNING: {ratio:.0%} of completions were cut off at max_new_tokens={summary['max_new_tokens']} "
-            f"(limit {limit:.0%}): rewards that read the answer at the end see none, so there is little to learn; "
-            f"raise max_new_tokens (try {summary['suggested_max_new_tokens']})")
+    return (
+        f"WARNING: {ratio:.0%} of completions were cut off at max_new_tokens={summary['max_new_tokens']} "
+        f"(limit {limit:.0%}): rewards that read the answer at the end see none, so there is little to learn; "
+        f"raise max_new_tokens (try {summary['suggested_max_new_tokens']})"
+    )
 
 
 def watch_groups(funcs: list, group_size: int, out: Path) -> list:
@@ -100,13 +111,15 @@ def watch_groups(funcs: list, group_size: int, out: Path) -> list:
             scores = func(prompts, completions, completion_ids, **kwargs)
             if not main:
                 return scores
-            groups = [scores[i:i + group_size] for i in range(0, len(scores), group_size)]
+            groups = [scores[i : i + group_size] for i in range(0, len(scores), group_size)]
             frac = mean(max(g) == min(g) for g in groups) if groups else 1.0
             with (out / "groups.jsonl").open("a") as f:
                 f.write(json.dumps({"reward": func.__name__, "zero_std_frac": frac}) + "\n")
             return scores
+
         watched.__name__ = func.__name__
         return watched
+
     return [wrap(f) for f in funcs]
 
 
@@ -114,8 +127,13 @@ def score_prompts(model, tokenizer, rows: list[dict], rewards: RewardSet, max_ne
     """Greedy completions for the rows, scored: mean total reward and mean per reward."""
     completions = generate(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens)
     scores = rewards.score(completions, rows, on_error="zero")
-    return {"reward": mean(scores.total), "per_reward": {n: mean(v) for n, v in scores.scores.items()},
-            "completions": completions, "totals": scores.total, "errors": scores.errors}
+    return {
+        "reward": mean(scores.total),
+        "per_reward": {n: mean(v) for n, v in scores.scores.items()},
+        "completions": completions,
+        "totals": scores.total,
+        "errors": scores.errors,
+    }
 
 
 def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
@@ -130,18 +148,31 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked)
-    args["per_device_train_batch_size"] = per_worker_completions(p.args.batch_size, job.settings.group_size,
-                                                                 p.workers)  # batch_size counts prompts
+    args["per_device_train_batch_size"] = per_worker_completions(
+        p.args.batch_size, job.settings.group_size, p.workers
+    )  # batch_size counts prompts
     if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
         args["generation_batch_size"] = p.speed.generation_batch_size
-    config = GRPOConfig(**args, num_generations=job.settings.group_size, max_completion_length=job.settings.max_new_tokens,
-                        temperature=job.settings.temperature, beta=job.settings.beta, reward_weights=rewards.weights(),
-                        log_completions=False)
+    config = GRPOConfig(
+        **args,
+        num_generations=job.settings.group_size,
+        max_completion_length=job.settings.max_new_tokens,
+        temperature=job.settings.temperature,
+        beta=job.settings.beta,
+        reward_weights=rewards.weights(),
+        log_completions=False,
+    )
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
     trainer = grpo_trainer()(
-        model=p.model, reward_funcs=funcs, args=config, train_dataset=Dataset.from_list(p.train_rows),
-        processing_class=p.tokenizer, peft_config=lora_config(p.lora), callbacks=[callback])
+        model=p.model,
+        reward_funcs=funcs,
+        args=config,
+        train_dataset=Dataset.from_list(p.train_rows),
+        processing_class=p.tokenizer,
+        peft_config=lora_config(p.lora),
+        callbacks=[callback],
+    )
     speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": p.speed.sampling}
     trainer.chunked, trainer.unpad, trainer.grouped_sampling = chunked, speed["unpad"], p.speed.sampling == "grouped"
     reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
@@ -158,8 +189,19 @@ def train_grpo(job: GRPOJob, reporter: Reporter) -> dict:
     trainer.model.eval()
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
-    summary = summarize(job, trainer, result, rewards, held, bool(p.eval_rows), before, after, out, reporter,
-                        reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows))
+    summary = summarize(
+        job,
+        trainer,
+        result,
+        rewards,
+        held,
+        bool(p.eval_rows),
+        before,
+        after,
+        out,
+        reporter,
+        reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows),
+    )
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
         reporter.log(warning)
@@ -198,32 +240,66 @@ def grpo_trainer():
             comes after it, with the adapter off), with temperature the only change to the distribution."""
             sampled, self.sampled = self.sampled, None
             stale = self.args.gradient_accumulation_steps % (self.args.steps_per_generation * self.num_iterations)
-            plain = self.top_k in (None, 0) and self.top_p in (None, 1.0) and self.min_p is None and \
-                self.repetition_penalty == 1.0
-            if (sampled is None or not stale or not plain or compute_entropy or torch.is_grad_enabled()
-                    or sampled.shape[0] != input_ids.shape[0] or sampled.shape[1] < logits_to_keep
-                    or not adapter_on(self.accelerator.unwrap_model(model))):
+            plain = (
+                self.top_k in (None, 0)
+                and self.top_p in (None, 1.0)
+                and self.min_p is None
+                and self.repetition_penalty == 1.0
+            )
+            if (
+                sampled is None
+                or not stale
+                or not plain
+                or compute_entropy
+                or torch.is_grad_enabled()
+                or sampled.shape[0] != input_ids.shape[0]
+                or sampled.shape[1] < logits_to_keep
+                or not adapter_on(self.accelerator.unwrap_model(model))
+            ):
                 return None
             return sampled[:, :logits_to_keep].to(input_ids.device) * attention_mask[:, -logits_to_keep:]
 
-        def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep,
-                                               batch_size=None, compute_entropy=False, compute_aux_loss=False,
-                                               **multimodal):
+        def _get_per_token_logps_and_entropies(
+            self,
+            model,
+            input_ids,
+            attention_mask,
+            logits_to_keep,
+            batch_size=None,
+            compute_entropy=False,
+            compute_aux_loss=False,
+            **multimodal,
+        ):
             old = self.sampling_logps(model, input_ids, attention_mask, logits_to_keep, compute_entropy)
             if old is not None:
                 return old, None, None
             if not self.chunked or compute_aux_loss or any(v is not None for v in multimodal.values()):
                 return super()._get_per_token_logps_and_entropies(
-                    model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                    compute_aux_loss, **multimodal)
+                    model,
+                    input_ids,
+                    attention_mask,
+                    logits_to_keep,
+                    batch_size,
+                    compute_entropy,
+                    compute_aux_loss,
+                    **multimodal,
+                )
             batch_size = batch_size or input_ids.size(0)
             logps, entropies = [], []
             for start in range(0, input_ids.size(0), batch_size):
                 rows = slice(start, start + batch_size)
                 with self.accelerator.autocast():  # through DDP's forward, so that its backward all-reduces
-                    lp, ent = lm_head.through_wrapper(model, lm_head.completion_logprobs, input_ids[rows],
-                                                      attention_mask[rows], logits_to_keep, self.temperature,
-                                                      None, self.unpad, compute_entropy)
+                    lp, ent = lm_head.through_wrapper(
+                        model,
+                        lm_head.completion_logprobs,
+                        input_ids[rows],
+                        attention_mask[rows],
+                        logits_to_keep,
+                        self.temperature,
+                        None,
+                        self.unpad,
+                        compute_entropy,
+                    )
                 logps.append(lp)
                 entropies.append(ent)
             return torch.cat(logps), torch.cat(entropies) if compute_entropy else None, None
@@ -237,28 +313,59 @@ def adapter_on(model) -> bool:
     return layer is not None and not layer.disable_adapters
 
 
-def summarize(job, trainer, result, rewards, held, held_out, before, after, out: Path, reporter,
-              reference_tokens: int | None = None) -> dict:
+def summarize(
+    job,
+    trainer,
+    result,
+    rewards,
+    held,
+    held_out,
+    before,
+    after,
+    out: Path,
+    reporter,
+    reference_tokens: int | None = None,
+) -> dict:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
     summary = {
-        "global_step": trainer.state.global_step, "train_loss": result.training_loss,
-        "first_loss": losses[0] if losses else None, "last_loss": losses[-1] if losses else None,
-        "held_out": held_out, "eval_prompts": len(held), "rewards": rewards.to_list(),
+        "global_step": trainer.state.global_step,
+        "train_loss": result.training_loss,
+        "first_loss": losses[0] if losses else None,
+        "last_loss": losses[-1] if losses else None,
+        "held_out": held_out,
+        "eval_prompts": len(held),
+        "rewards": rewards.to_list(),
         "reward_kinds": {r.name: r.type for r in rewards},
-        "reward_before": before["reward"], "reward_after": after["reward"],
-        "per_reward_before": before["per_reward"], "per_reward_after": after["per_reward"],
-        "reward_errors": after["errors"], "group_size": job.settings.group_size, "beta": job.settings.beta,
-        "temperature": job.settings.temperature, "max_new_tokens": job.settings.max_new_tokens,
-        "clipped_ratio": mean_clipped_ratio(logged), "longest_reference_tokens": reference_tokens,
+        "reward_before": before["reward"],
+        "reward_after": after["reward"],
+        "per_reward_before": before["per_reward"],
+        "per_reward_after": after["per_reward"],
+        "reward_errors": after["errors"],
+        "group_size": job.settings.group_size,
+        "beta": job.settings.beta,
+        "temperature": job.settings.temperature,
+        "max_new_tokens": job.settings.max_new_tokens,
+        "clipped_ratio": mean_clipped_ratio(logged),
+        "longest_reference_tokens": reference_tokens,
         "suggested_max_new_tokens": suggest_max_new_tokens(job.settings.max_new_tokens, reference_tokens),
     }
     with (out / "samples.jsonl").open("w") as f:
         for i, row in enumerate(held[: max(job.settings.n_samples, 0)]):
-            f.write(json.dumps({"prompt": row["prompt"][-1]["content"], "reference": row.get("reference"),
-                                "before": before["completions"][i], "after": after["completions"][i],
-                                "reward_before": before["totals"][i], "reward_after": after["totals"][i]},
-                               ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": row["prompt"][-1]["content"],
+                        "reference": row.get("reference"),
+                        "before": before["completions"][i],
+                        "after": after["completions"][i],
+                        "reward_before": before["totals"][i],
+                        "reward_after": after["totals"][i],
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
     (out / "metrics.json").write_text(json.dumps(summary, indent=2))
     progress.plot_loss(logged, out / "loss.png", title="GRPO loss and mean reward", extra="reward")
     final = {"eval/reward_before": before["reward"], "eval/reward": after["reward"]}

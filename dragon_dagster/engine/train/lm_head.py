@@ -41,17 +41,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
         for start in range(0, hidden.shape[0], chunk):
-            h, y = hidden[start:start + chunk], targets[start:start + chunk]
+            h, y = hidden[start : start + chunk], targets[start : start + chunk]
             logits = (h @ weight.t()).float()
             target_logit = logits.gather(1, y[:, None]).squeeze(1)
             correct += (target_logit >= logits.max(dim=1).values).sum()
             log_z = torch.logsumexp(logits, dim=1)
             total += (log_z - target_logit).sum()
-            probs = logits.sub_(log_z[:, None]).exp_()           # softmax, in place
+            probs = logits.sub_(log_z[:, None]).exp_()  # softmax, in place
             probs[torch.arange(y.shape[0], device=y.device), y] -= 1.0  # d(-log p_y)/d logits
             probs.mul_(scale)
             grad_logits = probs.to(h.dtype)
-            grad_hidden[start:start + chunk] = grad_logits @ weight
+            grad_hidden[start : start + chunk] = grad_logits @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad_logits.t().float(), h.float())
         ctx.save_for_backward(grad_hidden, grad_weight if grad_weight is not None else torch.empty(0))
@@ -76,8 +76,17 @@ def supported(model, lora_targets: str | list[str] = "all-linear") -> str | None
     """
     config = model.config.get_text_config()
     head = model.get_output_embeddings()
-    odd = [key for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
-                           "logits_scaling") if getattr(config, key, None) not in (None, 1.0)]
+    odd = [
+        key
+        for key in (
+            "final_logit_softcapping",
+            "logit_scale",
+            "output_multiplier",
+            "lm_head_multiplier",
+            "logits_scaling",
+        )
+        if getattr(config, key, None) not in (None, 1.0)
+    ]
     if head is None or getattr(head, "bias", None) is not None or odd:
         return f"the output head has a bias or scaling ({', '.join(odd) or 'bias'})"
     if not isinstance(lora_targets, str) and any(t.split(".")[-1] in ("lm_head", "embed_out") for t in lora_targets):
@@ -156,8 +165,14 @@ class ChunkedLogProbs(torch.autograd.Function):
         n = hidden.shape[0]
         logps = torch.empty(n, dtype=torch.float32, device=hidden.device)
         log_z = torch.empty_like(logps)
-        extra = {name: torch.empty(n if name in stats else 0, dtype=torch.bool if name == "is_top1" else torch.float32,
-                                   device=hidden.device) for name in STATS}
+        extra = {
+            name: torch.empty(
+                n if name in stats else 0,
+                dtype=torch.bool if name == "is_top1" else torch.float32,
+                device=hidden.device,
+            )
+            for name in STATS
+        }
         direction = torch.empty_like(hidden) if ctx.needs_input_grad[0] and not ctx.needs_input_grad[1] else None
         for start in range(0, n, chunk):
             rows = slice(start, start + chunk)
@@ -193,7 +208,7 @@ class ChunkedLogProbs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logps, *_grad_stats):
         if ctx.formed:  # in forward: the head is frozen
-            direction, = ctx.saved_tensors
+            (direction,) = ctx.saved_tensors
             return direction * grad_logps.to(direction.dtype)[:, None], None, None, None, None, None
         hidden, weight, targets, log_z = ctx.saved_tensors
         grad_hidden = torch.empty_like(hidden)
@@ -212,15 +227,17 @@ class ChunkedLogProbs(torch.autograd.Function):
         return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
 
 
-def logprobs(hidden, weight, targets, temperature: float = 1.0, chunk: int | None = None,
-             stats: tuple = ("entropy",)) -> dict:
+def logprobs(
+    hidden, weight, targets, temperature: float = 1.0, chunk: int | None = None, stats: tuple = ("entropy",)
+) -> dict:
     """{"log_probs": ..., and each of stats}: ChunkedLogProbs of the rows of hidden against targets."""
     values = ChunkedLogProbs.apply(hidden, weight, targets, temperature, chunk or CHUNK_TOKENS, tuple(stats))
     return {"log_probs": values[0], **{name: v for name, v in zip(STATS, values[1:]) if name in stats}}
 
 
-def scored_hidden(model, score: torch.Tensor, unpad: bool = False, replies: torch.Tensor | None = None,
-                  **inputs) -> torch.Tensor:
+def scored_hidden(
+    model, score: torch.Tensor, unpad: bool = False, replies: torch.Tensor | None = None, **inputs
+) -> torch.Tensor:
     """The backbone's last hidden states at the positions score marks, (marked positions, hidden).
 
     score is (rows, length - 1): True where position t predicts a scored token t + 1. With unpad the backbone runs
@@ -240,8 +257,9 @@ def scored_hidden(model, score: torch.Tensor, unpad: bool = False, replies: torc
     return hidden[score.to(hidden.device)]
 
 
-def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None,
-                   unpad: bool = False) -> tuple[torch.Tensor, dict]:
+def causal_lm_loss(
+    model, inputs: dict, labels: torch.Tensor, num_items_in_batch=None, unpad: bool = False
+) -> tuple[torch.Tensor, dict]:
     """Loss of a (PEFT-wrapped) causal LM on labels, and {"tokens": trained tokens, "correct": top-1 hits}."""
     _, head = backbone_and_head(model)
     passed = {k: v for k, v in inputs.items() if k != "labels"}  # packed batches carry cu_seq_lens and the like
@@ -251,14 +269,20 @@ def causal_lm_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch
     count = mask.sum()
     denominator = num_items_in_batch if num_items_in_batch is not None else count.clamp(min=1)
     scale = 1.0 / float(denominator)
-    loss, correct = ChunkedCrossEntropy.apply(hidden, head.weight, targets[mask].to(hidden.device), scale,
-                                              CHUNK_TOKENS)
+    loss, correct = ChunkedCrossEntropy.apply(hidden, head.weight, targets[mask].to(hidden.device), scale, CHUNK_TOKENS)
     return loss, {"tokens": int(count), "correct": int(correct)}
 
 
-def completion_logprobs(model, input_ids, attention_mask, n_completion: int, temperature: float = 1.0,
-                        chunk: int | None = None, unpad: bool = False,
-                        entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def completion_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    n_completion: int,
+    temperature: float = 1.0,
+    chunk: int | None = None,
+    unpad: bool = False,
+    entropy: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probabilities and entropies (None unless entropy) of the last n_completion tokens of each row,
     (rows, n_completion) each; zero where attention_mask is 0, as TRL returns them. Padding after a completion
     costs nothing; with unpad, a prompt shared by several rows (a GRPO group) runs once."""
@@ -268,9 +292,11 @@ def completion_logprobs(model, input_ids, attention_mask, n_completion: int, tem
     replies = torch.zeros_like(score)
     replies[:, -n_completion:] = True  # every completion starts at the same column: prompts are left-padded
     hidden = scored_hidden(model, score, unpad, replies, input_ids=input_ids, attention_mask=attention_mask)
-    out = logprobs(hidden, head.weight, input_ids[:, 1:][score], temperature, chunk,
-                   stats=("entropy",) if entropy else ())
+    out = logprobs(
+        hidden, head.weight, input_ids[:, 1:][score], temperature, chunk, stats=("entropy",) if entropy else ()
+    )
     shape = (input_ids.shape[0], n_completion)
-    return tuple(None if x is None else
-                 x.new_zeros(score.shape).masked_scatter(score, x)[:, -n_completion:].reshape(shape)
-                 for x in (out["log_probs"], out.get("entropy")))
+    return tuple(
+        None if x is None else x.new_zeros(score.shape).masked_scatter(score, x)[:, -n_completion:].reshape(shape)
+        for x in (out["log_probs"], out.get("entropy"))
+    )

@@ -40,9 +40,16 @@ def merge_chain(job: MergeJob, reporter: Reporter) -> dict:
     stage_names = " + ".join(s["name"] for s in facts["stages"])
     base_name = Path(facts["base_model"]).name if Path(facts["base_model"]).is_absolute() else facts["base_model"]
     (out / "README.md").write_text(merged_card(facts, f"{base_name} + {stage_names or 'adapters'}"))
-    sample = generate(model, tokenizer, [[{"role": "user", "content": job.settings.sample_prompt}]], max_new_tokens=48)[0]
-    info = {"model_dir": str(out), "size_mb": round(dir_size(out) / 1e6, 1),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "sample_prompt": job.settings.sample_prompt, "sample_reply": sample, "card": facts}
+    sample = generate(model, tokenizer, [[{"role": "user", "content": job.settings.sample_prompt}]], max_new_tokens=48)[
+        0
+    ]
+    info = {
+        "model_dir": str(out),
+        "size_mb": round(dir_size(out) / 1e6, 1),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "sample_prompt": job.settings.sample_prompt,
+        "sample_reply": sample,
+        "card": facts,
+    }
     reporter.log(f"merged model: {info['parameters']:,} parameters, {info['size_mb']} MB")
     return info

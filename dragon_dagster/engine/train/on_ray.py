@@ -106,8 +106,9 @@ def scaling(parallel: distributed.Parallel):
         resources["GPU"] = parallel.gpus_per_worker
     if parallel.memory_gb_per_worker > 0:
         resources["memory"] = int(parallel.memory_gb_per_worker * 2**30)
-    return ScalingConfig(num_workers=parallel.workers, use_gpu=parallel.gpus_per_worker > 0,
-                         resources_per_worker=resources)
+    return ScalingConfig(
+        num_workers=parallel.workers, use_gpu=parallel.gpus_per_worker > 0, resources_per_worker=resources
+    )
 
 
 def drain(channel, reporter: Reporter, done: threading.Event) -> None:
@@ -154,8 +155,10 @@ def stop_on_signals(reporter: Reporter, workers: int) -> None:
         if reporter.stop_requested:
             raise StopNow(f"stopped on signal {signum}")
         reporter.stop_requested = True  # drain() passes it to the ranks
-        reporter.log(f"received signal {signum}: asking the {workers} ranks to save a checkpoint "
-                     f"and stop at the end of this step")
+        reporter.log(
+            f"received signal {signum}: asking the {workers} ranks to save a checkpoint "
+            f"and stop at the end of this step"
+        )
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
@@ -177,12 +180,18 @@ def train_on_ray(job: dict, parallel: distributed.Parallel, reporter: Reporter) 
         channel = ray.remote(num_cpus=0)(Channel).remote()
         relay = threading.Thread(target=drain, args=(channel, reporter, done), daemon=True, name="ray-relay")
         relay.start()
-        reporter.log(f"starting {parallel.workers} Ray Train workers ({parallel.cpus_per_worker} CPU, "
-                     f"{parallel.gpus_per_worker} GPU each)")
-        trainer = TorchTrainer(rank_loop, train_loop_config={"job": job, "channel": channel},
-                               scaling_config=scaling(parallel),
-                               run_config=RunConfig(name="dragon-stage", storage_path=storage,
-                                                    failure_config=FailureConfig(max_failures=0)))
+        reporter.log(
+            f"starting {parallel.workers} Ray Train workers ({parallel.cpus_per_worker} CPU, "
+            f"{parallel.gpus_per_worker} GPU each)"
+        )
+        trainer = TorchTrainer(
+            rank_loop,
+            train_loop_config={"job": job, "channel": channel},
+            scaling_config=scaling(parallel),
+            run_config=RunConfig(
+                name="dragon-stage", storage_path=storage, failure_config=FailureConfig(max_failures=0)
+            ),
+        )
         failure = None
         try:
             trainer.fit()

@@ -31,8 +31,14 @@ def use_chunked_head(causal_lm, unpad: bool = False, weighting: bool = False, pa
 
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
         if not fused_lm_head or args or shift_labels is not None or kwargs.get("output_router_logits"):
-            return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
-                               num_items_in_batch=num_items_in_batch, **kwargs)
+            return trl_forward(
+                *args,
+                fused_lm_head=fused_lm_head,
+                labels=labels,
+                shift_labels=shift_labels,
+                num_items_in_batch=num_items_in_batch,
+                **kwargs,
+            )
         from trl.trainer.utils import FusedCausalLMOutput
 
         kwargs.pop("use_cache", None)
@@ -58,8 +64,9 @@ def chunked_orpo_trainer():
         def concatenated_forward(self, model, batch):
             if self.is_encoder_decoder or self.aux_loss_enabled:
                 return super().concatenated_forward(model, batch)
-            inputs = self.concatenated_inputs(batch, is_encoder_decoder=False, padding_value=self.padding_value,
-                                              device=self.accelerator.device)
+            inputs = self.concatenated_inputs(
+                batch, is_encoder_decoder=False, padding_value=self.padding_value, device=self.accelerator.device
+            )
             # through DDP's forward when there is one, so that its backward all-reduces
             return lm_head.through_wrapper(model, orpo_forward, inputs, batch["chosen_labels"].shape[0], self.unpad)
 
@@ -83,5 +90,4 @@ def orpo_forward(model, batch: dict, n_chosen: int, unpad: bool):
     chosen_nll = -(per_token * nll).sum() / nll.sum().clamp(min=1)
     mean_logits = out["mean_logits"]
     in_chosen = torch.arange(score.shape[0], device=score.device)[:, None].expand_as(score)[score] < n_chosen
-    return (mean_logps[:n_chosen], mean_logps[n_chosen:], mean_logits[in_chosen], mean_logits[~in_chosen],
-            chosen_nll)
+    return (mean_logps[:n_chosen], mean_logps[n_chosen:], mean_logits[in_chosen], mean_logits[~in_chosen], chosen_nll)

@@ -28,7 +28,9 @@ def read(directory: str | Path) -> list[dict]:
 
 def plot_loss(rows: list[dict], out: Path, title: str = "training loss", extra: str | None = None) -> Path | None:
     """A PNG of loss by step (and an extra column such as mean reward on a second axis)."""
-    points = [(r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+    points = [
+        (r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])
+    ]
     if not points:
         return None
     import matplotlib
@@ -64,8 +66,10 @@ OBJECTIVES = {"sft": "SFT loss (reply NLL)", "dpo": "DPO loss", "orpo": "ORPO lo
 def plot_stages(curves: list[tuple[str, str, list[dict]]], out: Path) -> Path | None:
     """One panel per stage (name, method, progress rows): each stage's own objective on its own axis, since a
     DPO loss and an SFT loss are not on one scale; a GRPO stage's mean reward beside its loss, labelled."""
-    curves = [(n, m, [r for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])], rows)
-              for n, m, rows in curves]
+    curves = [
+        (n, m, [r for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])], rows)
+        for n, m, rows in curves
+    ]
     curves = [c for c in curves if c[2]]
     if not curves:
         return None

@@ -34,8 +34,11 @@ def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
     """How many consecutive rows repeat each prompt (TRL's rows: each prompt group_size times); 1 when they do not."""
     rows = input_ids.shape[0]
     size = 1
-    while size < rows and torch.equal(input_ids[size], input_ids[0]) and torch.equal(attention_mask[size],
-                                                                                      attention_mask[0]):
+    while (
+        size < rows
+        and torch.equal(input_ids[size], input_ids[0])
+        and torch.equal(attention_mask[size], attention_mask[0])
+    ):
         size += 1
     if size < 2 or rows % size:
         return 1
@@ -44,8 +47,15 @@ def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
     return size if alike else 1
 
 
-def inverse_cdf(probs: torch.Tensor, num_samples: int = 1, replacement: bool = False, *, generator=None,
-                out=None, record: list | None = None) -> torch.Tensor:
+def inverse_cdf(
+    probs: torch.Tensor,
+    num_samples: int = 1,
+    replacement: bool = False,
+    *,
+    generator=None,
+    out=None,
+    record: list | None = None,
+) -> torch.Tensor:
     """torch.multinomial for one sample per row of a 2-D probs: index i with probability probs[i] / sum(probs).
 
     record, when given, gets each draw's log-probability, (rows,) per call.
@@ -63,8 +73,14 @@ def inverse_cdf(probs: torch.Tensor, num_samples: int = 1, replacement: bool = F
 _multinomial = torch.multinomial
 
 
-def sample(generate, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-           record: list | None = None, **kwargs):
+def sample(
+    generate,
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    record: list | None = None,
+    **kwargs,
+):
     """generate(input_ids, attention_mask, **kwargs) in eval mode, with repeated prompts prefilled once and
     tokens drawn by inverse_cdf (which appends each step's log-probabilities to record, when given)."""
     training = model.training
@@ -87,8 +103,9 @@ def prefill(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, repeat
     position ids as generate gives left-padded rows."""
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
     with torch.no_grad():
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=1)
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+        )
     cache = getattr(out, "cache", None) or out.past_key_values
     cache.batch_repeat_interleave(repeats)
     return cache

@@ -12,17 +12,35 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import progress
 from .. import distributed
 from ..evaluate.replies import eval_metrics, evaluate_rows
 from ..reporter import Reporter
 from ..spec.settings import Hardware
 from ..spec.stages import TrainArgs
-from .trainer import (Cancelled, StageJob, TrainingError, apply_speed, common_args, last_checkpoint, lora_config,
-                       prepare, progress_callback, run_trainer)
+from . import progress
+from .trainer import (
+    Cancelled,
+    StageJob,
+    TrainingError,
+    apply_speed,
+    common_args,
+    last_checkpoint,
+    lora_config,
+    prepare,
+    progress_callback,
+    run_trainer,
+)
 
-__all__ = ["SFTJob", "train_sft", "Cancelled", "TrainingError", "last_checkpoint", "common_args", "Hardware",
-           "TrainArgs"]
+__all__ = [
+    "SFTJob",
+    "train_sft",
+    "Cancelled",
+    "TrainingError",
+    "last_checkpoint",
+    "common_args",
+    "Hardware",
+    "TrainArgs",
+]
 
 
 @dataclass
@@ -39,12 +57,22 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
     p = prepare(job)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers)
-    config = SFTConfig(**args, max_length=p.args.max_seq_len, completion_only_loss=True,
-                       packing=p.speed.packing == "on", packing_strategy="bfd")
+    config = SFTConfig(
+        **args,
+        max_length=p.args.max_seq_len,
+        completion_only_loss=True,
+        packing=p.speed.packing == "on",
+        packing_strategy="bfd",
+    )
     callback = progress_callback(reporter, Path(job.output_dir))
     trainer = (chunked_loss_trainer() if chunked else SFTTrainer)(
-        model=p.model, args=config, train_dataset=Dataset.from_list(p.train_rows), processing_class=p.tokenizer,
-        peft_config=lora_config(p.lora), callbacks=[callback])
+        model=p.model,
+        args=config,
+        train_dataset=Dataset.from_list(p.train_rows),
+        processing_class=p.tokenizer,
+        peft_config=lora_config(p.lora),
+        callbacks=[callback],
+    )
     speed = apply_speed(trainer, p.speed, chunked, reporter)
     trainer.unpad = speed["unpad"]
     reporter.log(f"speed: packing {p.speed.packing}" + (", torch.compile" if p.speed.torch_compile else ""))
@@ -52,8 +80,9 @@ def train_sft(job: SFTJob, reporter: Reporter) -> dict:
     if not distributed.is_main():  # rank 0 evaluates and writes the artifact
         return {"global_step": trainer.state.global_step, "rank": distributed.rank()}
     rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
-    summary = summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir),
-                        reporter)
+    summary = summarize(
+        trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, p.args, Path(job.output_dir), reporter
+    )
     return {**summary, "speed": {"packing": p.speed.packing, "torch_compile": p.speed.torch_compile, **speed}}
 
 
@@ -74,19 +103,25 @@ def chunked_loss_trainer():
         unpad = False
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            plain_nll = (self.args.loss_type == "nll" and self.compute_loss_func is None
-                         and self.label_smoother is None and not self.aux_loss_enabled)
+            plain_nll = (
+                self.args.loss_type == "nll"
+                and self.compute_loss_func is None
+                and self.label_smoother is None
+                and not self.aux_loss_enabled
+            )
             if return_outputs or not model.training or not plain_nll:
                 return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
             labels = inputs["labels"]
             # through the DDP wrapper's forward when there is one: that is what makes its backward all-reduce
-            loss, counts = lm_head.through_wrapper(model, lm_head.causal_lm_loss, inputs, labels, num_items_in_batch,
-                                                   self.unpad)
+            loss, counts = lm_head.through_wrapper(
+                model, lm_head.causal_lm_loss, inputs, labels, num_items_in_batch, self.unpad
+            )
             if self.args.average_tokens_across_devices and num_items_in_batch is not None:
                 loss = loss * self.accelerator.num_processes
             seen = inputs["attention_mask"].sum() if "attention_mask" in inputs else inputs["position_ids"].size(1)
-            correct, tokens, seen = self.count_all_ranks(counts["correct"], counts["tokens"], int(seen),
-                                                         device=loss.device)
+            correct, tokens, seen = self.count_all_ranks(
+                counts["correct"], counts["tokens"], int(seen), device=loss.device
+            )
             self._metrics["train"]["mean_token_accuracy"].append(correct / max(tokens, 1))
             self._total_train_tokens += seen
             self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
@@ -108,8 +143,15 @@ def summarize(trainer, result, tokenizer, rows, held_out: bool, job, args: Train
     reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
     model = trainer.model
     model.eval()
-    evaluation = evaluate_rows(model, tokenizer, rows, n_samples=job.settings.n_samples, max_new_tokens=job.settings.max_new_tokens,
-                               max_len=args.max_seq_len, metric_names=job.settings.metrics)
+    evaluation = evaluate_rows(
+        model,
+        tokenizer,
+        rows,
+        n_samples=job.settings.n_samples,
+        max_new_tokens=job.settings.max_new_tokens,
+        max_len=args.max_seq_len,
+        metric_names=job.settings.metrics,
+    )
     n_metric_rows = min(job.settings.n_samples, len(rows))
     split = "held-out" if held_out else "training"
     rows_logged = progress.read(out)

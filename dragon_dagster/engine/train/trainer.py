@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import progress
 from .. import distributed
 from ..artifacts import checkpoint_problem, checkpoint_step
 from ..data.tables import read_jsonl
@@ -20,17 +19,18 @@ from ..models import load_model, load_tokenizer, pick_device, pick_dtype
 from ..reporter import Reporter
 from ..spec.settings import Hardware, Speed, build
 from ..spec.stages import Lora, TrainArgs, TrainerStage
+from . import progress
 
 
 @dataclass
 class StageJob:
     """What a training stage's worker gets: paths, settings, and where it continues from."""
 
-    settings: TrainerStage           # the stage's settings, as validated from the pipeline YAML
-    model: str                       # resolved base model (directory or hub id)
+    settings: TrainerStage  # the stage's settings, as validated from the pipeline YAML
+    model: str  # resolved base model (directory or hub id)
     train_file: str
-    output_dir: str                  # the adapter's artifact directory (staged)
-    checkpoint_dir: str              # survives a cancel; resume reads it
+    output_dir: str  # the adapter's artifact directory (staged)
+    checkpoint_dir: str  # survives a cancel; resume reads it
     eval_file: str | None = None
     adapters: list[str] = field(default_factory=list)  # earlier stages, folded in first
     hardware: dict = field(default_factory=dict)
@@ -43,12 +43,12 @@ class Prepared:
     lora: Lora
     args: TrainArgs
     hardware: Hardware
-    speed: Speed                     # resolved for the device: no "auto" left
+    speed: Speed  # resolved for the device: no "auto" left
     train_rows: list[dict]
     eval_rows: list[dict]
     tokenizer: object
     model: object
-    workers: int = 1                 # data-parallel ranks sharing args.batch_size (the global batch)
+    workers: int = 1  # data-parallel ranks sharing args.batch_size (the global batch)
 
 
 def prepare(job: StageJob) -> Prepared:
@@ -74,8 +74,11 @@ def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dic
     from . import unpadded
     from .dropout import use_fast_dropout
 
-    used = {"loss_kernel": "chunked" if chunked else "trl", "unpad": speed.unpad == "on" and chunked,
-            "dropout_mask": speed.dropout_mask}
+    used = {
+        "loss_kernel": "chunked" if chunked else "trl",
+        "unpad": speed.unpad == "on" and chunked,
+        "dropout_mask": speed.dropout_mask,
+    }
     if used["unpad"]:
         unpadded.use(trainer.model)
     if speed.dropout_mask == "fast":
@@ -93,9 +96,12 @@ def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
     job.resume_from = resume_point(job.resume_from, reporter)
     if job.resume_from:
         carry_history(trainer, callback, job.resume_from, Path(job.output_dir), reporter)
-    reporter.log(f"training {len(trainer.train_dataset)} rows for {trainer.args.max_steps if trainer.args.max_steps > 0 else trainer.args.num_train_epochs} "
-                 f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
-                 + (f", resuming from {job.resume_from}" if job.resume_from else ""))
+    reporter.log(
+        f"training {len(trainer.train_dataset)} rows for "
+        f"{trainer.args.max_steps if trainer.args.max_steps > 0 else trainer.args.num_train_epochs} "
+        f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
+        + (f", resuming from {job.resume_from}" if job.resume_from else "")
+    )
     result = trainer.train(resume_from_checkpoint=job.resume_from)
     distributed.check_in_sync(trainer.model, reporter.log)
     finish_training(trainer, callback, job.checkpoint_dir, reporter)
@@ -139,8 +145,10 @@ def resume_point(resume_from: str | None, reporter: Reporter) -> str | None:
     reporter.log(f"checkpoint {resume_from} is incomplete ({problem}); looking for an earlier complete one")
     found = last_checkpoint(Path(resume_from).parent, log=reporter.log)
     if found is None:
-        raise TrainingError(f"cannot resume: checkpoint {resume_from} is incomplete ({problem}) and no complete "
-                            f"checkpoint is beside it in {Path(resume_from).parent}")
+        raise TrainingError(
+            f"cannot resume: checkpoint {resume_from} is incomplete ({problem}) and no complete "
+            f"checkpoint is beside it in {Path(resume_from).parent}"
+        )
     reporter.log(f"resuming from {found} instead")
     return str(found)
 
@@ -159,17 +167,23 @@ def carry_history(trainer, callback, checkpoint: str, out_dir: Path, reporter: R
     state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
     before, now = state.get("max_steps"), planned_steps(trainer)
     if before and before > 0 and now != before:
-        asked = (f"max_steps {now}" if trainer.args.max_steps > 0
-                 else f"{trainer.args.num_train_epochs} epochs ({now} steps)")
+        asked = (
+            f"max_steps {now}"
+            if trainer.args.max_steps > 0
+            else f"{trainer.args.num_train_epochs} epochs ({now} steps)"
+        )
         raise TrainingError(
             f"cannot resume from {checkpoint}: it was trained for max_steps {before}, this run asks for {asked}; "
             f"the learning-rate schedule (warmup and decay over max_steps) would jump from the old one to the new "
             f"one at step {state.get('global_step')}. Resume with the same max_steps/epochs ({before} steps), "
-            f"or train afresh with resume: false")
+            f"or train afresh with resume: false"
+        )
     step = state.get("global_step", 0)
-    rows = [progress_row(entry["step"], {k: v for k, v in entry.items() if k != "step"}, callback.columns)
-            for entry in state.get("log_history", [])
-            if isinstance(entry.get("step"), int) and entry["step"] <= step and "train_runtime" not in entry]
+    rows = [
+        progress_row(entry["step"], {k: v for k, v in entry.items() if k != "step"}, callback.columns)
+        for entry in state.get("log_history", [])
+        if isinstance(entry.get("step"), int) and entry["step"] <= step and "train_runtime" not in entry
+    ]
     if not distributed.is_main():
         return
     progress.write(out_dir, rows)  # replaces rows a stopped run left in out_dir: history, then the resumed steps
@@ -182,19 +196,33 @@ def trainer_precision(hardware: Hardware) -> dict:
 
     device = pick_device(hardware)
     dtype = pick_dtype(hardware, device)
-    return {"use_cpu": device == "cpu", "bf16": dtype == torch.bfloat16 and device != "cpu",
-            "fp16": dtype == torch.float16 and device != "cpu"}
+    return {
+        "use_cpu": device == "cpu",
+        "bf16": dtype == torch.bfloat16 and device != "cpu",
+        "fp16": dtype == torch.float16 and device != "cpu",
+    }
 
 
 def lora_config(lora: Lora):
     from peft import LoraConfig
 
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=lora.peft_target_modules(), task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.peft_target_modules(),
+        task_type="CAUSAL_LM",
+    )
 
 
-def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed: Speed | None = None,
-                compiled_here: bool = False, workers: int = 1) -> dict:
+def common_args(
+    args: TrainArgs,
+    hardware: Hardware,
+    checkpoint_dir: str,
+    speed: Speed | None = None,
+    compiled_here: bool = False,
+    workers: int = 1,
+) -> dict:
     """Trainer arguments every stage shares, from dragon_train_args-style settings.
 
     compiled_here: the stage compiled its model itself (lm_head.use_chunked), so the trainer must not again.
@@ -202,24 +230,47 @@ def common_args(args: TrainArgs, hardware: Hardware, checkpoint_dir: str, speed:
     """
     return dict(
         torch_compile=bool(speed and speed.torch_compile and not compiled_here),
-        output_dir=checkpoint_dir, num_train_epochs=args.epochs, max_steps=args.max_steps or -1,
+        output_dir=checkpoint_dir,
+        num_train_epochs=args.epochs,
+        max_steps=args.max_steps or -1,
         per_device_train_batch_size=distributed.split_batch(args.batch_size, workers),
         gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.learning_rate, warmup_steps=args.warmup_ratio, weight_decay=args.weight_decay,
-        logging_steps=args.logging_steps, logging_first_step=True, save_strategy="steps",
-        save_steps=args.save_steps, save_total_limit=2, gradient_checkpointing=args.gradient_checkpointing,
-        seed=args.seed, report_to="none", logging_nan_inf_filter=False, **trainer_precision(hardware),
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_ratio,
+        weight_decay=args.weight_decay,
+        logging_steps=args.logging_steps,
+        logging_first_step=True,
+        save_strategy="steps",
+        save_steps=args.save_steps,
+        save_total_limit=2,
+        gradient_checkpointing=args.gradient_checkpointing,
+        seed=args.seed,
+        report_to="none",
+        logging_nan_inf_filter=False,
+        **trainer_precision(hardware),
     )
 
 
-def progress_row(step: int, logs: dict, columns: dict | None, elapsed: float | None = None,
-                 eta: float | None = None) -> dict:
+def progress_row(
+    step: int, logs: dict, columns: dict | None, elapsed: float | None = None, eta: float | None = None
+) -> dict:
     """One progress.jsonl row from a trainer log dict (also from a checkpoint's log_history entry)."""
-    row = {"step": step, "epoch": logs.get("epoch"), "loss": logs.get("loss"), "lr": logs.get("learning_rate"),
-           "grad_norm": logs.get("grad_norm"), "elapsed_s": None if elapsed is None else round(elapsed, 2),
-           "eta_s": None if eta is None else round(eta, 1)}
-    row.update({(columns or {}).get(k, k): v for k, v in logs.items()
-                if k not in ("loss", "learning_rate", "grad_norm", "epoch") and isinstance(v, (int, float))})
+    row = {
+        "step": step,
+        "epoch": logs.get("epoch"),
+        "loss": logs.get("loss"),
+        "lr": logs.get("learning_rate"),
+        "grad_norm": logs.get("grad_norm"),
+        "elapsed_s": None if elapsed is None else round(elapsed, 2),
+        "eta_s": None if eta is None else round(eta, 1),
+    }
+    row.update(
+        {
+            (columns or {}).get(k, k): v
+            for k, v in logs.items()
+            if k not in ("loss", "learning_rate", "grad_norm", "epoch") and isinstance(v, (int, float))
+        }
+    )
     return row
 
 
@@ -234,7 +285,7 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
         def __init__(self):
             self.started = time.time()
             self.columns = columns
-            self.first_step = 0        # a resumed run starts past 0: its ETA counts only its own steps
+            self.first_step = 0  # a resumed run starts past 0: its ETA counts only its own steps
             self.nan_step: int | None = None
             self.cancelled = False
 
@@ -283,8 +334,10 @@ def quiet_progress_bar(trainer) -> None:
 def finish_training(trainer, callback, checkpoint_dir: str, reporter: Reporter) -> None:
     """Raise for a NaN loss or a cancel; both keep the checkpoints already on disk."""
     if callback.nan_step is not None:
-        raise TrainingError(f"loss became NaN or infinite at step {callback.nan_step}: lower the learning rate "
-                            f"or check the data; checkpoints so far are kept in {checkpoint_dir}")
+        raise TrainingError(
+            f"loss became NaN or infinite at step {callback.nan_step}: lower the learning rate "
+            f"or check the data; checkpoints so far are kept in {checkpoint_dir}"
+        )
     if callback.cancelled:
         ckpt = last_checkpoint(checkpoint_dir)
         reporter.log(f"cancelled: checkpoint saved at {ckpt}; materialize again with resume: true to continue")

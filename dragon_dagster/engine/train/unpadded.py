@@ -24,8 +24,18 @@ NAME = "dragon_unpadded"
 _unpadding = contextvars.ContextVar("dragon_unpadded", default=False)
 
 
-def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, cu_seq_lens_q=None,
-              shared_prefixes=None, **kwargs):
+def attention(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout=0.0,
+    scaling=None,
+    cu_seq_lens_q=None,
+    shared_prefixes=None,
+    **kwargs,
+):
     """SDPA over each segment of a padding-free row when cu_seq_lens_q bounds them; transformers' SDPA otherwise.
 
     shared_prefixes[i] = (start, end) gives segment i a prefix elsewhere in the row that it attends to in full
@@ -34,24 +44,27 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if cu_seq_lens_q is None or query.shape[0] != 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     bounds = cu_seq_lens_q.tolist()
     outputs = []
     for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
         prefix = shared_prefixes[i] if shared_prefixes else None
         q, k, v = query[:, :, start:end], key[:, :, start:end], value[:, :, start:end]
         if prefix is None:
-            outputs.append(sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling,
-                                                  is_causal=True)[0])
+            outputs.append(
+                sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
+            )
             continue
-        k = torch.cat([key[:, :, prefix[0]:prefix[1]], k], dim=2)
-        v = torch.cat([value[:, :, prefix[0]:prefix[1]], v], dim=2)
+        k = torch.cat([key[:, :, prefix[0] : prefix[1]], k], dim=2)
+        v = torch.cat([value[:, :, prefix[0] : prefix[1]], v], dim=2)
         n, m = end - start, prefix[1] - prefix[0]
         allowed = torch.ones(n, m + n, dtype=torch.bool, device=query.device)
         allowed[:, m:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
-        outputs.append(sdpa_attention_forward(module, q, k, v, allowed[None, None], dropout=dropout,
-                                              scaling=scaling)[0])
+        outputs.append(
+            sdpa_attention_forward(module, q, k, v, allowed[None, None], dropout=dropout, scaling=scaling)[0]
+        )
     return torch.cat(outputs, dim=1), None
 
 
@@ -77,15 +90,19 @@ def use(model) -> None:
 class Layout:
     """Where each real token of a padded batch goes in the one padding-free row."""
 
-    tokens: torch.Tensor              # (real tokens,) ids, row after row
-    positions: torch.Tensor           # (real tokens,) the position ids the padded batch gives them
-    index: torch.Tensor               # (rows, length): flat position of each padded position, -1 for padding
-    bounds: list[int]                 # segment boundaries in the flat row
+    tokens: torch.Tensor  # (real tokens,) ids, row after row
+    positions: torch.Tensor  # (real tokens,) the position ids the padded batch gives them
+    index: torch.Tensor  # (rows, length): flat position of each padded position, -1 for padding
+    bounds: list[int]  # segment boundaries in the flat row
     prefixes: list[tuple[int, int] | None]  # per segment: a shared prefix it attends to first
 
 
-def layout(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor | None = None,
-           reply_starts: torch.Tensor | None = None) -> Layout:
+def layout(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor | None = None,
+    reply_starts: torch.Tensor | None = None,
+) -> Layout:
     """Each row's real tokens as one segment. With reply_starts (the column where each row's reply begins), rows whose
     prompts are the same tokens at the same columns (DPO's chosen and rejected, a GRPO group's completions) lay
     the prompt down once, in the first such row, and the later rows' replies attend to it there."""
@@ -131,23 +148,34 @@ def shared_prompts(input_ids, keep, reply_starts) -> dict[int, tuple[int, int, i
     return shared
 
 
-def hidden_states(backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor, reply_starts=None,
-                  **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_states(
+    backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor, reply_starts=None, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The backbone's last hidden states of the real tokens, (flat tokens, hidden), and layout's index into them.
 
     kwargs go to the backbone (the padded batch's other inputs); position ids are those the padded batch has.
     """
     if backbone.config._attn_implementation != NAME:  # SDPA would ignore the bounds and attend across rows
-        raise RuntimeError(f"unpadded forward on a model whose attention is {backbone.config._attn_implementation!r}; "
-                           f"call unpadded.use(model) first")
+        raise RuntimeError(
+            f"unpadded forward on a model whose attention is {backbone.config._attn_implementation!r}; "
+            f"call unpadded.use(model) first"
+        )
     flat = layout(input_ids, attention_mask, kwargs.pop("position_ids", None), reply_starts)
     bounds = torch.tensor(flat.bounds, dtype=torch.int32, device=input_ids.device)
     longest = int(bounds.diff().max())
     token = _unpadding.set(True)
     try:
-        out = backbone(input_ids=flat.tokens[None], position_ids=flat.positions[None], use_cache=False,
-                       cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=longest, max_length_k=longest,
-                       shared_prefixes=flat.prefixes if any(flat.prefixes) else None, **kwargs)
+        out = backbone(
+            input_ids=flat.tokens[None],
+            position_ids=flat.positions[None],
+            use_cache=False,
+            cu_seq_lens_q=bounds,
+            cu_seq_lens_k=bounds,
+            max_length_q=longest,
+            max_length_k=longest,
+            shared_prefixes=flat.prefixes if any(flat.prefixes) else None,
+            **kwargs,
+        )
     finally:
         _unpadding.reset(token)
     return out.last_hidden_state[0], flat.index
