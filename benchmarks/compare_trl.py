@@ -358,7 +358,8 @@ def steady(rows: list[dict], skip: int) -> tuple[float, float, int]:
 
 
 def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, speed: dict, **extra) -> Path:
-    """A worker job file: the stage's settings (its kind's model in engine/spec/stages.py) and the paths."""
+    """A worker job file (engine/config/job.py's Job): the stage's settings (its kind's model,
+    engine/stages/<kind>/settings.py), the inputs and the speed settings; the worker validates it."""
     out, ckpt = work / "out", work / "ckpt"
     out.mkdir(parents=True)
     settings = {
@@ -380,10 +381,8 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
     }
     job = {
         "settings": settings,
-        "model": str(model),
-        "train_file": str(train),
+        "inputs": {"model": str(model), "train_file": str(train), "checkpoint_dir": str(ckpt)},
         "output_dir": str(out),
-        "checkpoint_dir": str(ckpt),
         "speed": speed,
     }
     path = work / "job.json"
@@ -401,7 +400,7 @@ def ours_sft(a, model: Path, work: Path, packing: str) -> dict:
         {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4},
         speed_settings(a, packing=packing),
     )
-    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
+    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(job)])
     step_s, tps, _ = steady(read_progress(work / "out"), skip=3)
     return {
         "what": "sft_packed" if packing == "on" else "sft",
@@ -435,7 +434,7 @@ def ours_grpo(a, model: Path, work: Path) -> dict:
         max_eval_prompts=2,
         max_new_tokens=a.comp,
     )
-    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
+    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(job)])
     rows = read_progress(work / "out")
     step_s, tps, _ = steady(rows, skip=2)
     lengths = [r["completion_len"] for r in rows if "completion_len" in r]
@@ -453,19 +452,18 @@ def ours_grpo(a, model: Path, work: Path) -> dict:
 
 
 def ours_preference(what: str, a, model: Path, work: Path) -> dict:
-    """The same rows through the worker's preference stage (method dpo or kto); rows/s from the median step."""
+    """The same rows through the worker's preference stage (kind dpo or kto); rows/s from the median step."""
     rows = write_jsonl(work.parent / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
     job = engine_job(
-        "preference",
+        what,
         model,
         rows,
         work,
         {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 5e-5},
         speed_settings(a),
-        method=what,
         beta=0.1,
     )
-    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(job)])
+    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(job)])
     progress = [r for r in read_progress(work / "out") if r.get("elapsed_s") is not None]
     tps = steady(progress, skip=3)[1] if any("num_tokens" in r for r in progress) else None
     # the median step, as the anchor's steady takes it: elapsed_s between consecutive logged steps
@@ -526,9 +524,10 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
     from dagster import AssetSelection, DagsterInstance, materialize
 
     from dragon_dagster.assets.factory import build_pipeline_defs
-    from dragon_dagster.engine.spec.pipeline import load as load_pipeline
+    from dragon_dagster.engine.config.job import absolute_paths
+    from dragon_dagster.engine.pipeline import load as load_pipeline
+    from dragon_dagster.engine.runtime.execution import load_job
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
-    from dragon_dagster.resources.launcher import resolve_job
 
     spec = sft_pipeline_yaml(work, model, n_rows=64, steps=2, batch=2)
     parts = build_pipeline_defs(load_pipeline(spec))
@@ -559,12 +558,14 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
         wall, artifact = run("sft_adapter")
         dagster_s.append(wall)
         # the very job Dagster ran; its paths into the artifact are relative to it
-        job = resolve_job(json.loads((Path(artifact) / "job.json").read_text()), artifact)
+        job, _ = load_job(json.loads((Path(artifact) / "job.json").read_text()))
+        job = absolute_paths(job, artifact)
         direct = work / f"direct{i}"
         (direct / "out").mkdir(parents=True)
-        job.update(output_dir=str(direct / "out"), checkpoint_dir=str(direct / "ckpt"))
-        (direct / "job.json").write_text(json.dumps(job))
-        _, _, wall = run_measured(["-m", "dragon_dagster.engine.worker", str(direct / "job.json")])
+        inputs = job.inputs.model_copy(update={"checkpoint_dir": str(direct / "ckpt")})
+        job = job.model_copy(update={"output_dir": str(direct / "out"), "inputs": inputs})
+        (direct / "job.json").write_text(job.model_dump_json())
+        _, _, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(direct / "job.json")])
         direct_s.append(wall)
     return {
         "what": "dagster_overhead",

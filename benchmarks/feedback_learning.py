@@ -216,8 +216,8 @@ class Loop:
 
         from dragon_dagster.assets.automation import retrain_job_name
         from dragon_dagster.assets.factory import build_pipeline_defs
-        from dragon_dagster.engine.feedback import FeedbackStore
-        from dragon_dagster.engine.spec.pipeline import load
+        from dragon_dagster.engine.data.feedback_store import FeedbackStore
+        from dragon_dagster.engine.pipeline import load
         from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
         self.root, self.objectives, self.args = root, objectives, a

@@ -137,7 +137,7 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
     consecutively). TRL's frac_reward_zero_std looks at the total reward, which a continuous length reward
     almost always spreads, so it hides groups that carry no correctness signal; this counts those."""
     from dragon_dagster.engine.rewards import trl_reward_funcs
-    from dragon_dagster.engine.train import grpo
+    from dragon_dagster.engine.stages.grpo import worker as grpo
 
     groups: list[list[float]] = []
 
@@ -161,7 +161,7 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
 
 
 def accuracy(completions: list[str], rows: list[dict]) -> list[float]:
-    from dragon_dagster.engine.evaluate.metrics import numeric
+    from dragon_dagster.engine.text.matchers import numeric
 
     return [numeric(c, r["reference"]) for c, r in zip(completions, rows)]
 
@@ -170,9 +170,9 @@ def long_eval(model_dir: str, adapter_dir: Path, rows: list[dict], device: str, 
     """Held-out numeric accuracy with a longer budget, base model and adapter, greedy."""
     from peft import PeftModel
 
-    from dragon_dagster.engine.evaluate.replies import generate
+    from dragon_dagster.engine.config.hardware import Hardware
+    from dragon_dagster.engine.infer.generation import generate
     from dragon_dagster.engine.models import load_model, load_tokenizer
-    from dragon_dagster.engine.spec.settings import Hardware
 
     tokenizer = load_tokenizer(model_dir)
     model = PeftModel.from_pretrained(load_model(model_dir, Hardware(device=device)), str(adapter_dir))
@@ -190,11 +190,13 @@ def main(argv=None) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from dragon_dagster.engine import models
+    from dragon_dagster.engine import catalog, models
+    from dragon_dagster.engine.artifacts import progress
+    from dragon_dagster.engine.config.hardware import Hardware, Speed
+    from dragon_dagster.engine.config.job import TrainingInputs
     from dragon_dagster.engine.data.tables import PromptsMapping, map_prompts, read_table, split_rows, write_jsonl
-    from dragon_dagster.engine.spec.stages import GRPO
-    from dragon_dagster.engine.train import progress
-    from dragon_dagster.engine.train.grpo import GRPOJob, train_grpo
+    from dragon_dagster.engine.stages.grpo.settings import GRPO
+    from dragon_dagster.engine.stages.grpo.worker import train_grpo
 
     train_seed = args.seed if args.train_seed is None else args.train_seed
     rows = map_prompts(read_table(DATA), PromptsMapping(prompt="question", reference="answer"))
@@ -233,19 +235,21 @@ def main(argv=None) -> dict:
         temperature=s["temperature"],
         max_eval_prompts=len(held),
     )
-    job = GRPOJob(
+    job = catalog.get("grpo").job_model()(
         settings=settings,
-        model=model_dir,
-        train_file=str(out / "train.jsonl"),
-        eval_file=str(out / "eval.jsonl"),
+        inputs=TrainingInputs(
+            model=model_dir,
+            train_file=str(out / "train.jsonl"),
+            eval_file=str(out / "eval.jsonl"),
+            checkpoint_dir=str(out / "checkpoints"),
+        ),
         output_dir=str(out),
-        checkpoint_dir=str(out / "checkpoints"),
-        hardware={"device": args.device},
-        speed=args.speed,
+        hardware=Hardware(device=args.device),
+        speed=Speed(**args.speed),
     )
     groups = watch_numeric_groups(s["group_size"])
     started = time.time()
-    summary = train_grpo(job, StderrReporter())
+    summary = train_grpo(job, StderrReporter()).model_dump()
     train_wall = time.time() - started
 
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]

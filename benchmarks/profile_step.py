@@ -237,9 +237,9 @@ def grpo_phases(plain: bool, steps: int) -> None:
     after the first 3 but the last."""
     import compare_trl
 
-    from dragon_dagster.engine import worker
     from dragon_dagster.engine.models import embedded_model_dir
-    from dragon_dagster.engine.train import grpo
+    from dragon_dagster.engine.runtime import worker
+    from dragon_dagster.engine.stages.grpo import trainer as grpo
 
     spent: dict[str, list[float]] = defaultdict(list)
     trainer = grpo.grpo_trainer()

@@ -81,7 +81,7 @@ def main() -> None:
 
     from dragon_dagster.assets.factory import build_pipeline_defs
     from dragon_dagster.engine import models
-    from dragon_dagster.engine.spec.pipeline import load
+    from dragon_dagster.engine.pipeline import load
     from dragon_dagster.resources import TrainingResource
 
     work = Path(tempfile.mkdtemp(prefix="scale-out-"))

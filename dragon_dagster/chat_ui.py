@@ -40,7 +40,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from .engine.feedback import FeedbackError, FeedbackStore  # noqa: E402
+from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E402
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream  # noqa: E402
 

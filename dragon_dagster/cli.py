@@ -129,7 +129,7 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
 
 def print_registry(pipeline: str) -> None:
     """Which registered versions the demo left as champion and challenger."""
-    from .engine.model_registry import CHALLENGER, CHAMPION, alias_version
+    from .engine.release.model_registry import CHALLENGER, CHAMPION, alias_version
     from .resources.tracking import MLflowTracking
 
     client = MLflowTracking().client()
@@ -140,15 +140,15 @@ def print_registry(pipeline: str) -> None:
 
 def print_exports(stages: list[dict]) -> None:
     """Where the demo's GGUF files and Modelfile are, and the line that makes them an Ollama model."""
-    from .engine.artifacts import read_manifest
+    from .engine.artifacts.manifest import ExportManifest, manifest_kind, read_manifest
 
     for row in stages:
-        manifest = read_manifest(row["artifact"]) if row.get("artifact") else {}
-        if manifest.get("kind") == "gguf_export":
-            for f in manifest["files"]:
-                console.print(f"GGUF {f['format']}: {f['path']}", soft_wrap=True, markup=False)
-            if manifest.get("ollama_create"):
-                console.print(f"Ollama: {manifest['ollama_create']}", soft_wrap=True, markup=False)
+        if row.get("artifact") and manifest_kind(row["artifact"]) == "gguf_export":
+            manifest = read_manifest(row["artifact"], ExportManifest)
+            for f in manifest.files:
+                console.print(f"GGUF {f.format}: {f.path}", soft_wrap=True, markup=False)
+            if manifest.ollama_create:
+                console.print(f"Ollama: {manifest.ollama_create}", soft_wrap=True, markup=False)
 
 
 @main.command()
@@ -163,7 +163,7 @@ def generate(
 ):
     """Reply to PROMPTS with TARGET: an adapter or merged-model artifact dir, an asset like support/sft_adapter,
     or a registered model like models:/support@champion."""
-    from .engine.evaluate.replies import generate as generate_replies
+    from .engine.infer.generation import generate as generate_replies
     from .engine.models import load_artifact_model
 
     model, tokenizer, described = load_artifact_model(resolve_target(target), base=base)
@@ -295,7 +295,7 @@ def system_note(system: str | None) -> str:
 @chat_options
 def chat(pipeline, model, server_model, system, context_turns):
     """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
-    from .engine.feedback import FeedbackStore
+    from .engine.data.feedback_store import FeedbackStore
     from .engine.infer.chat import Chat, run_terminal
 
     spec, label, store_path = chat_target(pipeline, model, server_model)
@@ -426,19 +426,19 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
 
     TARGET: an export artifact or asset (support/gguf_export: its files are listed, nothing is written); or a
     merged model artifact or asset, a models:/NAME@ALIAS, or a model directory, exported now."""
-    from .engine.artifacts import read_manifest
-    from .engine.export.job import EXPORT_SUBDIR, export_model
+    from .engine.artifacts.manifest import ExportManifest, manifest_kind, read_manifest
+    from .engine.release.export.model import EXPORT_SUBDIR, export_model
 
     source = resolve_target(target)
-    manifest = read_manifest(source)
-    if manifest.get("kind") == "gguf_export":
-        files, command = manifest["files"], manifest.get("ollama_create")
+    if manifest_kind(source) == "gguf_export":
+        manifest = read_manifest(source, ExportManifest)
+        files, command = [f.model_dump() for f in manifest.files], manifest.ollama_create
         export_dir = source / EXPORT_SUBDIR
     else:
         if (
             (source / "config.json").exists()
             and source.name == "model"
-            and read_manifest(source.parent).get("kind") == "merged_model"
+            and manifest_kind(source.parent) == "merged_model"
         ):
             source = source.parent  # a registered model read in place: its artifact has the card's facts
         elif target.startswith("models:/") and name is None:  # downloaded: named after the registered model
@@ -517,7 +517,7 @@ def referenced_artifacts() -> set[Path]:
     from dagster import DagsterInstance, RunsFilter
 
     from .assets.automation import UNFINISHED
-    from .engine.artifacts import read_manifest
+    from .engine.artifacts.manifest import read_manifest
     from .engine.runs import list_artifacts
     from .resources.tracking import MLflowTracking
 
@@ -531,7 +531,9 @@ def referenced_artifacts() -> set[Path]:
                 keep.add(Path(str(path.value)))
         live = {r.run_id for r in instance.get_runs(RunsFilter(statuses=UNFINISHED))}
     keep |= {
-        Path(r["dir"]) for r in list_artifacts(runs_dir()) if read_manifest(r["dir"]).get("dagster_run_id") in live
+        Path(r["dir"])
+        for r in list_artifacts(runs_dir())
+        if r["kind"] != "?" and read_manifest(r["dir"]).dagster_run_id in live
     }
     client = MLflowTracking().client()
     for version in client.search_model_versions(max_results=10000):
@@ -541,7 +543,7 @@ def referenced_artifacts() -> set[Path]:
 
 
 def prune_artifacts(pipeline: str | None, yes: bool) -> None:
-    from .engine.artifacts import dir_size, remove_tree
+    from .engine.artifacts.directories import dir_size, remove_tree
     from .engine.runs import prunable
 
     removable, kept = prunable(runs_dir(), referenced_artifacts())
@@ -576,13 +578,13 @@ def prune_artifacts(pipeline: str | None, yes: bool) -> None:
 )
 def models(pipeline: str, version: str | None):
     """PIPELINE's model versions in the MLflow Model Registry, newest first, with their aliases."""
-    from .engine.model_registry import CHAMPION
+    from .engine.release.model_registry import CHAMPION
     from .resources.tracking import MLflowTracking
 
     tracking = MLflowTracking()
     client = tracking.client()
     if version is not None:
-        from .engine.model_registry import ModelRef, version_of
+        from .engine.release.model_registry import ModelRef, version_of
 
         version_of(client, ModelRef(pipeline, version=version))  # an unknown version fails here, named
         before = tracking.promote(pipeline, version, "promoted by hand (dragon models --promote)")

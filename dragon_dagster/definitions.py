@@ -4,7 +4,7 @@ from pathlib import Path
 
 from dagster import Definitions, load_from_defs_folder
 
-from .assets.factory import POOL_EXECUTOR
+from .assets.pool import POOL_EXECUTOR
 from .resources import default_resources
 
 # POOL_EXECUTOR: "Materialize all" runs pooled steps one at a time, as each pipeline's own jobs do

@@ -3,28 +3,20 @@ materialized chain that several tests read (real Dagster instance, real MLflow s
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from tests.support import StubServer, closed_port, write_pipeline
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches the hub; fail fast instead of retrying
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-TINY_ARGS = (
-    "{max_steps: 8, batch_size: 4, grad_accum: 1, logging_steps: 2, save_steps: 4, max_seq_len: 256, "
-    "learning_rate: 5.0e-3}"
-)
 
 
 @pytest.fixture(scope="session")
@@ -39,92 +31,6 @@ def tiny_model(embedded_dir, tmp_path_factory) -> Path:
     from dragon_dagster.engine import models
 
     return models.build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", tokenizer_from=str(embedded_dir))
-
-
-def component_yaml(attributes: str) -> str:
-    """A pipeline component's defs.yaml around a pipeline's YAML (its attributes)."""
-    return "type: dragon_dagster.PostTrainingPipeline\nattributes:\n" + textwrap.indent(attributes, "  ")
-
-
-def write_pipeline(
-    directory: Path,
-    model: Path,
-    name: str = "tiny",
-    args: str = TINY_ARGS,
-    prompt: str = "{subject}\\n\\n{body}",
-    data: str = "example:tickets.csv",
-) -> Path:
-    """defs.yaml of a tiny pipeline component in directory/name; returns its path."""
-    path = directory / name / "defs.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        component_yaml(
-            textwrap.dedent(f"""\
-        name: {name}
-        model: {model}
-        datasets:
-          tickets: {{path: "{data}"}}
-        stages:
-          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{prompt}", response: reply,
-              group_by: subject}}
-          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 2, max_new_tokens: 8}}
-          - {{name: merged_model, kind: merge}}
-          - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 8, n_samples: 2}}
-        feedback:
-          min_new_records: 3
-          sft: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
-          dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
-          kto: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
-          evaluate: {{max_new_tokens: 4, n_samples: 1}}
-          gate: {{taste: [{{type: custom, file: taste.py, name: short}}]}}  # liked_share reported; reward decides
-        """)
-        )
-    )
-    (path.parent / "taste.py").write_text(
-        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion.split()) < 3 else 0.0\n"
-    )
-    return path
-
-
-PROJECT_PYPROJECT = """\
-[project]
-name = "{name}"
-version = "0.1.0"
-dependencies = ["dragon-dagster"]
-
-[tool.dg]
-directory_type = "project"
-
-[tool.dg.project]
-root_module = "{name}"
-defs_module = "{name}.defs"
-code_location_target_module = "{name}.definitions"
-code_location_name = "{name}"
-
-[tool.dagster]
-module_name = "{name}.definitions"
-code_location_name = "{name}"
-"""
-PROJECT_DEFINITIONS = """\
-from pathlib import Path
-
-import dagster as dg
-
-from dragon_dagster.resources import default_resources
-
-defs = dg.Definitions.merge(dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
-                            dg.Definitions(resources=default_resources()))
-"""
-
-
-def user_project(root: Path, name: str = "trainlab") -> Path:
-    """A Dagster project of a user's, as the README sets one up: pyproject, definitions.py, an empty defs/.
-    Returns its defs folder; the project imports with root on PYTHONPATH."""
-    (root / name / "defs").mkdir(parents=True)
-    (root / "pyproject.toml").write_text(PROJECT_PYPROJECT.format(name=name))
-    (root / name / "__init__.py").write_text("")
-    (root / name / "definitions.py").write_text(PROJECT_DEFINITIONS)
-    return root / name / "defs"
 
 
 @pytest.fixture()
@@ -147,7 +53,7 @@ def materialized(tiny_model, tmp_path_factory):
     from dagster import DagsterInstance
 
     from dragon_dagster.assets.launch import materialize_pipeline
-    from dragon_dagster.engine.spec.pipeline import load
+    from dragon_dagster.engine.pipeline import load
     from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
     root = tmp_path_factory.mktemp("chain")
@@ -173,58 +79,6 @@ def materialized(tiny_model, tmp_path_factory):
 # ---------------------------------------------------------------- OpenAI-compatible servers on loopback
 
 
-def completion(content, model="stub") -> dict:
-    return {
-        "id": "x",
-        "object": "chat.completion",
-        "model": model,
-        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
-    }
-
-
-class StubServer:
-    """A real threaded HTTP server on 127.0.0.1 speaking /v1/chat/completions; `respond(n, body)` scripts it
-    and returns (status, dict-or-raw-text). It records every request and the peak number in flight."""
-
-    def __init__(self, respond):
-        self.respond, self.requests, self.lock = respond, [], threading.Lock()
-        self.in_flight = self.max_in_flight = 0
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                with stub.lock:
-                    stub.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
-                    n = len(stub.requests)
-                    stub.in_flight += 1
-                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
-                try:
-                    status, payload = stub.respond(n, body)
-                finally:
-                    with stub.lock:
-                        stub.in_flight -= 1
-                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json" if isinstance(payload, dict) else "text/html")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture()
 def stub():
     servers = []
@@ -236,12 +90,6 @@ def stub():
     yield start
     for server in servers:
         server.close()
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -412,3 +260,26 @@ def ray_head(tmp_path_factory):
     head = RayHead(tmp_path_factory.mktemp("ray"))
     yield head
     head.stop()
+
+
+# ------------------------------------------------------------------------------------------- browser
+
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Path:
+    """Debian's Chromium (Playwright's own browser download cannot work here), installed when missing."""
+    if not CHROMIUM.exists():
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
+        done = subprocess.run(install, capture_output=True, text=True, env=env)
+        if done.returncode != 0:  # stale or missing package lists: refresh once and retry
+            subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
+            done = subprocess.run(install, capture_output=True, text=True, env=env)
+        if done.returncode != 0 or not CHROMIUM.exists():
+            pytest.fail(
+                f"cannot install chromium with apt-get (rc {done.returncode}):\n{done.stdout[-2000:]}\n"
+                f"{done.stderr[-2000:]}"
+            )
+    return CHROMIUM

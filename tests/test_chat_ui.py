@@ -6,10 +6,7 @@ strangers out."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,20 +15,11 @@ from urllib.parse import urljoin
 import pytest
 
 from dragon_dagster import chat_ui
-from dragon_dagster.engine.feedback import FeedbackStore
+from dragon_dagster.engine.data.feedback_store import FeedbackStore
 from dragon_dagster.engine.infer.backends import Backend
 from dragon_dagster.engine.infer.chat import Chat
+from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-WAIT_MS = 20_000  # generous: two shared CPU cores
 # Records every Content-Security-Policy violation on the page: the policy must not break Gradio itself.
 RECORD_VIOLATIONS = (
     "window.__csp = []; document.addEventListener('securitypolicyviolation', "
@@ -192,7 +180,7 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     assert shown[-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8" and "Context" in status and not chat.is_stopped()
 
     turn = h.send("again", chat, *settings)
-    for _box, shown, chat, _status in turn:
+    for box, shown, chat, status in turn:  # noqa: B007 - the last update's box and status are checked below
         if shown[-1]["content"] == "w1 w2":
             h.stop(chat)  # what the Stop button does, while the turn's handler is streaming
     assert shown[-1] == {"role": "assistant", "content": "w1 w2"} and "Stopped" in status and box == ""
@@ -304,24 +292,6 @@ def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
 # ------------------------------------------------------------------------------------------ browser
 
 
-@pytest.fixture(scope="session")
-def chromium() -> Path:
-    """Debian's Chromium (Playwright's own browser download cannot work here), installed when missing."""
-    if not CHROMIUM.exists():
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-        done = subprocess.run(install, capture_output=True, text=True, env=env)
-        if done.returncode != 0:  # stale or missing package lists: refresh once and retry
-            subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
-            done = subprocess.run(install, capture_output=True, text=True, env=env)
-        if done.returncode != 0 or not CHROMIUM.exists():
-            pytest.fail(
-                f"cannot install chromium with apt-get (rc {done.returncode}):\n{done.stdout[-2000:]}\n"
-                f"{done.stderr[-2000:]}"
-            )
-    return CHROMIUM
-
-
 def send(page, text: str, reply: str) -> None:
     """Type a message on the chat page and wait until the whole reply is on it (the status line then says what
     context was sent)."""
@@ -331,12 +301,6 @@ def send(page, text: str, reply: str) -> None:
     page.locator("#message textarea").press("Enter")
     expect(page.locator("#chatbot").get_by_label(f"bot's message: {reply}")).to_be_visible()
     expect(page.locator("#status")).to_contain_text("Context")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_security_headers(response) -> None:
@@ -566,8 +530,8 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
 
     import dragon_dagster
     from dragon_dagster.cli import main
-    from dragon_dagster.engine.spec.pipeline import load
-    from tests.conftest import completion
+    from dragon_dagster.engine.pipeline import load
+    from tests.support import completion
 
     trained = load(Path(dragon_dagster.__file__).parent / "defs" / "support" / "defs.yaml").system_prompt()
     assert trained

@@ -11,8 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from dragon_dagster.cli import main
-
-from .conftest import component_yaml, user_project
+from tests.support import component_yaml, user_project
 
 BIN = Path(sys.executable).parent
 
@@ -112,15 +111,10 @@ def test_presets_and_help_run_as_a_console_script():
 
 
 def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
-    import os
     import signal
-    import time
-
-    import requests
 
     from dragon_dagster.engine.infer.backends import ServerBackend
-
-    from .conftest import closed_port
+    from tests.support import closed_port, healthy, wait_until
 
     port = closed_port()
     adapter = materialized["outcome"]["artifacts"]["sft_adapter"]
@@ -134,14 +128,12 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
         start_new_session=True,
     )
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            assert proc.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok:
-                    break
-            except requests.RequestException:
-                time.sleep(0.5)
+
+        def exited() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"exited with {code}:\n{(tmp_path / 'serve.log').read_text()[-2000:]}"
+
+        wait_until(lambda: healthy(f"http://127.0.0.1:{port}/health"), 120, "dragon serve to answer", alive=exited)
         served = next((tmp_path / "cache" / "served").iterdir())
         assert (served / "config.json").exists(), "the adapter was merged into a cached model dir"
         replies = ServerBackend(f"http://127.0.0.1:{port}/v1", str(served), timeout=60).chat(
@@ -229,8 +221,8 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
 def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(materialized, tmp_path):
     """job.json is written in the staging dir, renamed when complete: it names its own files relatively, and
     resolved against the artifact dir it is what the worker runs."""
-    from dragon_dagster.engine.worker import load_job
-    from dragon_dagster.resources.launcher import resolve_job
+    from dragon_dagster.engine.config.job import absolute_paths
+    from dragon_dagster.engine.runtime.execution import load_job
 
     art = {k: Path(v) for k, v in materialized["outcome"]["artifacts"].items()}
     for name in ("sft_adapter", "merged_model", "evaluation_report"):
@@ -238,22 +230,22 @@ def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(mater
         assert ".tmp-" not in text, name
         written = json.loads(text)
         assert written["output_dir"] == ".", name
-        resolved = resolve_job(written, art[name])
-        assert resolved["output_dir"] == str(art[name].resolve())
-        load_job(resolved)
+        job, _ = load_job(written)  # a job the worker can run
+        resolved = absolute_paths(job, art[name])
+        assert resolved.output_dir == str(art[name].resolve())
     sft = json.loads((art["sft_adapter"] / "job.json").read_text())
-    assert sft["train_file"] == "data/train.jsonl" and sft["eval_file"] == "data/eval.jsonl"
-    resolved = resolve_job(sft, art["sft_adapter"])
-    assert Path(resolved["train_file"]).read_text() == (art["sft_dataset"] / "train.jsonl").read_text()
-    assert Path(resolved["checkpoint_dir"]).is_absolute()  # outside the artifact: unchanged
+    assert sft["inputs"]["train_file"] == "./data/train.jsonl" and sft["inputs"]["eval_file"] == "./data/eval.jsonl"
+    resolved = absolute_paths(load_job(sft)[0], art["sft_adapter"])
+    assert Path(resolved.inputs.train_file).read_text() == (art["sft_dataset"] / "train.jsonl").read_text()
+    assert Path(resolved.inputs.checkpoint_dir).is_absolute()  # outside the artifact: unchanged
 
     # the merge's job file, resolved and pointed at a new output dir, runs through the worker again
-    job = resolve_job(json.loads((art["merged_model"] / "job.json").read_text()), art["merged_model"])
-    job["output_dir"] = str(tmp_path / "again")
+    merge, _ = load_job(json.loads((art["merged_model"] / "job.json").read_text()))
+    job = absolute_paths(merge, art["merged_model"]).model_copy(update={"output_dir": str(tmp_path / "again")})
     (tmp_path / "again").mkdir()
-    (tmp_path / "job.json").write_text(json.dumps(job))
+    (tmp_path / "job.json").write_text(job.model_dump_json())
     ran = subprocess.run(
-        [sys.executable, "-m", "dragon_dagster.engine.worker", str(tmp_path / "job.json")],
+        [sys.executable, "-m", "dragon_dagster.engine.runtime.worker", str(tmp_path / "job.json")],
         capture_output=True,
         text=True,
         timeout=600,
@@ -269,7 +261,7 @@ def test_chat_defaults_to_the_pipeline_s_system_prompt_and_the_whole_conversatio
     import dragon_dagster
     from dragon_dagster import chat_ui
     from dragon_dagster.engine.infer import chat as chat_module
-    from dragon_dagster.engine.spec.pipeline import load
+    from dragon_dagster.engine.pipeline import load
 
     trained = load(Path(dragon_dagster.__file__).parent / "defs" / "support" / "defs.yaml").system_prompt()
     assert trained  # the bundled pipeline trains with a fixed system prompt

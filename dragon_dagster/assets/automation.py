@@ -28,8 +28,8 @@ from dagster import (
     sensor,
 )
 
-from ..engine.feedback import FeedbackStore
-from ..engine.spec.pipeline import Pipeline
+from ..engine.data.feedback_store import FeedbackStore
+from ..engine.pipeline import Pipeline
 from ..resources import ArtifactStore
 
 RANGE_TAG = "dragon/feedback_range"  # "first_id-last_id": the records a retraining run used

@@ -17,7 +17,7 @@ from typing import Any
 import dagster as dg
 from pydantic import BaseModel, ConfigDict
 
-from ..engine.spec.pipeline import Pipeline, PipelineError, load
+from ..engine.pipeline import Pipeline, PipelineError, load
 from .factory import build_pipeline_defs
 
 log = logging.getLogger("dragon_dagster")
@@ -37,7 +37,7 @@ class PipelineAttributes(BaseModel):
 STARTER = """\
   # A starter pipeline: SFT on the bundled support tickets, merged and evaluated on held-out rows.
   # Point `path` at your own CSV/JSONL/Parquet file and map its columns with {{column}} templates.
-  # Every stage kind, setting and default: the README's "Stage settings" and `dg utils inspect-component`.
+  # Every stage kind, setting and default: docs/reference/stages.md (`make docs`) and `dg utils inspect-component`.
   name: {name}
   model: smollm2-135m
   datasets:

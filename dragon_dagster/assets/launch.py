@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dagster import DagsterInstance, Definitions, RunConfig
 
-from ..engine.spec.pipeline import Pipeline
+from ..engine.pipeline import Pipeline
 from .factory import PIPELINE_METADATA, build_pipeline_defs
 
 DEFAULT_MODULE = "dragon_dagster.definitions"
@@ -105,7 +105,9 @@ def materialize_pipeline(
         {"name": e.check_name, "asset": e.asset_key.to_user_string(), "passed": e.passed, "severity": e.severity.value}
         for e in result.get_asset_check_evaluations()
     ]
-    report = next((artifacts[s.name] for s in pipeline.stages if s.kind == "evaluate" and s.name in artifacts), None)
+    report = next(
+        (artifacts[s.name] for s in pipeline.stages if pipeline.role_of(s) == "evaluate" and s.name in artifacts), None
+    )
     return {
         "success": result.success,
         "run_id": result.run_id,

@@ -10,9 +10,9 @@ from typing import Any
 from dagster import Config, Failure
 from pydantic import Field, ValidationError, create_model
 
-from ..engine.spec.pipeline import describe
-from ..engine.spec.registry import overlay, tunable_fields
-from ..engine.spec.stages import Settings, Stage
+from ..engine.config.settings import Settings, overlay, tunable_fields
+from ..engine.config.stage import Stage
+from ..engine.pipeline import describe
 
 RESUME = (bool, Field(False, description="Continue from the last complete checkpoint a cancelled or failed run left."))
 

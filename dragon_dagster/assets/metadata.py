@@ -1,11 +1,16 @@
-"""Metadata helpers: small Markdown tables and MLflow links for the asset pages."""
+"""What an asset's page shows: small Markdown tables, token-length stats, and a result's metadata (engine values:
+numbers, text, Markdown, rows, paths) as Dagster metadata values."""
 
 from __future__ import annotations
 
 import math
 import statistics
+from pathlib import Path
+from typing import Any
 
 from dagster import MetadataValue
+
+from ..engine.config.results import Markdown, finite
 
 
 def md_table(rows: list[dict], columns: list[str] | None = None, width: int = 160) -> MetadataValue:
@@ -34,6 +39,26 @@ def length_stats(lengths: list[int]) -> dict:
     }
 
 
-def finite(values: dict) -> dict:
-    """Only the numbers Dagster can show (drops None and NaN)."""
-    return {k: float(v) for k, v in values.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+def as_metadata(values: dict[str, Any]) -> dict[str, Any]:
+    """A result's metadata for Dagster: Markdown rendered, rows as a table, paths as paths, numbers only when
+    finite (None and NaN are left out), dicts as JSON, other text as text."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, Markdown):
+            out[key] = MetadataValue.md(value)
+        elif isinstance(value, Path):
+            out[key] = MetadataValue.path(str(value))
+        elif isinstance(value, list) and all(isinstance(v, dict) for v in value):
+            out[key] = md_table(value)
+        elif isinstance(value, dict):
+            out[key] = MetadataValue.json(value)
+        elif isinstance(value, bool):
+            out[key] = value
+        elif isinstance(value, (int, float)):
+            out.update(finite({key: value}) if isinstance(value, float) else {key: value})
+        elif isinstance(value, str):
+            out[key] = MetadataValue.text(value)
+    return out
+
+
+__all__ = ["as_metadata", "finite", "length_stats", "md_table"]

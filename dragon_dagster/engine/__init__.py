@@ -1,5 +1,20 @@
-"""Framework-free core of dragon-dagster: data mapping, models, trainers, metrics, evaluation.
+"""The framework-free core of dragon-dagster: nothing here imports Dagster; the Dagster layer (assets/,
+resources/) calls into it, and so can a notebook or a plain script.
 
-Nothing here imports dagster; the Dagster layer (assets/, resources/) calls into these modules, and so can a
-notebook or a plain script.
+Its packages form a stack, each importing only those below it (pyproject.toml's import-linter contract checks
+this in `make test`):
+
+    runtime | runs     the worker process and its launch targets; reading the runs back
+    pipeline           the YAML: stages wired in order, profiles, retraining from feedback, preflight
+    catalog            every stage kind by name (one line each), and `register` for kinds from outside
+    stages             one folder per stage kind
+    train | release    what every trainer shares; merging, model cards, GGUF export, the model registry
+    evaluate           metrics, replies, judge, plots
+    rewards            verifiable rewards, one module per family
+    infer              generation, log-probabilities, backends, chat
+    models             presets, the embedded model, loading
+    data               tables, dataset stages' base and checks, the feedback store and its rows
+    artifacts          artifact directories, typed manifests, checkpoints, progress rows
+    config             settings, hardware and speed, the job and result contracts, checks, the kind entry
+    text               plain string functions (matching replies against references)
 """

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .spec.settings import Hardware
+from .config.hardware import Hardware
 
 
 class ModelError(RuntimeError):
@@ -280,27 +280,27 @@ def build_tiny_model(out_dir: str | Path, tokenizer_from: str | None = None, see
 
 def load_artifact_model(directory: str | Path, base: bool = False, hardware: Hardware | None = None):
     """(model, tokenizer, description) for an adapter or merged-model artifact, or the base it came from."""
-    from .artifacts import read_manifest
+    from .artifacts.manifest import AdapterManifest, MergedManifest, manifest_kind, read_manifest
 
     directory = Path(directory)
-    manifest = read_manifest(directory)
     hardware = hardware or Hardware()
-    kind = manifest.get("kind")
+    kind = manifest_kind(directory)
     if kind not in ("adapter", "merged_model"):
         if (directory / "config.json").exists():  # a plain model directory
             return load_model(str(directory), hardware), load_tokenizer(str(directory)), f"model {directory}"
         raise ModelError(f"{directory} is not an adapter or merged-model artifact (manifest kind {kind!r})")
-    resolved = manifest["resolved_model"]
+    manifest = read_manifest(directory, AdapterManifest if kind == "adapter" else MergedManifest)
+    resolved = manifest.resolved_model
     if base:
-        return load_model(resolved, hardware), load_tokenizer(resolved), f"base model {manifest['base_model']}"
+        return load_model(resolved, hardware), load_tokenizer(resolved), f"base model {manifest.base_model}"
     if kind == "merged_model":
         path = str(directory / "model")
         return load_model(path, hardware), load_tokenizer(path), f"merged model {path}"
-    chain = manifest["chain"]
+    chain = manifest.chain
     return (
         load_model(resolved, hardware, adapters=chain),
         load_tokenizer(resolved),
-        f"{manifest['base_model']} + {len(chain)} adapter(s), last {chain[-1]}",
+        f"{manifest.base_model} + {len(chain)} adapter(s), last {chain[-1]}",
     )
 
 
@@ -308,17 +308,17 @@ def servable_dir(directory: str | Path, cache: Path | None = None) -> Path:
     """A plain model directory for a server: a merged model as is; an adapter chain merged once and cached."""
     import hashlib
 
-    from .artifacts import read_manifest
+    from .artifacts.manifest import AdapterManifest, manifest_kind, read_manifest
 
     directory = Path(directory)
-    manifest = read_manifest(directory)
-    if manifest.get("kind") == "merged_model":
+    kind = manifest_kind(directory)
+    if kind == "merged_model":
         return directory / "model"
-    if manifest.get("kind") != "adapter":
+    if kind != "adapter":
         if (directory / "config.json").exists():
             return directory
         raise ModelError(f"{directory} is not a model directory, merged model or adapter artifact")
-    key = hashlib.sha256("|".join(manifest["chain"]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("|".join(read_manifest(directory, AdapterManifest).chain).encode()).hexdigest()[:16]
     target = (cache or cache_dir() / "served") / key
     if not (target / "config.json").exists():
         model, tokenizer, _ = load_artifact_model(directory, hardware=Hardware(device="cpu"))

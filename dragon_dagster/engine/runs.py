@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .artifacts import read_manifest
+from . import catalog
+from .artifacts.manifest import Manifest, ManifestError, read_manifest
+from .config.results import ROW_METRICS, StageResult
 
 
 def list_artifacts(runs_dir: Path, pipeline: str | None = None) -> list[dict]:
@@ -14,13 +16,16 @@ def list_artifacts(runs_dir: Path, pipeline: str | None = None) -> list[dict]:
     for directory in root.glob(f"{pipeline or '*'}/*/*"):
         if directory.name.startswith(".tmp-") or not directory.is_dir():
             continue
-        manifest = read_manifest(directory)
+        try:
+            manifest = read_manifest(directory)
+        except ManifestError:  # not an artifact of ours (a folder someone put there): listed, marked unknown
+            manifest = Manifest(kind="?")
         rows.append(
             {
                 "asset": f"{directory.parent.parent.name}/{directory.parent.name}",
-                "kind": manifest.get("kind", "?"),
-                "created": manifest.get("created", ""),
-                "mlflow_run_id": manifest.get("mlflow_run_id"),
+                "kind": manifest.kind,
+                "created": manifest.created,
+                "mlflow_run_id": manifest.mlflow_run_id,
                 "dir": str(directory),
             }
         )
@@ -69,23 +74,25 @@ def prunable(runs_dir: Path, keep: set[Path]) -> tuple[list[Path], set[Path]]:
         if directory in kept:
             continue
         kept.add(directory)
-        for value in _paths_in(read_manifest(directory)):
+        try:
+            fields = read_manifest(directory).model_dump()
+        except ManifestError:
+            fields = {}
+        for value in _paths_in(fields):
             found = artifact_dir_of(value, runs_dir) if "/" in value else None
             if found is not None and found not in kept:
                 pending.append(found)
     return sorted(everything - kept), kept
 
 
-# What each run's row carries besides the headline: every held-out figure, the judge's, and the last training step's.
-ROW_METRICS = ("eval/", "judge/")
-LAST_STEP = ("train/loss", "train/reward", "train/kl")
+LAST_STEP = ("train/loss", "train/reward", "train/kl")  # the last training step's figures, beside the held-out
 
 
 def comparison(tracking_uri: str, experiment: str | None = None) -> list[dict]:
     """One row per MLflow run, newest first: stage, method, status, lineage, every eval/* and judge/* metric,
-    the last train/loss, train/reward and train/kl, and `headline`: the stage's own figures in one line (a
-    GRPO run's reward before and after, a DPO run's preference accuracy and margin, an SFT run's or the
-    report's perplexity and task metrics), so that no run shows empty when MLflow holds its metrics."""
+    the last train/loss, train/reward and train/kl, and `headline`: the stage's own figures in one line, as its
+    kind's result model words them (a reward before and after, a preference accuracy, a perplexity), so that no
+    run shows empty when MLflow holds its metrics."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri)
@@ -104,7 +111,7 @@ def comparison(tracking_uri: str, experiment: str | None = None) -> list[dict]:
             "stage": tags.get("stage"),
             "method": tags.get("method"),
             "status": run.info.status,
-            "headline": headline(metrics),
+            "headline": headline(metrics, tags.get("kind") or tags.get("method")),
             "upstream": (tags.get("upstream_mlflow_run_id") or "")[:8],
             "started": time.strftime("%Y-%m-%d %H:%M", time.localtime((run.info.start_time or 0) / 1000)),
         }
@@ -113,39 +120,8 @@ def comparison(tracking_uri: str, experiment: str | None = None) -> list[dict]:
     return rows
 
 
-def headline(metrics: dict[str, float]) -> str:
-    """A run's own figures in one line, chosen by what it logged (the loss is a column of its own)."""
-
-    def fig(value) -> str:
-        return f"{value:.4g}" if isinstance(value, (int, float)) else "?"
-
-    parts = []
-    if any(k in metrics for k in ("eval/reward", "eval/reward_before", "train/reward")):  # GRPO
-        if "eval/reward" in metrics or "eval/reward_before" in metrics:
-            parts.append(f"reward {fig(metrics.get('eval/reward_before'))} -> {fig(metrics.get('eval/reward'))}")
-        per_reward = {
-            k[len("eval/reward_") :]: v
-            for k, v in sorted(metrics.items())
-            if k.startswith("eval/reward_") and k not in ("eval/reward_before", "eval/reward_margin")
-        }
-        if per_reward:
-            each = "(" + ", ".join(f"{name} {fig(v)}" for name, v in per_reward.items()) + ")"
-            parts[-1:] = [f"{parts[-1]} {each}"] if parts else [each]
-        if "train/reward" in metrics:
-            parts.append(f"train reward {fig(metrics['train/reward'])}")
-        if "train/kl" in metrics:
-            parts.append(f"kl {fig(metrics['train/kl'])}")
-    elif "eval/pref_accuracy" in metrics or "eval/reward_margin" in metrics:  # DPO, ORPO
-        parts += [
-            f"{name} {fig(metrics[f'eval/{name}'])}"
-            for name in ("pref_accuracy", "reward_margin", "dpo_loss", "orpo_loss")
-            if f"eval/{name}" in metrics
-        ]  # a preference objective: its own figures, never eval/loss
-    else:  # SFT, the base model, the report
-        shown = {k: v for k, v in metrics.items() if k.startswith(ROW_METRICS) and k != "eval/loss"}
-        first = [k for k in ("eval/perplexity",) if k in shown]
-        for key in first + sorted(k for k in shown if k not in first):
-            parts.append(f"{key.removeprefix('eval/')} {fig(shown[key])}")
-    if not parts and "train/loss" in metrics:  # a run stopped before its held-out figures
-        parts.append(f"train loss {fig(metrics['train/loss'])}")
-    return ", ".join(parts)
+def headline(metrics: dict[str, float], kind: str | None = None) -> str:
+    """A run's own figures in one line: its kind's result model words them; a run of no kind (the base model,
+    the report) shows its held-out figures."""
+    result = catalog.KINDS[kind].result if kind in catalog.KINDS else None
+    return (result or StageResult).headline(metrics)

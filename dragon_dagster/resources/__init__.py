@@ -1,8 +1,8 @@
 """Dagster resources, swapped per environment: artifact storage, MLflow tracking, training (GPU)."""
 
-from .launcher import TrainingResource
 from .storage import ArtifactStore
 from .tracking import MLflowTracking
+from .training import TrainingResource
 
 
 def default_resources() -> dict:

@@ -12,16 +12,9 @@ from pathlib import Path
 from dagster import ConfigurableResource
 from pydantic import Field
 
-from ..engine import remote
-from ..engine.artifacts import (
-    STAGING_PREFIX,
-    checkpoint_problem,
-    checkpoint_step,
-    new_artifact_path,
-    remove_tree,
-    staged_dir,
-    staging_owner,
-)
+from ..engine.artifacts.checkpoints import checkpoint_problem, checkpoint_step
+from ..engine.artifacts.directories import STAGING_PREFIX, new_artifact_path, remove_tree, staged_dir, staging_owner
+from ..engine.runtime import remote
 
 logger = logging.getLogger(__name__)
 

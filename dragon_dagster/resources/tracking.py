@@ -10,10 +10,10 @@ from contextlib import closing
 from pathlib import Path
 
 from dagster import ConfigurableResource
-from pydantic import Field
+from pydantic import BaseModel, Field
 
-from ..engine import model_registry as registry
-from ..engine.model_registry import local_path
+from ..engine.release import model_registry as registry
+from ..engine.release.model_registry import local_path
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ def flatten(prefix: str, values: dict) -> dict[str, str]:
     out = {}
     for key, value in values.items():
         name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, BaseModel):  # hardware, speed: the settings models, logged field by field
+            value = value.model_dump(mode="json")
         if isinstance(value, dict):
             out.update(flatten(name, value))
         else:

@@ -1,1 +1,2 @@
-"""Rows to train on: tables read and mapped through column templates, held-out splits, synthesized data."""
+"""Rows to train on: tables read and mapped through column templates and split (tables.py), what every dataset
+stage shares and its checks (stage.py, checks.py), and chat feedback's store and the rows it becomes."""

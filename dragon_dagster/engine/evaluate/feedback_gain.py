@@ -51,7 +51,8 @@ def model_figures(
 ) -> dict:
     """One model's raw figures on the held-out feedback: per-token log-probabilities of the rated replies,
     whether each pair's chosen reply is the likelier, and with a taste the score of a fresh reply per prompt."""
-    from .replies import generate, reply_logprobs
+    from ..infer.generation import generate
+    from ..infer.logprobs import reply_logprobs
 
     out = {"logps": _per_token(reply_logprobs(model, tokenizer, rated, max_len)) if rated else []}
     if pairs:

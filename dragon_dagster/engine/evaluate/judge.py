@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..infer.backends import Backend, as_backend
-from .metrics import unfence
+from ..text.matchers import unfence
 
 DEFAULT_RUBRIC = (
     "Reward replies that are correct, helpful and directly address the user's request. "

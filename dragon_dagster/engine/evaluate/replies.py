@@ -1,4 +1,4 @@
-"""Held-out evaluation: completion loss and perplexity, batched generation, task metrics, rewards.
+"""Held-out evaluation of a model on rows: loss and perplexity, greedy replies and their task metrics, rewards.
 
 The same functions measure an adapter right after training, the base model and the merged model, so every
 stage's eval/loss is computed one way and the numbers line up in MLflow. Prompt rows (no reference replies)
@@ -11,7 +11,10 @@ import math
 from statistics import mean
 
 from ..data.tables import reply_text, user_text
+from ..infer.generation import generate
+from ..infer.logprobs import completion_loss
 from ..rewards import ACCURACY_TYPES
+from ..text.matchers import NUMBER, json_valid
 from . import metrics as task_metrics
 
 # Rewards that say right (1) or wrong: the report also gives the share of rows scoring 1.
@@ -46,9 +49,9 @@ def choose_metrics(references: list[str], names: list[str] | None = None) -> lis
     refs = [str(r).strip() for r in references]
     most = lambda test: bool(refs) and sum(map(test, refs)) > len(refs) / 2  # noqa: E731
     chosen = list(ALWAYS_METRICS)
-    if most(lambda r: task_metrics._NUMBER.fullmatch(r.replace(" ", "")) is not None):
+    if most(lambda r: NUMBER.fullmatch(r.replace(" ", "")) is not None):
         chosen.insert(3, "numeric")
-    if most(lambda r: r[:1] in "[{" and task_metrics.json_valid(r) == 1.0):
+    if most(lambda r: r[:1] in "[{" and json_valid(r) == 1.0):
         chosen.insert(3, "json_valid")
     return chosen
 
@@ -56,106 +59,6 @@ def choose_metrics(references: list[str], names: list[str] | None = None) -> lis
 def has_replies(rows: list[dict]) -> bool:
     """Whether the rows carry reference replies to measure a loss on (chat rows, pairs), not bare prompts."""
     return any("completion" in r or "chosen" in r for r in rows)
-
-
-def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
-    """Token ids of prompt+reply (the completion, or a pair's chosen reply), and how many leading tokens are
-    prompt (no loss there)."""
-    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
-    reply = row["completion"] if "completion" in row else row["chosen"]
-    full = tokenizer.apply_chat_template(row["prompt"] + reply, tokenize=False)
-    if not full.startswith(prompt):  # templates that rewrite earlier turns: fall back to concatenation
-        full = prompt + reply_text(row) + (tokenizer.eos_token or "")
-    prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    full_ids = tokenizer(full, add_special_tokens=False)["input_ids"]
-    return full_ids[:max_len], min(len(prompt_ids), max_len)
-
-
-def reply_logprobs(
-    model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8
-) -> list[tuple[float, int]]:
-    """(summed log-probability, token count) of each row's reply (its completion, or a pair's chosen reply)
-    given its prompt turns: what a KTO/DPO implicit reward and the held-out loss are made of."""
-    import torch
-
-    device = next(model.parameters()).device
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    out = []
-    for start in range(0, len(rows), batch_size):
-        encoded = [_encode(tokenizer, r, max_len) for r in rows[start : start + batch_size]]
-        width = max(len(ids) for ids, _ in encoded)
-        input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
-        labels = torch.full_like(input_ids, -100)
-        attention = torch.zeros_like(input_ids)
-        for i, (ids, n_prompt) in enumerate(encoded):
-            input_ids[i, : len(ids)] = torch.tensor(ids)
-            attention[i, : len(ids)] = 1
-            labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:], dtype=torch.long)
-        with torch.no_grad():
-            logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
-        shift_logits, shift_labels = logits[:, :-1], labels[:, 1:].to(device)
-        nll = torch.nn.functional.cross_entropy(
-            shift_logits.transpose(1, 2), shift_labels, ignore_index=-100, reduction="none"
-        )
-        counts = (shift_labels != -100).sum(dim=1)
-        out += [(-float(total), int(n)) for total, n in zip(nll.sum(dim=1), counts)]
-    return out
-
-
-def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> dict:
-    """Mean next-token loss over the assistant reply tokens of the rows (token-weighted)."""
-    if not rows:
-        return {"eval_loss": float("nan"), "perplexity": float("nan"), "eval_tokens": 0}
-    scored = reply_logprobs(model, tokenizer, rows, max_len, batch_size)
-    count = sum(n for _, n in scored)
-    mean_loss = -sum(logp for logp, _ in scored) / max(1, count)
-    return {"eval_loss": mean_loss, "perplexity": math.exp(min(mean_loss, 50)), "eval_tokens": count}
-
-
-def generate(
-    model,
-    tokenizer,
-    prompts: list[list[dict]],
-    max_new_tokens: int = 128,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    batch_size: int = 8,
-    seed: int = 42,
-) -> list[str]:
-    """Replies to chat prompts (lists of messages), batched with left padding. temperature 0 is greedy."""
-    import torch
-
-    from ..infer import decode_weights
-
-    device = next(model.parameters()).device
-    tokenizer.padding_side = "left"
-    torch.manual_seed(seed)
-    replies = []
-    with decode_weights.prepared(model, min(batch_size, len(prompts)) or 1):  # CPU: folded, packed weights
-        for start in range(0, len(prompts), batch_size):
-            replies += generate_batch(
-                model, tokenizer, prompts[start : start + batch_size], device, max_new_tokens, temperature, top_p
-            )
-    return replies
-
-
-def generate_batch(
-    model, tokenizer, prompts: list[list[dict]], device, max_new_tokens: int, temperature: float, top_p: float
-) -> list[str]:
-    """Replies to one batch of chat prompts, left-padded together."""
-    import torch
-
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
-    sampling = (
-        {"do_sample": True, "temperature": temperature, "top_p": top_p}
-        if temperature > 0
-        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
-    )
-    with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
-    new = out[:, batch["input_ids"].shape[1] :]
-    return [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
 
 
 def evaluate_rows(

@@ -1,1 +1,2 @@
-"""Talking to models: local and server backends, and the chat session whose ratings become feedback."""
+"""Running models: generation and reply log-probabilities (generation.py, logprobs.py, decode_weights.py), local
+and server backends, and the chat session whose ratings become feedback."""

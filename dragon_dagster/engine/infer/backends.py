@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..spec.settings import DEVICES, DTYPES, Hardware
+from ..config.hardware import DEVICES, DTYPES, Hardware
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -178,12 +178,9 @@ def clear_cache() -> None:
 
 
 def _is_artifact(path: Path) -> bool:
-    from ..artifacts import read_manifest
+    from ..artifacts.manifest import manifest_kind
 
-    try:
-        return read_manifest(path).get("kind") in ("adapter", "merged_model")
-    except (OSError, ValueError):
-        return False
+    return manifest_kind(path) in ("adapter", "merged_model")
 
 
 class LocalBackend(Backend):
@@ -255,7 +252,7 @@ class LocalBackend(Backend):
             return entry
 
     def _chat(self, conversations, *, max_new_tokens, temperature, top_p):
-        from ..evaluate.replies import generate
+        from .generation import generate
 
         entry = self.loaded()
         with entry["lock"]:  # generate() sets tokenizer padding; one batch at a time per model

@@ -25,8 +25,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..data.feedback_store import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
 from ..data.tables import DataError, conversation_row
-from ..feedback import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
 from .backends import Backend, BackendError, as_backend
 
 ROLES = ("system", "user", "assistant")

@@ -1,5 +1,5 @@
-"""Preference optimization on a LoRA adapter: DPO (TRL's DPOTrainer) or ORPO (trl.experimental.orpo) on pairs,
-KTO (TRL's KTOTrainer) on single liked/disliked replies: the ratings people give without a matching opposite.
+"""What the preference kinds share (stages/dpo, stages/orpo, stages/kto: one TRL config/trainer pair each): their
+settings base, the training run around the method's trainer, the held-out figures and the samples.
 
 With PEFT, DPO and KTO need no separate reference model: the policy with its adapter switched off is the
 reference, which is the model the stage started from (earlier adapters already folded in).
@@ -8,19 +8,23 @@ reference, which is the model the stage started from (earlier adapters already f
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
-from .. import distributed
-from ..data.tables import unpaired
-from ..evaluate.replies import generate, reply_logprobs
-from ..reporter import Reporter
-from ..spec.stages import Preference
-from . import progress
-from .preference_head import chunked_orpo_trainer, use_chunked_head
+from pydantic import Field
+
+from ..artifacts import progress
+from ..config.reporter import Reporter
+from ..config.results import TrainingResult, fig
+from ..config.stage import Continues
+from ..config.training import TrainArgs
+from ..evaluate.plots import plot_loss
+from ..infer.generation import generate
+from . import distributed, lm_head
+from .stage import TrainerStage
 from .trainer import (
-    StageJob,
     TrainingError,
+    TrainingJob,
     apply_speed,
     common_args,
     lora_config,
@@ -29,188 +33,183 @@ from .trainer import (
     run_trainer,
 )
 
-
-@dataclass
-class PreferenceJob(StageJob):
-    settings: Preference
+# The rows a dataset holds (a dataset kind's `makes`): what a preference kind can train on (its `trains_on`).
+ROW_SHAPES = {"pairs": "pairs (chosen and rejected replies)", "rated": "rated replies (liked or disliked)"}
 
 
-def build_trainer(job: PreferenceJob, p, callback, chunked: bool = False):
-    """The method's TRL trainer; with chunked, ORPO's is the subclass that scores through the chunked head (DPO's
-    and KTO's fused head is swapped after construction, by use_chunked_head)."""
+class PreferenceArgs(TrainArgs):
+    """dragon_prefer's defaults: a lower learning rate and fewer passes than SFT."""
+
+    epochs: float = Field(2, gt=0, description="Passes over the training pairs.")
+    learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
+
+
+class PreferenceStage(TrainerStage):
+    """Preference optimization on rows people (or a judge) preferred, continuing from the stage before it."""
+
+    continues: ClassVar[Continues] = "required"  # a preference is over the replies of a model that exists
+    trains_on: ClassVar[tuple[str, ...]] = ("pairs",)
+
+    beta: float = Field(0.1, gt=0, allow_inf_nan=False, description="Strength of the preference (KL to the start).")
+    args: PreferenceArgs = Field(default_factory=PreferenceArgs, description="Trainer arguments.")
+
+    def check_inputs(self, pipeline) -> None:
+        """The dataset must be a mapped one that holds rows this kind trains on (pipeline: `stage_or_none`,
+        `kinds_making(shape)`, `kinds_training_on(shape)`)."""
+        wanted = " or ".join(k for shape in self.trains_on for k in pipeline.kinds_making(shape))
+        data = pipeline.stage_or_none(self.dataset)
+        if data is None:
+            raise ValueError(f"stage {self.name!r} names {self.dataset!r}, a source file: map it with a {wanted} first")
+        makes = getattr(data, "makes", None)
+        if makes in self.trains_on:
+            return
+        others = [k for k in pipeline.kinds_training_on(makes) if k != self.kind] if makes else []
+        raise ValueError(
+            f"stage {self.name!r} ({self.kind}) trains on {ROW_SHAPES[self.trains_on[0]]}: its dataset "
+            f"{self.dataset!r} is a {data.kind}; use a {wanted}"
+            + (f", or kind: {' or '.join(others)} for {ROW_SHAPES.get(makes, makes)}" if others else "")
+        )
+
+
+class PreferenceResult(TrainingResult):
+    """A preference stage's figures on its held-out rows (TRL's evaluate: the method's loss, the share of pairs
+    whose chosen reply gains more than the rejected one, and the mean margin between them)."""
+
+    beta: float
+    eval_pairs: int | None = None  # held-out pairs (a KTO stage counts rated replies: eval_rows)
+    pref_accuracy: float | None = None
+    reward_margin: float | None = None
+    preference_loss: float | None = None  # the method's own objective, not a language-model NLL
+
+    def own_figures(self) -> dict[str, Any]:
+        return {
+            "preference_loss": self.preference_loss,
+            "pref_accuracy": self.pref_accuracy,
+            "reward_margin": self.reward_margin,
+        }
+
+    @classmethod
+    def headline(cls, metrics: dict[str, float]) -> str:
+        """Its own figures, never eval/loss (a preference objective is no NLL)."""
+        names = [
+            "pref_accuracy",
+            "reward_margin",
+            *sorted(k[5:] for k in metrics if k.startswith("eval/") and k.endswith("_loss") and k != "eval/loss"),
+        ]
+        parts = [f"{name} {fig(metrics[f'eval/{name}'])}" for name in names if f"eval/{name}" in metrics]
+        if not parts and "train/loss" in metrics:
+            parts.append(f"train loss {fig(metrics['train/loss'])}")
+        return ", ".join(parts)
+
+
+def check_rows(stage: PreferenceStage, rows: list[dict], per_device_batch: int) -> None:
+    """Refuse data the kind cannot train on, naming what it needs (a dataset's rows can be anything at run time)."""
+    shapes = {
+        "pairs": all("chosen" in r and "rejected" in r for r in rows),
+        "rated": all("label" in r and "completion" in r for r in rows),
+    }
+    if not any(shapes[s] for s in stage.trains_on):
+        given = next((s for s, ok in shapes.items() if ok), "neither pairs nor rated replies")
+        raise TrainingError(
+            f"{stage.kind} trains on {' or '.join(ROW_SHAPES[s] for s in stage.trains_on)}; these rows are "
+            f"{ROW_SHAPES.get(given, given)}: use a dataset of {stage.trains_on[0]}"
+            + (f", or a kind that trains on {ROW_SHAPES[given]}" if given in ROW_SHAPES else "")
+        )
+
+
+def trainer_parts(p, callback, train=None, evals=None) -> dict[str, Any]:
+    """What every preference trainer is built with besides its model and config: the rows as datasets (train and
+    evals given when the method reshapes them), the tokenizer, the LoRA adapter and the progress callback."""
     from datasets import Dataset
 
-    kwargs = dict(
-        common_args(p.args, p.hardware, job.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers),
-        beta=job.settings.beta,
-        max_length=p.args.max_seq_len,
-    )
-    train = Dataset.from_list(p.train_rows)
-    evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
-    check_rows(job.settings.method, p.train_rows, kwargs["per_device_train_batch_size"])
-    if job.settings.method == "kto":
-        from trl import KTOConfig, KTOTrainer
-
-        # shuffled: KTO reads batches in order (its KL term pairs each reply with another prompt of the same batch),
-        # and rated files, unpaired pairs and feedback come grouped by label or prompt
-        train = Dataset.from_list(unpaired(p.train_rows)).shuffle(seed=p.args.seed)
-        evals = Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None
-        weights = kto_weights(job.settings, [bool(r["label"]) for r in train])
-        return KTOTrainer(
-            model=p.model,
-            ref_model=None,
-            args=KTOConfig(**kwargs, **weights),
-            train_dataset=train,
-            eval_dataset=evals,
-            processing_class=p.tokenizer,
-            peft_config=lora_config(p.lora),
-            callbacks=[callback],
-        )
-    if job.settings.method == "orpo":
-        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
-
-        return (chunked_orpo_trainer() if chunked else ORPOTrainer)(
-            model=p.model,
-            args=ORPOConfig(**kwargs),
-            train_dataset=train,
-            eval_dataset=evals,
-            processing_class=p.tokenizer,
-            peft_config=lora_config(p.lora),
-            callbacks=[callback],
-        )
-    from trl import DPOConfig, DPOTrainer
-
-    return DPOTrainer(
-        model=p.model,
-        ref_model=None,
-        args=DPOConfig(**kwargs),
-        train_dataset=train,
-        eval_dataset=evals,
-        processing_class=p.tokenizer,
-        peft_config=lora_config(p.lora),
-        callbacks=[callback],
-    )
-
-
-def check_rows(method: str, rows: list[dict], per_device_batch: int) -> None:
-    """Refuse data the method cannot train on, naming what it needs (a run's settings can switch the method)."""
-    if method == "kto":
-        if not all("chosen" in r or "label" in r for r in rows):
-            raise TrainingError(
-                "kto trains on rated replies (a rated_dataset) or pairs; these rows have neither a "
-                "label nor a chosen reply"
-            )
-        if per_device_batch < 2:
-            raise TrainingError(
-                f"kto needs at least 2 rows per device step (it estimates its KL term from the other "
-                f"replies in a batch); this run has {per_device_batch}: raise args.batch_size"
-            )
-    elif not all("chosen" in r and "rejected" in r for r in rows):
-        raise TrainingError(
-            f"{method} trains on pairs (chosen and rejected replies); these rows are not pairs: use a "
-            "pairs_dataset or preference_pairs, or method: kto for rated replies"
-        )
-
-
-def kto_weights(settings: Preference, labels: list[bool]) -> dict:
-    """KTO's loss weights: the stage's, else balanced so that liked x weight ~ disliked x weight (the KTO paper
-    asks for a ratio in [1, 4/3]); ratings are rarely balanced (people click thumbs up more often)."""
-    liked, disliked = sum(labels), len(labels) - sum(labels)
-    desirable = settings.desirable_weight or (min(1.0, disliked / liked) if liked and disliked else 1.0)
-    undesirable = settings.undesirable_weight or (min(1.0, liked / disliked) if liked and disliked else 1.0)
-    return {"desirable_weight": desirable, "undesirable_weight": undesirable}
-
-
-def mean(xs: list[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
-def kto_accuracy(model, tokenizer, rows: list[dict], beta: float, max_len: int) -> dict:
-    """On held-out rated replies: the implicit reward beta * (log p_adapter - log p_start) of each reply, and
-    the share the adapter moved the right way (a liked reply likelier than before, a disliked one less)."""
-    rows = unpaired(rows)
-    trained = reply_logprobs(model, tokenizer, rows, max_len)
-    with model.disable_adapter():  # the reference: the model the stage started from
-        start = reply_logprobs(model, tokenizer, rows, max_len)
-    rewards = [beta * (a - b) for (a, _), (b, _) in zip(trained, start)]
-    liked = [r for r, row in zip(rewards, rows) if row["label"]]
-    disliked = [r for r, row in zip(rewards, rows) if not row["label"]]
-    right = sum(r > 0 for r in liked) + sum(r < 0 for r in disliked)
-    margin = mean(liked) - mean(disliked) if liked and disliked else None
+    if train is None:
+        train = Dataset.from_list(p.train_rows)
+        evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
     return {
-        "pref_accuracy": right / len(rows),
-        "reward_margin": margin,
-        "reward_liked": mean(liked),
-        "reward_disliked": mean(disliked),
-        "eval_liked": len(liked),
-        "eval_disliked": len(disliked),
+        "train_dataset": train,
+        "eval_dataset": evals,
+        "processing_class": p.tokenizer,
+        "peft_config": lora_config(p.lora),
+        "callbacks": [callback],
     }
 
 
-def use_speed(trainer, p, chunked: bool, method: str, reporter: Reporter) -> dict:
-    """The trainer's speed choices (trainer.apply_speed), and the chunked head where it scores."""
-    speed = apply_speed(trainer, p.speed, chunked, reporter)
-    if chunked and method == "orpo":
-        trainer.unpad = speed["unpad"]
-    elif chunked:
-        use_chunked_head(
-            trainer.model.get_base_model(),
-            speed["unpad"],
-            getattr(trainer, "use_weighting", False),
-            paired=method == "dpo",
-        )
-    return speed
+class PreferenceMethod:
+    """One preference kind's part of the run: its TRL trainer, where the chunked head goes, its own figures."""
+
+    result: ClassVar[type[PreferenceResult]] = PreferenceResult
+    held_out: ClassVar[str] = "pairs"  # what the held-out rows are called in the log
+
+    def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
+        raise NotImplementedError
+
+    def use_head(self, trainer, speed: dict) -> None:
+        """Put the chunked head where the trainer scores (called only when it is on)."""
+
+    def train_figures(self, job: TrainingJob, p) -> dict[str, Any]:
+        return {}
+
+    def eval_figures(self, job: TrainingJob, p, trainer, figures: dict) -> dict[str, Any]:
+        return {}
 
 
-def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
-    from . import lm_head
-
+def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMethod) -> PreferenceResult | None:
     p = prepare(job)
-    out = Path(job.output_dir)
+    settings, out = job.settings, Path(job.output_dir)
     callback = progress_callback(reporter, out)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
-    trainer = build_trainer(job, p, callback, chunked)
-    speed = use_speed(trainer, p, chunked, job.settings.method, reporter)
+    args = dict(
+        common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers),
+        beta=settings.beta,
+        max_length=p.args.max_seq_len,
+    )
+    check_rows(settings, p.train_rows, args["per_device_train_batch_size"])
+    trainer = method.trainer(job, p, args, callback, chunked)
+    speed = apply_speed(trainer, p.speed, chunked, reporter)
+    if chunked:
+        method.use_head(trainer, speed)
     result = run_trainer(trainer, callback, job, reporter)
-    kto = job.settings.method == "kto"
-    summary = {
-        "method": job.settings.method,
-        "beta": job.settings.beta,
+    summary: dict[str, Any] = {
+        "objective": settings.objective(),
+        "loss_label": f"{settings.objective().upper()} loss",
+        "beta": settings.beta,
         "global_step": trainer.state.global_step,
         "speed": speed,
         "train_loss": result.training_loss,
         "held_out": bool(p.eval_rows),
-        "eval_rows" if kto else "eval_pairs": len(p.eval_rows),
+        **method.train_figures(job, p),
     }
-    if kto:
-        labels = [bool(r["label"]) for r in unpaired(p.train_rows)]
-        summary.update(
-            train_liked=sum(labels), train_disliked=len(labels) - sum(labels), **kto_weights(job.settings, labels)
-        )
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
     summary.update(first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None)
     if p.eval_rows:  # every rank: the evaluation is sharded across them
-        reporter.log(f"evaluating on {len(p.eval_rows)} held-out {'rated replies' if kto else 'pairs'}")
+        reporter.log(f"evaluating on {len(p.eval_rows)} held-out {method.held_out}")
         figures = trainer.evaluate()
         summary.update(
             pref_accuracy=figures.get("eval_rewards/accuracies"),
             reward_margin=figures.get("eval_rewards/margins"),
             preference_loss=figures.get("eval_loss"),
-        )  # the DPO/ORPO objective, not a language-model NLL
-        if kto and distributed.is_main():  # TRL's KTO logs no accuracy: per reply, as DPO's pairs have it
-            trainer.model.eval()
-            summary.update(
-                kto_accuracy(trainer.model, p.tokenizer, p.eval_rows, job.settings.beta, p.args.max_seq_len),
-                kl=figures.get("eval_kl"),
-            )
+        )
+        summary.update(method.eval_figures(job, p, trainer, figures))
     if not distributed.is_main():  # rank 0 samples and writes the artifact
-        return {**summary, "rank": distributed.rank()}
-    rows = (p.eval_rows or p.train_rows)[: job.settings.n_samples]
-    trainer.model.eval()
-    replies = generate(
-        trainer.model, p.tokenizer, [r["prompt"] for r in rows], max_new_tokens=job.settings.max_new_tokens
-    )
+        return None
+    summary = method.result.model_validate(summary)
+    write_samples(trainer.model, p.tokenizer, (p.eval_rows or p.train_rows)[: settings.n_samples], settings, out)
+    (out / "metrics.json").write_text(summary.model_dump_json(indent=2))
+    plot_loss(logged, out / "loss.png", title=f"{settings.objective().upper()} training loss")
+    final = {
+        "eval/pref_accuracy": summary.pref_accuracy,
+        "eval/reward_margin": summary.reward_margin,
+        f"eval/{settings.objective()}_loss": summary.preference_loss,
+    }
+    reporter.metrics(trainer.state.global_step, {k: v for k, v in final.items() if v is not None})
+    return summary
+
+
+def write_samples(model, tokenizer, rows: list[dict], settings: PreferenceStage, out: Path) -> None:
+    """samples.jsonl: the adapter's greedy reply to each row's prompt, beside the reply (or pair) it was given."""
+    model.eval()
+    replies = generate(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=settings.max_new_tokens)
     with (out / "samples.jsonl").open("w") as f:
         for row, reply in zip(rows, replies):
             given = (
@@ -222,12 +221,3 @@ def train_preference(job: PreferenceJob, reporter: Reporter) -> dict:
                 json.dumps({"prompt": row["prompt"][-1]["content"], **given, "generated": reply}, ensure_ascii=False)
                 + "\n"
             )
-    (out / "metrics.json").write_text(json.dumps(summary, indent=2))
-    progress.plot_loss(logged, out / "loss.png", title=f"{job.settings.method.upper()} training loss")
-    final = {
-        "eval/pref_accuracy": summary.get("pref_accuracy"),
-        "eval/reward_margin": summary.get("reward_margin"),
-        f"eval/{job.settings.method}_loss": summary.get("preference_loss"),
-    }
-    reporter.metrics(trainer.state.global_step, {k: v for k, v in final.items() if v is not None})
-    return summary

@@ -1,6 +1,7 @@
 """What every trainer stage shares: TRL arguments from our settings, LoRA, progress, NaN and cancel handling.
 
-sft.py, preference.py and grpo.py each build their TRL trainer and summarize it; the rest lives here.
+Each training kind (stages/sft, stages/dpo, stages/grpo, ...) builds its TRL trainer and summarizes it; the rest
+lives here.
 """
 
 from __future__ import annotations
@@ -8,34 +9,21 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from .. import distributed
-from ..artifacts import checkpoint_problem, checkpoint_step
+from ..artifacts import progress
+from ..artifacts.checkpoints import checkpoint_problem, last_checkpoint
+from ..config.hardware import Hardware, Speed
+from ..config.job import Job, TrainingInputs
+from ..config.reporter import Reporter
+from ..config.training import Lora, TrainArgs
 from ..data.tables import read_jsonl
 from ..models import load_model, load_tokenizer, pick_device, pick_dtype
-from ..reporter import Reporter
-from ..spec.settings import Hardware, Speed, build
-from ..spec.stages import Lora, TrainArgs, TrainerStage
-from . import progress
+from . import distributed
+from .stage import TrainerStage
 
-
-@dataclass
-class StageJob:
-    """What a training stage's worker gets: paths, settings, and where it continues from."""
-
-    settings: TrainerStage  # the stage's settings, as validated from the pipeline YAML
-    model: str  # resolved base model (directory or hub id)
-    train_file: str
-    output_dir: str  # the adapter's artifact directory (staged)
-    checkpoint_dir: str  # survives a cancel; resume reads it
-    eval_file: str | None = None
-    adapters: list[str] = field(default_factory=list)  # earlier stages, folded in first
-    hardware: dict = field(default_factory=dict)
-    speed: dict = field(default_factory=dict)
-    resume_from: str | None = None
+TrainingJob = Job[TrainerStage, TrainingInputs]  # what every training kind's worker receives (its own settings)
 
 
 @dataclass
@@ -51,18 +39,18 @@ class Prepared:
     workers: int = 1  # data-parallel ranks sharing args.batch_size (the global batch)
 
 
-def prepare(job: StageJob) -> Prepared:
-    """Validate settings, read the rows, load the starting model with earlier adapters folded in."""
-    lora, args = job.settings.lora, job.settings.args
-    hardware = build(Hardware, job.hardware, "hardware")
-    speed = build(Speed, job.speed, "speed").resolve(pick_device(hardware))
-    train_rows = read_jsonl(job.train_file)
-    eval_rows = read_jsonl(job.eval_file) if job.eval_file and Path(job.eval_file).exists() else []
+def prepare(job: TrainingJob) -> Prepared:
+    """Read the rows, load the starting model with earlier adapters folded in; speed resolved for the device."""
+    lora, args, inputs = job.settings.lora, job.settings.args, job.inputs
+    hardware = job.hardware
+    speed = (job.speed or Speed()).resolve(pick_device(hardware))
+    train_rows = read_jsonl(inputs.train_file)
+    eval_rows = read_jsonl(inputs.eval_file) if inputs.eval_file and Path(inputs.eval_file).exists() else []
     if not train_rows:
-        raise TrainingError(f"no training rows in {job.train_file}")
-    tokenizer = load_tokenizer(job.model)
+        raise TrainingError(f"no training rows in {inputs.train_file}")
+    tokenizer = load_tokenizer(inputs.model)
     distributed.bind_device()
-    model = load_model(job.model, hardware, adapters=job.adapters, trainable=True)
+    model = load_model(inputs.model, hardware, adapters=inputs.adapters, trainable=True)
     return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size())
 
 
@@ -87,24 +75,24 @@ def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dic
     return used
 
 
-def run_trainer(trainer, callback, job: StageJob, reporter: Reporter):
+def run_trainer(trainer, callback, job: TrainingJob, reporter: Reporter):
     """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput.
 
     With several workers every rank trains and stops alike; rank 0 alone writes the progress and the adapter.
     """
     quiet_progress_bar(trainer)
-    job.resume_from = resume_point(job.resume_from, reporter)
-    if job.resume_from:
-        carry_history(trainer, callback, job.resume_from, Path(job.output_dir), reporter)
+    resume_from = resume_point(job.inputs.resume_from, reporter)
+    if resume_from:
+        carry_history(trainer, callback, resume_from, Path(job.output_dir), reporter)
     reporter.log(
         f"training {len(trainer.train_dataset)} rows for "
         f"{trainer.args.max_steps if trainer.args.max_steps > 0 else trainer.args.num_train_epochs} "
         f"{'steps' if trainer.args.max_steps > 0 else 'epochs'} on {trainer.model.device}"
-        + (f", resuming from {job.resume_from}" if job.resume_from else "")
+        + (f", resuming from {resume_from}" if resume_from else "")
     )
-    result = trainer.train(resume_from_checkpoint=job.resume_from)
+    result = trainer.train(resume_from_checkpoint=resume_from)
     distributed.check_in_sync(trainer.model, reporter.log)
-    finish_training(trainer, callback, job.checkpoint_dir, reporter)
+    finish_training(trainer, callback, job.inputs.checkpoint_dir, reporter)
     if not distributed.is_main():
         return result
     adapter_dir = Path(job.output_dir) / "adapter"
@@ -119,19 +107,6 @@ class TrainingError(RuntimeError):
 
 class Cancelled(RuntimeError):
     """Training stopped on request after saving a checkpoint."""
-
-
-def last_checkpoint(checkpoint_dir: str | Path, log: Callable[[str], None] | None = None) -> Path | None:
-    """The highest-step complete checkpoint-N in checkpoint_dir; newer incomplete ones (a kill during the save)
-    are skipped and named through log."""
-    candidates = [p for p in Path(checkpoint_dir).glob("checkpoint-*") if checkpoint_step(p) is not None]
-    for candidate in sorted(candidates, key=checkpoint_step, reverse=True):
-        problem = checkpoint_problem(candidate)
-        if problem is None:
-            return candidate
-        if log:
-            log(f"skipping incomplete checkpoint {candidate}: {problem}")
-    return None
 
 
 def resume_point(resume_from: str | None, reporter: Reporter) -> str | None:
@@ -243,7 +218,8 @@ def common_args(
         save_strategy="steps",
         save_steps=args.save_steps,
         save_total_limit=2,
-        gradient_checkpointing=args.gradient_checkpointing,
+        # transformers 5 renamed it (the old name warns and is mirrored); our setting keeps the familiar name
+        activation_checkpointing=args.gradient_checkpointing,
         seed=args.seed,
         report_to="none",
         logging_nan_inf_filter=False,

@@ -1,0 +1,415 @@
+"""The asset of each stage, built by its kind's role (engine/catalog.py); keys prefixed by the pipeline name.
+
+Its launchpad config comes from the kind's settings model. Assets hand each other paths of immutable artifact
+directories; each directory holds a manifest.json saying what made it (settings, inputs, Dagster run, MLflow
+run) and the files that reproduce it.
+"""
+
+import shutil
+from contextlib import contextmanager
+from pathlib import Path
+
+from dagster import AssetIn, AssetKey, Failure, MetadataValue, Output, asset
+
+from ..engine import catalog, models
+from ..engine.artifacts.directories import sha256
+from ..engine.artifacts.manifest import (
+    AdapterManifest,
+    DatasetManifest,
+    MergedManifest,
+    SourceManifest,
+    SynthesisManifest,
+    read_manifest,
+    write_manifest,
+)
+from ..engine.config.job import ModelInputs, SynthesisInputs
+from ..engine.config.stage import Stage
+from ..engine.data import tables as data_lib
+from ..engine.data.stage import DatasetStage
+from ..engine.pipeline import Pipeline
+from ..engine.stages.evaluate.settings import Evaluate
+from ..engine.stages.export.settings import Export
+from ..engine.stages.merge.settings import Merge
+from ..engine.train.stage import TrainerStage
+from ..resources import ArtifactStore, MLflowTracking, TrainingResource
+from .export import run_export_stage
+from .launchpad import RESUME, effective, launchpad_config
+from .metadata import as_metadata, length_stats, md_table
+from .pool import POOL_TAGS, TRAINING_POOL
+from .promotion import register_merged_model
+from .report import run_report_stage
+from .training import run_training_stage
+
+USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
+
+
+@contextmanager
+def named_failure(what: str):
+    """Bad input becomes a Dagster Failure whose description names the problem, not a stack trace."""
+    try:
+        yield
+    except USER_ERRORS as exc:
+        raise Failure(description=f"{what}: {exc}") from exc
+
+
+def key(pipeline: Pipeline, name: str) -> AssetKey:
+    return AssetKey([pipeline.name, name])
+
+
+def ins_for(pipeline: Pipeline, stage: Stage, *names: str, upstream: list[str] | None = None) -> dict[str, AssetIn]:
+    """The stage's upstream assets under the parameter names its asset function takes, in order. upstream:
+    for stages outside the pipeline's list (feedback retraining), the assets they read."""
+    upstream = upstream or pipeline.upstream(stage.name)
+    return {name: AssetIn(key=key(pipeline, asset_name)) for name, asset_name in zip(names, upstream)}
+
+
+def source_asset(pipeline: Pipeline, name: str, spec):
+    @asset(
+        key=key(pipeline, name),
+        group_name=pipeline.name,
+        kinds={"dataset"},
+        description=f"Source data read from {spec.path}: a snapshot copy, so later edits of the file "
+        "do not change what a run trained on.",
+    )
+    def _source(context, store: ArtifactStore) -> Output[str]:
+        with named_failure(f"{pipeline.name}/{name}"):
+            df = data_lib.read_table(spec.path, spec.format)
+        src = Path(spec.path)
+        with store.new_artifact(pipeline.name, name, context.op_execution_context.run_id) as (tmp, final):
+            target = tmp / ("data" if src.is_dir() else f"data{src.suffix}")
+            shutil.copytree(src, target) if src.is_dir() else shutil.copyfile(src, target)
+            write_manifest(
+                tmp,
+                SourceManifest(
+                    source=str(src),
+                    file=target.name,
+                    rows=len(df),
+                    columns=[str(c) for c in df.columns],
+                    sha256=None if src.is_dir() else sha256(target),
+                    dagster_run_id=context.op_execution_context.run_id,
+                ),
+            )
+        return Output(
+            str(final),
+            metadata={
+                "artifact_dir": MetadataValue.path(str(final)),
+                "rows": len(df),
+                "columns": ", ".join(map(str, df.columns)),
+                "preview": md_table(df.head(5).to_dict(orient="records")),
+            },
+        )
+
+    return _source
+
+
+def preview_row(row: dict) -> dict:
+    out = {"prompt": data_lib.user_text(row)}
+    for column in ("completion", "chosen", "rejected"):
+        if column in row:
+            out[column] = row[column][-1]["content"]
+    if "reference" in row:
+        out["reference"] = row["reference"]
+    if "label" in row:
+        out["label"] = "liked" if row["label"] else "disliked"
+    return out
+
+
+def read_source(pipeline: Pipeline, stage: DatasetStage, source: str | None):
+    """The stage's table: from its source asset's snapshot, or from its own path."""
+    if source is None:
+        return data_lib.read_table(stage.path, stage.format)
+    manifest = read_manifest(source, SourceManifest)
+    return data_lib.read_table(Path(source) / manifest.file, stage.format or pipeline.datasets[stage.source].format)
+
+
+def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
+    mapped = ", ".join(f"{k} {v!r}" for k, v in stage.mapped_columns().items() if k != "system")
+
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=pipeline.name,
+        kinds={"dataset"},
+        ins=ins_for(pipeline, stage, "source"),
+        description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {stage.source or stage.path} "
+        f"({mapped}), split into train and held-out files.",
+    )
+    def _dataset(context, config: launchpad_config(stage), store: ArtifactStore, **inputs) -> Output[str]:
+        settings = effective(stage, config)
+        with named_failure(f"{pipeline.name}/{stage.name}"):
+            inputs = local_inputs(store, inputs)
+            df = read_source(pipeline, settings, inputs.get("source"))
+            rows, dropped, kept = settings.map(df)
+            if settings.group_by:  # read from the source table, carried along with the rows it maps to
+                values = data_lib.group_values(df, settings.group_by)
+                groups = [values[i] for i in kept]
+            else:  # rows asking the same prompt stay on one side
+                groups = [data_lib.user_text(r) for r in rows]
+            duplicates = 0
+            if settings.dedupe:
+                rows, groups, duplicates = data_lib.dedupe_rows(rows, groups)
+            train, held = data_lib.split_rows(rows, settings.eval_frac, settings.seed, groups)
+            leakage = data_lib.overlap(train, held)
+            tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
+        lengths = [chat_tokens(tokenizer, r) for r in rows]
+        quality = data_lib.quality(rows)
+        with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+            data_lib.write_jsonl(tmp / "train.jsonl", train)
+            data_lib.write_jsonl(tmp / "eval.jsonl", held)
+            if not inputs:  # keep the file it was read from, so the artifact reproduces itself
+                shutil.copyfile(settings.path, tmp / f"source{Path(settings.path).suffix}")
+            write_manifest(
+                tmp,
+                DatasetManifest(
+                    kind=stage.kind,
+                    source=inputs.get("source") or settings.path,
+                    settings=settings.model_dump(),
+                    train_rows=len(train),
+                    eval_rows=len(held),
+                    dropped=dropped,
+                    quality=quality,
+                    duplicates_dropped=duplicates,
+                    **leakage,
+                    group_by=settings.group_by or "the user prompt",
+                    dagster_run_id=context.op_execution_context.run_id,
+                ),
+            )
+        return Output(
+            str(final),
+            metadata={
+                "artifact_dir": MetadataValue.path(str(final)),
+                "train_rows": len(train),
+                "eval_rows": len(held),
+                "duplicates_dropped": duplicates,
+                **leakage,
+                "preview": md_table([preview_row(r) for r in train[:5]]),
+                "tokens": MetadataValue.json(length_stats(lengths)),
+                "duplicate_share": quality["duplicate_share"],
+                **{f"dropped_{k}": v for k, v in dropped.items()},
+            },
+        )
+
+    return _dataset
+
+
+def training_asset(pipeline: Pipeline, stage: TrainerStage):
+    upstream = pipeline.upstream(stage.name)
+
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=pipeline.name,
+        kinds={"pytorch", "mlflow"},
+        ins=ins_for(pipeline, stage, "dataset", "previous"),
+        pool=TRAINING_POOL,
+        op_tags=POOL_TAGS,
+        description=f"LoRA adapter trained with TRL ({stage.objective().upper()}) on {upstream[0]}"
+        + (f", continuing from {upstream[1]}" if len(upstream) > 1 else "")
+        + ".",
+    )
+    def _train(
+        context,
+        config: launchpad_config(stage, resume=RESUME),
+        store: ArtifactStore,
+        tracking: MLflowTracking,
+        training: TrainingResource,
+        **inputs,
+    ) -> Output[str]:
+        inputs = local_inputs(store, inputs)
+        return run_training_stage(
+            context,
+            pipeline,
+            effective(stage, config),
+            inputs["dataset"],
+            inputs.get("previous"),
+            config.resume,
+            store,
+            tracking,
+            training,
+        )
+
+    return _train
+
+
+def synthesis_asset(pipeline: Pipeline, stage: Stage):
+    """Data made by models (a teacher, the student, a judge): generated in the worker, counted by reason."""
+    upstream = pipeline.upstream(stage.name)
+
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=pipeline.name,
+        kinds={"dataset", "pytorch"},
+        ins=ins_for(pipeline, stage, "dataset", "student"),
+        pool=TRAINING_POOL,
+        op_tags=POOL_TAGS,
+        description=f"{stage.kind.replace('_', ' ').capitalize()} made from {upstream[0]}'s prompts"
+        + (f" with {upstream[1]} as the student" if len(upstream) > 1 else "")
+        + ".",
+    )
+    def _synthesize(
+        context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource, **inputs
+    ) -> Output[str]:
+        settings = effective(stage, config)
+        inputs = local_inputs(store, inputs)
+        student = read_manifest(inputs["student"], AdapterManifest) if "student" in inputs else None
+        job_inputs = SynthesisInputs(
+            prompts_file=str(Path(inputs["dataset"]) / "train.jsonl"),
+            model=student.resolved_model if student else None,
+            adapters=student.chain if student else [],
+        )
+        with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+            job = catalog.kind_of(stage).job_model()(settings=settings, inputs=job_inputs, output_dir=str(tmp))
+            result = training.run_job(context, job, tmp, store=store, final=final)
+            write_manifest(
+                tmp,
+                SynthesisManifest(
+                    kind=stage.kind,
+                    dataset=inputs["dataset"],
+                    student=inputs.get("student"),
+                    settings=settings.model_dump(),
+                    result=result,
+                    dagster_run_id=context.op_execution_context.run_id,
+                ),
+            )
+        return Output(
+            str(final), metadata={"artifact_dir": MetadataValue.path(str(final)), **as_metadata(result.metadata())}
+        )
+
+    return _synthesize
+
+
+def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = None):
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=pipeline.name,
+        kinds={"pytorch"},
+        pool=TRAINING_POOL,
+        op_tags=POOL_TAGS,
+        ins=ins_for(pipeline, stage, "adapter", upstream=upstream),
+        description="The adapter chain folded into the base model: a standalone model directory that "
+        "plain transformers loads.",
+    )
+    def _merge(
+        context,
+        config: launchpad_config(stage),
+        store: ArtifactStore,
+        training: TrainingResource,
+        tracking: MLflowTracking,
+        adapter: str,
+    ) -> Output[str]:
+        settings = effective(stage, config)
+        adapter = str(store.local(adapter))
+        adapter_manifest = read_manifest(adapter, AdapterManifest)
+        inputs = ModelInputs(model=adapter_manifest.resolved_model, adapters=adapter_manifest.chain)
+        with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+            job = catalog.kind_of(stage).job_model()(settings=settings, inputs=inputs, output_dir=str(tmp))
+            info = training.run_job(context, job, tmp, store=store, final=final)
+            info = info.model_copy(update={"model_dir": str(final / "model")})  # where it is once published
+            write_manifest(
+                tmp,
+                MergedManifest(
+                    base_model=adapter_manifest.base_model,
+                    resolved_model=adapter_manifest.resolved_model,
+                    adapters=adapter_manifest.chain,
+                    upstream_mlflow_run_id=adapter_manifest.mlflow_run_id,
+                    info=info,
+                    settings=settings.model_dump(),
+                    dagster_run_id=context.op_execution_context.run_id,
+                ),
+            )
+        # after the artifact is published: a registry that fails cannot take the merged model with it
+        version = register_merged_model(context, pipeline, tracking, final)
+        return Output(
+            str(final),
+            metadata={
+                "artifact_dir": MetadataValue.path(str(final)),
+                "model_dir": MetadataValue.path(info.model_dir),
+                "size_mb": info.size_mb,
+                "parameters": info.parameters,
+                "registered_model": MetadataValue.text(f"models:/{pipeline.name}/{version} (challenger)"),
+                "sample": MetadataValue.md(f"**{info.sample_prompt}**\n\n{info.sample_reply}"),
+            },
+        )
+
+    return _merge
+
+
+def evaluate_asset(pipeline: Pipeline, stage: Evaluate, upstream: list[str] | None = None):
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=pipeline.name,
+        kinds={"mlflow"},
+        pool=TRAINING_POOL,
+        op_tags=POOL_TAGS,
+        ins=ins_for(pipeline, stage, "merged", "dataset", upstream=upstream),
+        description="Base model against the merged model on the same held-out rows: loss, perplexity, "
+        "task metrics and sample replies side by side.",
+    )
+    def _evaluate(
+        context,
+        config: launchpad_config(stage),
+        store: ArtifactStore,
+        tracking: MLflowTracking,
+        training: TrainingResource,
+        merged: str,
+        dataset: str,
+    ) -> Output[str]:
+        return run_report_stage(
+            context,
+            pipeline,
+            effective(stage, config),
+            str(store.local(merged)),
+            str(store.local(dataset)),
+            store,
+            tracking,
+            training,
+        )
+
+    return _evaluate
+
+
+def export_asset(pipeline: Pipeline, stage: Export, upstream: list[str] | None = None):
+    upstream = upstream or pipeline.upstream(stage.name)
+
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=pipeline.name,
+        kinds={"gguf"},
+        pool=TRAINING_POOL,
+        op_tags=POOL_TAGS,
+        ins=ins_for(pipeline, stage, "merged", "report", upstream=upstream),
+        description=f"{upstream[0]} as GGUF files ({', '.join(stage.formats)}) for llama.cpp and Ollama, with "
+        "an Ollama Modelfile and a model card"
+        + (f" that includes {upstream[1]}'s table" if len(upstream) > 1 else "")
+        + ".",
+    )
+    def _export(
+        context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource, **inputs
+    ) -> Output[str]:
+        inputs = local_inputs(store, inputs)
+        with named_failure(f"{pipeline.name}/{stage.name}"):
+            return run_export_stage(
+                context, pipeline, effective(stage, config), inputs["merged"], inputs.get("report"), store, training
+            )
+
+    return _export
+
+
+def local_inputs(store: ArtifactStore, inputs: dict) -> dict:
+    """Upstream artifacts as local directories: fetched from the store's artifact_uri when this machine has no
+    copy (a step on another node than the one that made them)."""
+    return {name: str(store.local(path)) for name, path in inputs.items()}
+
+
+def chat_tokens(tokenizer, row: dict) -> int:
+    reply = row.get("completion") or row.get("chosen") or []  # a bare prompt row has no reply
+    text = tokenizer.apply_chat_template(row["prompt"] + reply, tokenize=False, add_generation_prompt=not reply)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+BUILDERS = {
+    "dataset": dataset_asset,
+    "synthesis": synthesis_asset,
+    "training": training_asset,
+    "merge": merge_asset,
+    "evaluate": evaluate_asset,
+    "export": export_asset,
+}

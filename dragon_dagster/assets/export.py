@@ -1,0 +1,86 @@
+"""The export asset's work: run the GGUF export job on the merged model, with the evaluation table for the card
+when the pipeline evaluates that model, and describe the files in the asset's metadata."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import MetadataValue, Output
+
+from ..engine import catalog
+from ..engine.artifacts.manifest import ExportManifest, MergedManifest, read_manifest, write_manifest
+from ..engine.pipeline import Pipeline
+from ..engine.release.export.model import EXPORT_SUBDIR
+from ..engine.release.export.ollama import create_command
+from ..engine.stages.evaluate.checks import read_report
+from ..engine.stages.export.inputs import ExportInputs
+from ..engine.stages.export.settings import Export
+from .metadata import md_table
+
+
+def default_system(pipeline: Pipeline, stage: Export) -> str | None:
+    """The stage's system prompt, else the fixed system prompt of the chat dataset the exported merge's first
+    training stage trained on (what the model learned to answer after), else none."""
+    return stage.system or pipeline.system_prompt(before=pipeline.upstream(stage.name)[0])
+
+
+def run_export_stage(
+    context, pipeline: Pipeline, stage: Export, merged: str, report: str | None, store, training
+) -> Output[str]:
+    """stage: the effective settings. merged, report: local artifact directories (report: None without one)."""
+    evaluation = read_report(report).card_table() if report and (Path(report) / "report.json").exists() else None
+    system = default_system(pipeline, stage)
+    with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+        job = catalog.kind_of(stage).job_model()(
+            settings=stage,
+            inputs=ExportInputs(
+                model=merged, system=system, name=stage.model_name or pipeline.name, evaluation=evaluation
+            ),
+            output_dir=str(tmp),
+        )
+        info = training.run_job(context, job, tmp, store=store, final=final)
+        export_dir = final / EXPORT_SUBDIR  # the worker wrote into the staging dir, renamed to final on success
+        files = [f.model_copy(update={"path": str(export_dir / f.file)}) for f in info.files]
+        # made here: the worker saw the staging directory (or, on another node, a local copy of it)
+        command = create_command(export_dir, info.name) if info.modelfile else None
+        write_manifest(
+            tmp,
+            ExportManifest(
+                merged=merged,
+                report=report,
+                settings=stage.model_dump(),
+                name=info.name,
+                architecture=info.architecture,
+                files=files,
+                system=system,
+                stop=info.stop,
+                ollama_create=command,
+                seconds=info.seconds,
+                merged_mlflow_run_id=read_manifest(merged, MergedManifest).upstream_mlflow_run_id,
+                dagster_run_id=context.op_execution_context.run_id,
+            ),
+        )
+    metadata = {
+        "artifact_dir": MetadataValue.path(str(final)),
+        "export_dir": MetadataValue.path(str(export_dir)),
+        "files": md_table(
+            [f.model_dump(include={"file", "format", "size_mb", "sha256"}) for f in files],
+            ["file", "format", "size_mb", "sha256"],
+        ),
+        **{f"{f.format}_path": MetadataValue.path(f.path) for f in files},
+        **{f"{f.format}_size_mb": f.size_mb for f in files},
+        **{f"{f.format}_sha256": MetadataValue.text(f.sha256) for f in files},
+        "model_card": MetadataValue.path(str(export_dir / "README.md")),
+        "export_seconds": info.seconds,
+        "architecture": info.architecture,
+        "system_prompt": MetadataValue.text(system or "(none)"),
+    }
+    if command:
+        metadata.update(
+            {
+                "modelfile": MetadataValue.path(str(export_dir / "Modelfile")),
+                "ollama_create": MetadataValue.text(command),
+                "stop_tokens": MetadataValue.text(", ".join(info.stop)),
+            }
+        )
+    return Output(str(final), metadata=metadata)

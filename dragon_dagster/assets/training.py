@@ -1,0 +1,234 @@
+"""What every training asset does around its kind's worker: fail fast, track in MLflow, stage the artifact."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from dagster import Failure, MetadataValue, Output
+
+from ..engine import catalog, models
+from ..engine.artifacts.directories import sha256
+from ..engine.artifacts.manifest import AdapterManifest, read_manifest, write_manifest
+from ..engine.config.job import TrainingInputs
+from ..engine.data.tables import DataError, read_jsonl
+from ..engine.models import ModelError
+from ..engine.pipeline import Pipeline, preflight
+from ..engine.rewards import RewardSet
+from ..engine.train.stage import TrainerStage
+from ..resources.launchers.base import ENDED
+from .metadata import as_metadata
+
+ARTIFACTS_TO_MLFLOW = (
+    "job.json",
+    "metrics.json",
+    "samples.jsonl",
+    "progress.jsonl",
+    "loss.png",
+    "adapter/adapter_config.json",
+)
+
+
+def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str) -> RewardSet | None:
+    """The rewards a stage trains against, checked against the dataset's rows before anything loads; None for a
+    stage without rewards. Custom reward files are not imported here: only the worker runs their code."""
+    specs = stage.rewards_used()
+    if not specs:
+        return None
+    base = Path(pipeline.source_file).parent if pipeline.source_file else None
+    rewards = RewardSet.from_list(specs, base_dir=base)
+    rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"), load_custom=False)  # e.g. numeric w/o reference
+    return rewards
+
+
+def reward_files(rewards) -> dict[str, str]:
+    """sha256 of each custom reward file, by reward name: what ran is on record in the manifest and MLflow."""
+    return {r.name: sha256(Path(r.file)) for r in rewards or [] if r.type == "custom"}
+
+
+def run_is_live(instance):
+    """Whether a Dagster run id belongs to a run still going (queued to cancelling): its files are in use."""
+    from dagster import DagsterRunStatus
+
+    going = {
+        DagsterRunStatus.QUEUED,
+        DagsterRunStatus.NOT_STARTED,
+        DagsterRunStatus.STARTING,
+        DagsterRunStatus.STARTED,
+        DagsterRunStatus.CANCELING,
+    }
+
+    def is_live(run_id: str) -> bool:
+        run = instance.get_run_by_id(run_id)
+        return run is not None and run.status in going
+
+    return is_live
+
+
+def close_dead_runs(tracking, instance, pipeline: str, stage: str) -> list[str]:
+    """End as KILLED the MLflow runs of this stage still RUNNING for a Dagster run that is over: their step
+    process was killed before it could end them. Returns their ids."""
+    client = tracking.client()
+    closed = []
+    for run in client.search_runs(
+        [tracking.experiment_id(pipeline)], f"attributes.status = 'RUNNING' and tags.stage = '{stage}'"
+    ):
+        dagster_run = instance.get_run_by_id(run.data.tags.get("dagster_run_id", ""))
+        if dagster_run is not None and dagster_run.status in ENDED:  # never touch another instance's runs
+            client.set_terminated(run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+    return closed
+
+
+def run_training_stage(
+    context,
+    pipeline: Pipeline,
+    stage: TrainerStage,
+    dataset: str,
+    previous: str | None,
+    resume: bool,
+    store,
+    tracking,
+    training,
+    start_model: str | None = None,
+    tags: dict | None = None,
+) -> Output[str]:
+    """stage: the effective settings (YAML, defaults and this run's config). start_model: a model directory to
+    start from instead of the pipeline's model (feedback retraining)."""
+    if start_model is None:  # a pipeline stage: no stage trains while any of the pipeline's data is broken
+        found = preflight.problems(pipeline)
+        if found:
+            raise Failure(
+                description=f"{stage.name}: preflight found problems in the pipeline's data; nothing "
+                "was trained: " + "; ".join(found)
+            )
+    previous_manifest = read_manifest(previous, AdapterManifest) if previous else None
+    method, settings = stage.objective(), stage.model_dump()  # defaults included: job file and MLflow params
+    kind = catalog.kind_of(stage)
+    try:  # everything that can be checked before a model loads fails here, with the problem named
+        resolved = (
+            (previous_manifest.resolved_model if previous_manifest else None)
+            or start_model
+            or models.check_loadable(pipeline.model)
+        )
+        rewards = check_rewards(pipeline, stage, dataset)
+    except (ModelError, DataError, ValueError) as exc:
+        raise Failure(description=f"{stage.name}: {exc}") from exc
+    train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
+    resume_from = None
+    if resume:
+        checkpoint = store.latest_checkpoint(
+            pipeline.name, stage.name, log=context.log.warning, is_live=run_is_live(context.instance)
+        )
+        if checkpoint is None:
+            raise Failure(
+                description=f"{stage.name}: resume is true but no complete checkpoint was found under "
+                f"{store.root / 'checkpoints' / pipeline.name / stage.name}"
+            )
+        resume_from = str(checkpoint)
+    checkpoint_dir = store.checkpoint_dir(pipeline.name, stage.name, context.op_execution_context.run_id)
+    tags = {
+        "pipeline": pipeline.name,
+        "stage": stage.name,
+        "method": method,
+        "kind": stage.kind,
+        "asset_key": context.asset_key.to_user_string(),
+        "dagster_run_id": context.op_execution_context.run_id,
+        "base_model": pipeline.model,
+        "upstream_mlflow_run_id": previous_manifest.mlflow_run_id if previous_manifest else None,
+        "resumed_from": resume_from,
+        "started_from": start_model,
+        **(tags or {}),
+    }
+    tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
+    store.clean_stale_staging(run_is_live(context.instance), log=context.log.warning)  # killed writes' leftovers
+    for dead in close_dead_runs(tracking, context.instance, pipeline.name, stage.name):
+        context.log.warning(
+            f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: marked KILLED"
+        )
+    run_id = tracking.start_run(
+        pipeline.name,
+        stage.name,
+        tags,
+        {
+            "model": pipeline.model,
+            "method": method,
+            **settings,
+            "dataset": dataset,
+            "hardware": training.hardware(),
+            "speed": training.speed(),
+        },
+    )
+    context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
+    status = "FAILED"
+    try:
+        tracking.log_datasets(
+            run_id, Path(dataset), Path(dataset).parent.name, {"training": train_file, "evaluation": eval_file}
+        )
+        with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+            (tmp / "data").mkdir()
+            for source in (train_file, eval_file):  # the artifact holds the data that reproduces it
+                if source.exists():
+                    shutil.copyfile(source, tmp / "data" / source.name)
+            if rewards is not None:  # custom reward files travel with the run, so it is self-contained
+                stage = stage.with_rewards(rewards.localize(tmp).to_list(relative_to=tmp))
+                settings = stage.model_dump()
+            chain = previous_manifest.chain if previous_manifest else []
+            job = kind.job_model()(
+                settings=stage,
+                inputs=TrainingInputs(
+                    model=resolved,
+                    adapters=chain,
+                    train_file=str(tmp / "data" / "train.jsonl"),
+                    eval_file=str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
+                    checkpoint_dir=str(checkpoint_dir),
+                    resume_from=resume_from,
+                ),
+                output_dir=str(tmp),
+            )
+            result = training.run_job(
+                context,
+                job,
+                tmp,
+                env=tracking.env(),
+                store=store,
+                final=final,
+                on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step, finite_only=False),
+            )
+            write_manifest(
+                tmp,
+                AdapterManifest[type(result)](
+                    stage=stage.name,
+                    method=method,
+                    base_model=start_model or pipeline.model,
+                    resolved_model=resolved,
+                    chain=[*chain, str(final / "adapter")],
+                    dataset=dataset,
+                    previous=previous,
+                    settings=settings,
+                    mlflow_run_id=run_id,
+                    reward_files=reward_files(rewards),
+                    upstream_mlflow_run_id=previous_manifest.mlflow_run_id if previous_manifest else None,
+                    dagster_run_id=context.op_execution_context.run_id,
+                    result=result,
+                ),
+            )
+            tracking.log_artifacts(run_id, [tmp / name for name in ARTIFACTS_TO_MLFLOW])
+        status = "FINISHED"
+    except BaseException as exc:
+        status = "FAILED" if isinstance(exc, Exception) else "KILLED"  # run termination is a BaseException
+        raise
+    finally:
+        tracking.end_run(run_id, status)
+    # the adapter is saved: this run's checkpoints and the ones it resumed from are moot; another run's are not
+    store.discard_checkpoints(pipeline.name, stage.name, context.op_execution_context.run_id, resumed_from=resume_from)
+    return Output(
+        str(final),
+        metadata={
+            "artifact_dir": MetadataValue.path(str(final)),
+            "mlflow_run_id": run_id,
+            "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
+            "global_step": result.global_step,
+            **as_metadata(result.metadata()),
+        },
+    )

@@ -1,0 +1,236 @@
+"""manifest.json: what made an artifact (its kind, settings, inputs, Dagster and MLflow runs, the result), one
+typed model per artifact kind. Written by the Dagster layer when an artifact is published, read back through the
+same models by everything downstream, so a missing, corrupt or foreign manifest is a named error (ManifestError),
+never a KeyError three stages later.
+
+A reader that needs any artifact (the runs listing, pruning) reads `Manifest`, which keeps every field; a reader
+that needs one kind reads its model (`read_manifest(path, AdapterManifest)`), which checks the kind too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..config.results import StageResult, TrainingSummary
+
+MANIFEST = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """An artifact's manifest is missing, unreadable, of another kind than expected, or malformed."""
+
+
+class Manifest(BaseModel):
+    """What every manifest has. Read as this, a manifest keeps all its other fields too (model_extra)."""
+
+    model_config = ConfigDict(extra="allow", ser_json_inf_nan="constants")
+
+    kind: str
+    created: str = ""
+    dagster_run_id: str | None = None
+    mlflow_run_id: str | None = None
+
+
+class ArtifactManifest(Manifest):
+    """A manifest of one known kind: its fields are all declared."""
+
+    model_config = ConfigDict(extra="forbid", ser_json_inf_nan="constants")
+
+
+class SourceManifest(ArtifactManifest):
+    kind: Literal["source"] = "source"
+    source: str
+    file: str
+    rows: int
+    columns: list[str]
+    sha256: str | None = None
+
+
+class DatasetManifest(ArtifactManifest):
+    """A dataset stage's rows: train.jsonl and eval.jsonl. kind: the stage's kind (chat_dataset, ...)."""
+
+    kind: str
+    source: str
+    settings: dict[str, Any]
+    train_rows: int
+    eval_rows: int
+    dropped: dict[str, int] = Field(default_factory=dict)
+    quality: dict[str, Any] = Field(default_factory=dict)
+    duplicates_dropped: int = 0
+    prompt_overlap: float = 0.0
+    answer_overlap: float = 0.0
+    group_by: str | None = None
+
+
+class DataResult(StageResult):
+    """What a worker that makes rows reports (preference pairs, teacher-written rows)."""
+
+    kept: int
+    train_rows: int
+    eval_rows: int
+    dropped: dict[str, int] = Field(default_factory=dict)
+    preview: list[dict[str, Any]] = Field(default_factory=list)
+
+    def metadata(self) -> dict[str, Any]:
+        return {
+            "kept": self.kept,
+            "train_rows": self.train_rows,
+            "eval_rows": self.eval_rows,
+            **{f"dropped_{k}": v for k, v in self.dropped.items()},
+            "preview": self.preview,
+        }
+
+
+D = TypeVar("D", bound=DataResult)
+
+
+class SynthesisManifest(ArtifactManifest, Generic[D]):
+    """Rows made by models: kind is the stage's kind (preference_pairs, synthetic_dataset)."""
+
+    kind: str
+    dataset: str
+    student: str | None = None
+    settings: dict[str, Any]
+    result: D
+
+
+R = TypeVar("R", bound=TrainingSummary)
+
+
+class AdapterManifest(ArtifactManifest, Generic[R]):
+    """A LoRA adapter (adapter/) and how it was trained. result: the kind's result model (TrainingSummary
+    reads any kind's)."""
+
+    kind: Literal["adapter"] = "adapter"
+    stage: str
+    method: str
+    base_model: str
+    resolved_model: str
+    chain: list[str]
+    dataset: str
+    previous: str | None = None
+    settings: dict[str, Any]
+    reward_files: dict[str, str] = Field(default_factory=dict)
+    upstream_mlflow_run_id: str | None = None
+    result: R
+
+
+class MergeResult(StageResult):
+    """What a merge worker reports: the standalone model directory and a sample reply."""
+
+    model_dir: str
+    size_mb: float
+    parameters: int
+    sample_prompt: str
+    sample_reply: str
+    card: dict[str, Any] = Field(default_factory=dict)  # the model card's facts (release/card.py)
+
+
+class MergedManifest(ArtifactManifest):
+    kind: Literal["merged_model"] = "merged_model"
+    base_model: str
+    resolved_model: str
+    adapters: list[str]
+    upstream_mlflow_run_id: str | None = None
+    info: MergeResult
+    settings: dict[str, Any]
+
+
+class ReportManifest(ArtifactManifest):
+    """An evaluation report: report.json (the evaluate kind's result), report.md and loss.png."""
+
+    kind: Literal["evaluation_report"] = "evaluation_report"
+    merged: str
+    dataset: str
+    settings: dict[str, Any]
+    base_mlflow_run_id: str | None = None
+
+
+class ExportedFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    file: str
+    format: str
+    path: str
+    size_bytes: int
+    size_mb: float
+    sha256: str
+    seconds: float
+
+
+class ExportManifest(ArtifactManifest):
+    kind: Literal["gguf_export"] = "gguf_export"
+    merged: str
+    report: str | None = None
+    settings: dict[str, Any]
+    name: str
+    architecture: str
+    files: list[ExportedFile]
+    system: str | None = None
+    stop: list[str] = Field(default_factory=list)
+    ollama_create: str | None = None
+    seconds: float
+    merged_mlflow_run_id: str | None = None
+
+
+class FeedbackDatasetManifest(ArtifactManifest):
+    """Rows made from the chat feedback store for one retraining objective (kind feedback_<objective>_dataset)."""
+
+    kind: str
+    objective: str
+    first_id: int
+    last_id: int
+    records: int
+    rows: int
+    train_rows: int
+    eval_rows: int
+    records_used: list[int]
+    held_out_records: int
+    skipped_records: int
+    skipped: dict[str, int]
+
+
+M = TypeVar("M", bound=Manifest)
+
+
+def write_manifest(directory: str | Path, manifest: Manifest) -> Manifest:
+    """Write manifest.json into directory (created now unless the manifest says when)."""
+    if not manifest.created:
+        manifest = manifest.model_copy(update={"created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    (Path(directory) / MANIFEST).write_text(manifest.model_dump_json(indent=2))
+    return manifest
+
+
+def read_manifest(directory: str | Path, model: type[M] = Manifest) -> M:
+    """The manifest of the artifact at directory, validated by model; ManifestError names the directory and
+    what is wrong (no manifest, not JSON, another kind of artifact, a field missing or malformed)."""
+    path = Path(directory) / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"{directory} is not an artifact: it has no {MANIFEST}") from None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path} is unreadable: {exc}") from None
+    if not isinstance(data, dict) or "kind" not in data:
+        raise ManifestError(f"{path} is not a dragon-dagster manifest (no kind)")
+    expected = model.model_fields["kind"].annotation
+    if get_origin(expected) is Literal and data["kind"] not in get_args(expected):
+        raise ManifestError(f"{directory} is a {data['kind']} artifact, not a {get_args(expected)[0]} one")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise ManifestError(f"{path} is not a valid {data['kind']} manifest: {problems}") from None
+
+
+def manifest_kind(directory: str | Path) -> str | None:
+    """The kind of the artifact at directory; None where there is no readable manifest (a plain model dir)."""
+    try:
+        return read_manifest(directory).kind
+    except ManifestError:
+        return None

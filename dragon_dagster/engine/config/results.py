@@ -1,0 +1,118 @@
+"""What a worker sends back: one result model per kind (stages/<kind>/result.py), all built on these bases.
+
+The worker returns its kind's model; the Dagster layer validates the outcome with the same model, writes it into
+the artifact's manifest, and every reader (checks, report, runs listing, model card, tests) reads it back through
+a model: the kind's own where it needs the kind's fields, `TrainingSummary` where any training stage will do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import ConfigDict, Field, model_validator
+
+from .job import Contract
+
+# A legacy training result (written before results had `figures`) shows these, where it has them.
+LEGACY_FIGURES = (
+    "eval_loss",
+    "perplexity",
+    "preference_loss",
+    "pref_accuracy",
+    "reward_margin",
+    "reward_before",
+    "reward_after",
+)
+
+
+def finite(values: dict[str, Any]) -> dict[str, float]:
+    """Only the finite numbers of a mapping (no None, NaN or booleans), as floats."""
+    return {
+        k: float(v)
+        for k, v in values.items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+# What each run's row in a comparison carries besides the headline: every held-out figure and the judge's.
+ROW_METRICS = ("eval/", "judge/")
+
+
+def fig(value) -> str:
+    return f"{value:.4g}" if isinstance(value, (int, float)) else "?"
+
+
+class StageResult(Contract):
+    """What a worker reports when its job is done."""
+
+    def metadata(self) -> dict[str, Any]:
+        """What the asset's page shows of this result (numbers, text, `Markdown`, tables as lists of rows)."""
+        return {}
+
+    @classmethod
+    def headline(cls, metrics: dict[str, float]) -> str:
+        """A run's own figures in one line, from the metrics its MLflow run logged (the loss is a column of its
+        own): held-out perplexity and task metrics, or the last training loss of a run stopped before them."""
+        shown = {k: v for k, v in metrics.items() if k.startswith(ROW_METRICS) and k != "eval/loss"}
+        first = [k for k in ("eval/perplexity",) if k in shown]
+        parts = [f"{key.removeprefix('eval/')} {fig(shown[key])}" for key in first + sorted(set(shown) - set(first))]
+        if not parts and "train/loss" in metrics:
+            parts.append(f"train loss {fig(metrics['train/loss'])}")
+        return ", ".join(parts)
+
+
+class TrainingResult(StageResult):
+    """What every training stage's result has. A kind fills `own_figures` (its held-out figures: the report's
+    stage table, the model card, the asset page and the MLflow run's headline all show them)."""
+
+    objective: str = Field(description="What was trained: sft, dpo, orpo, kto, grpo ... (the MLflow `method` tag).")
+    loss_label: str = Field("training loss", description="What the loss curve of this stage measures.")
+    global_step: int = 0
+    train_loss: float | None = None
+    first_loss: float | None = None
+    last_loss: float | None = None
+    held_out: bool = False
+    speed: dict[str, Any] = Field(default_factory=dict, description="The speed settings the run used.")
+    figures: dict[str, float] = Field(default_factory=dict, description="The stage's own held-out figures.")
+    rewards: list[dict[str, Any]] = Field(
+        default_factory=list, description="Rewards the stage optimized (custom files relative to its artifact)."
+    )
+
+    def own_figures(self) -> dict[str, Any]:
+        return {}
+
+    def metadata(self) -> dict[str, Any]:
+        """The losses and the stage's own figures; a kind adds what else its asset page shows."""
+        return {
+            "train_loss": self.train_loss,
+            "first_loss": self.first_loss,
+            "last_loss": self.last_loss,
+            **self.figures,
+        }
+
+    @model_validator(mode="after")
+    def _fill_figures(self):
+        if not self.figures:
+            self.figures = finite(self.own_figures())
+        return self
+
+
+class TrainingSummary(TrainingResult):
+    """Any training stage's result read without its kind: the shared fields, the kind's own ones ignored. An old
+    manifest's result (no objective, no figures) reads too, its figures taken from the keys it has."""
+
+    model_config = ConfigDict(extra="allow")
+
+    objective: str = ""
+
+    def own_figures(self) -> dict[str, Any]:
+        extra = self.model_extra or {}
+        figures = {k: extra[k] for k in LEGACY_FIGURES if k in extra}
+        for when in ("before", "after"):
+            figures.update({f"reward_{when}/{n}": v for n, v in (extra.get(f"per_reward_{when}") or {}).items()})
+        return figures
+
+
+class Markdown(str):
+    """Text an asset's page renders as Markdown (a result's `metadata`)."""

@@ -1,0 +1,63 @@
+"""What every stage's settings model has, and the hooks a kind fills in instead of generic code branching on it.
+
+Each kind's model (stages/<kind>/settings.py) is the single source of its defaults, ranges, cross-field checks
+and docs: it validates the pipeline YAML (and `dg check yaml`, through the component's JSON schema), shapes the
+launchpad config of the stage's asset with its effective values, travels in the worker's job and is read back
+there, where the trainer turns it into TRL's config. Like TRL's `GRPOConfig`, each field says what it does.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, Field
+
+from ..text.matchers import MATCHERS
+from .settings import NAME_PATTERN, Settings
+
+# Whether a stage continues from the training stage before it in the pipeline (its adapter folded in first):
+# never (a dataset, a merge), optional (SFT and GRPO start from the base model when first), required (DPO needs a
+# model to prefer over; preference pairs need a student to sample).
+Continues = Literal["never", "optional", "required"]
+
+
+class Stage(Settings):
+    """What every stage has: its asset's name and its kind."""
+
+    continues: ClassVar[Continues] = "never"
+
+    name: str = Field(pattern=NAME_PATTERN, description="The asset's name, unique in the pipeline.")
+    kind: str
+
+    def reads(self) -> list[str]:
+        """Names of earlier datasets or stages this stage names in its own settings."""
+        return []
+
+    def check_inputs(self, stage_of) -> None:
+        """Raise ValueError when a stage this one reads cannot serve it (a DPO stage on rated replies, say).
+        stage_of(name): the earlier stage of that name, or None for a source dataset."""
+
+    def preflight(self, pipeline) -> list[str]:
+        """Problems a run of this stage would meet that the files' headers already show, each naming the stage,
+        the file and the column. pipeline: the whole pipeline (its `datasets`, and `stage(name)`)."""
+        return []
+
+
+def known_metrics(names: list[str] | None) -> list[str] | None:
+    """Task metric names, each one of text/matchers.py's MATCHERS."""
+    unknown = [n for n in names or [] if n not in MATCHERS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown}; known: {', '.join(MATCHERS)}")
+    if names is not None and not names:
+        raise ValueError("metrics: name at least one metric, or leave it out for the defaults")
+    return names
+
+
+METRICS_DOC = (
+    "Task metrics of the held-out replies, from exact, contains, token_f1, json_valid, numeric, "
+    "length_ratio. Default: exact, contains, token_f1 and length_ratio, plus numeric when most "
+    "references are numbers and json_valid when most parse as JSON."
+)
+MetricNames = Annotated[list[str] | None, AfterValidator(known_metrics)]
+
+__all__ = ["Stage", "Continues", "MetricNames", "METRICS_DOC", "known_metrics"]

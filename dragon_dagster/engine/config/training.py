@@ -1,0 +1,40 @@
+"""What every LoRA training stage is given: the adapter's shape (dragon_lora) and the trainer arguments
+(dragon_train_args). A kind changes the defaults by subclassing TrainArgs (stages/grpo/settings.py, say)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .settings import Settings
+
+
+class Lora(Settings):
+    r: int = Field(16, gt=0, description="LoRA rank: the size of the low-rank update.")
+    alpha: int = Field(32, gt=0, description="LoRA scaling; the update is scaled by alpha / r.")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input, in [0, 1).")
+    target_modules: str | list[str] = Field(
+        "auto",
+        description="Modules that get an adapter: 'auto' (every linear layer but the output head), "
+        "'all-linear', or a list of module names.",
+    )
+
+    def peft_target_modules(self) -> str | list[str]:
+        # "auto" means every linear layer but the output head: what QLoRA found works best for small models.
+        return "all-linear" if self.target_modules == "auto" else self.target_modules
+
+
+class TrainArgs(Settings):
+    """dragon_train_args: what every trainer stage shares. Subclasses change defaults per stage kind."""
+
+    epochs: float = Field(3, gt=0, description="Passes over the training rows.")
+    learning_rate: float = Field(2e-4, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
+    batch_size: int = Field(4, gt=0, description="Rows per device step.")
+    grad_accum: int = Field(4, gt=0, description="Steps whose gradients add up to one update.")
+    max_seq_len: int = Field(1024, gt=0, description="Longer rows are truncated to this many tokens.")
+    max_steps: int | None = Field(None, gt=0, description="Stop after this many updates (overrides epochs).")
+    warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Share of steps warming the learning rate up.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    logging_steps: int = Field(5, gt=0, description="Log metrics every this many steps.")
+    save_steps: int = Field(100, gt=0, description="Save a resumable checkpoint every this many steps.")
+    gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")
+    seed: int = Field(42, description="Training seed.")

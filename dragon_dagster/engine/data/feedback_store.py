@@ -1,0 +1,399 @@
+"""Chat feedback (dragonfarm's dragon_feedback): an append-only SQLite store of ratings and edits. What the
+records become as training data is data/feedback_rows.py.
+
+`FeedbackStore` keeps one row per feedback event: a reference to the conversation's turns before the rated
+reply, the reply, the verdict ('up', 'down' or 'edit' with the improved text) and which model answered. The
+turns are stored once: every message is a row of `messages` pointing at the message before it (a tree of
+conversations, identical prefixes shared), and a feedback row names the last message before the reply
+(`turns_id`). So rating the 20th reply of a conversation adds one small row, not the 20 exchanges before it.
+A single message may hold at most `MAX_MESSAGE_CHARS` characters; longer ones are refused with the length and
+the limit.
+
+The database is in WAL mode with synchronous=FULL, so a write that `record()` acknowledged survives a killed
+process, and many writers (threads and processes) can append at once: each write uses its own short-lived
+connection with a busy timeout and retries while the database is locked. There is no update or delete:
+history is the data.
+
+Schema versions (PRAGMA user_version): 0/absent is the first layout (each row held its turns as JSON text);
+opening such a store migrates it in place, in one transaction, to version 2: ids are kept, each row's turns
+go into `messages`, and turns that cannot be converted (not JSON, not a list of role/content messages) are
+kept verbatim in `legacy_turns`, so that the datasets skip and count them. Version 2 stores cannot be read by
+the old code.
+
+Framework-free: nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sqlite3
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+VERDICTS = ("up", "down", "edit")
+ROLES = ("system", "user", "assistant")
+MAX_MESSAGE_CHARS = 32_000  # the longest single message (a turn, a reply, an edit) the store accepts
+SCHEMA_VERSION = 2
+
+MESSAGES_TABLE = """
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    parent INTEGER NOT NULL,          -- the message before this one; 0 for a conversation's first
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    digest TEXT NOT NULL,             -- sha256 of role and content: finds an existing message without the text
+    UNIQUE (parent, digest)
+)
+"""
+FEEDBACK_TABLE = """
+CREATE TABLE IF NOT EXISTS {name} (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    conversation_id TEXT NOT NULL,
+    turns_id INTEGER REFERENCES messages (id),   -- the last message before the reply
+    legacy_turns TEXT,                           -- first-layout turns that could not be converted, verbatim
+    reply TEXT NOT NULL,
+    verdict TEXT NOT NULL CHECK (verdict IN ('up', 'down', 'edit')),
+    edited TEXT,
+    model TEXT NOT NULL DEFAULT '',
+    created TEXT NOT NULL
+)
+"""
+COLUMNS = ("id", "conversation_id", "turns_id", "legacy_turns", "reply", "verdict", "edited", "model", "created")
+
+
+class FeedbackError(ValueError):
+    """Feedback that cannot be recorded (bad verdict, empty edit, malformed turns, a message too long)."""
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+def too_long(text: str, limit: int | None = MAX_MESSAGE_CHARS, what: str = "a message") -> str | None:
+    """The refusal for text over the limit, naming its length and the limit; None when it fits."""
+    if limit is None or len(text) <= limit:
+        return None
+    return f"{what} is {len(text):,} characters long; the limit is {limit:,} characters per message (MAX_MESSAGE_CHARS)"
+
+
+def clean_messages(turns: Any) -> list[dict]:
+    """Turns as clean role/content messages (JSON text is parsed); FeedbackError when malformed."""
+    if isinstance(turns, (str, bytes)):
+        try:
+            turns = json.loads(turns)
+        except ValueError:
+            raise FeedbackError(f"turns are not JSON: {turns!r:.200}") from None
+    if not isinstance(turns, (list, tuple)) or not turns:
+        raise FeedbackError(f"turns must be a non-empty list of chat messages, got {turns!r:.200}")
+    clean = []
+    for message in turns:
+        if not isinstance(message, dict) or message.get("role") not in ROLES or "content" not in message:
+            raise FeedbackError(
+                f"a chat message must be a dict with a role in {ROLES} and a content, got {message!r:.200}"
+            )
+        clean.append({"role": message["role"], "content": str(message["content"])})
+    return clean
+
+
+def check_turns(turns: Any) -> list[dict]:
+    """The turns before a reply as clean role/content messages; they must include a user turn."""
+    clean = clean_messages(turns)
+    if not any(m["role"] == "user" for m in clean):
+        raise FeedbackError("turns must include a user turn")
+    return clean
+
+
+def _digest(role: str, content: str) -> str:
+    return hashlib.sha256(f"{role}\0{content}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _insert_turns(conn: sqlite3.Connection, messages: list[dict]) -> int:
+    """The id of the last of `messages` stored as a chain (inside the caller's write transaction): messages
+    already stored with the same predecessors are reused, so a conversation's earlier turns are stored once."""
+    parent = 0
+    for m in messages:
+        digest = _digest(m["role"], m["content"])
+        row = conn.execute("SELECT id FROM messages WHERE parent = ? AND digest = ?", (parent, digest)).fetchone()
+        if row is None:
+            row = (
+                conn.execute(
+                    "INSERT INTO messages (parent, role, content, digest) VALUES (?, ?, ?, ?)",
+                    (parent, m["role"], m["content"], digest),
+                ).lastrowid,
+            )
+        parent = int(row[0])
+    return parent
+
+
+def _convertible(text: Any) -> list[dict] | None:
+    """First-layout turns text as messages when it is a list of role/content messages, else None."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value)
+    ):
+        return None
+    return [{"role": m["role"], "content": str(m["content"])} for m in value]
+
+
+def _migrate_v1(conn: sqlite3.Connection) -> None:
+    """First layout (turns as JSON text in each row) to version 2, inside the caller's write transaction."""
+    conn.execute(MESSAGES_TABLE)
+    conn.execute(FEEDBACK_TABLE.format(name="feedback_v2"))
+    seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'feedback'").fetchone()
+    last = 0
+    while True:
+        rows = conn.execute(
+            "SELECT id, conversation_id, turns, reply, verdict, edited, model, created FROM feedback "
+            "WHERE id > ? ORDER BY id LIMIT 500",
+            (last,),
+        ).fetchall()
+        if not rows:
+            break
+        for fid, conversation_id, turns, reply, verdict, edited, model, created in rows:
+            messages = _convertible(turns)
+            turns_id = _insert_turns(conn, messages) if messages is not None else None
+            conn.execute(
+                "INSERT INTO feedback_v2 (id, conversation_id, turns_id, legacy_turns, reply, verdict, "
+                "edited, model, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    fid,
+                    conversation_id,
+                    turns_id,
+                    None if messages is not None else turns,
+                    reply,
+                    verdict,
+                    edited,
+                    model,
+                    created,
+                ),
+            )
+        last = rows[-1][0]
+    conn.execute("DROP TABLE feedback")
+    conn.execute("ALTER TABLE feedback_v2 RENAME TO feedback")
+    if seq:  # ids are never reused, even above the highest kept row
+        if conn.execute("UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = 'feedback'", seq).rowcount == 0:
+            conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('feedback', ?)", seq)
+
+
+class FeedbackStore:
+    """Append-only feedback in a SQLite file (created, with its parent directory, on first use; a store of the
+    first layout is migrated on first use)."""
+
+    def __init__(self, path: str | Path, timeout: float = 60.0, max_message_chars: int | None = MAX_MESSAGE_CHARS):
+        self.path = Path(path).expanduser()
+        self.timeout = float(timeout)
+        self.max_message_chars = max_message_chars
+        self._ready = False
+        self._lock = threading.Lock()  # serializes this object's writes across threads (processes: SQLite)
+
+    def __repr__(self) -> str:
+        return f"FeedbackStore({str(self.path)!r})"
+
+    def __reduce__(self):  # picklable for worker processes: the lock and readiness are per process
+        return (type(self), (self.path, self.timeout, self.max_message_chars))
+
+    # ----------------------------------------------------------------------------------- connections
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=self.timeout, isolation_level=None)
+        conn.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    def _retry(self, work):
+        """Run work(conn) on a fresh connection, retrying while another writer holds the database."""
+        deadline = time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            conn = None
+            try:
+                conn = self._connect()
+                return work(conn)
+            except sqlite3.OperationalError as exc:
+                if not _is_busy(exc) or time.monotonic() > deadline:
+                    raise
+            finally:
+                if conn is not None:
+                    conn.close()
+            attempt += 1
+            time.sleep(min(0.5, 0.005 * 2 ** min(attempt, 7)) * (0.5 + random.random()))
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+
+        def init(conn):
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.OperationalError(f"database is locked (journal_mode is {mode}, wanted wal)")
+            if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
+                return
+            conn.execute("BEGIN IMMEDIATE")  # one process creates or migrates; the others then see version 2
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > SCHEMA_VERSION:
+                    raise FeedbackError(
+                        f"{self.path} has feedback schema version {version}; this code reads up to {SCHEMA_VERSION}"
+                    )
+                if version < SCHEMA_VERSION:
+                    columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
+                    if "turns" in columns:
+                        _migrate_v1(conn)
+                    else:
+                        conn.execute(MESSAGES_TABLE)
+                        conn.execute(FEEDBACK_TABLE.format(name="feedback"))
+                    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._retry(init)
+        self._ready = True
+
+    def journal_mode(self) -> str:
+        self._ensure()
+        return self._retry(lambda conn: conn.execute("PRAGMA journal_mode").fetchone()[0])
+
+    # ---------------------------------------------------------------------------------------- writes
+
+    def _check_length(self, text: str, what: str) -> None:
+        problem = too_long(text, self.max_message_chars, what)
+        if problem:
+            raise FeedbackError(problem)
+
+    def record(
+        self,
+        conversation_id: str,
+        turns: list[dict],
+        reply: str,
+        verdict: str,
+        edited: str | None = None,
+        model: str = "",
+    ) -> int:
+        """Append one feedback event and return its id once it is durably committed."""
+        if verdict not in VERDICTS:
+            raise FeedbackError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+        if verdict == "edit":
+            if not isinstance(edited, str) or not edited.strip():
+                raise FeedbackError("an 'edit' needs the improved reply text (non-empty)")
+            self._check_length(edited, "the edited reply")
+        elif edited is not None:
+            raise FeedbackError(f"edited text goes with verdict 'edit' only, not {verdict!r}")
+        if not isinstance(reply, str):
+            raise FeedbackError(f"reply must be text, got {reply!r:.200}")
+        self._check_length(reply, "the reply")
+        messages = check_turns(turns)
+        for i, m in enumerate(messages):
+            self._check_length(m["content"], f"turn {i} ({m['role']})")
+        row = (
+            str(conversation_id),
+            reply,
+            verdict,
+            edited,
+            str(model or ""),
+            datetime.now(UTC).isoformat(timespec="microseconds"),
+        )
+        self._ensure()
+
+        def insert(conn):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                turns_id = _insert_turns(conn, messages)
+                cursor = conn.execute(
+                    "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, "
+                    "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (row[0], turns_id, *row[1:]),
+                )
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return int(cursor.lastrowid)
+
+        with self._lock:
+            return self._retry(insert)
+
+    # ----------------------------------------------------------------------------------------- reads
+
+    def count(self, after_id: int = 0) -> int:
+        """How many records have an id above after_id."""
+        self._ensure()
+        return self._retry(
+            lambda conn: conn.execute("SELECT COUNT(*) FROM feedback WHERE id > ?", (int(after_id),)).fetchone()[0]
+        )
+
+    def max_id(self) -> int:
+        """The highest id recorded (0 when empty): a watermark for incremental reads."""
+        self._ensure()
+        return self._retry(lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0])
+
+    def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[dict]:
+        """Records with after_id < id <= up_to_id, in id order, with their turns as messages. Turns that could
+        not be converted from the first layout come back as stored (parsed when they are JSON, else the
+        text), for `usable_records` to skip and count."""
+        self._ensure()
+        where, args = "id > ?", [int(after_id)]
+        if up_to_id is not None:
+            where += " AND id <= ?"
+            args.append(int(up_to_id))
+
+        def read(conn):
+            conn.execute("BEGIN")  # one snapshot for the records and their messages
+            try:
+                rows = conn.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
+                ).fetchall()
+                nodes = conn.execute(
+                    f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
+                    f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
+                    f"SELECT id, parent, role, content FROM messages WHERE id IN (SELECT id FROM chain)",
+                    args,
+                ).fetchall()
+            finally:
+                conn.execute("COMMIT")
+            return rows, nodes
+
+        rows, nodes = self._retry(read)
+        by_id = {n[0]: n[1:] for n in nodes}
+        memo: dict[int, tuple] = {0: ()}
+
+        def chain(node: int) -> tuple | None:
+            path = []
+            while node not in memo:
+                if node not in by_id:
+                    return None
+                path.append(node)
+                node = by_id[node][0]
+            prefix = memo[node]
+            for n in reversed(path):
+                prefix = prefix + ((by_id[n][1], by_id[n][2]),)
+                memo[n] = prefix
+            return prefix
+
+        out = []
+        for values in rows:
+            record = dict(zip(COLUMNS, values))
+            legacy = record.pop("legacy_turns")
+            if record["turns_id"] is not None:
+                messages = chain(record["turns_id"])
+                record["turns"] = None if messages is None else [{"role": r, "content": c} for r, c in messages]
+            else:
+                try:
+                    record["turns"] = json.loads(legacy)
+                except (TypeError, ValueError):
+                    record["turns"] = legacy
+            out.append(record)
+        return out

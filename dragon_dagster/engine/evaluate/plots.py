@@ -1,0 +1,84 @@
+"""The plots people look at: a stage's loss curve (with its mean reward), and the report's curve of every stage."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+
+def plot_loss(rows: list[dict], out: Path, title: str = "training loss", extra: str | None = None) -> Path | None:
+    """A PNG of loss by step (and an extra column such as mean reward on a second axis)."""
+    points = [
+        (r["step"], r["loss"]) for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])
+    ]
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    ax.plot(*zip(*points), marker="o", markersize=3, label="train loss")
+    evals = [(r["step"], r["eval_loss"]) for r in rows if isinstance(r.get("eval_loss"), (int, float))]
+    if evals:
+        ax.plot(*zip(*evals), marker="s", linestyle="--", label="eval loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    series = []
+    if extra:
+        series = [(r["step"], r[extra]) for r in rows if isinstance(r.get(extra), (int, float))]
+        if series:
+            ax2 = ax.twinx()
+            ax2.plot(*zip(*series), color="tab:green", label=extra)
+            ax2.set_ylabel(extra)
+    ax.set_title(title)
+    _legend(ax, ax2 if series else None)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_stages(curves: list[tuple[str, str, list[dict]]], out: Path) -> Path | None:
+    """One panel per stage (name, what its loss measures, progress rows): each stage's own objective on its own
+    axis, since a preference loss and an SFT loss are not on one scale; a stage's mean reward (where it logged
+    one) beside its loss, labelled."""
+    curves = [
+        (n, m, [r for r in rows if isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])], rows)
+        for n, m, rows in curves
+    ]
+    curves = [c for c in curves if c[2]]
+    if not curves:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(4.2 * len(curves), 3.4), dpi=100, squeeze=False)
+    for ax, (name, label, losses, rows) in zip(axes[0], curves):
+        ax.plot([r["step"] for r in losses], [r["loss"] for r in losses], marker="o", markersize=3, label=label)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.set_title(name)
+        rewards = [(r["step"], r["reward"]) for r in rows if isinstance(r.get("reward"), (int, float))]
+        twin = None
+        if rewards:
+            twin = ax.twinx()
+            twin.plot(*zip(*rewards), color="tab:green", label="mean reward")
+            twin.set_ylabel("mean reward")
+        _legend(ax, twin)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return Path(out)
+
+
+def _legend(ax, twin=None) -> None:
+    """One legend for both axes, so a second-axis line is named too."""
+    handles, labels = ax.get_legend_handles_labels()
+    if twin is not None:
+        more = twin.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    ax.legend(handles, labels, loc="upper right", fontsize="small")

@@ -1,0 +1,8 @@
+"""A pipeline as its YAML says it: the model of the whole (definition.py), how it is read (loading.py), its schema
+for `dg check yaml` (schema.py), its data checked before training (preflight.py) and its retraining from chat
+feedback (retraining.py)."""
+
+from .definition import Pipeline, PipelineError
+from .loading import describe, load, parse
+
+__all__ = ["Pipeline", "PipelineError", "describe", "load", "parse"]

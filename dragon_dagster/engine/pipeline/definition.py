@@ -1,0 +1,250 @@
+"""A pipeline: a model, source datasets and an ordered list of stages, as its YAML (a component's
+`attributes:`) gives them.
+
+    name: support
+    model: smollm2-135m
+    datasets:
+      tickets: {path: example:tickets.csv}
+    stages:
+      - {name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{subject}\\n\\n{body}", response: reply}
+      - {name: sft_adapter, kind: sft, dataset: sft_dataset, args: {epochs: 3}}
+      - {name: merged_model, kind: merge}
+      - {name: evaluation_report, kind: evaluate, dataset: sft_dataset}
+      - {name: gguf_export, kind: export}
+    profiles:
+      quick: {sft_adapter: {args: {max_steps: 20}}}
+
+Training stages chain in order (each continues from the one before, folding it in); a merge takes the
+training stages before it; an evaluation measures the merge before it; an export writes the merge before it
+(or the one it names) as GGUF files, after that merge's evaluation when there is one. Each stage's settings are
+its kind's model (stages/<kind>/settings.py), found through the catalog; a profile is a named overlay of per-run
+settings, validated by the same models.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PrivateAttr, SerializeAsAny, ValidationError, field_validator, model_validator
+
+from .. import catalog
+from ..config.settings import NAME_PATTERN, Settings, overlay, tunable_fields
+from ..config.stage import Stage
+from .retraining import Feedback
+
+log = logging.getLogger("dragon_dagster")
+TEMPLATED = re.compile(r"\{[^{}]+\}")  # a system prompt filled from each row's columns: no single prompt
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "example_data"
+
+
+class PipelineError(ValueError):
+    """A pipeline's YAML is malformed; the message names the file, the line and the field."""
+
+
+class DatasetSource(Settings):
+    path: str = Field(
+        description="A file or `datasets` directory, relative to the pipeline's folder; "
+        "'example:NAME' reads a bundled example file."
+    )
+    format: Literal["csv", "jsonl", "json", "parquet"] | None = Field(
+        None, description="File format when the extension does not tell."
+    )
+
+
+class Pipeline(Settings):
+    """A post-training pipeline: the attributes of a `dragon_dagster.PostTrainingPipeline` component."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="Prefix of every asset key; lower-case, digits, _.")
+    description: str = Field("", description="Shown on the pipeline's job.")
+    model: str = Field(
+        "smollm2-135m",
+        description="The base model: a preset (see `dragon presets`), a Hugging Face id or a local directory.",
+    )
+    datasets: dict[str, DatasetSource] = Field(default_factory=dict, description="Source files, by name.")
+    stages: list[SerializeAsAny[Stage]] = Field(
+        min_length=1, description="The stages in order; each names its kind (the stage kinds reference)."
+    )
+    profiles: dict[str, dict[str, dict[str, Any]]] = Field(
+        default_factory=dict, description="Named per-run overlays: {profile: {stage: {setting: value}}}."
+    )
+    feedback: Feedback | None = Field(None, description="Retraining from chat feedback.")
+
+    _upstream: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+    _source_file: str | None = PrivateAttr(None)
+
+    @classmethod
+    def model_json_schema(cls, *args, **kwargs) -> dict[str, Any]:
+        """The schema `dg check yaml` and editors validate with: every stage against its own kind's model."""
+        from .schema import pipeline_schema
+
+        return pipeline_schema(cls, *args, **kwargs)
+
+    @field_validator("stages", mode="before")
+    @classmethod
+    def _each_by_its_kind(cls, value: Any) -> Any:
+        """Each stage validated by the model its kind names (a kind registered later counts too)."""
+        if not isinstance(value, list):
+            return value
+        return catalog.stage_list().validate_python([catalog.upgraded(item, log.warning) for item in value])
+
+    @model_validator(mode="after")
+    def _wire(self):
+        """Each stage's inputs: what it names, plus the training stage or merge it continues from."""
+        seen, last_training, last_merge = set(self.datasets), None, None
+        for stage in self.stages:
+            if stage.name in seen:
+                raise ValueError(f"stage name {stage.name!r} is used twice")
+            for ref in stage.reads():
+                if ref not in seen:
+                    raise ValueError(
+                        f"stage {stage.name!r} names {ref!r}, which is not an earlier dataset or "
+                        f"stage; known so far: {sorted(seen)}"
+                    )
+            upstream, role = stage.reads(), self.role_of(stage)
+            if stage.continues == "required" and last_training is None:
+                starters = [
+                    k.name
+                    for k in catalog.KINDS.values()
+                    if k.role == "training" and k.settings.continues != "required"
+                ]
+                raise ValueError(
+                    f"stage {stage.name!r} ({stage.kind}) has no training stage before it to continue from; put a "
+                    f"stage of kind {' or '.join(starters)} first"
+                )
+            if stage.continues != "never" and last_training is not None:
+                upstream = upstream + [last_training]
+            if role == "training":
+                last_training = stage.name
+            elif role == "merge":
+                if last_training is None:
+                    raise ValueError(f"merge stage {stage.name!r} has no training stage before it")
+                upstream, last_merge = [last_training], stage.name
+            elif role == "evaluate":
+                if last_merge is None:
+                    raise ValueError(f"evaluate stage {stage.name!r} has no merge stage before it")
+                upstream = [last_merge, *upstream]
+            elif role == "export":
+                if not upstream and last_merge is None:
+                    raise ValueError(f"export stage {stage.name!r} has no merge stage before it to export")
+                upstream = upstream or [last_merge]
+            stage.check_inputs(self)
+            self._upstream[stage.name] = upstream
+            seen.add(stage.name)
+        for stage in self.stages:  # an export also waits for the report on its model, wherever it is listed
+            if self.role_of(stage) == "export":
+                self._upstream[stage.name] += [
+                    s.name
+                    for s in self.stages
+                    if self.role_of(s) == "evaluate" and self._upstream[s.name][0] == self._upstream[stage.name][0]
+                ][:1]
+        self._check_profiles()
+        self._check_feedback()
+        return self
+
+    def _check_profiles(self) -> None:
+        from .loading import describe
+
+        for profile, overrides in self.profiles.items():
+            for stage_name, values in overrides.items():
+                if stage_name not in self._upstream:
+                    raise ValueError(f"profile {profile!r} names {stage_name!r}, which is not a stage")
+                stage = self.stage(stage_name)
+                fixed = sorted(set(values) - set(tunable_fields(type(stage))))
+                if fixed:
+                    raise ValueError(
+                        f"profile {profile!r}, stage {stage_name!r}: {fixed} cannot change per run; "
+                        f"per-run settings: {sorted(tunable_fields(type(stage)))}"
+                    )
+                try:
+                    type(stage).model_validate(overlay(stage.model_dump(), values))
+                except ValidationError as exc:
+                    raise ValueError(f"profile {profile!r}, stage {stage_name!r}: {describe(exc)}") from None
+
+    def _check_feedback(self) -> None:
+        if self.feedback is None:
+            return
+        chat = self.first_dataset_of("chat")
+        if self.first_of_role("merge") is None or chat is None:
+            raise ValueError(
+                "feedback retraining needs a merge stage (the deployed model) and a dataset of chat rows "
+                "(held-out rows to compare on)"
+            )
+        if not self.feedback.evaluate.dataset:
+            self.feedback.evaluate.dataset = chat.name
+
+    # ---- reading it
+
+    def role_of(self, stage: Stage) -> str:
+        return catalog.get(stage.kind).role
+
+    def first_of_role(self, role: str) -> Stage | None:
+        return next((st for st in self.stages if self.role_of(st) == role), None)
+
+    def first_dataset_of(self, rows: str) -> Stage | None:
+        """The first stage whose rows are of this shape (chat, pairs, rated, prompts)."""
+        return next((st for st in self.stages if getattr(st, "makes", None) == rows), None)
+
+    def stage(self, name: str) -> Stage:
+        return next(st for st in self.stages if st.name == name)
+
+    def stage_or_none(self, name: str) -> Stage | None:
+        return next((st for st in self.stages if st.name == name), None)
+
+    @staticmethod
+    def kinds_making(rows: str) -> list[str]:
+        """The kinds whose datasets hold rows of this shape (for messages that say what to use)."""
+        return catalog.kinds_making(rows)
+
+    @staticmethod
+    def kinds_training_on(rows: str) -> list[str]:
+        return catalog.kinds_training_on(rows)
+
+    def system_prompt(self, before: str | None = None) -> str | None:
+        """The fixed system prompt of the chat dataset the first training stage (before stage `before`, default
+        anywhere) trained on: what the model learned to answer after, so chat and feedback should send it too.
+        None when that dataset has none, or fills it per row from a template such as '{persona}'."""
+        names = [st.name for st in self.stages]
+        stages = self.stages[: names.index(before)] if before else self.stages
+        training = [st for st in stages if self.role_of(st) == "training"]
+        if not training or training[0].dataset not in names:
+            return None
+        dataset = self.stage(training[0].dataset)
+        system = getattr(dataset, "system", None) if getattr(dataset, "makes", None) == "chat" else None
+        return system if system and not TEMPLATED.search(system) else None
+
+    def upstream(self, name: str) -> list[str]:
+        """Asset names the stage reads, in the order its asset takes them."""
+        return self._upstream[name]
+
+    def profile(self, name: str) -> dict[str, dict]:
+        if name not in self.profiles:
+            raise PipelineError(f"pipeline {self.name!r} has no profile {name!r}; it has {sorted(self.profiles)}")
+        return self.profiles[name]
+
+    @property
+    def source_file(self) -> str | None:
+        return self._source_file
+
+    def located(self, source_file: str | Path | None) -> Pipeline:
+        """This pipeline with its file paths resolved against the folder of the YAML that declared it."""
+        base = Path(source_file).parent if source_file else None
+        datasets = {n: d.model_copy(update={"path": str(resolve_path(d.path, base))}) for n, d in self.datasets.items()}
+        stages = [
+            st.model_copy(update={"path": str(resolve_path(st.path, base))}) if getattr(st, "path", None) else st
+            for st in self.stages
+        ]
+        out = self.model_copy(update={"datasets": datasets, "stages": stages})
+        out._source_file = str(source_file) if source_file else None
+        return out
+
+
+def resolve_path(path: str, base: Path | None) -> Path:
+    if path.startswith("example:"):
+        return EXAMPLE_DIR / path.split(":", 1)[1]
+    candidate = Path(path).expanduser()
+    if not candidate.is_absolute() and base is not None:
+        candidate = base / candidate
+    return candidate

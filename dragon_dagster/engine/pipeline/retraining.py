@@ -1,0 +1,214 @@
+"""Retraining from chat feedback, as a pipeline's `feedback:` section says: which objectives run (each a stage of
+a fixed kind, continuing from the deployed model with lighter settings than the pipeline's), the report the gate
+reads, and the promotion gate itself. The Dagster side is assets/retraining.py."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
+
+from ..config.settings import Settings
+from ..config.training import TrainArgs
+from ..rewards import REWARD_TYPES, RewardSpec, check_known_types
+from ..stages.dpo.settings import DPO
+from ..stages.evaluate.settings import Evaluate
+from ..stages.kto.settings import KTO
+from ..stages.orpo.settings import ORPO
+from ..stages.sft.settings import SFT
+from ..text.matchers import MATCHERS
+from ..train.preference import PreferenceArgs
+
+log = logging.getLogger("dragon_dagster")
+
+
+# Retraining from chat feedback continues from the deployed model with lighter settings than the pipeline's.
+class FeedbackSFTArgs(TrainArgs):
+    epochs: float = Field(1, gt=0, description="Passes over the feedback conversations.")
+
+
+class FeedbackSFT(SFT):
+    kind: Literal["sft"] = "sft"
+    name: Literal["feedback_sft_adapter"] = Field("feedback_sft_adapter", description="The asset's name (fixed).")
+    dataset: Literal["feedback_sft_dataset"] = Field(
+        "feedback_sft_dataset", description="Liked and edited replies from the feedback store (fixed)."
+    )
+    args: FeedbackSFTArgs = Field(default_factory=FeedbackSFTArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out prompts answered after training.")
+    max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
+
+
+class FeedbackPairArgs(PreferenceArgs):
+    epochs: float = Field(1, gt=0, description="Passes over the feedback pairs.")
+
+
+class FeedbackDPO(DPO):
+    kind: Literal["dpo"] = "dpo"
+    name: Literal["feedback_dpo_adapter"] = Field("feedback_dpo_adapter", description="The asset's name (fixed).")
+    dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store (fixed).")
+    args: FeedbackPairArgs = Field(default_factory=FeedbackPairArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out pairs answered after training.")
+    max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
+
+
+class FeedbackORPO(ORPO):
+    kind: Literal["orpo"]
+    name: Literal["feedback_dpo_adapter"] = Field("feedback_dpo_adapter", description="The asset's name (fixed).")
+    dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store (fixed).")
+    args: FeedbackPairArgs = Field(default_factory=FeedbackPairArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out pairs answered after training.")
+    max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
+
+
+def _pair_kind(value: Any) -> str:
+    """The pairs objective's kind: dpo unless it says orpo (`method: orpo` from before the kinds were split)."""
+    if isinstance(value, dict):
+        return value.get("kind") or value.get("method") or "dpo"
+    return getattr(value, "kind", "dpo")
+
+
+def _renamed_method(value: Any) -> Any:
+    """`feedback.dpo.method: orpo` (before the preference kinds were split) reads as `kind: orpo`."""
+    if isinstance(value, dict) and "method" in value:
+        value = dict(value)
+        method = value.pop("method")
+        log.warning("feedback.dpo: `method: %s` is now `kind: %s`; reading it as that", method, method)
+        value.setdefault("kind", method)
+    return value
+
+
+FeedbackPairs = Annotated[
+    Annotated[FeedbackDPO, Tag("dpo")] | Annotated[FeedbackORPO, Tag("orpo")],
+    Discriminator(_pair_kind),
+    BeforeValidator(_renamed_method),
+]
+
+
+class FeedbackKTOArgs(PreferenceArgs):
+    epochs: float = Field(1, gt=0, description="Passes over the feedback ratings.")
+
+
+class FeedbackKTO(KTO):
+    kind: Literal["kto"] = "kto"
+    name: Literal["feedback_kto_adapter"] = Field("feedback_kto_adapter", description="The asset's name (fixed).")
+    dataset: Literal["feedback_ratings"] = Field(
+        "feedback_ratings", description="Ratings without a pair from the feedback store (fixed)."
+    )
+    args: FeedbackKTOArgs = Field(default_factory=FeedbackKTOArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out ratings answered after training.")
+    max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
+
+
+class FeedbackEvaluate(Evaluate):
+    kind: Literal["evaluate"] = "evaluate"
+    name: Literal["retrained_report"] = Field("retrained_report", description="The asset's name (fixed).")
+    dataset: str = Field(
+        "", description="Held-out rows to compare on; default: the pipeline's first dataset of chat rows."
+    )
+    n_judge: int = Field(0, ge=0, description="Held-out prompts judged pairwise (0: none).")
+
+
+# the most a task metric may fall (eval_loss: rise) before the gate calls the retrained model worse
+TASK_TOLERANCE = {"eval_loss": 0.02, "token_f1": 0.02, "exact": 0.0, "contains": 0.0, "numeric": 0.0}
+
+
+GATE_METRICS = ("reward", "pair_accuracy", "liked_share")
+
+
+class Gate(Settings):
+    """The promotion gate of a retraining: better on held-out feedback, not worse on the pipeline's task."""
+
+    metric: Literal["reward", "pair_accuracy", "liked_share"] = Field(
+        "reward",
+        description="What must rise on the held-out feedback (conversations never trained on): reward "
+        "(the mean implicit reward: per-token log-probability of liked replies up and of "
+        "disliked ones down, retrained against the starting model), pair_accuracy (share of "
+        "held-out pairs whose chosen reply is the likelier), or liked_share (share of fresh "
+        "replies to held-out feedback prompts that `taste` likes).",
+    )
+    min_gain: float | None = Field(
+        0.0,
+        allow_inf_nan=False,
+        description="The retrained model must beat the starting model on `metric` by more "
+        "than this; null: only 'not worse' (no gain asked for).",
+    )
+    task_tolerance: dict[str, float] = Field(
+        default_factory=lambda: dict(TASK_TOLERANCE),
+        description="How far each task metric of the pipeline's held-out rows may fall (eval_loss: rise) before "
+        "the retrained model counts as worse; the values given replace those defaults one by one.",
+    )
+    taste: list[RewardSpec] | None = Field(
+        None,
+        description="liked_share: rewards scoring a reply (the GRPO reward types, e.g. a custom file); a "
+        "reply is liked when their weighted sum is at least liked_at.",
+    )
+    liked_at: float = Field(1.0, allow_inf_nan=False, description="liked_share: the least score of a liked reply.")
+    held_out_frac: float = Field(
+        0.2, ge=0, lt=1, description="Share of feedback conversations held out of training, to measure the gain on."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_taste_types(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_known_types(data.get("taste"), "gate.taste")
+        return data
+
+    @model_validator(mode="after")
+    def _taste_for_liked_share(self):
+        if self.metric == "liked_share" and not self.taste:
+            raise ValueError("gate metric liked_share needs `taste`: the rewards that say which replies are liked")
+        for i, reward in enumerate(self.taste or []):
+            if reward.needs_reference:
+                raise ValueError(
+                    f"gate.taste[{i}]: {reward.type} compares with a reference answer, which feedback prompts do not "
+                    f"have; use {', '.join(t for t, model in REWARD_TYPES.items() if not model.needs_reference)}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _tolerances(self):
+        unknown = sorted(set(self.task_tolerance) - set(TASK_TOLERANCE) - _task_metric_names())
+        if unknown:
+            raise ValueError(
+                f"gate.task_tolerance: unknown metric(s) {unknown}; known: eval_loss, "
+                + ", ".join(sorted(_task_metric_names()))
+            )
+        self.task_tolerance = {**TASK_TOLERANCE, **self.task_tolerance}
+        if self.min_gain is not None and self.held_out_frac == 0:
+            raise ValueError(
+                "gate.min_gain asks for a gain on held-out feedback, but held_out_frac is 0: hold some "
+                "out, or set min_gain: null"
+            )
+        return self
+
+
+def _task_metric_names() -> set[str]:
+    return set(MATCHERS)
+
+
+OBJECTIVES = ("sft", "dpo", "kto")
+
+
+class Feedback(Settings):
+    """Retraining from chat feedback (`dragon chat`, `dragon chat-ui`), continuing from the deployed model."""
+
+    min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
+    cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
+    objectives: list[Literal["sft", "dpo", "kto"]] = Field(
+        default_factory=lambda: list(OBJECTIVES),
+        min_length=1,
+        description="What the retraining runs, always in the order sft, dpo, kto: sft (liked and edited replies), "
+        "dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
+        "turns), kto (liked or disliked replies without a pair). Each is skipped when it has no records.",
+    )
+    sft: FeedbackSFT = Field(default_factory=FeedbackSFT, description="SFT on liked and edited replies.")
+    dpo: FeedbackPairs = Field(
+        default_factory=FeedbackDPO, description="DPO (or kind: orpo) on pairs, after the feedback SFT."
+    )
+    kto: FeedbackKTO = Field(default_factory=FeedbackKTO, description="KTO on ratings without a pair, last.")
+    evaluate: FeedbackEvaluate = Field(
+        default_factory=FeedbackEvaluate, description="The report the promotion gate reads."
+    )
+    gate: Gate = Field(default_factory=Gate, description="When a retrained model becomes the champion.")

@@ -1,0 +1,239 @@
+"""Model cards (README.md with Hugging Face front matter): for the merged model directory, written by the merge,
+and for the GGUF export directory, which adds the files, their quantization, the evaluation table and how to
+run them.
+
+The facts come from the artifacts' manifests (`card_facts`): the base model and its licence, and for each
+adapter stage of the chain its method, settings, dataset and held-out results.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..artifacts.manifest import AdapterManifest, ManifestError, read_manifest
+from ..models import PRESETS
+
+# Settings that shape the adapter (the rest stay in its job.json and MLflow run).
+SETTING_KEYS = ("beta", "group_size", "temperature")
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+ARG_KEYS = ("epochs", "max_steps", "learning_rate", "batch_size", "grad_accum", "max_seq_len")
+
+
+def license_of(base_model: str, resolved: str | None = None) -> str:
+    """The base model's licence: its preset's, else a local model directory README's front matter, else unknown."""
+    if base_model in PRESETS:
+        return PRESETS[base_model].license
+    preset = next((p for p in PRESETS.values() if p.id == base_model), None)
+    if preset is not None:
+        return preset.license
+    for directory in (base_model, resolved):
+        readme = Path(directory or "") / "README.md"
+        if directory and readme.is_file():
+            found = re.search(r"\A---\s*\n(.*?)\n---", readme.read_text(errors="replace"), re.S)
+            licence = found and re.search(r"^license:\s*['\"]?([^'\"\n]+?)['\"]?\s*$", found.group(1), re.M)
+            if licence:
+                return licence.group(1)
+    return "unknown"
+
+
+def hub_id(base_model: str) -> str | None:
+    """The base model's Hugging Face id, for `base_model:` (a local directory has none)."""
+    if base_model in PRESETS:
+        return PRESETS[base_model].id
+    if base_model.count("/") == 1 and not base_model.startswith((".", "/", "~")) and not Path(base_model).exists():
+        return base_model
+    return None
+
+
+def card_facts(adapters: list[str], resolved_model: str) -> dict:
+    """What the cards say, read from the chain's adapter manifests (each adapter dir's parent holds one)."""
+    manifests = [read_manifest(Path(a).parent, AdapterManifest) for a in adapters]
+    base = next((m.base_model for m in manifests if m.base_model), resolved_model)
+    stages = [
+        {
+            "name": m.stage,
+            "method": m.method,
+            "dataset": Path(m.dataset).parent.name,
+            "settings": shown_settings(m.settings),
+            "result": flat_result(m.result),
+        }
+        for m in manifests
+    ]
+    datasets = []
+    for name in dict.fromkeys(s["dataset"] for s in stages):
+        dataset_dir = next(Path(m.dataset) for m in manifests if Path(m.dataset).parent.name == name)
+        datasets.append({"name": name, **dataset_facts(dataset_dir)})
+    return {
+        "base_model": base,
+        "base_model_id": hub_id(base),
+        "license": license_of(base, resolved_model),
+        "stages": stages,
+        "datasets": datasets,
+    }
+
+
+def dataset_facts(directory: Path) -> dict:
+    """A dataset artifact's kind, source and row counts, whichever kind of dataset made it."""
+    try:
+        manifest = read_manifest(directory)
+    except ManifestError:
+        return {"kind": None, "source": str(directory), "train_rows": None, "eval_rows": None}
+    fields = {**(manifest.model_extra or {}).get("result", {}), **manifest.model_dump()}  # made rows: in result
+    source = fields.get("source")
+    if source and Path(source).is_dir():  # a source snapshot artifact names the file it copied
+        source = (read_manifest(source).model_extra or {}).get("source", source)
+    if not source and fields.get("dataset"):  # synthesized from an earlier dataset stage
+        source = f"the {Path(fields['dataset']).parent.name} stage"
+    return {
+        "kind": manifest.kind,
+        "source": source,
+        "train_rows": fields.get("train_rows"),
+        "eval_rows": fields.get("eval_rows"),
+    }
+
+
+def shown_settings(settings: dict) -> dict:
+    out = {k: settings[k] for k in SETTING_KEYS if settings.get(k) is not None}
+    lora, args = settings.get("lora") or {}, settings.get("args") or {}
+    out.update({f"lora.{k}": lora[k] for k in LORA_KEYS if lora.get(k) is not None})
+    out.update({k: args[k] for k in ARG_KEYS if args.get(k) is not None})
+    if settings.get("rewards"):
+        out["rewards"] = ", ".join(
+            f"{r.get('name') or r.get('type')} x{r.get('weight', 1)}" for r in settings["rewards"]
+        )
+    return out
+
+
+def flat_result(result) -> dict:
+    """A stage's figures on the card: whether they are held out, the training loss, its own held-out figures
+    and (SFT) the task metrics of its samples; the rest stay in MLflow."""
+    out = {"held_out": result.held_out, **({"train_loss": result.train_loss} if result.train_loss is not None else {})}
+    out.update(result.figures)
+    metrics = (result.model_extra or {}).get("metrics") or {}
+    out.update({f"metrics/{k}": v for k, v in metrics.items() if isinstance(v, (int, float))})
+    return out
+
+
+def front_matter(facts: dict, tags: list[str]) -> str:
+    lines = ["---", f"license: {facts.get('license') or 'unknown'}"]
+    if facts.get("base_model_id"):
+        lines.append(f"base_model: {facts['base_model_id']}")
+    lines.append(f"tags: [{', '.join(tags)}]")
+    return "\n".join(lines + ["---", ""])
+
+
+def cell(value) -> str:
+    """A figure or setting as a card's table cell: floats to 4 significant digits, lists and mappings as JSON."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(", ", ": "))
+    return str(value)
+
+
+def training_section(facts: dict) -> list[str]:
+    lines = [
+        "## Training",
+        "",
+        f"Base model: `{facts['base_model']}` (licence: {facts.get('license') or 'unknown'}).",
+        "",
+    ]
+    if not facts.get("stages"):
+        return lines + ["No adapter stages are recorded for this model (exported from a plain model directory).", ""]
+    lines += [
+        "LoRA adapters trained one after the other, each continuing from the one before, folded into the "
+        "base model's weights:",
+        "",
+        "| stage | method | dataset | settings |",
+        "|---|---|---|---|",
+    ]
+    for s in facts.get("stages", []):
+        settings = "; ".join(f"{k}: {cell(v)}" for k, v in s["settings"].items())
+        lines.append(f"| {s['name']} | {s['method']} | {s['dataset']} | {settings.replace('|', '/')} |")
+    if facts.get("datasets"):
+        lines += ["", "Datasets:", ""]
+        lines += [
+            f"- {d['name']} ({d.get('kind') or 'dataset'}): {d.get('train_rows')} training and "
+            f"{d.get('eval_rows')} held-out rows, from "
+            + (d["source"] if str(d.get("source")).startswith("the ") else f"`{d.get('source')}`")
+            for d in facts["datasets"]
+        ]
+    results = [s for s in facts.get("stages", []) if s["result"]]
+    if results:
+        keys = list(dict.fromkeys(k for s in results for k in s["result"]))
+        lines += [
+            "",
+            "## Each stage's results (its adapter's own evaluation, held-out rows when `held_out`)",
+            "",
+            "| stage | " + " | ".join(keys) + " |",
+            "|---|" + "---|" * len(keys),
+        ]
+        lines += [f"| {s['name']} | " + " | ".join(cell(s["result"].get(k, "")) for k in keys) + " |" for s in results]
+    return lines + [""]
+
+
+def merged_card(facts: dict, title: str) -> str:
+    return "\n".join(
+        [
+            front_matter(facts, ["dragon-dagster", "lora", "merged"]),
+            f"# {title}",
+            "",
+            "A standalone model: the adapter chain below merged into its base model. Load it with "
+            "`AutoModelForCausalLM.from_pretrained(<this directory>)`.",
+            "",
+            *training_section(facts),
+        ]
+    )
+
+
+def export_card(
+    facts: dict, title: str, files: list[dict], ollama_name: str | None, system: str | None, evaluation: str | None
+) -> str:
+    """files: [{"file", "format", "size_mb", "sha256"}]."""
+    quant = {
+        "f16": "16-bit floats (norms and biases 32-bit): the merged weights, rounded",
+        "q8_0": "8-bit blocks of 32 weights with a 16-bit scale (norms and biases 32-bit): about half the size, "
+        "replies nearly always the same",
+    }
+    lines = [
+        front_matter(facts, ["dragon-dagster", "gguf", "lora", "ollama"]),
+        f"# {title} (GGUF)",
+        "",
+        "The merged model as GGUF files for llama.cpp and Ollama, with its tokenizer and chat template inside.",
+        "",
+        "## Files",
+        "",
+        "| file | format | size (MB) | sha256 |",
+        "|---|---|---|---|",
+    ]
+    lines += [f"| {f['file']} | {f['format']} | {f['size_mb']} | `{f['sha256']}` |" for f in files]
+    lines += [""] + [f"- {f['format']}: {quant[f['format']]}" for f in files] + [""]
+    lines += ["## Run it", ""]
+    if ollama_name:
+        lines += [
+            "With Ollama (the Modelfile holds the chat template, the stop tokens"
+            + (" and the system prompt" if system else "")
+            + "):",
+            "",
+            "```sh",
+            f"ollama create {ollama_name} -f Modelfile",
+            f"ollama run {ollama_name}",
+            "```",
+            "",
+        ]
+    first = files[-1]["file"] if files else "model.gguf"
+    lines += [
+        "With llama.cpp (the chat template is read from the file):",
+        "",
+        "```sh",
+        f"llama-cli -m {first} -cnv" + (f" -sys {json.dumps(system)}" if system else ""),
+        "```",
+        "",
+    ]
+    if system:
+        lines += ["System prompt the model was trained with:", "", f"> {system}", ""]
+    if evaluation:
+        lines += ["## Evaluation", "", evaluation, ""]
+    return "\n".join(lines + training_section(facts))

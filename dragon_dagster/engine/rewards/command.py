@@ -1,0 +1,143 @@
+"""The command reward (accuracy family): run an argv on the completion, never through a shell, and score its
+exit code or the last number it prints. Also run_command, which runs one with a timeout and a bounded stdout."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
+
+from ..text.matchers import last_number
+from .base import Fail, Reward, _choice, _number
+
+COMPLETION_FILE = "{completion_file}"
+_STDOUT_TAIL = 64 * 1024  # only the last number on stdout matters; keep memory flat however much is printed
+
+
+class CommandReward(Reward):
+    """Runs `command` with the completion on stdin (or in a file); scores exit code 0 as 1, or rescales the last
+    number on stdout from [min_score, max_score] to [0, 1]. A timeout scores 0."""
+
+    family: ClassVar[Literal["accuracy", "format"]] = "accuracy"
+    type: Literal["command"] = "command"
+    command: list[str] = Field(
+        min_length=1, description="The argv, run directly (never through a shell); e.g. [pytest, -q, ...]."
+    )
+    input: Literal["stdin", "file"] = Field(
+        "stdin", description=f"How the command gets the completion: on stdin, or as a file named by {COMPLETION_FILE}."
+    )
+    score_from: Literal["exit_code", "stdout"] = Field(
+        "exit_code", description="Score 1 for exit code 0, or rescale the last number the command prints."
+    )
+    min_score: float = Field(0.0, allow_inf_nan=False, description="The stdout number that scores 0.")
+    max_score: float = Field(1.0, allow_inf_nan=False, description="The stdout number that scores 1.")
+    timeout: float = Field(30.0, ge=0, allow_inf_nan=False, description="Seconds before the command is ended.")
+
+    @classmethod
+    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
+        command = spec["command"]
+        if isinstance(command, str):  # a string would need a shell to split it, and shells are never used
+            raise fail(
+                f"command must be a list of arguments (it is never run through a shell), e.g. {command.split()!r}"
+            )
+        if not isinstance(command, (list, tuple)) or not command or not all(isinstance(a, str) for a in command):
+            raise fail(f"needs command, a non-empty list of strings, got {command!r}")
+        spec["command"] = list(command)
+        spec["input"] = _choice(spec["input"], "input", ("stdin", "file"), fail)
+        spec["score_from"] = _choice(spec["score_from"], "score_from", ("exit_code", "stdout"), fail)
+        if spec["input"] == "file" and not any(COMPLETION_FILE in a for a in command):
+            raise fail(
+                f"input='file' needs a {COMPLETION_FILE!r} argument in command, "
+                "otherwise the command never sees the completion"
+            )
+        spec["min_score"] = _number(spec["min_score"], "min_score", fail)
+        spec["max_score"] = _number(spec["max_score"], "max_score", fail)
+        if spec["score_from"] == "stdout" and spec["min_score"] == spec["max_score"]:
+            raise fail("min_score and max_score must differ to rescale stdout")
+        spec["timeout"] = _number(spec["timeout"], "timeout", fail, minimum=0)
+
+    def score(self, completion: str, reference: Any = None, prompt: str = "", row: Mapping | None = None) -> float:
+        data = completion.encode("utf-8", errors="replace")
+        with tempfile.TemporaryDirectory(prefix="dragon-reward-") as tmp:
+            argv, stdin = self.command, data
+            if self.input == "file":
+                path = Path(tmp) / "completion.py"  # .py: the usual command is pytest or python on the file
+                path.write_bytes(data)
+                argv, stdin = [a.replace(COMPLETION_FILE, str(path)) for a in self.command], None
+            try:
+                code, stdout = run_command(argv, stdin, self.timeout)
+            except OSError as e:
+                raise self._fail(f"cannot run {argv[0]!r}: {e}") from e
+        if code is None:  # timed out
+            return 0.0
+        if self.score_from == "exit_code":
+            return float(code == 0)
+        value = last_number(stdout)
+        if value is None:
+            return 0.0
+        scaled = (float(value) - self.min_score) / (self.max_score - self.min_score)
+        return min(1.0, max(0.0, scaled))
+
+
+def run_command(argv: Sequence[str], stdin: bytes | None, timeout: float) -> tuple[int | None, str]:
+    """Run argv directly (no shell); its exit code, or None after a timeout, and the tail of its stdout.
+
+    stdin is piped in by one thread while another keeps only the last bytes of stdout, so neither a command
+    that ignores its input nor one that prints gigabytes can block or exhaust memory. The command gets its own
+    process group, so a timeout also ends whatever it started.
+    """
+    posix = os.name == "posix"
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=posix,
+    )
+    tail = bytearray()
+    threads = [threading.Thread(target=_drain, args=(proc.stdout, tail), daemon=True)]
+    if stdin is not None:
+        threads.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
+    for t in threads:
+        t.start()
+    try:
+        code = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    _kill_group(proc, posix)  # also after a normal exit: leftovers would hold stdout open and keep running
+    for t in threads:
+        t.join(timeout=5)
+    proc.stdout.close()
+    return code, bytes(tail).decode("utf-8", errors="replace")
+
+
+def _drain(stream, tail: bytearray) -> None:
+    for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
+        tail.extend(chunk)
+        del tail[:-_STDOUT_TAIL]
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+        stream.close()
+    except OSError:  # the command exited or closed stdin without reading it all; that is its choice
+        pass
+
+
+def _kill_group(proc: subprocess.Popen, posix: bool) -> None:
+    try:
+        if posix:
+            os.killpg(proc.pid, signal.SIGKILL)
+        elif proc.poll() is None:
+            proc.kill()
+    except OSError:
+        pass  # already gone
+    proc.wait()

@@ -1,0 +1,123 @@
+"""The custom reward (accuracy family): a Python file defining `reward(prompt, completion, reference, row)`,
+imported and run only where rewards are scored (the worker), with the user's rights and a time limit per call.
+Also call_with_timeout, which runs a function with that limit."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, PrivateAttr
+
+from .base import FILES_FROM, Fail, Reward, RewardError, _number
+
+
+class CustomReward(Reward):
+    """Calls fn(prompt, completion, reference, row) from a Python file; it returns a finite number."""
+
+    family: ClassVar[Literal["accuracy", "format"]] = "accuracy"
+    type: Literal["custom"] = "custom"
+    file: str = Field(
+        min_length=1,
+        description="The Python file defining the function; a relative path is read from the spec's folder.",
+    )
+    fn: str = Field("reward", description="The function's name in the file.")
+    timeout: float = Field(30.0, ge=0, allow_inf_nan=False, description="Seconds one call may take; 0: no limit.")
+    _function: Callable | None = PrivateAttr(None)
+
+    @classmethod
+    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
+        file = spec["file"]
+        if not isinstance(file, (str, os.PathLike)) or not str(file):
+            raise fail("needs file, the path of a Python file")
+        if FILES_FROM in context:  # Reward.from_dict: resolve against the spec's folder, and it must be there
+            base_dir = context[FILES_FROM]
+            path = (Path(base_dir) / file if base_dir is not None else Path(file)).expanduser()
+            if not path.is_file():
+                raise fail(f"reward file {str(path)!r} does not exist")
+            spec["file"] = str(path.resolve())
+        else:  # inside a bigger model, no folder is known: kept as written, resolved when the set is built
+            spec["file"] = os.fspath(file)
+        if not isinstance(spec["fn"], str) or not spec["fn"].isidentifier():
+            raise fail(f"fn must be a Python function name, got {spec['fn']!r}")
+        spec["timeout"] = _number(spec["timeout"], "timeout", fail, minimum=0)
+
+    def to_dict(self, relative_to: str | Path | None = None) -> dict[str, Any]:
+        """As Reward.to_dict; a file under relative_to (a run directory) is written relative to it."""
+        out = super().to_dict(relative_to)
+        if relative_to is not None:
+            try:
+                out["file"] = Path(self.file).relative_to(Path(relative_to).resolve()).as_posix()
+            except ValueError:
+                pass  # outside the run directory: keep the absolute path
+        return out
+
+    def localize(self, run_dir: str | Path) -> CustomReward:
+        """A copy whose file lives in run_dir/rewards/, so the run is self-contained."""
+        source, target = Path(self.file), Path(run_dir) / "rewards" / Path(self.file).name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if target.resolve() != source:
+            if target.exists() and target.read_bytes() != source.read_bytes():
+                raise self._fail(f"{target} already holds a different file; rename one of the reward files")
+            shutil.copyfile(source, target)
+        return self.from_dict({**self.to_dict(), "file": str(target)})
+
+    def load(self) -> Callable:
+        """The function, loaded once; a clear error naming the file if it is not there."""
+        if self._function is None:
+            self._function = _load_function(Path(self.file), self.fn, self._fail)
+        return self._function
+
+    def score(self, completion: str, reference: Any = None, prompt: str = "", row: Mapping | None = None) -> float:
+        value = call_with_timeout(
+            self.load(),
+            (prompt, completion, reference, row or {}),
+            self.timeout,
+            lambda: self._fail(f"{self.fn}() in {self.file} took longer than {self.timeout:g} s"),
+        )
+        if not (isinstance(value, (int, float)) and math.isfinite(value)):  # NaN would poison the weighted sum
+            raise self._fail(f"{self.fn}() in {self.file} returned {value!r}, not a finite number")
+        return float(value)
+
+
+def call_with_timeout(function: Callable, args: tuple, timeout: float, fail: Callable[[], Exception]) -> Any:
+    """function(*args), interrupted after timeout seconds (SIGALRM: the main thread of a POSIX process, where TRL
+    calls rewards); elsewhere it runs without a limit. 0 means no limit."""
+    if not timeout or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        return function(*args)
+
+    def expire(signum, frame):
+        raise fail()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        return function(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _load_function(path: Path, fn: str, fail: Callable[[str], RewardError]) -> Callable:
+    # SourceFileLoader accepts any file name; registering the module lets dataclasses and pickling inside it work.
+    module_name = f"dragon_reward_{abs(hash(str(path)))}"
+    spec = spec_from_loader(module_name, SourceFileLoader(module_name, str(path)))
+    module = module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        raise fail(f"loading {path} failed: {type(e).__name__}: {e}") from e
+    function = getattr(module, fn, None)
+    if not callable(function):
+        raise fail(f"{path} does not define a function {fn}(prompt, completion, reference, row)")
+    return function

@@ -1,0 +1,210 @@
+"""The evaluation report as people read it: report.md, made from report.json."""
+
+from __future__ import annotations
+
+
+def _fmt(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def markdown(report: dict) -> str:
+    base, merged = report["base"], report["merged"]
+    if report.get("task") == "prompts":
+        lines = _prompts_markdown(report)
+    else:
+        names = ["eval_loss", "perplexity"] + list(base.get("metrics", {}))
+        lines = [
+            "# Evaluation report",
+            "",
+            f"{report['rows']} {'held-out' if report['held_out'] else 'training'} rows, base model against "
+            "merged model.",
+            "",
+            "| metric | base | merged |",
+            "|---|---|---|",
+        ]
+        for name in names:
+            b = base.get(name, base.get("metrics", {}).get(name))
+            m = merged.get(name, merged.get("metrics", {}).get(name))
+            lines.append(f"| {name} | {_fmt(b)} | {_fmt(m)} |")
+        verdict = "not worse than" if report["merged_not_worse"] else "WORSE than"
+        lines += [
+            "",
+            f"Task metrics ({', '.join(report.get('metrics') or []) or 'none'}; chosen by the "
+            f"{report.get('metrics_chosen_by', 'references')}) computed on "
+            f"{report.get('computed_on', {}).get('metrics', 'the same rows')}.",
+            "",
+            f"The merged model is **{verdict}** the base model on held-out loss.",
+            "",
+        ]
+    if report.get("stage_nll"):
+        lines += [
+            "## Held-out loss after each stage (the same rows, reply tokens only)",
+            "",
+            "Like with like: every stage's model on the same held-out rows, whatever objective it trained on.",
+            "",
+            "| model | eval_loss | perplexity |",
+            "|---|---|---|",
+        ]
+        lines += [f"| {s['model']} | {_fmt(s['eval_loss'])} | {_fmt(s['perplexity'])} |" for s in report["stage_nll"]]
+        lines.append("")
+    if report.get("stages"):
+        columns = sorted({k for s in report["stages"] for k in s} - {"stage", "method"})
+        lines += [
+            "## Each stage's own figures",
+            "",
+            "Each on its own terms, on its own held-out rows: eval_loss is a reply NLL, preference_loss a "
+            "preference objective, reward_* the rewards a stage was trained against (before and after it); "
+            "compare stages with the table above.",
+            "",
+            "| stage | method | " + " | ".join(columns) + " |",
+            "|---|---|" + "---|" * len(columns),
+        ]
+        lines += [
+            f"| {s['stage']} | {s.get('method')} | " + " | ".join(_fmt(s.get(c, "")) for c in columns) + " |"
+            for s in report["stages"]
+        ]
+        lines.append("")
+    if "feedback" in report:
+        lines += _feedback_markdown(report)
+    if report.get("judge"):
+        lines += [
+            "## Pairwise judge (merged model as A, each prompt judged in both orders)",
+            "",
+            f"Judge: {report['judge']['judge']}",
+            "",
+            "| against | wins | ties | losses | unparsed | disagreements | win rate |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name in ("vs_base", "vs_first_stage"):
+            if name in report["judge"]:
+                j = report["judge"][name]
+                lines.append(
+                    f"| {name[3:]} | {j['wins']} | {j['ties']} | {j['losses']} | {j['unparsed']} | "
+                    f"{j['disagreements']} | {_fmt(j['win_rate'])} |"
+                )
+        lines.append("")
+    lines += ["## Samples", ""]
+    for i, s in enumerate(report["samples"], 1):
+        lines += [
+            f"### {i}. {' '.join(s['prompt'].split())[:80]}",
+            "",
+            "| reference | base | merged |",
+            "|---|---|---|",
+            "| " + " | ".join(_cell(s[k]) for k in ("reference", "base", "merged")) + " |",
+            "",
+        ]
+        if "base_reward" in s:
+            lines += [f"Weighted reward: base {_fmt(s['base_reward'])}, merged {_fmt(s['merged_reward'])}.", ""]
+    return "\n".join(lines)
+
+
+def _feedback_markdown(report: dict) -> list[str]:
+    """What the retraining trained on, objective by objective, and its figures on the held-out feedback."""
+    lines = [
+        "## Retraining from feedback",
+        "",
+        "| objective | ran | trained on | records | why not |",
+        "|---|---|---|---|---|",
+    ]
+    for o in report.get("objectives", []):
+        lines.append(
+            f"| {o['objective']} | {'yes' if o['ran'] else 'no'} | {o.get('rows', 0)} {o.get('unit', 'rows')} "
+            f"| {o.get('records', 0)} | {o.get('skipped') or ''} |"
+        )
+    held = report["feedback"]["held_out"]
+    lines += [
+        "",
+        f"Held-out feedback (conversations never trained on): {held['rated_replies']} rated replies "
+        f"({held['liked']} liked or edited, {held['disliked']} disliked), {held['pairs']} pairs, "
+        f"{held['prompts']} prompts; starting model against the retrained one.",
+        "",
+        "| figure | start | retrained | gain |",
+        "|---|---|---|---|",
+    ]
+    for name in ("reward", "pair_accuracy", "liked_share"):
+        figures = report["feedback"].get(name)
+        if figures:
+            lines.append(
+                f"| {name} | {_fmt(figures['start'])} | {_fmt(figures['retrained'])} | {_fmt(figures['gain'])} |"
+            )
+        else:
+            lines.append(f"| {name} | not measured | | |")
+    lines += [
+        "",
+        "reward: mean change of the per-token log-probability of held-out replies, + for liked and - for "
+        "disliked ones (above 0: towards what people liked). pair_accuracy: share of held-out pairs whose "
+        "chosen reply is the likelier. liked_share: share of fresh replies the gate's taste likes.",
+        "",
+    ]
+    return lines
+
+
+def _prompts_markdown(report: dict) -> list[str]:
+    """The head of a prompt task's report: what each figure is computed on, rewards, share scoring 1, metrics."""
+    base, merged, on = report["base"], report["merged"], report["computed_on"]
+    split = "held-out" if report["held_out"] else "training"
+    lines = [
+        "# Evaluation report",
+        "",
+        f"{report['rows']} {split} prompts, base model against merged model, each answering greedily.",
+        "",
+        f"- Rewards: {on['rewards']}.",
+        f"- Task metrics: {on['metrics']}.",
+        f"- Loss and perplexity: {on['loss']}.",
+        f"- Samples: {on['samples']}.",
+        "",
+    ]
+    if report.get("rewards"):
+        lines += [
+            "## Rewards",
+            "",
+            f"Mean reward on the {report['rows']} {split} prompts.",
+            "",
+            "| reward | type | weight | base | merged |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['name']} | {r['type']} | {_fmt(r['weight'])} | {_fmt(base['rewards'].get(r['name']))} | "
+            f"{_fmt(merged['rewards'].get(r['name']))} |"
+            for r in report["rewards"]
+        ]
+        lines += [f"| **weighted total** | | | {_fmt(base['reward'])} | {_fmt(merged['reward'])} |", ""]
+        if base.get("accuracy"):
+            lines += [
+                f"Accuracy-like rewards, share scoring 1 on the {report['rows']} {split} prompts:",
+                "",
+                "| reward | base | merged |",
+                "|---|---|---|",
+            ]
+            lines += [
+                f"| {name} | {_fmt(value)} | {_fmt(merged['accuracy'].get(name))} |"
+                for name, value in base["accuracy"].items()
+            ]
+            lines.append("")
+        errors = {n: c for n, c in (merged.get("reward_errors") or {}).items() if c}
+        if errors:
+            lines += ["Rows a reward failed on (scored 0): " + ", ".join(f"{n} {c}" for n, c in errors.items()), ""]
+    if base.get("metrics"):
+        lines += [
+            "## Task metrics",
+            "",
+            f"Against the reference answers of the {report['rows']} {split} prompts.",
+            "",
+            "| metric | base | merged |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {name} | {_fmt(value)} | {_fmt(merged['metrics'].get(name))} |"
+            for name, value in base["metrics"].items()
+        ]
+        lines.append("")
+    if report["merged_not_worse"] is None:
+        lines += ["Nothing to compare the models on: no GRPO rewards and no reference answers.", ""]
+    else:
+        verdict = "not worse than" if report["merged_not_worse"] else "WORSE than"
+        lines += [f"The merged model is **{verdict}** the base model on the {report['not_worse_on']}.", ""]
+    return lines
+
+
+def _cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", "<br>")[:600]

@@ -1,0 +1,264 @@
+"""The evaluate kind's worker: base model against the merged model on the same held-out rows (loss, task metrics,
+rewards, the held-out loss after each stage, a pairwise judge), and a retraining's figures on held-out feedback."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ...artifacts import progress
+from ...config.job import Job
+from ...config.reporter import Reporter
+from ...data.tables import read_jsonl
+from ...evaluate.feedback_gain import gain, held_out_feedback, model_figures
+from ...evaluate.plots import plot_stages
+from ...evaluate.replies import evaluate_rows, has_replies, score_prompt_rows
+from ...infer.logprobs import completion_loss
+from ...models import load_model, load_tokenizer
+from ...rewards import ACCURACY_TYPES, Reward, RewardSet
+from .inputs import ChainStage, ReportInputs
+from .markdown import markdown
+from .result import ReportResult
+from .settings import Evaluate
+
+ReportJob = Job[Evaluate, ReportInputs]
+
+
+def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
+    hardware, inputs = job.hardware, job.inputs
+    rows = read_jsonl(inputs.eval_file) if Path(inputs.eval_file).exists() else []
+    held_out = bool(rows)
+    if not rows and inputs.train_file:
+        rows = read_jsonl(inputs.train_file)[: job.settings.max_eval_rows]
+    if not rows:
+        raise ValueError(f"no rows to evaluate on in {inputs.eval_file}")
+    rows = rows[: job.settings.max_eval_rows]
+    prompts_only = not has_replies(rows)  # a prompt dataset: no reference replies, so no loss
+    rewards, reward_specs = reward_set(inputs.chain) if prompts_only else (None, [])
+    split = "held-out" if held_out else "training"
+    results, feedback_raw = {}, {}
+    rated, pairs, taste = held_out_feedback_of(job)
+    for name, path in (("base", inputs.base_model), ("merged", inputs.merged_model)):
+        reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
+        tokenizer = load_tokenizer(path)
+        model = load_model(path, hardware)
+        if prompts_only:
+            results[name] = score_prompt_rows(
+                model,
+                tokenizer,
+                rows,
+                rewards,
+                max_new_tokens=job.settings.max_new_tokens,
+                metric_names=job.settings.metrics,
+            )
+        else:
+            results[name] = evaluate_rows(
+                model,
+                tokenizer,
+                rows,
+                n_samples=None,
+                max_new_tokens=job.settings.max_new_tokens,
+                max_len=inputs.max_len,
+                metric_names=job.settings.metrics,
+            )
+        if inputs.feedback:
+            reporter.log(f"the {name} model on the held-out feedback: {len(rated)} rated replies, {len(pairs)} pairs")
+            feedback_raw[name] = model_figures(
+                model,
+                tokenizer,
+                rated,
+                pairs,
+                taste,
+                max_len=inputs.max_len,
+                max_new_tokens=job.settings.max_new_tokens,
+            )
+        del model
+    out = Path(job.output_dir)
+    judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
+    curves = [(s.name, s.loss_label, progress.read(s.dir)) for s in inputs.chain]
+    plot = plot_stages(curves, out / "loss.png")  # one panel per stage: each objective on its own axis
+    n_samples = min(job.settings.n_samples, len(rows))
+    samples = [
+        {"prompt": b["prompt"], "reference": b["reference"], "base": b["generated"], "merged": m["generated"]}
+        for b, m in zip(results["base"]["samples"][:n_samples], results["merged"]["samples"][:n_samples])
+    ]
+    report = {
+        "task": "prompts" if prompts_only else "chat",
+        "held_out": held_out,
+        "rows": len(rows),
+        "metrics": list(results["base"]["metrics"]),
+        "metrics_chosen_by": "pipeline" if job.settings.metrics else "references",
+    }
+    if prompts_only:
+        if rewards is not None:
+            for sample, b, m in zip(samples, results["base"]["samples"], results["merged"]["samples"]):
+                sample.update(base_reward=b["reward"], merged_reward=m["reward"])
+        not_worse, basis = _prompts_not_worse(results["base"], results["merged"])
+        report.update(
+            computed_on=_prompts_computed_on(
+                job, len(rows), split, reward_specs, bool(results["base"]["metrics"]), n_samples
+            ),
+            rewards=reward_specs,
+            not_worse_on=basis,
+        )
+    else:
+        not_worse = _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"])
+        report["stage_nll"] = stage_nll(job, rows, results, hardware, reporter) if len(inputs.chain) > 1 else []
+        report["computed_on"] = {
+            "rows": len(rows),
+            "split": split,
+            "loss": f"the reference replies of {len(rows)} {split} rows (reply tokens only)",
+            "metrics": f"all {len(rows)} {split} rows: greedy replies against their reference replies (an "
+            "adapter's metrics.json is on its first n_samples rows only)",
+            "samples": f"the first {n_samples} of those rows",
+        }
+    if inputs.feedback:
+        report["feedback"] = gain(feedback_raw["base"], feedback_raw["merged"], rated, pairs, inputs.feedback.liked_at)
+        report["objectives"] = inputs.feedback.objectives
+        if "taste_samples" in feedback_raw["base"]:
+            report["feedback"]["taste_samples"] = [
+                {"prompt": b["prompt"], "start": b["reply"], "retrained": m["reply"]}
+                for b, m in zip(feedback_raw["base"]["taste_samples"], feedback_raw["merged"]["taste_samples"])
+            ][:n_samples]
+    report.update(
+        {
+            "base": {k: v for k, v in results["base"].items() if k != "samples"},
+            "merged": {k: v for k, v in results["merged"].items() if k != "samples"},
+            "merged_not_worse": not_worse,
+            "stages": [{"stage": s.name, "method": s.objective, **s.figures} for s in inputs.chain],
+            "judge": judged,
+            "samples": samples,
+            "loss_plot": plot.relative_to(out).as_posix() if plot else None,  # relative: the staging dir is renamed
+        }
+    )
+    (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    (out / "report.md").write_text(markdown(report))
+    return ReportResult.model_validate(report)
+
+
+def held_out_feedback_of(job: ReportJob):
+    """(rated replies, pairs, taste RewardSet or None) a retraining's report measures; empty otherwise."""
+    feedback = job.inputs.feedback
+    if feedback is None:
+        return [], [], None
+    rated, pairs = held_out_feedback(feedback.held_out)  # the asset copied them into the report's directory
+    # the taste's custom files were copied there too, their paths written relative to it
+    return rated, pairs, RewardSet.from_list(feedback.taste, base_dir=job.output_dir) if feedback.taste else None
+
+
+def reward_set(stages: list[ChainStage]) -> tuple[RewardSet | None, list[dict]]:
+    """The rewards the stages of the merged model's chain were trained against, from their results: a custom
+    reward's file is relative to its stage's artifact dir (it was copied into rewards/ there). A later stage's
+    reward of the same name replaces an earlier one's. (None, []) when no stage trained against rewards."""
+    rewards: dict[str, Reward] = {}
+    specs: dict[str, dict] = {}
+    for stage in stages:
+        for spec in stage.rewards:
+            reward = Reward.from_dict(spec, base_dir=stage.dir)
+            rewards[reward.name] = reward
+            specs[reward.name] = {
+                "name": reward.name,
+                "type": reward.type,
+                "weight": reward.weight,
+                "stage": stage.name,
+                "accuracy_like": reward.type in ACCURACY_TYPES,
+            }
+    return (RewardSet(list(rewards.values())) if rewards else None), list(specs.values())
+
+
+def _prompts_computed_on(
+    job: ReportJob, n: int, split: str, reward_specs: list[dict], has_metrics: bool, n_samples: int
+) -> dict:
+    replies = (
+        f"greedy replies of the base and the merged model to {n} {split} prompts "
+        f"(at most {job.settings.max_new_tokens} new tokens)"
+    )
+    stages = sorted({s["stage"] for s in reward_specs if s.get("stage")})
+    return {
+        "rows": n,
+        "split": split,
+        "rewards": f"{replies}, scored with the rewards of {', '.join(stages)}; accuracy: the share of those "
+        "prompts scoring 1 on an accuracy-like reward"
+        if reward_specs
+        else "absent: no stage of the merged model's chain trained against rewards",
+        "metrics": f"all {n} {split} prompts: the same replies against their reference answers"
+        if has_metrics
+        else "absent: the rows have no reference answers",
+        "loss": "absent (the rows are prompts without reference replies)",
+        "samples": f"the first {n_samples} of those prompts",
+    }
+
+
+TASK_SCORES = ("exact", "contains", "numeric", "token_f1")  # task metrics where higher is better
+
+
+def _prompts_not_worse(base: dict, merged: dict, tolerance: float = 1e-6) -> tuple[bool | None, str | None]:
+    """On prompts: the weighted reward (merged >= base - tolerance); without rewards, the mean of the task
+    metrics where higher is better; None when neither was measured."""
+    if "reward" in base:
+        return bool(merged["reward"] >= base["reward"] - tolerance), "weighted reward"
+    names = [n for n in TASK_SCORES if n in base.get("metrics", {})]
+    if names:
+        score = lambda figures: sum(figures["metrics"][n] for n in names) / len(names)  # noqa: E731
+        return bool(score(merged) >= score(base) - tolerance), "task metrics (" + ", ".join(names) + ")"
+    return None, None
+
+
+def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware, reporter: Reporter) -> dict:
+    """The merged model judged against the base and against the first stage, each prompt in both orders."""
+    from ...evaluate.judge import Judge
+    from ...infer.backends import LocalBackend, as_backend
+    from ...infer.generation import generate
+
+    inputs = job.inputs
+    backend = (
+        as_backend(job.settings.judge)
+        if job.settings.judge
+        else LocalBackend(inputs.base_model, device=hardware.device, dtype=hardware.dtype)
+    )
+    judge = Judge(backend, cache_path=Path(job.output_dir) / "judge_cache.sqlite", max_new_tokens=96)
+    sample = rows[: job.settings.n_judge]
+    n = len(sample)
+    prompts = [r["prompt"] for r in sample]
+    references = [s["reference"] for s in results["merged"]["samples"][:n]]
+    merged = [s["generated"] for s in results["merged"]["samples"][:n]]
+    base = [s["generated"] for s in results["base"]["samples"][:n]]
+    reporter.log(f"judging merged against base on {n} prompts (both orders) with {backend!r}")
+    out = {"judge": repr(backend), "vs_base": judge.compare(prompts, merged, base, references).summary()}
+    if inputs.first_stage_adapters:
+        tokenizer = load_tokenizer(inputs.base_model)
+        model = load_model(inputs.base_model, hardware, adapters=inputs.first_stage_adapters)
+        first = generate(model, tokenizer, prompts, max_new_tokens=job.settings.max_new_tokens)
+        out["vs_first_stage"] = judge.compare(prompts, merged, first, references).summary()
+    return out
+
+
+def _not_worse(base: float, merged: float) -> bool:
+    return math.isfinite(merged) and (not math.isfinite(base) or merged <= base + 1e-6)
+
+
+def stage_nll(job: ReportJob, rows: list[dict], results: dict, hardware, reporter: Reporter) -> list[dict]:
+    """Held-out NLL of base, of each stage's model (the chain up to it, folded in) and so of merged, all on the
+    same rows: the one figure every stage compares on, whatever its own objective (a preference loss is not an
+    NLL)."""
+    inputs = job.inputs
+    adapters = [str(Path(s.dir) / "adapter") for s in inputs.chain]
+    out = [{"model": "base", "eval_loss": results["base"]["eval_loss"], "perplexity": results["base"]["perplexity"]}]
+    for i, stage in enumerate(inputs.chain):
+        if i == len(inputs.chain) - 1:
+            figures = results["merged"]  # the whole chain is the merged model
+        else:
+            reporter.log(f"held-out loss of the model after {stage.name} on the same {len(rows)} rows")
+            model = load_model(inputs.base_model, hardware, adapters=adapters[: i + 1])
+            figures = completion_loss(model, load_tokenizer(inputs.base_model), rows, max_len=inputs.max_len)
+            del model
+        out.append(
+            {
+                "model": f"after {stage.name}",
+                "stage": stage.name,
+                "eval_loss": figures["eval_loss"],
+                "perplexity": figures["perplexity"],
+            }
+        )
+    return out

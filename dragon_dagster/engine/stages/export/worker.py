@@ -1,0 +1,31 @@
+"""The export kind's worker: release/export's export_model into the artifact's gguf/ directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...config.job import Job
+from ...config.reporter import Reporter
+from ...release.export.model import EXPORT_SUBDIR, export_model
+from .inputs import ExportInputs
+from .result import ExportResult
+from .settings import Export
+
+ExportJob = Job[Export, ExportInputs]
+
+
+def export_stage(job: ExportJob, reporter: Reporter) -> ExportResult:
+    inputs = job.inputs
+    reporter.log(f"exporting {inputs.model} to GGUF ({', '.join(job.settings.formats)})")
+    info = export_model(
+        inputs.model,
+        Path(job.output_dir) / EXPORT_SUBDIR,
+        formats=job.settings.formats,
+        system=inputs.system,
+        name=inputs.name,
+        ollama_files=job.settings.ollama,
+        evaluation=inputs.evaluation,
+        reporter=reporter,
+    )
+    reporter.log(f"exported in {info['seconds']} s")
+    return ExportResult.model_validate(info)

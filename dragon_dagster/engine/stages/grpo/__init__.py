@@ -1,0 +1,17 @@
+"""grpo: reinforcement learning with verifiable rewards (TRL's GRPOTrainer), continuing from the stage before it."""
+
+from ...config.job import TrainingInputs
+from ...config.kind import StageKind
+from .checks import grpo_checks
+from .result import GRPOResult
+from .settings import GRPO
+
+KIND = StageKind(
+    GRPO,
+    "training",
+    TrainingInputs,
+    GRPOResult,
+    f"{__name__}.worker:train_grpo",
+    grpo_checks,
+    summary="Reinforcement learning with verifiable rewards (TRL GRPOTrainer).",
+)

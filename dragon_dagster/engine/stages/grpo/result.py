@@ -1,0 +1,58 @@
+"""What a grpo stage reports: each reward's mean on held-out prompts before and after training, and how many
+completions were cut off at max_new_tokens (with a length to try when too many were)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from ...config.results import TrainingResult, fig
+
+
+class GRPOResult(TrainingResult):
+    eval_prompts: int = 0
+    reward_kinds: dict[str, str] = Field(default_factory=dict, description="Each reward's type, by name.")
+    reward_before: float | None = None  # weighted total on the held-out prompts, adapter off (the start)
+    reward_after: float | None = None
+    per_reward_before: dict[str, float] = Field(default_factory=dict)
+    per_reward_after: dict[str, float] = Field(default_factory=dict)
+    reward_errors: dict[str, int] = Field(default_factory=dict)
+    group_size: int
+    beta: float
+    temperature: float
+    max_new_tokens: int
+    clipped_ratio: float | None = None  # mean share of training completions cut off at max_new_tokens
+    longest_reference_tokens: int | None = None
+    suggested_max_new_tokens: int | None = None
+
+    def own_figures(self) -> dict[str, Any]:
+        figures = {"reward_before": self.reward_before, "reward_after": self.reward_after}
+        figures.update({f"reward_before/{n}": v for n, v in self.per_reward_before.items()})
+        figures.update({f"reward_after/{n}": v for n, v in self.per_reward_after.items()})
+        return figures
+
+    def metadata(self) -> dict[str, Any]:
+        return {**super().metadata(), "clipped_ratio": self.clipped_ratio, "max_new_tokens": self.max_new_tokens}
+
+    @classmethod
+    def headline(cls, metrics: dict[str, float]) -> str:
+        """Reward before -> after on held-out prompts (each reward's after), the last training reward and KL."""
+        parts = []
+        if "eval/reward" in metrics or "eval/reward_before" in metrics:
+            parts.append(f"reward {fig(metrics.get('eval/reward_before'))} -> {fig(metrics.get('eval/reward'))}")
+        per_reward = {
+            k[len("eval/reward_") :]: v
+            for k, v in sorted(metrics.items())
+            if k.startswith("eval/reward_") and k not in ("eval/reward_before", "eval/reward_margin")
+        }
+        if per_reward:
+            each = "(" + ", ".join(f"{name} {fig(v)}" for name, v in per_reward.items()) + ")"
+            parts[-1:] = [f"{parts[-1]} {each}"] if parts else [each]
+        if "train/reward" in metrics:
+            parts.append(f"train reward {fig(metrics['train/reward'])}")
+        if "train/kl" in metrics:
+            parts.append(f"kl {fig(metrics['train/kl'])}")
+        if not parts and "train/loss" in metrics:
+            parts.append(f"train loss {fig(metrics['train/loss'])}")
+        return ", ".join(parts)

@@ -1,0 +1,37 @@
+"""The kto kind's settings: Kahneman-Tversky Optimization on single liked or disliked replies."""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from ...train.preference import PreferenceStage
+
+
+class KTO(PreferenceStage):
+    """Kahneman-Tversky Optimization (TRL's KTOTrainer) on rated replies, the ratings people give without a
+    matching opposite (a rated dataset); pairs are split into a liked and a disliked reply."""
+
+    trains_on: ClassVar[tuple[str, ...]] = ("rated", "pairs")
+
+    kind: Literal["kto"]
+    desirable_weight: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Weight of the liked replies' loss. Default: both weights balance the counts (the side "
+        "with fewer replies weighs more, as the KTO paper advises).",
+    )
+    undesirable_weight: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Weight of the disliked replies' loss."
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_others(self):
+        if self.args.batch_size < 2:
+            raise ValueError(
+                f"stage {self.name!r}: KTO needs batch_size >= 2 (it estimates its KL term from the "
+                "other replies in a batch)"
+            )
+        return self

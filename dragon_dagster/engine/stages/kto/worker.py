@@ -1,0 +1,94 @@
+"""The kto kind's worker: TRL's KTOConfig and KTOTrainer on rated replies, loss weights balanced by default, and
+the per-reply accuracy TRL's KTO does not log."""
+
+from __future__ import annotations
+
+from ...config.reporter import Reporter
+from ...data.tables import unpaired
+from ...infer.logprobs import reply_logprobs
+from ...train import distributed
+from ...train.preference import PreferenceMethod, PreferenceResult, train_preference, trainer_parts
+from ...train.preference_head import use_chunked_head
+from ...train.trainer import TrainingError, TrainingJob
+from .result import KTOResult
+from .settings import KTO
+
+
+class KTOMethod(PreferenceMethod):
+    result = KTOResult
+    held_out = "rated replies"
+
+    def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
+        from datasets import Dataset
+        from trl import KTOConfig, KTOTrainer
+
+        if args["per_device_train_batch_size"] < 2:
+            raise TrainingError(
+                f"kto needs at least 2 rows per device step (it estimates its KL term from the other replies in a "
+                f"batch); this run has {args['per_device_train_batch_size']}: raise args.batch_size"
+            )
+        # shuffled: KTO reads batches in order (its KL term pairs each reply with another prompt of the same batch),
+        # and rated files, unpaired pairs and feedback come grouped by label or prompt
+        train = Dataset.from_list(unpaired(p.train_rows)).shuffle(seed=p.args.seed)
+        evals = Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None
+        weights = kto_weights(job.settings, [bool(r["label"]) for r in train])
+        parts = trainer_parts(p, callback, train, evals)
+        return KTOTrainer(model=p.model, ref_model=None, args=KTOConfig(**args, **weights), **parts)
+
+    def use_head(self, trainer, speed: dict) -> None:
+        use_chunked_head(trainer.model.get_base_model(), speed["unpad"], getattr(trainer, "use_weighting", False))
+
+    def train_figures(self, job: TrainingJob, p) -> dict:
+        labels = [bool(r["label"]) for r in unpaired(p.train_rows)]
+        return {
+            "eval_rows": len(p.eval_rows),
+            "train_liked": sum(labels),
+            "train_disliked": len(labels) - sum(labels),
+            **kto_weights(job.settings, labels),
+        }
+
+    def eval_figures(self, job: TrainingJob, p, trainer, figures: dict) -> dict:
+        if not distributed.is_main():
+            return {}
+        trainer.model.eval()  # TRL's KTO logs no accuracy: per reply, as DPO's pairs have it
+        accuracy = kto_accuracy(trainer.model, p.tokenizer, p.eval_rows, job.settings.beta, p.args.max_seq_len)
+        return {**accuracy, "kl": figures.get("eval_kl")}
+
+
+def train_kto(job: TrainingJob, reporter: Reporter) -> PreferenceResult | None:
+    return train_preference(job, reporter, KTOMethod())
+
+
+def mean(xs: list[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def kto_weights(settings: KTO, labels: list[bool]) -> dict:
+    """KTO's loss weights: the stage's, else balanced so that liked x weight ~ disliked x weight (the KTO paper
+    asks for a ratio in [1, 4/3]); ratings are rarely balanced (people click thumbs up more often)."""
+    liked, disliked = sum(labels), len(labels) - sum(labels)
+    desirable = settings.desirable_weight or (min(1.0, disliked / liked) if liked and disliked else 1.0)
+    undesirable = settings.undesirable_weight or (min(1.0, liked / disliked) if liked and disliked else 1.0)
+    return {"desirable_weight": desirable, "undesirable_weight": undesirable}
+
+
+def kto_accuracy(model, tokenizer, rows: list[dict], beta: float, max_len: int) -> dict:
+    """On held-out rated replies: the implicit reward beta * (log p_adapter - log p_start) of each reply, and
+    the share the adapter moved the right way (a liked reply likelier than before, a disliked one less)."""
+    rows = unpaired(rows)
+    trained = reply_logprobs(model, tokenizer, rows, max_len)
+    with model.disable_adapter():  # the reference: the model the stage started from
+        start = reply_logprobs(model, tokenizer, rows, max_len)
+    rewards = [beta * (a - b) for (a, _), (b, _) in zip(trained, start)]
+    liked = [r for r, row in zip(rewards, rows) if row["label"]]
+    disliked = [r for r, row in zip(rewards, rows) if not row["label"]]
+    right = sum(r > 0 for r in liked) + sum(r < 0 for r in disliked)
+    margin = mean(liked) - mean(disliked) if liked and disliked else None
+    return {
+        "pref_accuracy": right / len(rows),
+        "reward_margin": margin,
+        "reward_liked": mean(liked),
+        "reward_disliked": mean(disliked),
+        "eval_liked": len(liked),
+        "eval_disliked": len(disliked),
+    }

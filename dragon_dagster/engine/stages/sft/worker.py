@@ -1,0 +1,99 @@
+"""The sft kind's worker: supervised fine-tuning with TRL's SFTTrainer and a PEFT LoRA adapter.
+
+Rows are conversational prompt-completion examples, so TRL computes loss on the final assistant turn only
+(completion_only_loss): this works with any chat template, SmolLM2's included, which has no
+`{% generation %}` markers for assistant_only_loss.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...artifacts import progress
+from ...config.reporter import Reporter
+from ...evaluate.plots import plot_loss
+from ...evaluate.replies import eval_metrics, evaluate_rows
+from ...train import distributed, lm_head
+from ...train.trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
+from .result import SFTResult
+from .trainer import chunked_loss_trainer
+
+
+def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    p = prepare(job)
+    chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
+    args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers)
+    config = SFTConfig(
+        **args,
+        max_length=p.args.max_seq_len,
+        completion_only_loss=True,
+        packing=p.speed.packing == "on",
+        packing_strategy="bfd",
+    )
+    callback = progress_callback(reporter, Path(job.output_dir))
+    trainer = (chunked_loss_trainer() if chunked else SFTTrainer)(
+        model=p.model,
+        args=config,
+        train_dataset=Dataset.from_list(p.train_rows),
+        processing_class=p.tokenizer,
+        peft_config=lora_config(p.lora),
+        callbacks=[callback],
+    )
+    speed = apply_speed(trainer, p.speed, chunked, reporter)
+    trainer.unpad = speed["unpad"]
+    reporter.log(f"speed: packing {p.speed.packing}" + (", torch.compile" if p.speed.torch_compile else ""))
+    result = run_trainer(trainer, callback, job, reporter)
+    if not distributed.is_main():  # rank 0 evaluates and writes the artifact
+        return None
+    rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
+    speed = {"packing": p.speed.packing, "torch_compile": p.speed.torch_compile, **speed}
+    return summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, speed, Path(job.output_dir), reporter)
+
+
+def summarize(trainer, result, tokenizer, rows, held_out: bool, job, speed: dict, out: Path, reporter) -> SFTResult:
+    """Held-out loss, perplexity, samples and task metrics for the trained adapter; written into out."""
+    reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
+    model = trainer.model
+    model.eval()
+    evaluation = evaluate_rows(
+        model,
+        tokenizer,
+        rows,
+        n_samples=job.settings.n_samples,
+        max_new_tokens=job.settings.max_new_tokens,
+        max_len=job.settings.args.max_seq_len,
+        metric_names=job.settings.metrics,
+    )
+    n_metric_rows = min(job.settings.n_samples, len(rows))
+    split = "held-out" if held_out else "training"
+    rows_logged = progress.read(out)
+    losses = [r["loss"] for r in rows_logged if isinstance(r.get("loss"), (int, float))]
+    summary = SFTResult(
+        objective=job.settings.objective(),
+        loss_label="SFT loss (reply NLL)",
+        speed=speed,
+        global_step=trainer.state.global_step,
+        train_loss=result.training_loss,
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
+        train_runtime_s=result.metrics.get("train_runtime"),
+        held_out=held_out,
+        eval_loss=evaluation["eval_loss"] if held_out else None,
+        perplexity=evaluation["perplexity"] if held_out else None,
+        eval_tokens=evaluation["eval_tokens"] if held_out else 0,
+        metrics=evaluation["metrics"],
+        # the report measures all held-out rows; these metrics are on the first n_samples of them
+        computed_on=f"n_samples={n_metric_rows} {split} rows",
+        metrics_chosen_by="pipeline" if job.settings.metrics else "references",
+    )
+    with (out / "samples.jsonl").open("w") as f:
+        for sample in evaluation["samples"]:
+            f.write(json.dumps(sample, ensure_ascii=False) + "\n")
+    (out / "metrics.json").write_text(summary.model_dump_json(indent=2))
+    plot_loss(rows_logged, out / "loss.png", title="SFT training loss")
+    reporter.metrics(trainer.state.global_step, eval_metrics(summary.model_dump()))
+    return summary

@@ -1,0 +1,68 @@
+"""What every training stage kind shares: the dataset it trains on, the adapter's shape, the trainer arguments,
+the samples it writes after training, and the check every adapter gets (its loss is finite and falls)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from ..artifacts import progress
+from ..config.checks import CheckOutcome, CheckSpec
+from ..config.stage import Continues, Stage
+from ..config.training import Lora, TrainArgs
+
+
+class TrainerStage(Stage):
+    """A LoRA adapter trained on a dataset, continuing from the training stage before it (folded in)."""
+
+    continues: ClassVar[Continues] = "optional"
+
+    dataset: str = Field(description="An earlier dataset stage whose rows train this stage.")
+    lora: Lora = Field(default_factory=Lora, description="The adapter's shape (dragon_lora).")
+    args: TrainArgs = Field(default_factory=TrainArgs, description="Trainer arguments (dragon_train_args).")
+    n_samples: int = Field(10, ge=0, description="Held-out prompts answered after training (samples.jsonl).")
+    max_new_tokens: int = Field(128, gt=0, description="Length limit of sample replies.")
+
+    def objective(self) -> str:
+        """The training objective, as tagged in MLflow (`method`) and shown in the report."""
+        return self.kind
+
+    def reads(self) -> list[str]:
+        return [self.dataset]
+
+    def rewards_used(self) -> list[dict[str, Any]]:
+        """The rewards this stage optimizes (reward specs, custom files relative to the pipeline's folder): the
+        Dagster step checks them against the data before the worker starts, and copies custom files along."""
+        return []
+
+    def with_rewards(self, specs: list[dict[str, Any]]) -> TrainerStage:
+        """These settings with their rewards replaced by specs (custom files copied beside the artifact)."""
+        return self
+
+
+def losses_check() -> CheckSpec:
+    def judge(artifact: Path) -> CheckOutcome:
+        losses = [r["loss"] for r in progress.read(artifact) if r.get("loss") is not None]
+        finite = all(math.isfinite(x) for x in losses)
+        falling = len(losses) >= 2 and losses[-1] < losses[0]
+        return CheckOutcome(
+            passed=bool(losses) and finite and falling,
+            severity="error",
+            metadata={
+                "logged_steps": len(losses),
+                "all_finite": finite,
+                "first_loss": losses[0] if losses else -1.0,
+                "last_loss": losses[-1] if losses else -1.0,
+            },
+        )
+
+    return CheckSpec(
+        "losses_finite_and_falling", "Every logged training loss is finite and the last is below the first.", judge
+    )
+
+
+def adapter_checks(stage: Stage) -> list[CheckSpec]:
+    return [losses_check()]

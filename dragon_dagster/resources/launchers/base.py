@@ -1,0 +1,127 @@
+"""What every launcher shares: the protocol, the Pipes tap that takes the worker's own messages (step metrics,
+the outcome) off whatever channel carries them, and how a launcher tells that the Dagster run is gone.
+
+A launcher starts `python -m dragon_dagster.engine.runtime.worker <job>` somewhere (launchers/subprocess.py: a
+child process; ray.py: a Ray job; k8s.py: a Kubernetes pod), connects it to the run through Dagster Pipes, and
+returns its exit code. The training resource picks one by name (launchers/__init__.py's LAUNCHERS).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import ClassVar, Protocol
+
+from dagster import DagsterRunStatus, PipesMessageReader, PreviewWarning
+
+ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
+
+
+class Launcher(Protocol):
+    """Runs a worker command for a Dagster step and returns its exit code (0: it reported a result)."""
+
+    name: ClassVar[str]
+
+    def launch(self, context, resource, command: list[str], env: dict[str, str], tap: PipesTap, parallel: bool) -> int:
+        """resource: the TrainingResource asking (its launcher settings: ray_address, k8s, cpus_per_worker, ...)."""
+        ...
+
+
+def run_gone(context, parent_pid: int) -> str | None:
+    """Why the step's Dagster run can no longer record this work, or None while it can."""
+    run = context.instance.get_run_by_id(context.op_execution_context.run_id)
+    if os.getppid() != parent_pid:  # the run process was killed: nothing will mark the run, so do it here
+        if run is not None and run.status not in ENDED:
+            context.instance.report_run_failed(run, "the run's process died while a worker was running")
+        return f"the process of Dagster run {context.op_execution_context.run_id} died"
+    if run is not None and run.status in ENDED:
+        return f"Dagster run {context.op_execution_context.run_id} has ended ({run.status.value})"
+    return None
+
+
+class PipesTap:
+    """Takes the worker's own custom Pipes messages off the channel, whichever reader carries it (a temp
+    file, a Ray job's log, a pod's log): step metrics go to on_metrics as they arrive, the outcome (result or
+    error) is kept. Everything else goes on to Dagster's handler.
+
+    Metrics are a view of the run, not its result: one that fails to log is reported once and skipped, and
+    never fails or blocks the training it describes.
+    """
+
+    def __init__(self, on_metrics: Callable[[int, dict], None] | None = None, warn: Callable[[str], None] = print):
+        self.on_metrics, self.warn = on_metrics, warn
+        self.outcome: dict = {}
+        self.failures = 0
+
+    def wrap(self, reader: PipesMessageReader) -> PipesMessageReader:
+        return _TappedReader(reader, self)
+
+    def take(self, message: dict) -> bool:
+        """True when message was the worker's own (metrics or outcome) and has been dealt with here."""
+        if message.get("method") != "report_custom_message":
+            return False
+        payload = (message.get("params") or {}).get("payload")
+        if not isinstance(payload, dict) or payload.get("kind") not in ("metrics", "outcome"):
+            return False
+        if payload["kind"] == "outcome":
+            self.outcome = {k: v for k, v in payload.items() if k != "kind"}
+        elif self.on_metrics is not None:
+            try:
+                self.on_metrics(int(payload["step"]), dict(payload["values"]))
+            except Exception as exc:  # noqa: BLE001 - see the class docstring
+                self.failures += 1
+                if self.failures == 1:
+                    self.warn(
+                        f"could not forward step metrics to tracking ({type(exc).__name__}: {exc}); "
+                        "training goes on, the metrics stay in the artifact's progress.jsonl"
+                    )
+        return True
+
+
+class _TappedHandler:
+    """Dagster's message handler, with the tap in front of handle_message."""
+
+    def __init__(self, handler, tap: PipesTap):
+        self._handler, self._tap = handler, tap
+
+    def handle_message(self, message) -> None:
+        if not self._tap.take(message):
+            self._handler.handle_message(message)
+
+    def __getattr__(self, name):
+        return getattr(self._handler, name)
+
+
+class _TappedReader(PipesMessageReader):
+    """A message reader that hands its messages to a PipesTap first; all else is the wrapped reader's."""
+
+    def __init__(self, reader: PipesMessageReader, tap: PipesTap):
+        self.reader, self.tap = reader, tap
+
+    @contextmanager
+    def read_messages(self, handler) -> Iterator[dict]:
+        with self.reader.read_messages(_TappedHandler(handler, self.tap)) as params:
+            yield params
+
+    def on_opened(self, opened_payload) -> None:
+        self.reader.on_opened(opened_payload)
+
+    def on_launched(self, launched_payload) -> None:
+        self.reader.on_launched(launched_payload)
+
+    def messages_are_readable(self, params) -> bool:
+        readable = getattr(self.reader, "messages_are_readable", None)
+        return readable(params) if readable else True
+
+    @property
+    def expected_writer_count(self) -> int:
+        # Dagster's session asks every reader for this (a preview API): passing the question on to the wrapped
+        # reader is not a use of the preview feature of our own, so its PreviewWarning is not ours to show
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", PreviewWarning)
+            return self.reader.expected_writer_count
+
+    def no_messages_debug_text(self) -> str:
+        return self.reader.no_messages_debug_text()

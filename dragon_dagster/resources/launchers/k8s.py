@@ -1,0 +1,508 @@
+"""The `k8s` launcher: the worker as a Kubernetes pod, through dagster-k8s's Pipes client.
+
+The pod runs the same `python -m dragon_dagster.engine.runtime.worker RUN.json` command as the subprocess launcher.
+The Dagster context reaches it in an environment variable; the worker's Pipes messages (log lines, step
+metrics, the outcome) come back in the pod's log, read by dagster-k8s's PipesK8sPodLogsMessageReader, which
+the training resource wraps in its PipesTap. Nothing else crosses over: the job file and the artifact it
+writes live on a volume that the Dagster step and the pod mount at the same path (a PVC holding the runs
+dir), and credentials come from Kubernetes secrets (`env_from_secrets`), never from config or this process's
+environment.
+
+Stopping: a terminated Dagster run deletes the pod with a grace period of `termination_grace_s`; the kubelet
+sends the worker SIGTERM (a trainer saves a checkpoint) and kills it when the grace period is over.
+
+`render_pod` returns the manifest exactly as dagster-k8s would submit it (its own `build_pod_body`), for tests
+and for people: `python -m dragon_dagster.resources.launchers.k8s pod.yaml` prints it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar, Literal
+
+from dagster import Config, Failure, PipesMessageReader
+from pydantic import Field
+
+from ...engine.runtime.execution import EXIT_CANCELLED, EXIT_FAILED
+from .credentials import public_env
+
+WORKER_CONTAINER = "worker"
+LAUNCH_LABEL = "dragon-dagster/launch"  # one value per run_pod call: how run_pod finds its own pod again
+CONTEXT_PLACEHOLDER = "<set per run: the Dagster run's context, encoded by Dagster Pipes>"
+
+
+class K8sPod(Config):
+    """Where and how the worker pod runs. Credentials come from secrets (env_from_secrets), never from here."""
+
+    image: str = Field(
+        default="",
+        description="Container image with dragon-dagster (and its training extras) "
+        "installed; `python` on its PATH runs the worker.",
+    )
+    namespace: str = Field(
+        default="",
+        description="Namespace for the pod. Empty: the one Dagster runs in "
+        "(in-cluster), else the kubeconfig context's, else default.",
+    )
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = Field(
+        default="IfNotPresent", description="The container's imagePullPolicy."
+    )
+    service_account_name: str = Field(
+        default="", description="Service account of the pod. Empty: the namespace's default."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the pod must land on, e.g. {'nvidia.com/gpu.product': 'NVIDIA-H100-80GB-HBM3'}.",
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Kubernetes tolerations, e.g. [{key: nvidia.com/gpu, operator: Exists, "
+        "effect: NoSchedule}] for tainted GPU nodes.",
+    )
+    volumes: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Kubernetes volume specs, e.g. [{name: runs, persistentVolumeClaim: "
+        "{claimName: dragon-runs}}]: the runs dir the job file and artifacts "
+        "live in.",
+    )
+    volume_mounts: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Mounts of the worker container, e.g. [{name: runs, mountPath: /runs}]; "
+        "the runs dir must have the same path as in the Dagster step.",
+    )
+    env_from_secrets: list[str] = Field(
+        default_factory=list,
+        description="Names of secrets whose keys become the worker's environment "
+        "(MLflow and S3 credentials: AWS_ACCESS_KEY_ID, MLFLOW_TRACKING_TOKEN..).",
+    )
+    gpu_resource: str = Field(
+        default="nvidia.com/gpu",
+        description="Extended resource the GPUs are requested as (amd.com/gpu, a MIG profile, ...).",
+    )
+    shm_size_gb: float = Field(
+        default=0,
+        ge=0,
+        description="Size of a memory-backed /dev/shm, GiB (counts "
+        "against memory_gb). Containers get 64 MiB, too "
+        "little for NCCL with several GPUs (torchrun, "
+        "workers > 1) or DataLoader workers. 0: none.",
+    )
+    pod_labels: dict[str, str] = Field(default_factory=dict, description="Extra labels of the pod.")
+    pod_annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations of the pod.")
+    kubeconfig_file: str = Field(
+        default="", description="kubeconfig to use. Empty: $KUBECONFIG or ~/.kube/config, or the in-cluster config."
+    )
+    kube_context: str = Field(default="", description="Context in the kubeconfig. Empty: its current one.")
+    load_incluster_config: bool = Field(
+        default=False,
+        description="Use the service account of the pod Dagster runs in. False: a kubeconfig "
+        "if one is set, else in-cluster when KUBERNETES_SERVICE_HOST is set.",
+    )
+    connect_timeout_s: float = Field(
+        default=10, description="How long to wait for the API server before the step fails, not hangs."
+    )
+    poll_interval_s: float = Field(default=5, description="Seconds between pod status polls.")
+    pod_wait_timeout_s: float = Field(
+        default=7 * 86400, description="Longest a pod may run (queueing for a node included). 0: no limit."
+    )
+
+
+def _quantity_cpu(cpus: float) -> str:
+    return str(int(cpus)) if float(cpus).is_integer() else f"{math.ceil(cpus * 1000)}m"
+
+
+def _whole_gpus(gpus: float) -> int:
+    if gpus < 0 or not float(gpus).is_integer():
+        raise ValueError(
+            f"gpus={gpus}: Kubernetes hands out whole devices; for a slice of one, set "
+            "gpu_resource to the MIG profile or time-sliced resource your cluster offers"
+        )
+    return int(gpus)
+
+
+def pod_spec(pod: K8sPod, *, cpus: float, gpus: float, memory_gb: float, termination_grace_s: float = 600) -> dict:
+    """The base pod spec (camelCase, as in a manifest) that PipesK8sClient completes with image, command and
+    the Pipes environment: resources, volumes, scheduling, secrets and the stop grace period."""
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if cpus > 0:
+        requests["cpu"] = _quantity_cpu(cpus)
+    if memory_gb > 0:
+        # limit == request: a worker past its size is OOMKilled at a known point, not when the node fills
+        requests["memory"] = limits["memory"] = (
+            f"{int(memory_gb)}Gi" if float(memory_gb).is_integer() else f"{math.ceil(memory_gb * 1024)}Mi"
+        )
+    n_gpus = _whole_gpus(gpus)
+    if n_gpus:
+        limits[pod.gpu_resource] = str(n_gpus)  # extended resources: the request defaults to the limit
+    container: dict[str, Any] = {
+        "name": WORKER_CONTAINER,
+        "imagePullPolicy": pod.image_pull_policy,
+        "resources": {k: v for k, v in (("requests", requests), ("limits", limits)) if v},
+    }
+    volumes = [dict(v) for v in pod.volumes]
+    mounts = [dict(m) for m in pod.volume_mounts]
+    if pod.shm_size_gb > 0:
+        volumes.append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{math.ceil(pod.shm_size_gb * 1024)}Mi"}}
+        )
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if mounts:
+        container["volumeMounts"] = mounts
+    if pod.env_from_secrets:
+        container["envFrom"] = [{"secretRef": {"name": name}} for name in pod.env_from_secrets]
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Never",  # a failed job is Dagster's to retry, with its checkpoint, not the kubelet's
+        # SIGTERM, then this long to save a checkpoint before SIGKILL (see the module docstring)
+        "terminationGracePeriodSeconds": int(math.ceil(termination_grace_s)),
+    }
+    if pod.pod_wait_timeout_s > 0:  # dagster-k8s follows the log until the container exits: the kubelet ends
+        spec["activeDeadlineSeconds"] = int(pod.pod_wait_timeout_s)  # a pod that hangs past the limit
+    if volumes:
+        spec["volumes"] = volumes
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        spec["tolerations"] = [dict(t) for t in pod.tolerations]
+    if pod.service_account_name:
+        spec["serviceAccountName"] = pod.service_account_name
+    return spec
+
+
+def pod_meta(pod: K8sPod, launch_id: str = "") -> dict:
+    labels = {**pod.pod_labels, "app.kubernetes.io/name": "dragon-dagster-worker"}
+    if launch_id:
+        labels[LAUNCH_LABEL] = launch_id
+    meta: dict[str, Any] = {"labels": labels}
+    if pod.pod_annotations:
+        meta["annotations"] = dict(pod.pod_annotations)
+    return meta
+
+
+def _messages_env() -> dict[str, str]:
+    """DAGSTER_PIPES_MESSAGES as the pod-log reader sets it (its real value: where the worker writes)."""
+    from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
+    from dagster_pipes import DAGSTER_PIPES_MESSAGES_ENV_VAR, encode_env_var
+
+    with PipesK8sPodLogsMessageReader().read_messages(handler=None) as params:  # type: ignore[arg-type]
+        return {DAGSTER_PIPES_MESSAGES_ENV_VAR: encode_env_var(params)}
+
+
+def render_pod(
+    pod: K8sPod,
+    command: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    cpus: float,
+    gpus: float,
+    memory_gb: float,
+    termination_grace_s: float = 600,
+    bootstrap_env: Mapping[str, str] | None = None,
+    pod_name: str = "dragon-worker",
+    warn: Callable[[str], None] = print,
+) -> dict:
+    """The pod manifest (apiVersion, kind, metadata, spec; camelCase) as PipesK8sClient.run submits it: built
+    by dagster-k8s's own build_pod_body from the same pieces run_pod hands it. bootstrap_env: the Pipes
+    variables of a session; by default DAGSTER_PIPES_MESSAGES as the log reader sets it and a placeholder
+    for the context, which only a running Dagster step has."""
+    import kubernetes
+    from dagster_k8s.pipes import build_pod_body
+    from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR
+
+    if bootstrap_env is None:
+        bootstrap_env = {DAGSTER_PIPES_CONTEXT_ENV_VAR: CONTEXT_PLACEHOLDER, **_messages_env()}
+    body = build_pod_body(
+        pod_name=pod_name,
+        image=pod.image or None,
+        command=list(command),
+        env_vars={**bootstrap_env, **public_env(env or {}, warn)},  # the order PipesK8sClient.run merges them in
+        base_pod_meta=pod_meta(pod),
+        base_pod_spec=pod_spec(pod, cpus=cpus, gpus=gpus, memory_gb=memory_gb, termination_grace_s=termination_grace_s),
+    )
+    manifest = kubernetes.client.ApiClient().sanitize_for_serialization(body)
+    manifest["metadata"]["namespace"] = pod.namespace or "default"
+    return {"apiVersion": "v1", "kind": "Pod", **manifest}
+
+
+def _client_configuration(pod: K8sPod):
+    """A kubernetes client Configuration loaded the way PipesK8sClient loads its own (its _load_k8s_config),
+    kept apart from the global default so that the reachability check can bound its timeouts."""
+    import kubernetes
+
+    cfg = kubernetes.client.Configuration()
+    incluster = pod.load_incluster_config or (
+        not pod.kubeconfig_file and not pod.kube_context and bool(os.getenv("KUBERNETES_SERVICE_HOST"))
+    )
+    if incluster:
+        kubernetes.config.load_incluster_config(client_configuration=cfg)
+        source = "the in-cluster service account"
+    else:
+        kubernetes.config.load_kube_config(
+            config_file=pod.kubeconfig_file or None, context=pod.kube_context or None, client_configuration=cfg
+        )
+        source = f"kubeconfig {pod.kubeconfig_file or os.environ.get('KUBECONFIG') or '~/.kube/config'}" + (
+            f", context {pod.kube_context}" if pod.kube_context else ""
+        )
+    return cfg, source
+
+
+def check_cluster(pod: K8sPod) -> str:
+    """The API server's address once it has answered; a Failure naming it (and where its address came from)
+    when there is no configuration or no answer within connect_timeout_s. PipesK8sClient itself waits with
+    no timeout, so without this a step against a dead endpoint could hang instead of failing."""
+    import kubernetes
+    import urllib3
+
+    try:
+        cfg, source = _client_configuration(pod)
+    except (kubernetes.config.ConfigException, OSError, TypeError, ValueError) as exc:
+        raise Failure(
+            description=f"k8s launcher: no usable Kubernetes configuration "
+            f"(kubeconfig_file={pod.kubeconfig_file!r}, load_incluster_config="
+            f"{pod.load_incluster_config}): {exc}"
+        ) from exc
+    cfg.retries = 0  # one bounded try: a refused or silent endpoint fails the step at once
+    api = kubernetes.client.ApiClient(cfg)
+    timeout = (pod.connect_timeout_s, pod.connect_timeout_s)
+    try:
+        kubernetes.client.VersionApi(api).get_code(_request_timeout=timeout)
+    except kubernetes.client.ApiException as exc:
+        if exc.status in (401, 403):  # reachable, but these credentials will not create pods either
+            raise Failure(
+                description=f"k8s launcher: the Kubernetes API server at {cfg.host} ({source}) "
+                f"refused the credentials: {exc.status} {exc.reason}"
+            ) from exc
+        # any other answer: the server is there; what it thinks of the pod, run_pod's create call will say
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise Failure(
+            description=f"k8s launcher: cannot reach the Kubernetes API server at {cfg.host} "
+            f"({source}) within {pod.connect_timeout_s:g} s: {exc}"
+        ) from exc
+    finally:
+        api.close()
+    return cfg.host
+
+
+def _tapped_client_class():
+    """PipesK8sClient, reading the pod's log through a wrapped reader (dagster-k8s is an optional extra,
+    hence the class is made on first use)."""
+    from dagster_k8s.pipes import PipesK8sClient, PipesK8sPodLogsMessageReader
+
+    def logs_reader(reader):
+        inner = reader
+        while not isinstance(inner, PipesK8sPodLogsMessageReader) and hasattr(inner, "reader"):
+            inner = inner.reader
+        return inner if isinstance(inner, PipesK8sPodLogsMessageReader) else reader
+
+    class TappedK8sClient(PipesK8sClient):
+        """PipesK8sClient streams the pod's log only when its message_reader *is* a
+        PipesK8sPodLogsMessageReader (an isinstance check), which a wrapping reader (the resource's PipesTap)
+        is not. Here the log is consumed by the reader inside the wrapping: the session opened the wrapper,
+        so that reader's handler is the wrapper's, and every message still passes through the tap first."""
+
+        @contextmanager
+        def consume_pod_logs(self, *args, **kwargs):
+            outer = self.message_reader
+            self.message_reader = logs_reader(outer)  # read only by the base method (isinstance, the calls)
+            try:
+                with super().consume_pod_logs(*args, **kwargs):  # entered here: the base reads it on entry
+                    yield
+            finally:
+                self.message_reader = outer
+
+    return TappedK8sClient
+
+
+def run_pod(
+    context,
+    pod: K8sPod,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    wrap_reader: Callable[[PipesMessageReader], PipesMessageReader] = lambda reader: reader,
+    *,
+    cpus: float,
+    gpus: float,
+    memory_gb: float,
+    termination_grace_s: float = 600,
+) -> int:
+    """Run command in a pod of pod.image and wait for it; the worker's exit code.
+
+    0 on success; the worker's own failure codes (it failed or was cancelled and said why in its outcome
+    message) are returned for the caller to report. Anything else (the API server unreachable, the image not
+    pulled, the pod unschedulable, OOMKilled, evicted) raises a Failure that names the pod and the reason.
+    cpus: CPU request (0: none); gpus: whole devices as pod.gpu_resource; memory_gb: request and limit
+    (0: none); termination_grace_s: how long a deleted pod's trainer has to save its checkpoint."""
+    import kubernetes
+    from dagster_k8s.client import DagsterK8sError, DagsterKubernetesClient
+    from dagster_k8s.pipes import PipesK8sPodLogsMessageReader
+    from dagster_k8s.utils import detect_current_namespace
+
+    if not pod.image:
+        raise Failure(description="k8s launcher: k8s.image is not set (an image with dragon-dagster installed)")
+    endpoint = check_cluster(pod)
+    namespace = pod.namespace or detect_current_namespace(pod.kubeconfig_file or None) or "default"
+    launch_id = uuid.uuid4().hex[:16]
+    client = _tapped_client_class()(
+        message_reader=wrap_reader(PipesK8sPodLogsMessageReader()),
+        load_incluster_config=True if pod.load_incluster_config else None,
+        kubeconfig_file=pod.kubeconfig_file or None,
+        kube_context=pod.kube_context or None,
+        poll_interval=float(pod.poll_interval_s),
+    )
+    spec = pod_spec(pod, cpus=cpus, gpus=gpus, memory_gb=memory_gb, termination_grace_s=termination_grace_s)
+    context.log.info(
+        f"k8s launcher: starting a pod of {pod.image} in namespace {namespace} on {endpoint} "
+        f"(label {LAUNCH_LABEL}={launch_id})"
+    )
+    # After run() returns or raises, the client's global config is loaded: the pod is found and deleted here,
+    # not by run(), so that its exit code can be read first and a cancelled trainer gets its grace period.
+    core = None
+    try:
+        try:
+            client.run(
+                context=context,
+                image=pod.image,
+                command=list(command),
+                namespace=namespace,
+                env=public_env(env, context.log.warning),
+                base_pod_meta=pod_meta(pod, launch_id),
+                base_pod_spec=spec,
+                pod_wait_timeout=float(pod.pod_wait_timeout_s),
+                delete_pod_on_completion=False,
+            )
+            return 0
+        except DagsterK8sError as exc:
+            core = DagsterKubernetesClient.production_client().core_api
+            code, why = _termination(core, namespace, launch_id)
+            if code in (EXIT_FAILED, EXIT_CANCELLED):  # the worker's own ending: its outcome says why...
+                # ...unless it ended before dagster-k8s began to stream the log (it waits for the pod to be
+                # ready first): then the log tail in dagster-k8s's error is all there is
+                context.log.warning(f"k8s launcher: the worker pod ended ({why}): {_first_lines(str(exc))}")
+                return code
+            raise Failure(
+                description=f"k8s launcher: the worker pod in namespace {namespace} failed"
+                f"{f' ({why})' if why else ''}: {_first_lines(str(exc))}"
+            ) from exc
+        except kubernetes.client.ApiException as exc:  # refused: forbidden, invalid spec, over quota
+            raise Failure(
+                description=f"k8s launcher: the API server at {endpoint} refused the worker pod in "
+                f"namespace {namespace}: {exc.status} {exc.reason}: "
+                f"{_first_lines(str(exc.body or ''))}"
+            ) from exc
+    finally:
+        _delete_pods(
+            core or DagsterKubernetesClient.production_client().core_api,
+            namespace,
+            launch_id,
+            termination_grace_s,
+            context.log,
+        )
+
+
+def _termination(core, namespace: str, launch_id: str) -> tuple[int | None, str]:
+    """(exit code of the worker container or None, why the pod ended) of the pod with this launch id."""
+    try:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{LAUNCH_LABEL}={launch_id}").items
+    except Exception as exc:  # noqa: BLE001 - the failure itself is reported by the caller
+        return None, f"pod status unavailable: {exc}"
+    if not pods:
+        return None, "the pod is gone"
+    status = pods[0].status
+    reasons = [f"pod {pods[0].metadata.name}"]
+    if status.reason:  # Evicted, DeadlineExceeded, ...
+        reasons.append(f"{status.reason}: {status.message or ''}".rstrip(": "))
+    for cs in status.container_statuses or []:
+        if cs.name != WORKER_CONTAINER:
+            continue
+        if cs.state and cs.state.terminated:
+            t = cs.state.terminated
+            reasons.append(
+                f"exit code {t.exit_code}, {t.reason or 'terminated'}" + (f": {t.message}" if t.message else "")
+            )
+            return t.exit_code, "; ".join(reasons)
+        if cs.state and cs.state.waiting:
+            reasons.append(f"{cs.state.waiting.reason}: {cs.state.waiting.message or ''}".rstrip(": "))
+    return None, "; ".join(reasons)
+
+
+def _delete_pods(core, namespace: str, launch_id: str, grace_s: float, log) -> None:
+    """Delete this launch's pod: SIGTERM to the worker, SIGKILL after grace_s (the kubelet's side of it)."""
+    try:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"{LAUNCH_LABEL}={launch_id}").items
+        for item in pods:
+            running = not (item.status and item.status.phase in ("Succeeded", "Failed"))
+            if running:
+                log.info(
+                    f"k8s launcher: stopping pod {item.metadata.name}: SIGTERM, then SIGKILL after {grace_s:.0f} s"
+                )
+            core.delete_namespaced_pod(item.metadata.name, namespace, grace_period_seconds=int(math.ceil(grace_s)))
+    except Exception as exc:  # noqa: BLE001 - never hide the step's own outcome behind a cleanup error
+        log.warning(
+            f"k8s launcher: could not delete the pod labelled {LAUNCH_LABEL}={launch_id} in namespace "
+            f"{namespace} ({type(exc).__name__}: {exc}); delete it by hand"
+        )
+
+
+def _first_lines(text: str, n: int = 40) -> str:
+    lines = text.splitlines()
+    return "\n".join(lines[:n] + ([f"... ({len(lines) - n} more lines)"] if len(lines) > n else []))
+
+
+class K8sLauncher:
+    """The worker as a pod (its resources, volumes and secrets from the resource's `k8s` settings)."""
+
+    name: ClassVar[str] = "k8s"
+
+    def launch(self, context, resource, command: list[str], env: dict[str, str], tap, parallel: bool) -> int:
+        n = resource.workers if parallel else 1  # torchrun runs the ranks inside the one pod
+        return run_pod(
+            context,
+            resource.k8s,
+            command,
+            env,
+            tap.wrap,
+            cpus=resource.cpus_per_worker * n,
+            gpus=resource.gpus() * n,
+            memory_gb=resource.memory_gb_per_worker * n,
+            termination_grace_s=resource.termination_timeout_s,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m dragon_dagster.resources.launchers.k8s [CONFIG.yaml] [--cpus N --gpus N --memory-gb N]`: print the
+    worker pod manifest for a k8s config (the mapping under `k8s:`), to read or to pipe into
+    `kubectl apply --dry-run=server -f -`."""
+    import argparse
+    import sys
+
+    import yaml
+
+    parser = argparse.ArgumentParser(prog="python -m dragon_dagster.resources.launchers.k8s")
+    parser.add_argument("config", nargs="?", help="YAML file with the k8s mapping")
+    parser.add_argument("--cpus", type=float, default=1)
+    parser.add_argument("--gpus", type=float, default=1)
+    parser.add_argument("--memory-gb", type=float, default=0)
+    parser.add_argument("--termination-grace-s", type=float, default=600)
+    args = parser.parse_args(argv)
+    config = yaml.safe_load(open(args.config).read()) if args.config else {}
+    pod = K8sPod(**(config or {}))
+    manifest = render_pod(
+        pod,
+        ["python", "-m", "dragon_dagster.engine.runtime.worker", "/runs/<artifact>/.job-run.json"],
+        cpus=args.cpus,
+        gpus=args.gpus,
+        memory_gb=args.memory_gb,
+        termination_grace_s=args.termination_grace_s,
+        warn=lambda m: print(m, file=sys.stderr),
+    )
+    print(yaml.safe_dump(manifest, sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""A real Dagster webserver and daemon on loopback (`dagster dev`, as `make ui` runs it): launch a materialization
+through GraphQL, terminate the run while it trains (the trainer saves a checkpoint and stops), then launch again
+with resume: true."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.support import free_port, healthy, user_project, wait_until, workers, write_pipeline
+
+pytestmark = pytest.mark.slow
+
+LAUNCH = """
+mutation Launch($params: ExecutionParams!) {
+  launchRun(executionParams: $params) {
+    __typename
+    ... on LaunchRunSuccess { run { runId } }
+    ... on PythonError { message }
+    ... on RunConfigValidationInvalid { errors { message } }
+    ... on InvalidSubsetError { message }
+  }
+}"""
+STATUS = """query Status($runId: ID!) { runOrError(runId: $runId) { ... on Run { status } } }"""
+TERMINATE = """mutation Stop($runId: String!) { terminateRun(runId: $runId) { __typename
+  ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
+LOCATIONS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"""
+
+
+class Webserver:
+    def __init__(self, root: Path, project: Path, module: str = "trainlab.definitions", location: str = "trainlab"):
+        self.port = free_port()
+        home = root / "dagster_home"
+        home.mkdir()
+        (home / "dagster.yaml").write_text((Path(__file__).parents[2] / "dagster.yaml").read_text())
+        env = {
+            **os.environ,
+            "DAGSTER_HOME": str(home),
+            "PYTHONPATH": str(project),
+            "DRAGON_RUNS_DIR": str(root / "runs"),
+            "HF_HUB_OFFLINE": "1",
+        }
+        (project / "workspace.yaml").write_text(  # the location named as the project's pyproject names it
+            f"load_from:\n  - python_module: {{module_name: {module}, working_directory: ., "
+            f"location_name: {location}}}\n"
+        )
+        self.log = open(root / "webserver.log", "w")
+        # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
+        self.proc = subprocess.Popen(
+            [
+                str(Path(sys.executable).parent / "dagster"),
+                "dev",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-w",
+                "workspace.yaml",
+            ],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            cwd=project,
+            start_new_session=True,
+        )
+        self.url = f"http://127.0.0.1:{self.port}/graphql"
+        self.root = root
+        try:
+            wait_until(
+                lambda: healthy(f"http://127.0.0.1:{self.port}/server_info"),
+                120,
+                "the webserver to start",
+                alive=self.gone,
+            )
+        except BaseException:  # pytest.fail included: dagster dev does not outlive a failed start
+            self.stop()
+            raise
+
+    def tail(self) -> str:
+        return (self.root / "webserver.log").read_text()[-3000:]
+
+    def gone(self) -> str | None:
+        """Why waiting on this server is pointless: its process exited (with the log's tail), else None."""
+        code = self.proc.poll()
+        return None if code is None else f"dagster dev exited with {code}:\n{self.tail()}"
+
+    def gql(self, query: str, **variables) -> dict:
+        response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=60)
+        response.raise_for_status()
+        body = response.json()
+        assert "errors" not in body, body
+        return body["data"]
+
+    def launch(self, job: str, assets: list[list[str]] | None, run_config: dict) -> str:
+        repo = next(n for n in self.gql(LOCATIONS)["repositoriesOrError"]["nodes"])
+        selector = {
+            "repositoryLocationName": repo["location"]["name"],
+            "repositoryName": repo["name"],
+            "pipelineName": job,
+        }
+        if assets:
+            selector["assetSelection"] = [{"path": a} for a in assets]
+        result = self.gql(LAUNCH, params={"selector": selector, "runConfigData": run_config})["launchRun"]
+        assert result["__typename"] == "LaunchRunSuccess", result
+        return result["run"]["runId"]
+
+    def status(self, run_id: str) -> str:
+        return self.gql(STATUS, runId=run_id)["runOrError"]["status"]
+
+    def wait(self, run_id: str, timeout: float = 300) -> str:
+        def ended() -> str | None:
+            status = self.status(run_id)
+            return status if status in ("SUCCESS", "FAILURE", "CANCELED") else None
+
+        return wait_until(ended, timeout, f"run {run_id} to end", alive=self.gone, every=1)
+
+    def stop(self):
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.log.close()
+
+
+def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
+    long_args = (
+        "{max_steps: 120, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+        "max_seq_len: 128, learning_rate: 1.0e-3}"
+    )
+    defs = user_project(tmp_path / "project")
+    write_pipeline(defs, tiny_model, args=long_args)
+    server = Webserver(tmp_path, tmp_path / "project")
+    runs = tmp_path / "runs"
+    try:
+        run_id = server.launch(
+            "tiny_pipeline", [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]], {}
+        )
+
+        # wait until the trainer has logged a few steps, then terminate the run as the UI's button does
+        def progress() -> list[str]:
+            return [
+                line
+                for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")
+                for line in f.read_text().splitlines()
+            ]
+
+        def run_ended() -> str | None:
+            status = server.status(run_id)
+            if status in ("QUEUED", "NOT_STARTED", "STARTING", "STARTED"):
+                return server.gone()
+            return f"the run is {status} before training got going:\n{server.tail()}"
+
+        wait_until(
+            lambda: len(progress()) >= 3, 240, "training to get going (3 logged steps)", alive=run_ended, every=0.5
+        )
+        stop = server.gql(TERMINATE, runId=run_id)["terminateRun"]
+        assert stop["__typename"] == "TerminateRunSuccess", stop
+        assert server.wait(run_id, timeout=180) == "CANCELED"
+        checkpoints = list((runs / "checkpoints" / "tiny" / "sft_adapter").glob("*/checkpoint-*"))
+        assert len(checkpoints) == 1, "the cancelled trainer saved one checkpoint where it stopped"
+        stopped_at = int(checkpoints[0].name.split("-")[1])
+        assert 3 <= stopped_at < 120
+        assert not list(runs.glob("artifacts/tiny/sft_adapter/*")), "no artifact for a cancelled stage"
+
+        resume_config = {"ops": {"tiny__sft_adapter": {"config": {"resume": True}}}}  # same schedule, 120 steps
+        run_id = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], resume_config)
+        assert server.wait(run_id, timeout=400) == "SUCCESS"
+        [adapter] = list(runs.glob("artifacts/tiny/sft_adapter/*"))
+        rows = [json.loads(line) for line in (adapter / "progress.jsonl").read_text().splitlines()]
+        trained = [r["step"] for r in rows if r["elapsed_s"] is not None]
+        assert min(trained) > stopped_at and max(trained) == 120  # it continued where it stopped
+        assert rows[0]["step"] == 1  # and the adapter's progress keeps the steps before the checkpoint
+        manifest = json.loads((adapter / "manifest.json").read_text())
+        assert manifest["result"]["global_step"] == 120
+
+        from mlflow import MlflowClient
+
+        client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+        experiment = client.get_experiment_by_name("tiny")
+        statuses = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
+        assert statuses == ["FINISHED", "KILLED"]
+    finally:
+        server.stop()
+
+
+# ------------------------------------------------------------------------ workers never outlive their job
+
+LONG_ARGS = (
+    "{max_steps: 400, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+    "max_seq_len: 128, learning_rate: 1.0e-3}"
+)
+TRAIN = [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def wait_for(predicate, timeout: float, what: str, server):
+    """wait_until, failing at once (with the log's tail) if the server died meanwhile."""
+    return wait_until(predicate, timeout, what, alive=server.gone, every=0.5)
+
+
+@pytest.fixture()
+def training_server(tiny_model, tmp_path):
+    defs = user_project(tmp_path / "project")
+    write_pipeline(defs, tiny_model, args=LONG_ARGS)
+    server = Webserver(tmp_path, tmp_path / "project")
+    yield server
+    server.stop()
+
+
+def start_training(server) -> tuple[str, int]:
+    """Launch the long SFT; return the run id and the worker's pid once it has logged a step."""
+    run_id = server.launch("tiny_pipeline", TRAIN, {})
+    runs = server.root / "runs"
+    wait_for(
+        lambda: any(f.read_text().strip() for f in runs.glob("artifacts/tiny/sft_adapter/.tmp-*/progress.jsonl")),
+        300,
+        "training to log a step",
+        server,
+    )
+    [worker] = workers(str(runs / "artifacts" / "tiny" / "sft_adapter"))
+    return run_id, worker
+
+
+def mlflow_statuses(runs: Path) -> list[str]:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny")
+    return sorted(r.info.status for r in client.search_runs([experiment.experiment_id], "tags.stage = 'sft_adapter'"))
+
+
+def test_a_killed_step_process_leaves_no_worker_and_gives_the_pool_slot_back(training_server):
+    server, runs = training_server, training_server.root / "runs"
+    run_id, worker = start_training(server)
+    step = parent_of(worker)
+    os.kill(step, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), 30, "the worker to stop with its step process", server)
+    assert server.wait(run_id, timeout=120) == "FAILURE"
+    # run monitoring gives the dead step's `training` slot back; without it this run would wait for ever
+    quick = {"ops": {"tiny__sft_adapter": {"config": {"args": {"max_steps": 2}}}}}
+    again = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], quick)
+    assert server.wait(again, timeout=400) == "SUCCESS", (server.root / "webserver.log").read_text()[-3000:]
+    assert mlflow_statuses(runs) == ["FINISHED", "KILLED"]  # the dead job's run is closed, not left RUNNING
+    assert not workers(str(runs))
+
+
+def test_a_killed_run_process_stops_its_step_and_worker_and_records_nothing(training_server):
+    server, runs = training_server, training_server.root / "runs"
+    run_id, worker = start_training(server)
+    step = parent_of(worker)
+    run_process = parent_of(step)
+    os.kill(run_process, signal.SIGKILL)
+    wait_for(lambda: not alive(worker), 60, "the worker to stop after the run process died", server)
+    wait_for(lambda: not alive(step), 60, "the step process to end", server)
+    assert server.status(run_id) == "FAILURE"  # marked by the step that saw its run process die
+    assert not [p for p in (runs / "artifacts" / "tiny" / "sft_adapter").iterdir() if not p.name.startswith(".tmp-")]
+    assert mlflow_statuses(runs) == ["FAILED"]
+
+
+def test_terminating_a_run_stops_a_synthesis_worker_at_once(tiny_model, tmp_path, stub):
+    hung = stub(lambda n, body: (time.sleep(120), (200, {}))[1])  # a teacher that never answers in time
+    defs = user_project(tmp_path / "project")
+    (defs / "hang").mkdir()
+    (defs / "hang" / "defs.yaml").write_text(
+        "type: dragon_dagster.PostTrainingPipeline\nattributes:\n"
+        f"  name: hang\n  model: {tiny_model}\n  datasets: {{tickets: {{path: 'example:tickets.csv'}}}}\n"
+        "  stages:\n"
+        "    - {name: sft_dataset, kind: chat_dataset, source: tickets, prompt: '{subject}', response: reply}\n"
+        "    - {name: teacher_rows, kind: synthetic_dataset, dataset: sft_dataset,\n"
+        f"       teacher: {{base_url: '{hung.url}', model: t, timeout: 600, retries: 0}}}}\n"
+    )
+    server = Webserver(tmp_path, tmp_path / "project")
+    try:
+        run_id = server.launch(
+            "hang_pipeline", [["hang", "tickets"], ["hang", "sft_dataset"], ["hang", "teacher_rows"]], {}
+        )
+        wait_for(lambda: hung.requests, 300, "the worker to call the teacher", server)
+        [worker] = workers(str(tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows"))
+        stop = server.gql(TERMINATE, runId=run_id)["terminateRun"]
+        assert stop["__typename"] == "TerminateRunSuccess", stop
+        stopped = time.time()
+        wait_for(lambda: not alive(worker), 20, "the synthesis worker to stop", server)
+        assert time.time() - stopped < 20
+        assert server.wait(run_id, timeout=60) == "CANCELED"
+        assert not [
+            p
+            for p in (tmp_path / "runs" / "artifacts" / "hang" / "teacher_rows").iterdir()
+            if not p.name.startswith(".tmp-")
+        ]
+    finally:
+        server.stop()

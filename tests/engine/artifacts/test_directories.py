@@ -1,0 +1,320 @@
+"""The runs directory survives kills and moves: durable read-only artifacts, stale staging cleaned by owner,
+resume from the newest complete checkpoint, each run deleting only its own checkpoints, a relocatable MLflow
+store. Real directories, a real tiny training run and a real MLflow sqlite store throughout."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from dragon_dagster.engine.artifacts import checkpoints
+from dragon_dagster.engine.artifacts import directories as artifacts
+from dragon_dagster.engine.artifacts.manifest import Manifest, read_manifest, write_manifest
+from dragon_dagster.engine.config.reporter import Reporter
+from dragon_dagster.engine.runs import list_artifacts
+from dragon_dagster.engine.stages.sft import worker as sft
+from dragon_dagster.engine.train import trainer
+from dragon_dagster.resources import ArtifactStore, MLflowTracking
+from dragon_dagster.resources.tracking import RelocatedStoreError
+from tests.support import sft_job as job
+from tests.support import ticket_files
+
+ROOT = os.geteuid() == 0  # root ignores write bits: there the mode bits are what a test can check
+
+
+def write_bits(path: Path) -> list[Path]:
+    """Everything under path (path included) that still has a write bit."""
+    return [p for p in [path, *path.rglob("*")] if not p.is_symlink() and p.lstat().st_mode & 0o222]
+
+
+ABANDONED = []  # their context managers, held so that no generator cleanup runs: a SIGKILL runs none either
+
+
+def abandon(store: ArtifactStore, run_id: str, stage: str = "sft_dataset") -> Path:
+    """A staging directory as a killed write leaves it: entered through the real code path, never exited."""
+    cm = store.new_artifact("tiny", stage, run_id)
+    ABANDONED.append(cm)
+    tmp, _final = cm.__enter__()
+    (tmp / "data").mkdir()
+    (tmp / "data" / "train.jsonl").write_text("{}\n")
+    return tmp
+
+
+def age(path: Path, seconds: float) -> None:
+    """Make path and everything under it look last written `seconds` ago."""
+    then = time.time() - seconds
+    for p in [*path.rglob("*"), path]:
+        os.utime(p, (then, then), follow_symlinks=False)
+
+
+# ----------------------------------------------------------------------------------------------- artifacts
+
+
+def test_a_finished_artifact_is_fsynced_before_its_rename_then_read_only(tmp_path, monkeypatch):
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    events = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return real_fsync(fd)
+
+    def rename(src, dst, *args, **kwargs):
+        events.append(("rename", str(src), str(dst)))
+        return real_rename(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    run_id = "0f1e2d3c-aaaa-bbbb-cccc-1234567890ab"  # a Dagster run id
+    with store.new_artifact("tiny", "sft_adapter", run_id) as (tmp, final):
+        assert tmp.name.startswith(".tmp-") and artifacts.staging_owner(tmp.name) == run_id
+        (tmp / "adapter").mkdir()
+        (tmp / "adapter" / "adapter_config.json").write_text("{}")
+        write_manifest(tmp, Manifest(kind="adapter"))
+    monkeypatch.undo()
+
+    renamed = [i for i, e in enumerate(events) if e[0] == "rename" and e[2] == str(final)]
+    assert len(renamed) == 1
+    synced_before = {e[1] for e in events[: renamed[0]] if e[0] == "fsync"}
+    assert {
+        str(tmp / "adapter" / "adapter_config.json"),
+        str(tmp / "manifest.json"),
+        str(tmp / "adapter"),
+        str(tmp),
+    } <= synced_before  # files, subdirectories and the directory itself, before its name
+    assert ("fsync", str(final.parent)) in events[renamed[0] :]  # and the new name after
+    assert not tmp.exists() and final.is_dir()
+
+    assert write_bits(final) == []  # files and directories alike
+    assert artifacts.is_read_only(final) and read_manifest(final).kind == "adapter"
+    if not ROOT:
+        with pytest.raises(PermissionError):
+            (final / "manifest.json").write_text("{}")
+        with pytest.raises(PermissionError):
+            (final / "extra.txt").write_text("x")
+    assert [r["dir"] for r in list_artifacts(store.root)] == [str(final)]
+
+    with pytest.raises(FileExistsError):  # finished artifacts are never replaced
+        with artifacts.staged_dir(final):
+            pass
+    artifacts.remove_tree(final)  # deletes read-only trees (rmtree alone cannot for a non-root user)
+    assert not final.exists() and list(final.parent.iterdir()) == []
+
+
+def test_a_failed_write_leaves_nothing(tmp_path):
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(RuntimeError):
+        with store.new_artifact("tiny", "sft_adapter", "run-1") as (tmp, final):
+            (tmp / "x").write_text("half")
+            raise RuntimeError("the trainer failed")
+    assert list(final.parent.iterdir()) == [] and not final.exists()
+
+
+def test_stale_staging_is_removed_only_when_no_live_run_owns_it(tmp_path):
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    dead_old = abandon(store, "dead-run")
+    live_old = abandon(store, "live-run", stage="sft_adapter")
+    dead_fresh = abandon(store, "dead-run-2")
+    unknown = abandon(store, "is-live-fails")
+    age(dead_old, 3600)
+    age(live_old, 3600)
+    age(unknown, 3600)
+    artifacts.make_read_only(dead_old)  # a read-only leftover goes as well
+    legacy_old = dead_old.parent / ".tmp-20240101-000000-abcdef12-1a2b3c"  # staging name without its run
+    legacy_fresh = dead_old.parent / ".tmp-20240102-000000-abcdef12-4d5e6f"
+    for path in (legacy_old, legacy_fresh):
+        path.mkdir()
+        (path / "f").write_text("x")
+    age(legacy_old, 3 * 86400)
+    with store.new_artifact("tiny", "sft_dataset", "done-run") as (tmp, finished):
+        (tmp / "train.jsonl").write_text("{}\n")
+    age(finished, 3 * 86400)
+
+    asked, logged = [], []
+
+    def is_live(run_id: str) -> bool:
+        asked.append(run_id)
+        if run_id == "is-live-fails":
+            raise ConnectionError("instance unavailable")
+        return run_id == "live-run"
+
+    removed = store.clean_stale_staging(is_live, min_age_s=600, unowned_min_age_s=86400, log=logged.append)
+    assert sorted(removed) == sorted([dead_old, legacy_old])
+    for gone in (dead_old, legacy_old):
+        assert not gone.exists()
+    for kept in (live_old, dead_fresh, unknown, legacy_fresh, finished):
+        assert kept.exists()
+    assert "dead-run-2" not in asked  # written to recently: not even asked
+    assert any("is-live-fails" in line for line in logged)
+    assert store.clean_stale_staging(is_live, min_age_s=600) == []  # idempotent
+
+
+# ------------------------------------------------------------------------------------------------- checkpoints
+
+
+def fake_checkpoint(path: Path, step: int) -> Path:
+    """Directory shaped like a complete LoRA checkpoint (for the deletion test; the real ones are below)."""
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    for name in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt"):
+        (path / name).write_bytes(b"x")
+    return path
+
+
+def test_a_run_discards_its_own_checkpoints_and_the_one_it_resumed_from_only(tmp_path):
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    mine = store.checkpoint_dir("tiny", "sft_adapter", "run-mine")
+    fake_checkpoint(mine / "checkpoint-2", 2)
+    resumed = fake_checkpoint(store.checkpoint_dir("tiny", "sft_adapter", "run-cancelled") / "checkpoint-4", 4)
+    training = fake_checkpoint(store.checkpoint_dir("tiny", "sft_adapter", "run-still-training") / "checkpoint-6", 6)
+    other_stage = fake_checkpoint(store.checkpoint_dir("tiny", "dpo_adapter", "run-mine") / "checkpoint-2", 2)
+
+    removed = store.discard_checkpoints("tiny", "sft_adapter", "run-mine", resumed_from=resumed)
+    assert removed == [mine, resumed.parent]
+    assert not mine.exists() and not resumed.parent.exists()
+    assert training.exists() and other_stage.exists()  # another run's, another stage's
+    assert store.discard_checkpoints("tiny", "sft_adapter", "run-mine") == []
+
+    elsewhere = fake_checkpoint(tmp_path / "elsewhere" / "checkpoint-1", 1)
+    assert store.discard_checkpoints("tiny", "sft_adapter", "run-x", resumed_from=elsewhere) == []
+    assert elsewhere.exists()
+    for bad in ("", "..", "../dpo_adapter", "a/b"):
+        with pytest.raises(ValueError):
+            store.discard_checkpoints("tiny", "sft_adapter", bad)
+    assert training.exists() and other_stage.exists()
+
+    # a run still training is not resumed from: its checkpoints are being written and rotated
+    assert store.latest_checkpoint("tiny", "sft_adapter") == training
+    assert store.latest_checkpoint("tiny", "sft_adapter", is_live=lambda run: run == "run-still-training") is None
+
+
+class Recorder(Reporter):
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+
+def test_resume_skips_a_half_saved_newest_checkpoint(tiny_model, tmp_path):
+    """A kill during a save leaves checkpoint-N without trainer_state.json: resume from checkpoint-(N-1)."""
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    ckpt_dir = store.checkpoint_dir("tiny", "sft_adapter", "run-killed")
+    train, held = ticket_files(tmp_path)
+    first = job(tmp_path, tiny_model, train, held, max_steps=4, save_steps=2)
+    first.inputs.checkpoint_dir = str(ckpt_dir)
+    sft.train_sft(first, Reporter())
+    two, four = ckpt_dir / "checkpoint-2", ckpt_dir / "checkpoint-4"
+    assert checkpoints.checkpoint_problem(two) is None and checkpoints.checkpoint_problem(four) is None
+    written = {p.name for p in four.iterdir()}
+    assert {"trainer_state.json", "adapter_model.safetensors", "optimizer.pt", "scheduler.pt"} <= written
+
+    # what else a save cut short looks like, each on a copy of a real checkpoint
+    for damage, expected in [
+        (lambda p: (p / "trainer_state.json").write_text('{"global_st'), "unreadable"),
+        (lambda p: (p / "optimizer.pt").unlink(), "optimizer"),
+        (lambda p: (p / "scheduler.pt").unlink(), "scheduler"),
+        (lambda p: (p / "adapter_model.safetensors").unlink(), "weights"),
+        (lambda p: (p / "adapter_model.safetensors").write_bytes(b""), "empty"),
+    ]:
+        copy = tmp_path / "damaged" / "checkpoint-2"
+        shutil.rmtree(copy.parent, ignore_errors=True)
+        shutil.copytree(two, copy)
+        damage(copy)
+        assert expected in checkpoints.checkpoint_problem(copy)
+
+    (four / "trainer_state.json").unlink()  # the kill: everything but the state, which the Trainer writes last
+    logged = []
+    assert store.latest_checkpoint("tiny", "sft_adapter", log=logged.append) == two
+    assert any("checkpoint-4" in line and "trainer_state.json" in line for line in logged)
+    assert trainer.last_checkpoint(ckpt_dir) == two
+    assert checkpoints.last_checkpoint(ckpt_dir, log=logged.append) == two
+
+    # the engine itself falls back when handed the broken one (it was newest when the run was launched)
+    resumed = job(tmp_path, tiny_model, train, held, max_steps=4, save_steps=2)  # the same schedule
+    resumed.inputs.checkpoint_dir, resumed.inputs.resume_from = str(ckpt_dir), str(four)
+    (tmp_path / "out" / "progress.jsonl").unlink()
+    reporter = Recorder()
+    result = sft.train_sft(resumed, reporter)
+    rows = [json.loads(line) for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
+    trained = [r["step"] for r in rows if r["elapsed_s"] is not None]  # not the history carried over
+    assert result.global_step == 4 and min(trained) == 3  # continued after step 2
+    assert any(f"resuming from {two}" in line for line in reporter.lines)
+    assert checkpoints.checkpoint_problem(ckpt_dir / "checkpoint-4") is None
+
+    for path in ckpt_dir.glob("checkpoint-*"):  # nothing complete to fall back to: a clear error
+        (path / "trainer_state.json").unlink()
+    with pytest.raises(trainer.TrainingError, match="no complete checkpoint"):
+        trainer.resume_point(str(ckpt_dir / "checkpoint-6"), Reporter())
+    assert store.latest_checkpoint("tiny", "sft_adapter", log=logged.append) is None
+
+
+# ------------------------------------------------------------------------------------------------- MLflow
+
+
+def log_one(tracking: MLflowTracking, name: str, source: Path) -> str:
+    run_id = tracking.start_run("tiny", name, {"stage": name}, {"x": 1})
+    tracking.log_artifacts(run_id, [source])
+    tracking.end_run(run_id)
+    return run_id
+
+
+def artifact_files(runs: Path) -> list[Path]:
+    return sorted(p for p in (runs / "mlartifacts").rglob("*") if p.is_file())
+
+
+def test_a_copied_or_moved_runs_dir_logs_into_itself(tmp_path):
+    from mlflow import MlflowClient
+
+    note = tmp_path / "note.txt"
+    note.write_text("hello")
+    old = tmp_path / "a" / "runs"
+    first = log_one(MLflowTracking(runs_dir=str(old)), "first", note)
+    assert len(artifact_files(old)) == 1
+
+    copy = tmp_path / "b" / "runs"
+    shutil.copytree(old, copy)
+    tracking = MLflowTracking(runs_dir=str(copy))
+    second = log_one(tracking, "second", note)
+    assert len(artifact_files(old)) == 1  # nothing written into the original
+    assert len(artifact_files(copy)) == 2 and all(second in str(p) or first in str(p) for p in artifact_files(copy))
+    client = tracking.client()
+    assert client.get_experiment_by_name("tiny").artifact_location == (copy / "mlartifacts" / "tiny").as_uri()
+    for run_id in (first, second):  # the copied run moved along, and its artifact reads from the copy
+        assert client.get_run(run_id).info.artifact_uri.startswith((copy / "mlartifacts").as_uri() + "/")
+    assert Path(client.download_artifacts(first, "note.txt", str(tmp_path / "dl"))).read_text() == "hello"
+
+    third = log_one(MLflowTracking(runs_dir=str(old)), "third", note)  # the original keeps working on its own
+    assert len(artifact_files(old)) == 2 and any(third in str(p) for p in artifact_files(old))
+    assert len(artifact_files(copy)) == 2
+
+    moved = tmp_path / "c" / "runs"
+    moved.parent.mkdir()
+    copy.rename(moved)
+    fourth = log_one(MLflowTracking(runs_dir=str(moved)), "fourth", note)
+    assert len(artifact_files(moved)) == 3 and any(fourth in str(p) for p in artifact_files(moved))
+    assert not copy.exists() and len(artifact_files(old)) == 2
+    runs = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}").search_runs(
+        [MLflowTracking(runs_dir=str(moved)).experiment_id("tiny")]
+    )
+    assert {r.info.run_name for r in runs} == {"first", "second", "fourth"}
+
+
+def test_an_artifact_location_that_is_not_ours_is_refused_by_name(tmp_path):
+    from mlflow import MlflowClient
+
+    runs = tmp_path / "runs"
+    tracking = MLflowTracking(runs_dir=str(runs))
+    foreign = (tmp_path / "somewhere-else" / "artifacts").as_uri()
+    MlflowClient(tracking.uri).create_experiment("tiny", artifact_location=foreign)
+    with pytest.raises(RelocatedStoreError) as info:
+        tracking.start_run("tiny", "sft_adapter", {}, {})
+    message = str(info.value)
+    assert foreign in message and str(runs) in message and "Fix:" in message
+    assert not (tmp_path / "somewhere-else").exists()

@@ -1,0 +1,288 @@
+"""What the tests share that is not a fixture (fixtures are in conftest.py): the pipeline-YAML builder, a user's
+Dagster project, stub OpenAI-compatible servers, free ports, one wait-until helper for anything that comes up
+or goes away, and the browser's settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+TINY_ARGS = (
+    "{max_steps: 8, batch_size: 4, grad_accum: 1, logging_steps: 2, save_steps: 4, max_seq_len: 256, "
+    "learning_rate: 5.0e-3}"
+)
+
+
+def component_yaml(attributes: str) -> str:
+    """A pipeline component's defs.yaml around a pipeline's YAML (its attributes)."""
+    return "type: dragon_dagster.PostTrainingPipeline\nattributes:\n" + textwrap.indent(attributes, "  ")
+
+
+def write_pipeline(
+    directory: Path,
+    model: Path,
+    name: str = "tiny",
+    args: str = TINY_ARGS,
+    prompt: str = "{subject}\\n\\n{body}",
+    data: str = "example:tickets.csv",
+) -> Path:
+    """defs.yaml of a tiny pipeline component in directory/name; returns its path."""
+    path = directory / name / "defs.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
+        name: {name}
+        model: {model}
+        datasets:
+          tickets: {{path: "{data}"}}
+        stages:
+          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{prompt}", response: reply,
+              group_by: subject}}
+          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 2, max_new_tokens: 8}}
+          - {{name: merged_model, kind: merge}}
+          - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 8, n_samples: 2}}
+        feedback:
+          min_new_records: 3
+          sft: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
+          dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
+          kto: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
+          evaluate: {{max_new_tokens: 4, n_samples: 1}}
+          gate: {{taste: [{{type: custom, file: taste.py, name: short}}]}}  # liked_share reported; reward decides
+        """)
+        )
+    )
+    (path.parent / "taste.py").write_text(
+        "def reward(prompt, completion, reference, row):\n    return 1.0 if len(completion.split()) < 3 else 0.0\n"
+    )
+    return path
+
+
+PROJECT_PYPROJECT = """\
+[project]
+name = "{name}"
+version = "0.1.0"
+dependencies = ["dragon-dagster"]
+
+[tool.dg]
+directory_type = "project"
+
+[tool.dg.project]
+root_module = "{name}"
+defs_module = "{name}.defs"
+code_location_target_module = "{name}.definitions"
+code_location_name = "{name}"
+
+[tool.dagster]
+module_name = "{name}.definitions"
+code_location_name = "{name}"
+"""
+
+
+PROJECT_DEFINITIONS = """\
+from pathlib import Path
+
+import dagster as dg
+
+from dragon_dagster.resources import default_resources
+
+defs = dg.Definitions.merge(dg.load_from_defs_folder(path_within_project=Path(__file__).parent),
+                            dg.Definitions(resources=default_resources()))
+"""
+
+
+def user_project(root: Path, name: str = "trainlab") -> Path:
+    """A Dagster project of a user's, as the README sets one up: pyproject, definitions.py, an empty defs/.
+    Returns its defs folder; the project imports with root on PYTHONPATH."""
+    (root / name / "defs").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(PROJECT_PYPROJECT.format(name=name))
+    (root / name / "__init__.py").write_text("")
+    (root / name / "definitions.py").write_text(PROJECT_DEFINITIONS)
+    return root / name / "defs"
+
+
+def completion(content, model="stub") -> dict:
+    return {
+        "id": "x",
+        "object": "chat.completion",
+        "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+    }
+
+
+class StubServer:
+    """A real threaded HTTP server on 127.0.0.1 speaking /v1/chat/completions; `respond(n, body)` scripts it
+    and returns (status, dict-or-raw-text). It records every request and the peak number in flight."""
+
+    def __init__(self, respond):
+        self.respond, self.requests, self.lock = respond, [], threading.Lock()
+        self.in_flight = self.max_in_flight = 0
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                with stub.lock:
+                    stub.requests.append({"path": self.path, "body": body, "headers": dict(self.headers)})
+                    n = len(stub.requests)
+                    stub.in_flight += 1
+                    stub.max_in_flight = max(stub.max_in_flight, stub.in_flight)
+                try:
+                    status, payload = stub.respond(n, body)
+                finally:
+                    with stub.lock:
+                        stub.in_flight -= 1
+                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json" if isinstance(payload, dict) else "text/html")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port() -> int:
+    return closed_port()
+
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+WAIT_MS = 20_000  # generous: two shared CPU cores
+
+
+def failed_message(outcome_instance, run_id) -> str:
+    from dagster import DagsterEventType
+
+    records = outcome_instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_FAILURE).records
+    return "\n".join(str(r.event_log_entry.dagster_event.event_specific_data.error) for r in records)
+
+
+def wait_until(
+    ready: Callable[[], object],
+    timeout: float,
+    what: str,
+    alive: Callable[[], str | None] | None = None,
+    every: float = 0.25,
+):
+    """Poll ready() until it returns something truthy (returned), failing after timeout seconds with a message
+    naming what was awaited; alive() may say why waiting is pointless (a server's process exited, with its log)."""
+    import pytest
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = ready()
+        if value:
+            return value
+        gone = alive() if alive else None
+        if gone:
+            pytest.fail(f"{what}: {gone}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:g} s")
+        time.sleep(every)
+
+
+def healthy(url: str) -> bool:
+    """Whether url answers 2xx on loopback (a server's health endpoint)."""
+    import requests
+
+    try:
+        return requests.get(url, timeout=1).ok
+    except requests.RequestException:
+        return False
+
+
+def workers(marker: str) -> list[int]:
+    """Live worker processes whose job file path contains marker (the process table, as `ps` shows it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"dragon_dagster.engine.runtime.worker" in cmdline and marker.encode() in cmdline and _alive(int(pid)):
+            found.append(int(pid))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from dragon_dagster.engine.runtime.worker import alive
+
+    return alive(pid)
+
+
+def ticket_files(tmp_path: Path, n: int | None = None) -> tuple[Path, Path]:
+    """The bundled tickets as SFT rows, split, written as train.jsonl and eval.jsonl into tmp_path."""
+    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
+
+    rows = data.map_rows(
+        data.read_table(EXAMPLE_DIR / "tickets.csv"), data.Mapping(prompt="{subject}\n\n{body}", response="reply")
+    )[:n]
+    train, held = data.split_rows(rows)
+    data.write_jsonl(tmp_path / "train.jsonl", train)
+    data.write_jsonl(tmp_path / "eval.jsonl", held)
+    return tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+
+
+def sft_job(tmp_path, model, train, held, speed: dict | None = None, **args):
+    """A typed SFT job on the tiny model: a few steps on CPU, checkpoints under tmp_path/ckpt, output tmp_path/out."""
+    from dragon_dagster.engine import catalog
+    from dragon_dagster.engine.config.hardware import Hardware, Speed
+    from dragon_dagster.engine.config.job import TrainingInputs
+    from dragon_dagster.engine.stages.sft.settings import SFT
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    settings = {
+        "max_steps": 4,
+        "batch_size": 2,
+        "grad_accum": 1,
+        "logging_steps": 1,
+        "save_steps": 2,
+        "max_seq_len": 128,
+        "learning_rate": 5e-3,
+        **args,
+    }
+    stage = SFT(name="sft_adapter", kind="sft", dataset="tickets", args=settings, n_samples=2, max_new_tokens=4)
+    return catalog.get("sft").job_model()(
+        settings=stage,
+        inputs=TrainingInputs(
+            model=str(model), train_file=str(train), eval_file=str(held), checkpoint_dir=str(tmp_path / "ckpt")
+        ),
+        output_dir=str(out),
+        hardware=Hardware(device="cpu"),
+        speed=Speed(**(speed or {})),
+    )
