@@ -11,7 +11,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DRAGON_RUNS_DIR := $(CURDIR)/runs
 export PYTHONUNBUFFERED := 1
 
-.PHONY: install demo test test-slow lint ui clean
+.PHONY: install demo test test-slow lint docs ui clean
 
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
@@ -38,10 +38,17 @@ demo: install
 test: install lint
 	$(PY) -m pytest -q -ra -m "not slow"
 
-# the house rules: ruff's lint and format
+# the house rules: ruff's lint and format, the import layers (pyproject's [tool.importlinter]), and the docs site
+# built strictly (a broken link or a reference page that no longer generates fails)
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $(CURDIR)/.site
+
+# the docs site on http://127.0.0.1:8000, rebuilt as pages change
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test-slow: install
 	$(PY) -m pytest -q -ra -m slow
