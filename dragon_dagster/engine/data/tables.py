@@ -14,9 +14,10 @@ import random
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas loads when a table is read: a worker that never reads one starts without it
+    import pandas as pd
 
 
 class DataError(ValueError):
@@ -35,6 +36,8 @@ def max_table_bytes() -> int:
 
 def read_table(source: str | Path | pd.DataFrame, format: str | None = None) -> pd.DataFrame:
     """Read CSV, JSONL, JSON, Parquet, a saved `datasets` directory, or pass a data frame through."""
+    import pandas as pd
+
     if isinstance(source, pd.DataFrame):
         df = source.copy()
     else:
@@ -111,7 +114,7 @@ def render(spec: str, row: dict[str, Any]) -> str:
 
 
 def _text(value: Any) -> str:
-    if value is None or (isinstance(value, float) and pd.isna(value)):
+    if value is None or (isinstance(value, float) and value != value):  # NaN: pandas' empty cell
         return ""
     return str(value)
 

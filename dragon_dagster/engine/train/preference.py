@@ -20,7 +20,7 @@ from ..config.stage import Continues
 from ..config.training import TrainArgs
 from ..evaluate.plots import plot_loss
 from ..infer.generation import generate
-from . import distributed, lm_head
+from . import distributed
 from .stage import TrainerStage
 from .trainer import (
     TrainingError,
@@ -102,7 +102,7 @@ class PreferenceResult(TrainingResult):
         return ", ".join(parts)
 
 
-def check_rows(stage: PreferenceStage, rows: list[dict], per_device_batch: int) -> None:
+def check_rows(stage: PreferenceStage, rows: list[dict]) -> None:
     """Refuse data the kind cannot train on, naming what it needs (a dataset's rows can be anything at run time)."""
     shapes = {
         "pairs": all("chosen" in r and "rejected" in r for r in rows),
@@ -154,6 +154,8 @@ class PreferenceMethod:
 
 
 def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMethod) -> PreferenceResult | None:
+    from . import lm_head  # torch: loaded by the worker that trains, not by whoever reads a result
+
     p = prepare(job)
     settings, out = job.settings, Path(job.output_dir)
     callback = progress_callback(reporter, out)
@@ -163,7 +165,7 @@ def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMet
         beta=settings.beta,
         max_length=p.args.max_seq_len,
     )
-    check_rows(settings, p.train_rows, args["per_device_train_batch_size"])
+    check_rows(settings, p.train_rows)
     trainer = method.trainer(job, p, args, callback, chunked)
     speed = apply_speed(trainer, p.speed, chunked, reporter)
     if chunked:
