@@ -11,7 +11,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from ..config.settings import Settings
 from ..config.training import TrainArgs
-from ..rewards import REWARD_TYPES, RewardSpec, check_known_types
+from ..rewards import REWARD_TYPES, RewardSpec, known_types
 from ..stages.dpo.settings import DPO
 from ..stages.evaluate.settings import Evaluate
 from ..stages.kto.settings import KTO
@@ -148,12 +148,7 @@ class Gate(Settings):
         0.2, ge=0, lt=1, description="Share of feedback conversations held out of training, to measure the gain on."
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _known_taste_types(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            check_known_types(data.get("taste"), "gate.taste")
-        return data
+    _known_taste_types = known_types("taste", "gate.taste")
 
     @model_validator(mode="after")
     def _taste_for_liked_share(self):

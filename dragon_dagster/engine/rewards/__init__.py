@@ -28,7 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Reward, RewardError
 from .command import COMPLETION_FILE, CommandReward, run_command
@@ -89,6 +89,18 @@ def check_known_types(specs: Any, where: str) -> None:
             raise ValueError(f"{where}[{i}]: unknown reward type {kind!r}; known: {', '.join(REWARD_TYPES)}")
 
 
+def known_types(field: str, where: str) -> Any:
+    """A model's before-validator running check_known_types on its `field` (a list of rewards), so every model
+    holding rewards names an unknown type the same way: `_known = known_types("rewards", "rewards")`."""
+
+    def check(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            check_known_types(data.get(field), where)
+        return data
+
+    return model_validator(mode="before")(classmethod(check))
+
+
 __all__ = [
     "ACCURACY_TYPES",
     "COMPLETION_FILE",
@@ -112,6 +124,7 @@ __all__ = [
     "RewardSpec",
     "call_with_timeout",
     "check_known_types",
+    "known_types",
     "parse_reward",
     "run_command",
     "score_rows",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ...config.training import TrainArgs
-from ...rewards import RewardSpec, check_known_types
+from ...rewards import RewardSpec, known_types
 from ...train.stage import TrainerStage
 
 
@@ -60,12 +60,7 @@ class GRPO(TrainerStage):
     )
     args: GRPOArgs = Field(default_factory=GRPOArgs, description="Trainer arguments.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _known_reward_types(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            check_known_types(data.get("rewards"), "rewards")
-        return data
+    _known_reward_types = known_types("rewards", "rewards")
 
     def rewards_used(self) -> list[dict[str, Any]]:
         return [reward.model_dump() for reward in self.rewards]
