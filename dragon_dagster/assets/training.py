@@ -141,7 +141,8 @@ def run_training_stage(
         **(tags or {}),
     }
     tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
-    store.clean_stale_staging(run_is_live(context.instance), log=context.log.warning)  # killed writes' leftovers
+    # what killed runs left: staging dirs, checkpoints no resume would pick, Pipes folders
+    store.clean_leftovers(run_is_live(context.instance), log=context.log.warning)
     for dead in close_dead_runs(tracking, context.instance, pipeline.name, stage.name):
         context.log.warning(
             f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: marked KILLED"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -13,10 +15,20 @@ from dagster import ConfigurableResource
 from pydantic import Field
 
 from ..engine.artifacts.checkpoints import checkpoint_problem, checkpoint_step
-from ..engine.artifacts.directories import STAGING_PREFIX, new_artifact_path, remove_tree, staged_dir, staging_owner
+from ..engine.artifacts.directories import (
+    STAGING_PREFIX,
+    dir_size,
+    new_artifact_path,
+    remove_tree,
+    staged_dir,
+    staging_owner,
+)
 from ..engine.runtime import remote
 
 logger = logging.getLogger(__name__)
+
+# Under the runs directory: the Dagster Pipes files of subprocess workers, .pipes/<run_id>/<step>-<nonce>/.
+PIPES_DIR = ".pipes"
 
 
 def default_runs_dir() -> Path:
@@ -33,6 +45,48 @@ def _newest_mtime(path: Path) -> float:
             except FileNotFoundError:
                 pass
     return newest
+
+
+def _idle_s(path: Path, now: float) -> float | None:
+    """Seconds since anything under path was written; None when path is gone (finished or removed meanwhile)."""
+    try:
+        return now - _newest_mtime(path)
+    except FileNotFoundError:
+        return None
+
+
+def _live_or_unknown(is_live: Callable[[str], bool], log: Callable[[str], None]) -> Callable[[str], bool]:
+    """is_live asked once per run. A run it cannot answer for (is_live raises) counts as live, so that its files
+    are kept: a cleanup must never remove what a run still uses."""
+    verdicts: dict[str, bool] = {}
+
+    def live(run_id: str) -> bool:
+        if run_id not in verdicts:
+            try:
+                verdicts[run_id] = bool(is_live(run_id))
+            except Exception as exc:  # unknown: keep its files
+                log(f"keeping the files of run {run_id}: could not tell whether it is live ({exc})")
+                verdicts[run_id] = True
+        return verdicts[run_id]
+
+    return live
+
+
+def _remove(path: Path, what: str, why: str, log: Callable[[str], None]) -> bool:
+    """Remove path and log what it was, why it went and the space freed; False (the failure logged) when it could
+    not be removed."""
+    try:
+        size = dir_size(path)
+        freed = f"{size / 2**20:.1f} MiB freed" if size >= 2**20 else f"{size / 2**10:.0f} KiB freed"
+    except OSError:  # a file went meanwhile: the size is only for the log
+        freed = "size unknown"
+    try:
+        remove_tree(path)
+    except OSError as exc:
+        log(f"could not remove {what} {path}: {exc}")
+        return False
+    log(f"removed {what} {path}: {why}; {freed}")
+    return True
 
 
 class ArtifactStore(ConfigurableResource):
@@ -120,6 +174,20 @@ class ArtifactStore(ConfigurableResource):
         local = remote.fetch_dir(remote.join(self.artifact_uri, artifact.as_posix()), self.artifacts_root / artifact)
         return local.joinpath(*parts[remote.ARTIFACT_DEPTH :])
 
+    def clean_leftovers(
+        self, is_live: Callable[[str], bool], min_age_s: float = 600, log: Callable[[str], None] | None = None
+    ) -> list[Path]:
+        """Remove what killed runs left behind and nothing will use again, each removal logged with the space it
+        freed: staging directories (clean_stale_staging), checkpoints no resume would pick
+        (clean_stale_checkpoints) and Pipes folders (clean_stale_pipes). Returns what it removed."""
+        log = log or logger.warning
+        live = _live_or_unknown(is_live, log)  # one question per run for all three
+        return [
+            *self.clean_stale_staging(live, min_age_s, log=log),
+            *self.clean_stale_checkpoints(live, min_age_s, log=log),
+            *self.clean_stale_pipes(live, min_age_s, log=log),
+        ]
+
     def clean_stale_staging(
         self,
         is_live: Callable[[str], bool],
@@ -134,35 +202,75 @@ class ArtifactStore(ConfigurableResource):
         (older staging names) goes after unowned_min_age_s without a write. is_live raising keeps the directory.
         """
         log = log or logger.warning
-        now, removed, verdicts = time.time(), [], {}
-        candidates = list((self.root / "artifacts").glob(f"*/*/{STAGING_PREFIX}*"))
-        for path in candidates:
+        live = _live_or_unknown(is_live, log)
+        now, removed = time.time(), []
+        for path in list((self.root / "artifacts").glob(f"*/*/{STAGING_PREFIX}*")):
             owner = staging_owner(path.name) if path.is_dir() else None
-            try:
-                idle = now - _newest_mtime(path)
-            except FileNotFoundError:  # finished or removed in the meantime
+            idle = _idle_s(path, now)
+            if idle is None or idle < (min_age_s if owner else unowned_min_age_s):
                 continue
-            if owner is None:
-                if idle < unowned_min_age_s:
-                    continue
-            else:
-                if idle < min_age_s:
-                    continue
-                if owner not in verdicts:
-                    try:
-                        verdicts[owner] = bool(is_live(owner))
-                    except Exception as exc:  # unknown: keep it
-                        log(f"keeping {path}: could not tell whether run {owner} is live ({exc})")
-                        verdicts[owner] = True
-                if verdicts[owner]:
-                    continue
-            try:
-                remove_tree(path)
-            except OSError as exc:
-                log(f"could not remove stale staging {path}: {exc}")
+            if owner is not None and live(owner):
                 continue
-            log(f"removed stale staging {path} (run {owner or 'unknown'}, idle {idle / 60:.0f} min)")
-            removed.append(path)
+            run = f"run {owner} is over" if owner else "its name carries no run"
+            if _remove(path, "stale staging", f"{run}, idle {idle / 60:.0f} min", log):
+                removed.append(path)
+        return removed
+
+    def clean_stale_checkpoints(
+        self, is_live: Callable[[str], bool], min_age_s: float = 600, log: Callable[[str], None] | None = None
+    ) -> list[Path]:
+        """Remove the checkpoint directories of runs that can no longer be resumed; returns what it removed.
+
+        The rule: checkpoints/<pipeline>/<stage>/<run_id>/ goes when its run is not live, nothing in it was
+        written for min_age_s, and it does not hold the checkpoint that `resume: true` would pick now
+        (latest_checkpoint: the newest complete checkpoint of a run that is not live). That pick is always kept,
+        and so is every live run's directory. Resume never picks another: an older directory would become the
+        pick only once the newer one is gone, which happens when the run that resumed from it saved the stage's
+        adapter (discard_checkpoints), and resuming from the older one then would go back behind that adapter;
+        a directory without a complete checkpoint (a kill before the first save finished) is never picked.
+        """
+        log = log or logger.warning
+        live = _live_or_unknown(is_live, log)
+        now, removed = time.time(), []
+        for stage_dir in sorted(p for p in (self.root / "checkpoints").glob("*/*") if p.is_dir()):
+            pipeline, stage = stage_dir.parent.name, stage_dir.name
+            pick = self.latest_checkpoint(pipeline, stage, log=lambda _line: None, is_live=live)
+            why = f"resume would pick {pick} instead" if pick else "no complete checkpoint is left to resume from"
+            for run_dir in sorted(p for p in stage_dir.iterdir() if p.is_dir()):
+                if pick is not None and pick.parent == run_dir:
+                    continue
+                idle = _idle_s(run_dir, now)
+                if idle is None or idle < min_age_s or live(run_dir.name):
+                    continue
+                if _remove(run_dir, "checkpoints", f"run {run_dir.name} is over and {why}", log):
+                    removed.append(run_dir)
+        return removed
+
+    @property
+    def pipes_root(self) -> Path:
+        """Where subprocess workers' Dagster Pipes files live, one folder per run: in the runs directory, not the
+        system temp directory, so that what a step killed -9 leaves is found by clean_stale_pipes."""
+        return self.root / PIPES_DIR
+
+    def new_pipes_dir(self, run_id: str, step: str) -> Path:
+        """A fresh folder name (not created) for one worker's Pipes files: .pipes/<run_id>/<step>-<nonce>."""
+        step = re.sub(r"[^A-Za-z0-9_.-]", "_", step)[:100].lstrip(".") or "step"
+        return self.pipes_root / _one_name(run_id) / f"{step}-{secrets.token_hex(3)}"
+
+    def clean_stale_pipes(
+        self, is_live: Callable[[str], bool], min_age_s: float = 600, log: Callable[[str], None] | None = None
+    ) -> list[Path]:
+        """Remove the Pipes folders (.pipes/<run_id>/) of runs that are not live and wrote nothing there for
+        min_age_s: a step that ends removes its own folder, one killed -9 leaves it. Returns what it removed."""
+        log = log or logger.warning
+        live = _live_or_unknown(is_live, log)
+        now, removed = time.time(), []
+        for run_dir in sorted(p for p in self.pipes_root.glob("*") if p.is_dir()):
+            idle = _idle_s(run_dir, now)
+            if idle is None or idle < min_age_s or live(run_dir.name):
+                continue
+            if _remove(run_dir, "Pipes files", f"run {run_dir.name} is over, idle {idle / 60:.0f} min", log):
+                removed.append(run_dir)
         return removed
 
     def feedback_path(self, pipeline: str) -> Path:

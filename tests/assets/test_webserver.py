@@ -30,15 +30,24 @@ mutation Launch($params: ExecutionParams!) {
 STATUS = """query Status($runId: ID!) { runOrError(runId: $runId) { ... on Run { status } } }"""
 TERMINATE = """mutation Stop($runId: String!) { terminateRun(runId: $runId) { __typename
   ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
+SHIPPED_DAGSTER_YAML = (Path(__file__).parents[2] / "dagster.yaml").read_text()
 LOCATIONS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"""
 
 
 class Webserver:
-    def __init__(self, root: Path, project: Path, module: str = "trainlab.definitions", location: str = "trainlab"):
+    def __init__(
+        self,
+        root: Path,
+        project: Path,
+        module: str = "trainlab.definitions",
+        location: str = "trainlab",
+        dagster_yaml: str = SHIPPED_DAGSTER_YAML,
+    ):
+        """A `dagster dev` on root/dagster_home (again, if an earlier one used it: its runs are still there)."""
         self.port = free_port()
-        home = root / "dagster_home"
-        home.mkdir()
-        (home / "dagster.yaml").write_text((Path(__file__).parents[2] / "dagster.yaml").read_text())
+        self.home = home = root / "dagster_home"
+        home.mkdir(exist_ok=True)
+        (home / "dagster.yaml").write_text(dagster_yaml)
         env = {
             **os.environ,
             "DAGSTER_HOME": str(home),
@@ -50,7 +59,7 @@ class Webserver:
             f"load_from:\n  - python_module: {{module_name: {module}, working_directory: ., "
             f"location_name: {location}}}\n"
         )
-        self.log = open(root / "webserver.log", "w")
+        self.log = open(root / "webserver.log", "a")
         # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
         self.proc = subprocess.Popen(
             [
@@ -120,7 +129,15 @@ class Webserver:
 
         return wait_until(ended, timeout, f"run {run_id} to end", alive=self.gone, every=1)
 
+    def crash(self):
+        """What an out-of-memory kill, a crash or a reboot does: the whole process group dies at once (-9)."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        self.log.close()
+
     def stop(self):
+        if self.proc.poll() is not None:
+            return
         os.killpg(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=60)
@@ -272,6 +289,78 @@ def test_a_killed_run_process_stops_its_step_and_worker_and_records_nothing(trai
     assert server.status(run_id) == "FAILURE"  # marked by the step that saw its run process die
     assert not [p for p in (runs / "artifacts" / "tiny" / "sft_adapter").iterdir() if not p.name.startswith(".tmp-")]
     assert mlflow_statuses(runs) == ["FAILED"]
+
+
+# A Dagster killed with its runs (docs/operations/operating.md states the bound): the run monitoring pass after
+# `dagster dev` is up again fails the dead run (poll_interval_seconds: 10), the queued run then starts.
+DEAD_RUN_FAILED_WITHIN_S = 120
+MONITORING_OFF = SHIPPED_DAGSTER_YAML.replace("run_monitoring:\n  enabled: true", "run_monitoring:\n  enabled: false")
+
+
+def training_worker(server, run_id: str) -> int:
+    """The pid of run_id's SFT worker once it has logged a step."""
+    progress = f"artifacts/tiny/sft_adapter/.tmp-*.run-{run_id}.*/progress.jsonl"
+    wait_for(
+        lambda: any(f.read_text().strip() for f in (server.root / "runs").glob(progress)),
+        300,
+        f"run {run_id} to train a step",
+        server,
+    )
+    [worker] = workers(str(server.root / "runs" / "artifacts" / "tiny" / "sft_adapter"))
+    return worker
+
+
+def run_messages(server, run_id: str, event_type) -> list[str]:
+    from dagster import DagsterInstance
+
+    with DagsterInstance.from_config(str(server.home)) as instance:
+        return [entry.message for entry in instance.all_logs(run_id, of_type={event_type})]
+
+
+def test_a_dagster_that_died_with_its_runs_ends_them_when_it_is_back(tiny_model, tmp_path):
+    from dagster import DagsterEventType
+
+    project = tmp_path / "project"
+    write_pipeline(user_project(project), tiny_model, args=LONG_ARGS)
+    server = Webserver(tmp_path, project)
+    try:
+        first = server.launch("tiny_pipeline", TRAIN, {})
+        worker = training_worker(server, first)
+        second = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], {})
+        wait_for(lambda: server.status(second) == "QUEUED", 60, "the second training run to queue", server)
+        server.crash()
+        wait_until(lambda: not alive(worker), 30, "the orphaned worker to stop by itself")
+
+        # back without run monitoring: the dead run still reads STARTED; a plain Terminate ends it at once
+        server = Webserver(tmp_path, project, dagster_yaml=MONITORING_OFF)
+        assert server.status(first) == "STARTED"
+        asked = time.monotonic()
+        stop = server.gql(TERMINATE, runId=first)["terminateRun"]
+        assert stop["__typename"] == "TerminateRunSuccess", stop
+        assert server.wait(first, timeout=30) == "CANCELED"
+        assert time.monotonic() - asked < 30
+        [canceled] = run_messages(server, first, DagsterEventType.RUN_CANCELED)
+        assert "Canceled at once: the run process" in canceled and "is gone" in canceled
+
+        # the pool is free: the queued run trains; Dagster dies again, a third training run waiting behind it
+        worker = training_worker(server, second)
+        quick = {"ops": {"tiny__sft_adapter": {"config": {"args": {"max_steps": 2}}}}}
+        third = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], quick)
+        wait_for(lambda: server.status(third) == "QUEUED", 60, "the third training run to queue", server)
+        server.crash()
+        wait_until(lambda: not alive(worker), 30, "the orphaned worker to stop by itself")
+
+        # back as shipped: run monitoring fails the dead run within the bound, and the queued one starts
+        server = Webserver(tmp_path, project)
+        up = time.monotonic()
+        assert server.wait(second, timeout=DEAD_RUN_FAILED_WITHIN_S) == "FAILURE"
+        print(f"dead run failed {time.monotonic() - up:.0f} s after dagster dev was up again")
+        [failure] = run_messages(server, second, DagsterEventType.RUN_FAILURE)
+        assert "the run process (pid" in failure and "Dagster stopped with it" in failure, failure
+        assert server.wait(third, timeout=400) == "SUCCESS", server.tail()
+        assert not workers(str(tmp_path / "runs"))
+    finally:
+        server.stop()
 
 
 def test_terminating_a_run_stops_a_synthesis_worker_at_once(tiny_model, tmp_path, stub):

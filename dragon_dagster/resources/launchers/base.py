@@ -8,15 +8,23 @@ returns its exit code. The training resource picks one by name (launchers/__init
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import ClassVar, Protocol
+from typing import ClassVar, Literal, Protocol
 
+import psutil
 from dagster import DagsterRunStatus, PipesMessageReader, PreviewWarning
 
 ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
+# A run tag per step, "dragon/worker.<step key>": where that step's worker runs, as its launcher describes it
+# ({"launcher": "subprocess", "host": ..., "pid": ...}), read by the instance's run launcher (run_launcher.py)
+# when the run's own processes are gone.
+WORKER_TAG = "dragon/worker."
+WorkerState = Literal["running", "gone", "unknown"]
 
 
 class Launcher(Protocol):
@@ -27,6 +35,71 @@ class Launcher(Protocol):
     def launch(self, context, resource, command: list[str], env: dict[str, str], tap: PipesTap, parallel: bool) -> int:
         """resource: the TrainingResource asking (its launcher settings: ray_address, k8s, cpus_per_worker, ...)."""
         ...
+
+    @staticmethod
+    def worker_state(where: dict) -> WorkerState:
+        """Whether the worker a record_worker tag describes still runs; unknown when it cannot be seen from here
+        (another host, an unreachable cluster)."""
+        ...
+
+    @staticmethod
+    def stop_worker(where: dict) -> str:
+        """Ask that worker to stop (a trainer saves a checkpoint first); what was done, in a few words."""
+        ...
+
+
+def record_worker(context, launcher: str, **where) -> None:
+    """Tag the step's run with where its worker runs, so that a run whose Dagster processes all died (a crash, an
+    out-of-memory kill, a reboot) can be told from one still training, and its worker stopped."""
+    try:
+        step = str(context.op_execution_context.node_handle)  # the step key of an unmapped op
+        context.instance.add_run_tags(
+            context.op_execution_context.run_id, {WORKER_TAG + step: json.dumps({"launcher": launcher, **where})}
+        )
+    except Exception as exc:  # noqa: BLE001 - never fails the launch: the worker runs regardless, unwatched
+        context.log.warning(f"could not record where the worker runs: {exc}")
+
+
+def recorded_workers(tags: dict[str, str]) -> dict[str, dict]:
+    """step key -> the record_worker description, from a run's tags (a malformed one is skipped)."""
+    found = {}
+    for key, value in tags.items():
+        if key.startswith(WORKER_TAG):
+            try:
+                found[key.removeprefix(WORKER_TAG)] = json.loads(value)
+            except ValueError:
+                continue
+    return found
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def process_started(pid: int) -> float | None:
+    """When the process pid started (epoch seconds), None when there is none."""
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return None
+
+
+def local_process_state(host: str | None, pid: int, started: float | None, slack_s: float = 2.0) -> WorkerState:
+    """Whether process pid, started at `started` on `host`, still runs. A pid taken by a newer process (after a
+    reboot, or the pids wrapped) counts as gone: its process started later than the one recorded."""
+    if host and host != this_host():
+        return "unknown"
+    now_started = process_started(pid)
+    if now_started is None:
+        return "gone"
+    if started is not None and now_started > started + slack_s:
+        return "gone"
+    try:
+        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return "gone"
+    except psutil.Error:
+        return "gone"
+    return "running"
 
 
 def run_gone(context, parent_pid: int) -> str | None:

@@ -28,6 +28,7 @@ from dagster import Config, Failure, PipesMessageReader
 from pydantic import Field
 
 from ...engine.runtime.execution import EXIT_CANCELLED, EXIT_FAILED
+from .base import WorkerState, record_worker
 from .credentials import public_env
 
 WORKER_CONTAINER = "worker"
@@ -359,6 +360,14 @@ def run_pod(
         f"k8s launcher: starting a pod of {pod.image} in namespace {namespace} on {endpoint} "
         f"(label {LAUNCH_LABEL}={launch_id})"
     )
+    record_worker(
+        context,
+        K8sLauncher.name,
+        namespace=namespace,
+        launch_id=launch_id,
+        grace_s=termination_grace_s,
+        cluster=pod.model_dump(include={"kubeconfig_file", "kube_context", "load_incluster_config"}),
+    )
     # After run() returns or raises, the client's global config is loaded: the pod is found and deleted here,
     # not by run(), so that its exit code can be read first and a cancelled trainer gets its grace period.
     core = None
@@ -448,15 +457,56 @@ def _delete_pods(core, namespace: str, launch_id: str, grace_s: float, log) -> N
         )
 
 
+class _Said:
+    """A log that keeps what it is told (the run launcher reports it as one engine event)."""
+
+    def __init__(self, messages: list[str]):
+        self.messages = messages
+
+    def info(self, message: str) -> None:
+        self.messages.append(message)
+
+    warning = info
+
+
 def _first_lines(text: str, n: int = 40) -> str:
     lines = text.splitlines()
     return "\n".join(lines[:n] + ([f"... ({len(lines) - n} more lines)"] if len(lines) > n else []))
+
+
+def _core_api(where: dict):
+    """A CoreV1Api for the cluster a record_worker description names (its kubeconfig, context or service account)."""
+    import kubernetes
+
+    cfg, _ = _client_configuration(K8sPod(**where.get("cluster", {})))
+    cfg.retries = 0
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(cfg))
 
 
 class K8sLauncher:
     """The worker as a pod (its resources, volumes and secrets from the resource's `k8s` settings)."""
 
     name: ClassVar[str] = "k8s"
+
+    @staticmethod
+    def worker_state(where: dict) -> WorkerState:
+        try:
+            pods = (
+                _core_api(where)
+                .list_namespaced_pod(where["namespace"], label_selector=f"{LAUNCH_LABEL}={where['launch_id']}")
+                .items
+            )
+        except Exception:  # noqa: BLE001 - no configuration here, or the API server does not answer: cannot tell
+            return "unknown"
+        ended = ("Succeeded", "Failed")
+        return "running" if any(p.status and p.status.phase not in ended for p in pods) else "gone"
+
+    @staticmethod
+    def stop_worker(where: dict) -> str:
+        messages: list[str] = []
+        grace_s = where.get("grace_s", 600)
+        _delete_pods(_core_api(where), where["namespace"], where["launch_id"], grace_s, _Said(messages))
+        return "; ".join(messages) or f"deleted the pod labelled {LAUNCH_LABEL}={where['launch_id']}"
 
     def launch(self, context, resource, command: list[str], env: dict[str, str], tap, parallel: bool) -> int:
         n = resource.workers if parallel else 1  # torchrun runs the ranks inside the one pod

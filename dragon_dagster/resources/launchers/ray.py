@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from dagster import Failure
 
-from .base import run_gone
+from .base import WorkerState, record_worker, run_gone
 from .credentials import public_env
 
 
@@ -115,6 +115,7 @@ def run_ray_job(
         target=_watch, args=(ray_client, job_id, gone, done, stopped, context.log), daemon=True, name="ray-job-watchdog"
     )
     watchdog.start()
+    record_worker(context, RayLauncher.name, address=_dashboard_address(ray_client, address), job_id=job_id)
     try:
         client.run(context=context, submit_job_params=params, extras=extras)
         return 0
@@ -142,6 +143,17 @@ def _stop_unless_over(ray_client, job_id: str, log) -> None:
             ray_client.stop_job(job_id)
     except Exception as exc:  # noqa: BLE001 - never submitted, or the cluster is gone: nothing to stop here
         log.warning(f"could not check or stop Ray job {job_id}: {exc}")
+
+
+def _dashboard_address(ray_client, address: str) -> str:
+    """The address the job was submitted to, as a later JobSubmissionClient can reach it again."""
+    return getattr(ray_client, "_address", None) or address or os.environ.get("RAY_ADDRESS", "")
+
+
+def _job_client(where: dict):
+    from ray.job_submission import JobSubmissionClient
+
+    return JobSubmissionClient(where["address"] or None)
 
 
 class SubmitError(Exception):
@@ -194,6 +206,18 @@ class RayLauncher:
     """The worker as a Ray job on the cluster at the resource's ray_address (Ray Train for workers > 1)."""
 
     name: ClassVar[str] = "ray"
+
+    @staticmethod
+    def worker_state(where: dict) -> WorkerState:
+        try:
+            return "gone" if _job_client(where).get_job_status(where["job_id"]).is_terminal() else "running"
+        except Exception:  # noqa: BLE001 - the cluster is unreachable (or forgot the job): cannot tell
+            return "unknown"
+
+    @staticmethod
+    def stop_worker(where: dict) -> str:
+        _job_client(where).stop_job(where["job_id"])
+        return f"stopped Ray job {where['job_id']} at {where['address']}"
 
     def launch(self, context, resource, command: list[str], env: dict[str, str], tap, parallel: bool) -> int:
         parent = os.getppid()

@@ -14,10 +14,11 @@ import signal
 import subprocess
 from typing import ClassVar
 
-from dagster import Failure, PipesTempFileContextInjector, PipesTempFileMessageReader, open_pipes_session
+from dagster import Failure, open_pipes_session
 
 from ...engine.runtime.worker import PARENT_PID
-from .base import PipesTap, run_gone
+from .base import PipesTap, WorkerState, local_process_state, process_started, record_worker, run_gone, this_host
+from .pipes_files import StepPipesFiles
 
 RANK_VARIABLES = (
     "RANK",
@@ -35,10 +36,9 @@ class SubprocessLauncher:
     name: ClassVar[str] = "subprocess"
 
     def launch(self, context, resource, command: list[str], env: dict[str, str], tap: PipesTap, parallel: bool) -> int:
+        pipes = StepPipesFiles(context)  # in a folder of the run's, which the cleanup finds if this step is killed
         with open_pipes_session(
-            context=context,
-            context_injector=PipesTempFileContextInjector(),
-            message_reader=tap.wrap(PipesTempFileMessageReader()),
+            context=context, context_injector=pipes.injector, message_reader=tap.wrap(pipes.reader)
         ) as session:
             # a Dagster process inside a distributed job of its own (a PyTorchJob pod, say) has RANK and the
             # like set: a worker that read them would think itself a rank; torchrun sets its ranks' own
@@ -48,11 +48,25 @@ class SubprocessLauncher:
                 start_new_session=True,  # its own process group: see the module's docstring
                 env={**inherited, **env, **session.get_bootstrap_env_vars(), PARENT_PID: str(os.getpid())},
             )
+            record_worker(context, self.name, host=this_host(), pid=proc.pid, started=process_started(proc.pid))
             try:
                 return self.wait(context, proc)
             except BaseException:  # the run was terminated (Dagster raises an interrupt here), or it is gone
                 stop_process_group(proc, resource.termination_timeout_s, context.log)
                 raise
+
+    @staticmethod
+    def worker_state(where: dict) -> WorkerState:
+        return local_process_state(where.get("host"), int(where["pid"]), where.get("started"))
+
+    @staticmethod
+    def stop_worker(where: dict) -> str:
+        """SIGTERM to the worker's process group (a trainer saves its checkpoint and exits; its own watchdog
+        would stop it within seconds of its step process dying anyway)."""
+        if SubprocessLauncher.worker_state(where) != "running":
+            return f"worker {where['pid']} had stopped"
+        _signal_group(int(where["pid"]), signal.SIGTERM)
+        return f"sent SIGTERM to worker {where['pid']} and its process group"
 
     def wait(self, context, proc: subprocess.Popen, poll_s: float = 2.0) -> int:
         """The worker's exit code; raises if the Dagster run ends or its process dies while the worker runs."""

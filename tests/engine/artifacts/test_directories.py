@@ -193,6 +193,59 @@ def test_a_run_discards_its_own_checkpoints_and_the_one_it_resumed_from_only(tmp
     assert store.latest_checkpoint("tiny", "sft_adapter", is_live=lambda run: run == "run-still-training") is None
 
 
+def test_leftovers_go_but_the_checkpoint_resume_would_pick_and_live_runs_files_stay(tmp_path):
+    """clean_leftovers (issue 25): checkpoints no resume would pick and the Pipes folders of ended runs go, each
+    removal logged with its size; the pick, live runs' files, fresh ones and a run it cannot ask about stay."""
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+
+    def checkpoints(run: str, step: int, hours_ago: float, stage: str = "sft_adapter", complete: bool = True) -> Path:
+        path = fake_checkpoint(store.checkpoint_dir("tiny", stage, run) / f"checkpoint-{step}", step)
+        if not complete:  # killed during the save
+            (path / "trainer_state.json").unlink()
+        age(path.parent, hours_ago * 3600)
+        return path.parent
+
+    superseded = checkpoints("run-killed-first", 2, hours_ago=3)  # a newer complete one is in run-killed-last
+    pick = checkpoints("run-killed-last", 4, hours_ago=2)
+    half_saved = checkpoints("run-killed-saving", 6, hours_ago=1, complete=False)  # newer, but never picked
+    live = checkpoints("run-live", 8, hours_ago=1)
+    fresh = checkpoints("run-just-ended", 8, hours_ago=0, complete=False)  # written to a moment ago
+    unknown = checkpoints("is-live-fails", 1, hours_ago=5)
+    only_one = checkpoints("run-killed-first", 2, hours_ago=3, stage="dpo_adapter")  # that stage's pick
+
+    def pipes(run: str, hours_ago: float) -> Path:
+        folder = store.new_pipes_dir(run, "tiny__sft_adapter")
+        folder.mkdir(parents=True)
+        (folder / "messages").write_text('{"method": "opened"}\n' * 1000)  # 21 KiB
+        age(folder.parent, hours_ago * 3600)
+        return folder.parent
+
+    dead_pipes, live_pipes, fresh_pipes = pipes("run-killed-first", 2), pipes("run-live", 2), pipes("run-new", 0)
+
+    logged = []
+
+    def is_live(run_id: str) -> bool:
+        if run_id == "is-live-fails":
+            raise ConnectionError("instance unavailable")
+        return run_id == "run-live"
+
+    removed = store.clean_leftovers(is_live, min_age_s=600, log=logged.append)
+    assert sorted(removed) == sorted([superseded, half_saved, dead_pipes])
+    for kept in (pick, live, fresh, unknown, only_one, live_pipes, fresh_pipes):
+        assert kept.exists(), kept
+    for gone in removed:
+        assert not gone.exists()
+        (line,) = [line for line in logged if "removed" in line and str(gone) in line]
+        assert line.endswith(("KiB freed", "MiB freed"))
+    assert any(f"resume would pick {pick / 'checkpoint-4'}" in line for line in logged)
+    assert any(str(dead_pipes) in line and "21 KiB freed" in line for line in logged)
+    assert any("is-live-fails" in line and "keeping" in line for line in logged)
+    assert (
+        store.latest_checkpoint("tiny", "sft_adapter", is_live=lambda run: run == "run-live") == pick / "checkpoint-4"
+    )
+    assert store.clean_leftovers(is_live, min_age_s=600, log=logged.append) == []  # idempotent
+
+
 class Recorder(Reporter):
     def __init__(self):
         super().__init__()

@@ -44,3 +44,21 @@ def test_resume_keeps_the_earlier_steps_and_refuses_a_changed_max_steps(tiny_mod
     with pytest.raises(TrainingError, match=r"max_steps 4.*max_steps 6.*learning-rate schedule"):
         train_sft(changed, Reporter())
     assert not (tmp_path / "out" / "progress.jsonl").exists()  # refused before anything was written or trained
+
+
+@pytest.mark.parametrize("loss_kernel", ["chunked", "trl"])
+def test_resume_continues_the_token_count(tiny_model, tmp_path, loss_kernel):
+    """SFT's cumulative num_tokens goes on from the checkpoint's count (issue 25), as GRPO's does, on both heads."""
+    train, held = ticket_files(tmp_path)
+    speed = {"loss_kernel": loss_kernel}
+    train_sft(job(tmp_path, tiny_model, train, held, speed=speed, max_steps=4, save_steps=2), Reporter())
+    first = {r["step"]: r["num_tokens"] for r in rows(tmp_path / "out") if r["loss"] is not None}
+    assert 0 < first[1] < first[2] < first[3] < first[4]
+
+    shutil.rmtree(tmp_path / "out")
+    resumed = job(tmp_path, tiny_model, train, held, speed=speed, max_steps=4, save_steps=2)
+    resumed.inputs.resume_from = str(tmp_path / "ckpt" / "checkpoint-2")
+    train_sft(resumed, Reporter())
+    logged = {r["step"]: r["num_tokens"] for r in rows(tmp_path / "out") if r["loss"] is not None}
+    # the same batches after the checkpoint (the data loader skips the ones trained), so the same running count
+    assert logged == first

@@ -21,7 +21,7 @@ pytest.importorskip("dagster_k8s")
 pytestmark = pytest.mark.timeout(60)  # a wait loop gone wrong fails here, not after the suite's 15 minutes
 
 import kubernetes  # noqa: E402
-from dagster import ConfigurableResource, Failure, Output, asset, materialize  # noqa: E402
+from dagster import ConfigurableResource, DagsterInstance, Failure, Output, asset, materialize  # noqa: E402
 from dagster._core.errors import DagsterExecutionInterruptedError  # noqa: E402
 from dagster_k8s.client import DagsterKubernetesClient  # noqa: E402
 from dagster_k8s.models import k8s_model_from_dict, k8s_snake_case_dict  # noqa: E402
@@ -31,7 +31,8 @@ from dragon_dagster.engine.runtime.execution import EXIT_FAILED  # noqa: E402
 from dragon_dagster.engine.runtime.worker import PARENT_PID  # noqa: E402
 from dragon_dagster.resources.launchers import PipesTap  # noqa: E402
 from dragon_dagster.resources.launchers import k8s as k8s_pod  # noqa: E402
-from dragon_dagster.resources.launchers.k8s import K8sPod, check_cluster, render_pod, run_pod  # noqa: E402
+from dragon_dagster.resources.launchers.base import recorded_workers  # noqa: E402
+from dragon_dagster.resources.launchers.k8s import K8sLauncher, K8sPod, check_cluster, render_pod, run_pod  # noqa: E402
 from tests.support import closed_port  # noqa: E402
 
 WORKER = ["python", "-m", "dragon_dagster.engine.runtime.worker", "/runs/artifacts/p/sft/.job-run.json"]
@@ -312,7 +313,9 @@ def run_in_fake_pod(api, script, kubeconfig, exit_code: int):
         got["outcome"] = tap.outcome
         return Output(got["code"])  # as the stages do: with a Pipes session, Dagster wants an explicit output
 
-    result = materialize([trained], raise_on_error=False)
+    instance = DagsterInstance.ephemeral()
+    result = materialize([trained], raise_on_error=False, instance=instance)
+    got["tags"] = instance.get_run_by_id(result.run_id).tags
     return result, got
 
 
@@ -351,6 +354,27 @@ def test_run_pod_streams_the_workers_messages_through_the_tap(fake_cluster):
     assert SECRET not in json.dumps(manifest)
     assert manifest["metadata"]["labels"][k8s_pod.LAUNCH_LABEL]
     assert api.deleted == [(manifest["metadata"]["name"], "ml", 77)]  # the trainer's grace period
+    # the run says where its worker ran, for the run launcher's health check
+    where = recorded_workers(got["tags"])["trained"]
+    assert where["launcher"] == "k8s" and where["namespace"] == "ml" and where["grace_s"] == 77
+    assert where["launch_id"] == manifest["metadata"]["labels"][k8s_pod.LAUNCH_LABEL]
+    assert where["cluster"]["kubeconfig_file"] == str(kubeconfig)
+
+
+def test_the_run_launcher_sees_and_deletes_a_pod_whose_run_is_gone(fake_cluster, monkeypatch, tmp_path):
+    api, _, _ = fake_cluster()
+    api.created, api.name, api.labels = [("ml", {})], "dragon-worker-1", {k8s_pod.LAUNCH_LABEL: "abc"}
+    monkeypatch.setattr(k8s_pod, "_core_api", lambda where: api)
+    where = {"launcher": "k8s", "namespace": "ml", "launch_id": "abc", "grace_s": 77, "cluster": {}}
+    assert K8sLauncher.worker_state(where) == "running"
+    assert K8sLauncher.worker_state({**where, "launch_id": "other"}) == "gone"  # no pod with that label
+    assert "stopping pod dragon-worker-1" in K8sLauncher.stop_worker(where)
+    assert api.deleted == [("dragon-worker-1", "ml", 77)]  # with the trainer's grace period
+    api.streamed, api.exit_code = True, 143
+    assert K8sLauncher.worker_state(where) == "gone"
+    monkeypatch.undo()
+    unreachable = {"kubeconfig_file": str(write_kubeconfig(tmp_path, f"https://127.0.0.1:{closed_port()}"))}
+    assert K8sLauncher.worker_state({**where, "cluster": unreachable}) == "unknown"
 
 
 def test_run_pod_returns_the_workers_own_failure_code(fake_cluster):

@@ -40,9 +40,10 @@ def test_a_stage_trains_as_a_ray_job_and_its_metrics_reach_mlflow_through_pipes(
 
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
     runs = tmp_path / "runs"
+    instance = DagsterInstance.ephemeral()
     result = materialize(
         build_pipeline_defs(pipeline)["assets"],
-        instance=DagsterInstance.ephemeral(),
+        instance=instance,
         resources=ray_resources(runs, ray_head),
         selection=AssetSelection.keys(*TRAIN),
     )
@@ -50,6 +51,13 @@ def test_a_stage_trains_as_a_ray_job_and_its_metrics_reach_mlflow_through_pipes(
     [job] = [j for j in ray_head.client().list_jobs() if (j.metadata or {}).get("dagster/run-id") == result.run_id]
     assert job.status == "SUCCEEDED" and job.submission_id.startswith("dragon-"), job
     assert "dragon_dagster.engine.runtime.worker" in job.entrypoint
+    # the run says where its worker ran, for the run launcher's health check; the finished job reads as gone
+    from dragon_dagster.resources.launchers.base import recorded_workers
+    from dragon_dagster.resources.launchers.ray import RayLauncher
+
+    where = recorded_workers(instance.get_run_by_id(result.run_id).tags)["tiny__sft_adapter"]
+    assert where == {"launcher": "ray", "address": ray_head.address, "job_id": job.submission_id}
+    assert RayLauncher.worker_state(where) == "gone"
     [adapter] = list((runs / "artifacts" / "tiny" / "sft_adapter").iterdir())
     manifest = json.loads((adapter / "manifest.json").read_text())
     assert manifest["result"]["global_step"] == 8
@@ -84,6 +92,18 @@ LONG_ARGS = (
     "{max_steps: 60, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
     "max_seq_len: 128, learning_rate: 1.0e-3}"
 )
+
+
+def test_the_run_launcher_sees_and_stops_a_ray_job_whose_run_is_gone(ray_head):
+    from dragon_dagster.resources.launchers.ray import RayLauncher
+
+    job_id = ray_head.client().submit_job(entrypoint="python -c 'import time; time.sleep(300)'")
+    where = {"launcher": "ray", "address": ray_head.address, "job_id": job_id}
+    wait_until(lambda: RayLauncher.worker_state(where) == "running", 120, "the Ray job to run")
+    assert RayLauncher.stop_worker(where) == f"stopped Ray job {job_id} at {ray_head.address}"
+    wait_until(lambda: RayLauncher.worker_state(where) == "gone", 60, "the Ray job to stop")
+    assert ray_head.client().get_job_status(job_id) == "STOPPED"
+    assert RayLauncher.worker_state({**where, "address": "http://127.0.0.1:9"}) == "unknown"  # nothing there
 
 
 def test_terminating_the_run_stops_the_ray_job_at_a_checkpoint_and_resume_continues(tiny_model, tmp_path, ray_head):

@@ -1,4 +1,5 @@
-"""The sft kind's TRL subclass: SFTTrainer whose training loss comes from the chunked head (train/lm_head.py)."""
+"""The sft kind's TRL subclasses: SFTTrainer whose token count survives a resume, and the one whose training loss
+comes from the chunked head (train/lm_head.py)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,36 @@ import functools
 
 
 @functools.cache
-def chunked_loss_trainer():
+def resumable_trainer():
     """The class, built on first use so that importing this module does not import TRL or torch."""
     from trl import SFTTrainer
 
+    class ResumableSFTTrainer(SFTTrainer):
+        """SFTTrainer whose cumulative num_tokens continues after a resume from a checkpoint.
+
+        TRL keeps the count in an attribute that starts at 0 in every process, so a resumed run logged it from 0
+        again. Here the attribute is the trainer state's num_input_tokens_seen, as GRPOTrainer counts it: the
+        checkpoint's trainer_state.json carries it and Trainer.train restores it. Trainer itself adds to that
+        field only with include_num_input_tokens_seen, which this project leaves off ("no").
+        """
+
+        @property
+        def _total_train_tokens(self) -> int:
+            return self.state.num_input_tokens_seen
+
+        @_total_train_tokens.setter
+        def _total_train_tokens(self, value: int) -> None:
+            self.state.num_input_tokens_seen = value
+
+    return ResumableSFTTrainer
+
+
+@functools.cache
+def chunked_loss_trainer():
+    """The class, built on first use so that importing this module does not import TRL or torch."""
     from ...train import lm_head
 
-    class ChunkedLossSFTTrainer(SFTTrainer):
+    class ChunkedLossSFTTrainer(resumable_trainer()):
         """SFTTrainer whose training loss comes from lm_head: the same loss, a fraction of the head's cost.
 
         It logs what TRL logs (num_tokens, mean_token_accuracy) except entropy, which would cost another pass

@@ -17,12 +17,12 @@ from ...evaluate.replies import eval_metrics, evaluate_rows
 from ...train import distributed, lm_head
 from ...train.trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
 from .result import SFTResult
-from .trainer import chunked_loss_trainer
+from .trainer import chunked_loss_trainer, resumable_trainer
 
 
 def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     p = prepare(job)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
@@ -35,7 +35,7 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
         packing_strategy="bfd",
     )
     callback = progress_callback(reporter, Path(job.output_dir))
-    trainer = (chunked_loss_trainer() if chunked else SFTTrainer)(
+    trainer = (chunked_loss_trainer() if chunked else resumable_trainer())(
         model=p.model,
         args=config,
         train_dataset=Dataset.from_list(p.train_rows),
