@@ -17,6 +17,10 @@ from tests.support import StubServer, closed_port, write_pipeline
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches the hub; fail fast instead of retrying
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One torch thread per process: the tests' models are tiny, so a second thread mostly waits on the first, and
+# the test process and a worker share the machine (measured on 2 cores: 81 s -> 58 s for the training-kind tests).
+# Workers inherit it; set OMP_NUM_THREADS to override.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session")

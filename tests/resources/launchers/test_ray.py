@@ -45,7 +45,7 @@ def test_a_stage_trains_as_a_ray_job_and_its_metrics_reach_mlflow_through_pipes(
         build_pipeline_defs(pipeline)["assets"],
         instance=instance,
         resources=ray_resources(runs, ray_head),
-        selection=AssetSelection.keys(*TRAIN),
+        selection=AssetSelection.assets(*TRAIN),
     )
     assert result.success
     [job] = [j for j in ray_head.client().list_jobs() if (j.metadata or {}).get("dagster/run-id") == result.run_id]
@@ -83,7 +83,7 @@ resources = {"store": ArtifactStore(runs_dir=runs), "tracking": MLflowTracking(r
 ray = {"launcher": "ray", "ray_address": address, "termination_timeout_s": 60}
 selection = [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]]
 result = materialize(build_pipeline_defs(load(spec))["assets"], instance=DagsterInstance.local_temp(home),
-                     resources=resources, selection=AssetSelection.keys(*selection), raise_on_error=False,
+                     resources=resources, selection=AssetSelection.assets(*selection), raise_on_error=False,
                      run_config={"ops": {"tiny__sft_adapter": {"config": {"resume": resume == "resume"}}},
                                  "resources": {"training": {"config": ray}}})
 print("SUCCESS" if result.success else "FAILED", flush=True)
@@ -170,7 +170,7 @@ def test_two_workers_train_one_stage_with_ray_train_and_report_as_one(tiny_model
         build_pipeline_defs(pipeline)["assets"],
         instance=DagsterInstance.ephemeral(),
         resources=ray_resources(runs, ray_head, workers=2),
-        selection=AssetSelection.keys(*TRAIN),
+        selection=AssetSelection.assets(*TRAIN),
     )
     assert result.success
     [adapter] = list((runs / "artifacts" / "tiny" / "sft_adapter").iterdir())
