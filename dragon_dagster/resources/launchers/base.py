@@ -89,15 +89,13 @@ def local_process_state(host: str | None, pid: int, started: float | None, slack
     reboot, or the pids wrapped) counts as gone: its process started later than the one recorded."""
     if host and host != this_host():
         return "unknown"
-    now_started = process_started(pid)
-    if now_started is None:
-        return "gone"
-    if started is not None and now_started > started + slack_s:
-        return "gone"
     try:
-        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
             return "gone"
-    except psutil.Error:
+        if started is not None and process.create_time() > started + slack_s:
+            return "gone"
+    except psutil.Error:  # no such process (or it ended while being asked)
         return "gone"
     return "running"
 
