@@ -122,7 +122,15 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
         console.print(f"evaluation report: {outcome['report']}/report.md")
     print_registry(found.name)
     print_exports(outcome["stages"])
+    from .resources.tracking import MLflowTracking
+
     console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")
+    console.print(
+        f"Compare the runs in MLflow (each pipeline run, its stages nested under it): "
+        f"{MLflowTracking().runs_url(found.name)}",
+        soft_wrap=True,
+        markup=False,
+    )
     if not outcome["success"]:
         raise SystemExit(1)
 

@@ -35,6 +35,7 @@ from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .export import run_export_stage
 from .launchpad import RESUME, effective, launchpad_config
 from .metadata import as_metadata, length_stats, md_table
+from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 from .pool import POOL_TAGS, TRAINING_POOL
 from .promotion import register_merged_model
 from .report import run_report_stage
@@ -52,6 +53,16 @@ def named_failure(what: str):
         raise Failure(description=f"{what}: {exc}") from exc
 
 
+def training_group(pipeline: Pipeline) -> str:
+    """The asset group of the pipeline's own stages: "Materialize all" in it never starts a retraining."""
+    return f"{pipeline.name}_training"
+
+
+def retraining_group(pipeline: Pipeline) -> str:
+    """The asset group of the retraining from chat feedback (assets/retraining.py)."""
+    return f"{pipeline.name}_retraining"
+
+
 def key(pipeline: Pipeline, name: str) -> AssetKey:
     return AssetKey([pipeline.name, name])
 
@@ -66,7 +77,7 @@ def ins_for(pipeline: Pipeline, stage: Stage, *names: str, upstream: list[str] |
 def source_asset(pipeline: Pipeline, name: str, spec):
     @asset(
         key=key(pipeline, name),
-        group_name=pipeline.name,
+        group_name=training_group(pipeline),
         kinds={"dataset"},
         description=f"Source data read from {spec.path}: a snapshot copy, so later edits of the file "
         "do not change what a run trained on.",
@@ -127,7 +138,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
 
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=training_group(pipeline),
         kinds={"dataset"},
         ins=ins_for(pipeline, stage, "source"),
         description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {stage.source or stage.path} "
@@ -196,7 +207,7 @@ def training_asset(pipeline: Pipeline, stage: TrainerStage):
 
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=training_group(pipeline),
         kinds={"pytorch", "mlflow"},
         ins=ins_for(pipeline, stage, "dataset", "previous"),
         pool=TRAINING_POOL,
@@ -235,7 +246,7 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
 
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=training_group(pipeline),
         kinds={"dataset", "pytorch"},
         ins=ins_for(pipeline, stage, "dataset", "student"),
         pool=TRAINING_POOL,
@@ -276,10 +287,10 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
     return _synthesize
 
 
-def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = None):
+def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = None, group: str | None = None):
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=group or training_group(pipeline),
         kinds={"pytorch"},
         pool=TRAINING_POOL,
         op_tags=POOL_TAGS,
@@ -299,24 +310,59 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
         adapter = str(store.local(adapter))
         adapter_manifest = read_manifest(adapter, AdapterManifest)
         inputs = ModelInputs(model=adapter_manifest.resolved_model, adapters=adapter_manifest.chain)
-        with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
-            job = catalog.kind_of(stage).job_model()(settings=settings, inputs=inputs, output_dir=str(tmp))
-            info = training.run_job(context, job, tmp, store=store, final=final)
-            info = info.model_copy(update={"model_dir": str(final / "model")})  # where it is once published
-            write_manifest(
-                tmp,
-                MergedManifest(
-                    base_model=adapter_manifest.base_model,
-                    resolved_model=adapter_manifest.resolved_model,
-                    adapters=adapter_manifest.chain,
-                    upstream_mlflow_run_id=adapter_manifest.mlflow_run_id,
-                    info=info,
-                    settings=settings.model_dump(),
-                    dagster_run_id=context.op_execution_context.run_id,
-                ),
-            )
-        # after the artifact is published: a registry that fails cannot take the merged model with it
-        version = register_merged_model(context, pipeline, tracking, final)
+        parent = pipeline_run(context, pipeline, tracking)
+        run_id = tracking.start_run(  # the run the registered version links to: it logs the merged model
+            pipeline.name,
+            stage.name,
+            {
+                "pipeline": pipeline.name,
+                "stage": stage.name,
+                "kind": "merge",
+                "asset_key": context.asset_key.to_user_string(),
+                "dagster_run_id": context.op_execution_context.run_id,
+                "base_model": adapter_manifest.base_model,
+                "upstream_mlflow_run_id": adapter_manifest.mlflow_run_id,
+            },
+            {
+                "model": adapter_manifest.resolved_model,
+                "adapters": len(adapter_manifest.chain),
+                **settings.model_dump(),
+            },
+            parent=parent,
+            description=f"The adapters of {', '.join(Path(a).parent.parent.name for a in adapter_manifest.chain)} "
+            f"folded into `{adapter_manifest.base_model}`; the registered model version's source run.",
+            source=stage_source(context),
+        )
+        status = "FAILED"
+        try:
+            with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+                job = catalog.kind_of(stage).job_model()(settings=settings, inputs=inputs, output_dir=str(tmp))
+                info = training.run_job(context, job, tmp, store=store, final=final)
+                info = info.model_copy(update={"model_dir": str(final / "model")})  # where it is once published
+                write_manifest(
+                    tmp,
+                    MergedManifest(
+                        base_model=adapter_manifest.base_model,
+                        resolved_model=adapter_manifest.resolved_model,
+                        adapters=adapter_manifest.chain,
+                        upstream_mlflow_run_id=adapter_manifest.mlflow_run_id,
+                        mlflow_run_id=run_id,
+                        info=info,
+                        settings=settings.model_dump(),
+                        dagster_run_id=context.op_execution_context.run_id,
+                    ),
+                )
+                tracking.log_artifacts(run_id, [tmp / "manifest.json"])
+            tracking.log_metrics(run_id, {"size_mb": info.size_mb, "parameters": info.parameters})
+            # after the artifact is published: a registry that fails cannot take the merged model with it
+            version = register_merged_model(context, pipeline, tracking, final)
+            status = "FINISHED"
+        except BaseException as exc:
+            status = "FAILED" if isinstance(exc, Exception) else "KILLED"
+            raise
+        finally:
+            tracking.end_run(run_id, status)
+            tracking.end_run(parent, status)
         return Output(
             str(final),
             metadata={
@@ -325,6 +371,8 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
                 "size_mb": info.size_mb,
                 "parameters": info.parameters,
                 "registered_model": MetadataValue.text(f"models:/{pipeline.name}/{version} (challenger)"),
+                "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
+                "profile": context.run.tags.get(PROFILE_TAG) or "none",
                 "sample": MetadataValue.md(f"**{info.sample_prompt}**\n\n{info.sample_reply}"),
             },
         )
@@ -335,7 +383,7 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
 def evaluate_asset(pipeline: Pipeline, stage: Evaluate, upstream: list[str] | None = None):
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=training_group(pipeline),
         kinds={"mlflow"},
         pool=TRAINING_POOL,
         op_tags=POOL_TAGS,
@@ -371,7 +419,7 @@ def export_asset(pipeline: Pipeline, stage: Export, upstream: list[str] | None =
 
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=training_group(pipeline),
         kinds={"gguf"},
         pool=TRAINING_POOL,
         op_tags=POOL_TAGS,

@@ -7,10 +7,11 @@ import importlib
 import tomllib
 from pathlib import Path
 
-from dagster import DagsterInstance, Definitions, RunConfig
+from dagster import AssetKey, DagsterInstance, Definitions, RunConfig
 
 from ..engine.pipeline import Pipeline
 from .factory import PIPELINE_METADATA, build_pipeline_defs
+from .mlflow_runs import PROFILE_TAG
 
 DEFAULT_MODULE = "dragon_dagster.definitions"
 
@@ -67,7 +68,9 @@ def materialize_pipeline(
     resources: dict | None = None,
     instance: DagsterInstance | None = None,
     extra_config: dict | None = None,
+    only: list[str] | None = None,
 ) -> dict:
+    """only: the names of the assets to materialize (default: every one of the pipeline's job)."""
     from ..resources import default_resources
 
     parts = build_pipeline_defs(pipeline)
@@ -83,6 +86,8 @@ def materialize_pipeline(
         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
         instance=instance,
         raise_on_error=False,
+        tags={PROFILE_TAG: profile} if profile else None,  # shown on the run, its MLflow run and its assets
+        asset_selection=[AssetKey([pipeline.name, name]) for name in only] if only else None,
     )
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}
     artifacts = {}

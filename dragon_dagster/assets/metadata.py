@@ -39,9 +39,27 @@ def length_stats(lengths: list[int]) -> dict:
     }
 
 
+def shown(value: float) -> float:
+    """A float as people read it: six significant digits (0.35, not 0.35000000000000003). The artifact's JSON
+    and MLflow keep full precision; this is only what the asset page displays."""
+    return float(f"{value:.6g}")
+
+
+def image_markdown(name: str, path: Path, alt: str) -> dict[str, MetadataValue]:
+    """A PNG embedded in the asset page as Markdown ({name: ...}; {} when there is no such file): Dagster has no
+    image metadata type, and its Markdown renders data: URIs, so the plot is where people look."""
+    import base64
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    data = base64.b64encode(path.read_bytes()).decode()
+    return {name: MetadataValue.md(f"![{alt}](data:image/png;base64,{data})")}
+
+
 def as_metadata(values: dict[str, Any]) -> dict[str, Any]:
     """A result's metadata for Dagster: Markdown rendered, rows as a table, paths as paths, numbers only when
-    finite (None and NaN are left out), dicts as JSON, other text as text."""
+    finite (None and NaN are left out) and floats rounded for display, dicts as JSON, other text as text."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, Markdown):
@@ -55,10 +73,13 @@ def as_metadata(values: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, bool):
             out[key] = value
         elif isinstance(value, (int, float)):
-            out.update(finite({key: value}) if isinstance(value, float) else {key: value})
+            if isinstance(value, float):
+                out.update({k: shown(v) for k, v in finite({key: value}).items()})
+            else:
+                out[key] = value
         elif isinstance(value, str):
             out[key] = MetadataValue.text(value)
     return out
 
 
-__all__ = ["as_metadata", "finite", "length_stats", "md_table"]
+__all__ = ["as_metadata", "finite", "image_markdown", "length_stats", "md_table", "shown"]

@@ -1,7 +1,8 @@
 """The Dagster side of the model registry: register each merged model, promote one to champion.
 
 A merged model becomes a new version of the registered model named after the pipeline (alias `challenger`) on
-the MLflow run that trained its last adapter, tagged with the Dagster run, the asset and the upstream runs. A
+the merge's own MLflow run (which logs the model; the report later attaches its held-out figures), tagged with
+the Dagster run, the asset and the upstream runs. A
 version becomes `champion` when a gate passes: the pipeline's `merged_not_worse_than_base` check, or a
 retraining's `promotion_gate`. Chat, serving and retraining use the champion (engine/release/model_registry.py).
 """
@@ -38,7 +39,7 @@ def register_merged_model(context, pipeline: Pipeline, tracking, final: Path) ->
         version = tracking.register_model(
             pipeline.name,
             final / "model",
-            manifest.upstream_mlflow_run_id,
+            manifest.mlflow_run_id or manifest.upstream_mlflow_run_id,  # older merges had no run: the last stage's
             tags,
             description=pipeline.description or "",
         )

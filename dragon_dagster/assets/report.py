@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 from dagster import MetadataValue, Output
@@ -10,11 +11,13 @@ from dagster import MetadataValue, Output
 from ..engine import catalog
 from ..engine.artifacts.manifest import AdapterManifest, MergedManifest, ReportManifest, read_manifest, write_manifest
 from ..engine.pipeline import Pipeline
+from ..engine.release.model_registry import version_for
 from ..engine.rewards import RewardSet
 from ..engine.stages.evaluate.inputs import ChainStage, FeedbackInputs, ReportInputs
 from ..engine.stages.evaluate.result import ReportResult
 from ..engine.stages.evaluate.settings import Evaluate
-from .metadata import as_metadata
+from .metadata import as_metadata, image_markdown
+from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 
 
 def chain_of(merged: MergedManifest) -> list[ChainStage]:
@@ -36,6 +39,41 @@ def chain_of(merged: MergedManifest) -> list[ChainStage]:
     return out
 
 
+def json_figures(figures: dict) -> str:
+    import json
+
+    return json.dumps(figures, indent=2, default=str)
+
+
+def log_held_out(
+    context, pipeline: Pipeline, tracking, report: ReportResult, merged_manifest, merged, base_run, parent
+) -> None:
+    """The same held-out figures (heldout/nll, heldout/perplexity, ...) on every model's own run, at the step of
+    its place in the chain (base 0, each stage, merged last), and as one series on the pipeline run: one MLflow
+    chart then overlays base -> each stage -> merged, and two pipeline runs overlay. The merged model's figures
+    are also attached to its registered version (its logged model)."""
+    stages = [read_manifest(Path(a).parent, AdapterManifest) for a in merged_manifest.adapters]
+    runs = {"base": base_run, **{m.stage: m.mlflow_run_id for m in stages}, "merged": merged_manifest.mlflow_run_id}
+    figures = {entry["model"]: entry["metrics"] for entry in report.held_out_figures()}
+    if stages and stages[-1].stage not in figures:  # the last stage's model is the merged model
+        figures[stages[-1].stage] = figures["merged"]
+    client, model_id = tracking.client(), None
+    if merged_manifest.mlflow_run_id:  # the merge's run logged the model: the figures go on that logged model
+        outputs = client.get_run(merged_manifest.mlflow_run_id).outputs
+        model_id = next((o.model_id for o in (outputs.model_outputs if outputs else [])), None)
+    version = version_for(client, pipeline.name, merged)
+    if version is not None and "merged" in figures:  # and on the registered version's page, as its tags
+        for name, value in figures["merged"].items():
+            client.set_model_version_tag(pipeline.name, version, name, f"{value:.6g}")
+    for step, name in enumerate(["base", *(m.stage for m in stages), "merged"]):
+        if name not in figures:
+            continue
+        tracking.log_metrics(parent, figures[name], step=step)
+        if runs.get(name):
+            tracking.log_metrics(runs[name], figures[name], step=step, model_id=model_id if name == "merged" else None)
+    context.log.info("held-out figures logged on " + ", ".join(f"{n} ({r or 'no run'})" for n, r in runs.items()))
+
+
 def run_report_stage(
     context,
     pipeline: Pipeline,
@@ -50,6 +88,8 @@ def run_report_stage(
     """stage: the effective settings (YAML, defaults and this run's config). feedback: a retraining's held-out
     feedback files, objectives and taste (a RewardSet), for the gate's figures."""
     settings = stage.model_dump()
+    started = time.time()  # the base and report runs span the evaluation, not only their logging
+    parent = pipeline_run(context, pipeline, tracking)  # before the work, so its duration includes it
     merged_manifest = read_manifest(merged, MergedManifest)
     first_stage = merged_manifest.adapters[:1] if len(merged_manifest.adapters) > 1 else []
     with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
@@ -87,10 +127,18 @@ def run_report_stage(
             "dagster_run_id": context.op_execution_context.run_id,
             "base_model": pipeline.model,
         }
+        common = {"parent": parent, "source": stage_source(context), "start_time": started}
         base_run = tracking.start_run(
-            pipeline.name, "base", {**tags, "stage": "base"}, {"model": pipeline.model, "rows": report.rows}
+            pipeline.name,
+            "base",
+            {**tags, "stage": "base"},
+            {"model": pipeline.model, "rows": report.rows},
+            description=f"The base model `{pipeline.model}` on the held-out rows {stage.name} scores every model on.",
+            **common,
         )
         tracking.log_metrics(base_run, report.base_metrics())
+        (tmp / "base.json").write_text(json_figures(report.base))
+        tracking.log_artifacts(base_run, [tmp / "base.json"])
         tracking.end_run(base_run)
         report_run = tracking.start_run(
             pipeline.name,
@@ -102,10 +150,16 @@ def run_report_stage(
                 "base_mlflow_run_id": base_run,
             },
             {"model": pipeline.model, "merged": merged, **settings},
+            description=f"Base against merged on {report.rows} rows of `{Path(dataset).parent.name}`: the "
+            "report, the judge, and the held-out loss after each stage.",
+            **common,
         )
         tracking.log_metrics(report_run, report.run_metrics())
         tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
         tracking.end_run(report_run)
+        log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent)
+        tracking.log_metrics(parent, report.run_metrics())  # the pipeline run's own figures: the merged model's
+        tracking.end_run(parent)
         write_manifest(
             tmp,
             ReportManifest(
@@ -121,6 +175,9 @@ def run_report_stage(
         "artifact_dir": MetadataValue.path(str(final)),
         "report": MetadataValue.md((final / "report.md").read_text()),
         "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, report_run)),
+        "mlflow_runs": MetadataValue.url(tracking.runs_url(pipeline.name)),
+        "profile": context.run.tags.get(PROFILE_TAG) or "none",
+        **image_markdown("stage_curves", final / "loss.png", "each stage's training curve"),
         **as_metadata(report.metadata()),
     }
     return Output(str(final), metadata=metadata)

@@ -54,7 +54,7 @@ from ..engine.stages.evaluate.checks import read_report
 from ..engine.stages.merge.settings import Merge
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .automation import PIPELINE_TAG, RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
-from .builders import key, merge_asset
+from .builders import key, merge_asset, retraining_group
 from .launchpad import effective, launchpad_config
 from .metadata import md_table
 from .pool import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
@@ -75,7 +75,7 @@ def record_range(context, store: FeedbackStore) -> tuple[int, int]:
 def feedback_source(pipeline: Pipeline):
     @observable_source_asset(
         key=key(pipeline, "chat_feedback"),
-        group_name=pipeline.name,
+        group_name=retraining_group(pipeline),
         description="Ratings and edits collected while chatting (append-only SQLite). Its "
         "data version is the newest record id, so it changes with new feedback.",
     )
@@ -137,7 +137,7 @@ def feedback_dataset(pipeline: Pipeline, objective: str):
 
     @asset(
         key=key(pipeline, name),
-        group_name=pipeline.name,
+        group_name=retraining_group(pipeline),
         kinds={"dataset"},
         deps=[key(pipeline, "chat_feedback")],
         output_required=False,
@@ -291,7 +291,7 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
 
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=retraining_group(pipeline),
         kinds={"pytorch", "mlflow"},
         ins=ins,
         pool=TRAINING_POOL,
@@ -388,7 +388,7 @@ def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
 
     @asset(
         key=key(pipeline, stage.name),
-        group_name=pipeline.name,
+        group_name=retraining_group(pipeline),
         kinds={"mlflow"},
         ins=ins,
         pool=TRAINING_POOL,
@@ -555,7 +555,7 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
         retrain_stage(pipeline, settings.sft, "sft", after=None),
         retrain_stage(pipeline, settings.dpo, "dpo", after=settings.sft.name),
         retrain_stage(pipeline, settings.kto, "kto", after=settings.dpo.name),
-        merge_asset(pipeline, merge, upstream=[settings.kto.name]),
+        merge_asset(pipeline, merge, upstream=[settings.kto.name], group=retraining_group(pipeline)),
         retrained_report(pipeline, settings.evaluate),
     ]
     names = [

@@ -17,7 +17,8 @@ from ..engine.pipeline import Pipeline, preflight
 from ..engine.rewards import RewardSet
 from ..engine.train.stage import TrainerStage
 from ..resources.launchers.base import ENDED
-from .metadata import as_metadata
+from .metadata import as_metadata, image_markdown
+from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 
 ARTIFACTS_TO_MLFLOW = (
     "job.json",
@@ -147,6 +148,7 @@ def run_training_stage(
         context.log.warning(
             f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: marked KILLED"
         )
+    parent = pipeline_run(context, pipeline, tracking)
     run_id = tracking.start_run(
         pipeline.name,
         stage.name,
@@ -159,6 +161,12 @@ def run_training_stage(
             "hardware": training.hardware(),
             "speed": training.speed(),
         },
+        parent=parent,
+        description=f"{stage.kind.upper()} stage `{stage.name}` of the {pipeline.name} pipeline ({method}), "
+        f"trained on `{Path(dataset).parent.name}`"
+        + (f", continuing `{previous_manifest.stage}`" if previous_manifest else f", from `{pipeline.model}`")
+        + ".",
+        source=stage_source(context),
     )
     context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
     status = "FAILED"
@@ -221,6 +229,7 @@ def run_training_stage(
         raise
     finally:
         tracking.end_run(run_id, status)
+        tracking.end_run(parent, status)  # set again by the Dagster run's next stage, if it has one
     # the adapter is saved: this run's checkpoints and the ones it resumed from are moot; another run's are not
     store.discard_checkpoints(pipeline.name, stage.name, context.op_execution_context.run_id, resumed_from=resume_from)
     return Output(
@@ -230,6 +239,8 @@ def run_training_stage(
             "mlflow_run_id": run_id,
             "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
             "global_step": result.global_step,
+            "profile": context.run.tags.get(PROFILE_TAG) or "none",
+            **image_markdown("loss_curve", final / "loss.png", f"{stage.name}: training curves"),
             **as_metadata(result.metadata()),
         },
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import logging
 import math
 import os
@@ -49,6 +50,10 @@ def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
 
 
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
+# MLflow 3.17 decides the experiment page's view (GenAI traces or model-training runs) from the browser's stored
+# toggle, not from the kind tag, unless the URL names it: every link this project prints names it.
+TRAINING_VIEW = "workflowType=machine_learning"
+LEVEL_TAG = "level"  # sweep > pipeline (one per Dagster run) > stage: how the runs nest (mlflow.parentRunId)
 _READY: set[str] = set()  # sqlite stores this process has seen created
 
 
@@ -165,10 +170,34 @@ class MLflowTracking(ConfigurableResource):
             f"the store that owns {stored}."
         )
 
-    def start_run(self, pipeline: str, run_name: str, tags: dict[str, str], params: dict) -> str:
+    def start_run(
+        self,
+        pipeline: str,
+        run_name: str,
+        tags: dict[str, str],
+        params: dict,
+        parent: str | None = None,
+        description: str = "",
+        source: str = "",
+        start_time: float | None = None,
+    ) -> str:
+        """A run in the pipeline's experiment. parent: the run it nests under; description: the run page's
+        note; source: what ran it (the Source column); start_time: when the work began (seconds), if earlier
+        than now, so the run's duration is the work's and not the logging's."""
         client = self.client()
+        tags = {
+            "mlflow.user": getpass.getuser(),
+            "mlflow.source.type": "JOB",
+            "mlflow.source.name": source or f"dagster: {pipeline}",
+            "mlflow.note.content": description or None,
+            "mlflow.parentRunId": parent,
+            **tags,
+        }
         run = client.create_run(
-            self.experiment_id(pipeline), run_name=run_name, tags={k: str(v) for k, v in tags.items() if v is not None}
+            self.experiment_id(pipeline),
+            run_name=run_name,
+            tags={k: str(v) for k, v in tags.items() if v is not None},
+            start_time=int(start_time * 1000) if start_time else None,
         )
         from mlflow.entities import Param
 
@@ -178,15 +207,51 @@ class MLflowTracking(ConfigurableResource):
             client.log_batch(run.info.run_id, params=items[start : start + 90])
         return run.info.run_id
 
-    def log_metrics(self, run_id: str, values: dict, step: int = 0, finite_only: bool = True) -> None:
-        """finite_only=False keeps NaN and inf: a training step's NaN loss is worth seeing on the chart."""
+    def parent_run(
+        self,
+        pipeline: str,
+        key: dict[str, str],
+        run_name: str,
+        tags: dict,
+        params: dict,
+        description: str = "",
+        parent: str | None = None,
+        artifact: tuple[str, str] | None = None,
+    ) -> str:
+        """The run that groups others (a Dagster run's stages, a sweep's points): found by its key tags, created
+        once. Steps of one Dagster run start in parallel processes, so finding and creating hold a file lock.
+        artifact: (file name, text) logged when it is created, so no run in the experiment is without one
+        (MLflow's compare page fails on a run that has no artifacts)."""
+        import fcntl
+
+        client = self.client()
+        experiment = self.experiment_id(pipeline)
+        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in key.items())
+        self.root.mkdir(parents=True, exist_ok=True)
+        with (self.root / ".mlflow-parents.lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            found = client.search_runs([experiment], query, max_results=1)
+            if found:
+                run_id = found[0].info.run_id
+                client.update_run(run_id, status="RUNNING")
+                return run_id
+            run_id = self.start_run(pipeline, run_name, {**tags, **key}, params, parent=parent, description=description)
+            if artifact is not None:
+                client.log_text(run_id, artifact[1], artifact[0])
+            return run_id
+
+    def log_metrics(
+        self, run_id: str, values: dict, step: int = 0, finite_only: bool = True, model_id: str | None = None
+    ) -> None:
+        """finite_only=False keeps NaN and inf: a training step's NaN loss is worth seeing on the chart.
+        model_id: an MLflow logged model the figures describe (shown on its page and its registered version)."""
         import time
 
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [
-            Metric(k, float(v), now, step)
+            Metric(k, float(v), now, step, model_id=model_id)
             for k, v in values.items()
             if isinstance(v, (int, float)) and (math.isfinite(v) or not finite_only)
         ]
@@ -234,7 +299,13 @@ class MLflowTracking(ConfigurableResource):
         self.client().set_terminated(run_id, status=status)
 
     def run_url(self, pipeline: str, run_id: str) -> str:
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs/{run_id}"
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs/{run_id}?{TRAINING_VIEW}"
+
+    def runs_url(self, pipeline: str, charts: bool = False) -> str:
+        """The experiment's model-training runs (the pipeline runs, their stages nested under them); charts: the
+        chart view, where the pipeline runs' held-out NLL over their stages is one line each."""
+        view = "&compareRunsMode=CHART" if charts else ""
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs?{TRAINING_VIEW}{view}"
 
     # --- the model registry: which model is live (engine/model_registry.py) ---
 

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from dagster import DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline
@@ -111,7 +112,11 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
             [experiment.experiment_id], f"tags.dagster_run_id = '{materialized['outcome']['run_id']}'"
         )
     }
-    assert set(runs) == {"sft_adapter", "base", "evaluation_report"}
+    [parent] = [r for r in runs.values() if r.data.tags.get("level") == "pipeline"]  # the Dagster run's own run
+    assert parent.info.run_name.startswith("tiny_pipeline")
+    runs = {name: run for name, run in runs.items() if run is not parent}
+    assert set(runs) == {"sft_adapter", "merged_model", "base", "evaluation_report"}
+    assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}
     sft = runs["sft_adapter"]
     assert sft.info.status == "FINISHED"
     assert (
@@ -142,6 +147,12 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     shared = {"eval/loss", "eval/perplexity", "eval/token_f1", "eval/exact"}
     assert shared <= set(runs["base"].data.metrics) and shared <= set(report.data.metrics)
     assert report.data.metrics["eval/loss"] < runs["base"].data.metrics["eval/loss"]
+    # and every model on the same held-out rows under one name, each on its own run and as one series on the parent
+    nll = {name: runs[name].data.metrics["heldout/nll"] for name in ("base", "sft_adapter", "merged_model")}
+    assert nll["base"] == pytest.approx(runs["base"].data.metrics["eval/loss"])
+    assert nll["sft_adapter"] == nll["merged_model"] == pytest.approx(report.data.metrics["eval/loss"])
+    series = client.get_metric_history(parent.info.run_id, "heldout/nll")
+    assert [(m.step, m.value) for m in series] == [(0, nll["base"]), (1, nll["sft_adapter"]), (2, nll["merged_model"])]
 
 
 def test_materialization_metadata_links_mlflow_and_shows_headline_metrics(materialized):

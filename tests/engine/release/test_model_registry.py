@@ -44,7 +44,9 @@ def test_a_merged_model_is_a_registered_version_and_the_passing_report_makes_it_
     version = version_for(client, "tiny", merged)
     registered = client.get_model_version("tiny", version)
     sft = json.loads((Path(outcome["artifacts"]["sft_adapter"]) / "manifest.json").read_text())
-    assert registered.run_id == sft["mlflow_run_id"], "logged on the run that trained its (last) adapter"
+    merge = json.loads((merged / "manifest.json").read_text())
+    assert registered.run_id == merge["mlflow_run_id"], "logged on the merge's own run"
+    assert client.get_run(merge["mlflow_run_id"]).data.tags["upstream_mlflow_run_id"] == sft["mlflow_run_id"]
     assert registered.tags["dagster_run_id"] == outcome["run_id"]
     assert registered.tags["asset_key"] == "tiny/merged_model" and registered.tags["model_dir"] == str(merged / "model")
     assert registered.tags["upstream_mlflow_run_ids"] == sft["mlflow_run_id"]
@@ -52,10 +54,14 @@ def test_a_merged_model_is_a_registered_version_and_the_passing_report_makes_it_
     newest = max(int(v.version) for v in client.search_model_versions("name = 'tiny'"))
     assert alias_version(client, "tiny", CHALLENGER) == str(newest) and newest >= int(version)
 
-    # an MLflow model: logged on the run (its Logged models), a pyfunc that answers prompts
-    run = client.get_run(sft["mlflow_run_id"])
+    # an MLflow model: logged on the run (its Logged models), with the report's held-out figures attached; a
+    # pyfunc that answers prompts
+    run = client.get_run(merge["mlflow_run_id"])
     [output] = run.outputs.model_outputs
-    assert client.get_logged_model(output.model_id).artifact_location == registered.source
+    logged = client.get_logged_model(output.model_id)
+    assert logged.artifact_location == registered.source
+    assert {"heldout/nll", "heldout/perplexity"} <= {m.key for m in logged.metrics or []}
+    assert float(registered.tags["heldout/nll"]) == pytest.approx(run.data.metrics["heldout/nll"], rel=1e-5)
     import mlflow.pyfunc
 
     pyfunc = mlflow.pyfunc.load_model(client.get_model_version_download_uri("tiny", version))

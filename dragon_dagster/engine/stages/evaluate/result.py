@@ -70,6 +70,24 @@ class ReportResult(StageResult):
         stage_nll = finite({f"stage_nll/{s['stage']}": s["eval_loss"] for s in self.stage_nll if s.get("stage")})
         return {**eval_metrics(self.merged), **judged, **self.feedback_metrics(), **stage_nll}
 
+    def held_out_figures(self) -> list[dict[str, Any]]:
+        """Every model's figures on the report's held-out rows under one set of names, in the order the chain
+        made them: base, the model after each stage, merged. [{"model": "base" | <stage> | "merged", "metrics":
+        {"heldout/nll": ..., "heldout/perplexity": ..., on base and merged also "heldout/<task metric>"}}]. The
+        names differ from a trainer's own eval/loss, which is on that stage's data and objective."""
+
+        def named(figures: dict) -> dict[str, float]:
+            renamed = {"eval/loss": "heldout/nll"}
+            return {renamed.get(k, "heldout/" + k.split("/", 1)[1]): v for k, v in eval_metrics(figures).items()}
+
+        out = [{"model": "base", "metrics": named(self.base)}]
+        for entry in self.stage_nll:
+            if entry.get("stage"):
+                figures = {"heldout/nll": entry.get("eval_loss"), "heldout/perplexity": entry.get("perplexity")}
+                out.append({"model": entry["stage"], "metrics": finite(figures)})
+        out.append({"model": "merged", "metrics": named(self.merged)})
+        return out
+
     def feedback_metrics(self) -> dict[str, float]:
         """A retraining's held-out feedback figures as flat numbers: feedback/<metric>_start, _retrained, _gain."""
         out = {}

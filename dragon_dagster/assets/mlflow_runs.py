@@ -1,0 +1,63 @@
+"""How a Dagster run appears in MLflow: one parent run per Dagster run (named after it, tagged with its profile
+and sweep point) with each stage's run nested under it, and a sweep's pipeline runs nested under one sweep run.
+So MLflow's runs table lists pipeline runs, each expanding into its stages, and two pipeline runs (two configs,
+two retrainings, two sweep points) compare side by side."""
+
+from __future__ import annotations
+
+import json
+
+from ..engine.pipeline import Pipeline
+
+PROFILE_TAG = "dragon/profile"  # on a Dagster run: the pipeline profile its config came from
+SWEEP_TAG = "dragon/sweep"  # on a Dagster run: <pipeline>/<sweep>/<id>, the sweep it is a point of
+SWEEP_POINT_TAG = "dragon/sweep_point"  # its index in the sweep
+SWEEP_SETTINGS_TAG = "dragon/sweep_settings"  # the point's settings, JSON {"stage.setting": value}
+
+
+def dagster_tags(context) -> dict[str, str]:
+    """The Dagster run's own dragon/ tags (profile, sweep, feedback range...), as they are."""
+    return {k: v for k, v in context.run.tags.items() if k.startswith("dragon/") and not k.startswith("dragon/worker")}
+
+
+def sweep_run(context, pipeline: Pipeline, tracking) -> str | None:
+    """The sweep's parent run, when this Dagster run is a point of one."""
+    sweep = context.run.tags.get(SWEEP_TAG)
+    if not sweep:
+        return None
+    return tracking.parent_run(
+        pipeline.name,
+        {"sweep": sweep, "level": "sweep"},
+        run_name=f"sweep {sweep.split('/', 1)[-1]}",
+        tags={"pipeline": pipeline.name},
+        params={},
+        description=f"Sweep `{sweep}` of the {pipeline.name} pipeline: each nested run is one point.",
+        artifact=("sweep.json", json.dumps({"sweep": sweep, "pipeline": pipeline.name}, indent=2)),
+    )
+
+
+def pipeline_run(context, pipeline: Pipeline, tracking) -> str:
+    """The MLflow run of this Dagster run (created by its first step that logs to MLflow), marked running."""
+    run = context.run
+    tags = dagster_tags(context)
+    profile = tags.get(PROFILE_TAG, "")
+    settings = json.loads(tags.get(SWEEP_SETTINGS_TAG, "{}") or "{}")
+    label = f"point {tags[SWEEP_POINT_TAG]}" if SWEEP_POINT_TAG in tags else (profile or "run")
+    return tracking.parent_run(
+        pipeline.name,
+        {"dagster_run_id": run.run_id, "level": "pipeline"},
+        run_name=f"{run.job_name} {label} {run.run_id[:8]}",
+        tags={"pipeline": pipeline.name, "dagster_job": run.job_name, "profile": profile or None, **tags},
+        params={"model": pipeline.model, "profile": profile or "none", **settings},
+        description=(pipeline.description or f"The {pipeline.name} pipeline.")
+        + f"\n\nDagster run `{run.run_id}` of job `{run.job_name}`"
+        + (f", profile `{profile}`" if profile else "")
+        + ". Its stages' runs are nested under this one.",
+        parent=sweep_run(context, pipeline, tracking),
+        artifact=("pipeline.json", json.dumps(pipeline.model_dump(mode="json"), indent=2, default=str)),
+    )
+
+
+def stage_source(context) -> str:
+    """The Source column of a stage's run: the Dagster job and asset that ran it."""
+    return f"dagster: {context.run.job_name} / {context.asset_key.to_user_string()}"
