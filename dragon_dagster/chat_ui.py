@@ -7,10 +7,12 @@ only the last N earlier exchanges, 0 none, and the status line says how many of 
 system prompt box (`dragon chat-ui` fills it with the pipeline's system prompt, `Pipeline.system_prompt()`: the
 one every training row carries, so ratings and edits are stored with the prompt the model trains with), replies
 streamed onto the page as the model generates them (`Chat.stream`)
-with a Stop button that ends a reply early and keeps what it has so far, thumbs up / down and in-place editing
-of a reply (both recorded in the `FeedbackStore` with the model that answered), regenerate, undo, reset,
-and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
-.json: a list of messages).
+with a Stop button, shown while a reply is generated, that ends it early and keeps what it has so far, thumbs
+up / down and in-place editing of a reply (both recorded in the `FeedbackStore` with the model that answered),
+one Regenerate, Undo and Clear each, save / load of transcripts in the training data's message format (.jsonl:
+one {"messages": [...]} row; .json: a list of messages), and the conversation kept in the browser's local storage
+so a reload continues it (`ChatHandlers.remember` / `restore`). The header names the model as people know it
+(`model_name`, e.g. `models:/support@champion (version 3)`); feedback records `model_label`, its directory.
 
 The page shows what a model wrote as text and Markdown, never as HTML: `shown()` escapes every tag, entity,
 Markdown image and Mermaid diagram before a message reaches the Chatbot (a reply could otherwise render a form
@@ -290,9 +292,10 @@ class ChatHandlers:
     def remember(chat: Chat | None) -> Any:
         """Output (stored): what the browser keeps of the conversation, so a reload continues it (see
         build_app): its id (feedback given after the reload joins the same conversation), the system prompt
-        and the messages (a reply's stopped mark is not kept)."""
+        and the messages (a reply's stopped mark is not kept). A session without a Chat (its kept conversation
+        could not be restored, say) keeps an empty one, so that Clear always empties the storage."""
         if chat is None:
-            return gr.skip()
+            return {"conversation_id": None, "system": None, "messages": []}
         return {
             "conversation_id": chat.conversation_id,
             "system": chat.system,
@@ -464,12 +467,12 @@ def build_app(
                     send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
                     # shown only while a reply is being generated (see `streaming` below)
                     stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)
-                # One of each: the Chatbot's own retry / undo / clear icons appear only when their events have
-                # listeners, and they have none (these buttons do the same, and say what they do).
+                # One of each control: the Chatbot's own retry and undo icons appear only when their events
+                # have listeners, and they have none (these buttons do the same, and say what they do); its
+                # Clear icon (top right) is always there, so it is the page's only Clear.
                 with gr.Row():
                     regen = gr.Button("↻ Regenerate", size="sm", elem_id="regenerate")
                     undo = gr.Button("↶ Undo", size="sm", elem_id="undo")
-                    clear = gr.Button("Clear", size="sm", elem_id="clear")
                 status = gr.Markdown("", elem_id="status")
             with gr.Column(scale=2):
                 system_box = gr.Textbox(value=system or "", label="System prompt", lines=4, elem_id="system")
@@ -495,29 +498,41 @@ def build_app(
         settings = [system_box, window, temp, tokens]
         turn_out = [chatbot, chat, status]
 
+        # The small steps around a turn never wait for another session's turn (no concurrency limit) and show
+        # no progress of their own.
+        quick = {"concurrency_limit": None, "show_progress": "hidden"}
+
         def remembered(event):
             """After an event that changes the conversation: the browser keeps the new one."""
-            return event.then(h.remember, [chat], [stored], queue=False)
+            return event.then(h.remember, [chat], [stored], **quick)
 
         def streaming(trigger, fn, inputs, outputs):
-            """A turn that generates a reply: Stop shows for as long as it runs (hidden again whether the turn
-            ends, fails or is stopped), then the browser keeps the conversation."""
-            shown_stop = trigger(lambda: gr.update(visible=True), None, [stop], queue=False)
-            ran = shown_stop.then(fn, inputs, outputs)
-            return remembered(ran.then(lambda: gr.update(visible=False), None, [stop], queue=False))
+            """A turn that generates a reply: Stop shows for as long as it runs, and is hidden again (whether
+            the turn ended, failed or was stopped) once the browser keeps the conversation: a page reloaded
+            after that has the whole turn."""
+            shown_stop = trigger(lambda: gr.update(visible=True), None, [stop], **quick)
+            ran = remembered(shown_stop.then(fn, inputs, outputs))
+            return ran.then(lambda: gr.update(visible=False), None, [stop], **quick)
 
         for trigger in (send.click, box.submit):
             streaming(trigger, h.send, [box, chat, *settings], [box, *turn_out])
         streaming(regen.click, h.regenerate, [chat, *settings], turn_out)
         remembered(undo.click(h.undo, [chat], [box, *turn_out]))
-        remembered(clear.click(h.reset, [chat], [box, *turn_out]))
+        remembered(chatbot.clear(h.reset, [chat], [box, *turn_out]))
         # Stop sets the session's stop event (the Chat in gr.State is this session's object): the turn's own
         # handler then finishes with the text so far, so the stopped reply is kept, shown and can be rated.
         # (Gradio's cancels= would kill that handler instead and lose the reply.) No concurrency limit: it
         # must run while the turn it stops holds its event's slot.
         stop.click(h.stop, [chat], None, concurrency_limit=None)
         chatbot.like(h.like, [chat], [chat, status])
-        streaming(chatbot.edit, h.edit, [chat, *settings], turn_out)  # an edited question is asked again
+
+        def edit_turn(chat, system, context_turns, temperature, max_new_tokens, data: gr.EditData):
+            """h.edit, with Stop shown while an edited question is asked again (the edit's data comes with its
+            own event only, so this cannot be a step of a `streaming` chain)."""
+            for out in h.edit(chat, system, context_turns, temperature, max_new_tokens, data):
+                yield (*out, gr.update(visible=out[-1] == ANSWERING))
+
+        remembered(chatbot.edit(edit_turn, [chat, *settings], [*turn_out, stop]))
         save.click(h.save, [chat, fmt], [saved, status])
         remembered(upload.upload(h.load, [upload, chat, *settings], [chatbot, chat, system_box, status]))
         # On a (re)load: the conversation the browser kept. Also on the stored value's change: the browser

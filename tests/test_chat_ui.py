@@ -295,7 +295,7 @@ def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
 
     store = FeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0)
-    assert isinstance(h.remember(None), type(gr.skip()))  # nothing yet: nothing written
+    assert h.remember(None)["messages"] == []  # no conversation (a kept one that did not restore): an empty one
     chat = drain(h.send("hello", None, "Be brief.", None, 0.7, 64))[2]
     chat = drain(h.send("again", chat, "Be brief.", None, 0.7, 64))[2]
     kept = json.loads(json.dumps(h.remember(chat)))  # the browser stores JSON
@@ -326,14 +326,16 @@ def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
         assert all(isinstance(out, type(gr.skip())) for out in unchanged), bad
         assert status.startswith("**error:** the conversation kept in this browser") and why in status, status
         assert "starting a new conversation" in status
+    *_, status = h.reset(None)  # Clear after that: the browser then keeps an empty conversation
+    assert status == "New conversation." and h.restore(h.remember(None), None)[-1] == gr.skip()
     made_up = {"conversation_id": "../../etc", "messages": [{"role": "user", "content": "x"}]}
     assert h.restore(made_up, None)[1].conversation_id != "../../etc"  # an id the browser made up is not used
 
 
 def test_the_page_layout_names_the_model_with_one_of_each_control():
-    """The header shows the model's name (not its directory); one Regenerate, Undo and Clear each (none of the
-    Chatbot's own copies of them); Stop hidden until a reply is being generated; the conversation kept in the
-    browser's storage."""
+    """The header shows the model's name (not its directory); one Regenerate, Undo and Clear each (no retry or
+    undo icons on the Chatbot; Clear is its own icon); Stop hidden until a reply is being generated; the
+    conversation kept in the browser's storage."""
     import gradio as gr
 
     name = "models:/support@champion (version 3)"
@@ -342,13 +344,13 @@ def test_the_page_layout_names_the_model_with_one_of_each_control():
     header = next(b for b in blocks if b.elem_id == "header")
     assert f"Chat with `{name}`" in header.value and "/runs/" not in header.value and app.title.endswith(name)
     labels = sorted(b.value for b in blocks if isinstance(b, gr.Button))
-    assert labels == sorted(["Send", "Stop", "↻ Regenerate", "↶ Undo", "Clear", "Save transcript"]), labels
+    assert labels == sorted(["Send", "Stop", "↻ Regenerate", "↶ Undo", "Save transcript"]), labels
     stop = next(b for b in blocks if b.elem_id == "stop")
     assert stop.visible is False
     chatbot = next(b for b in blocks if b.elem_id == "chatbot")
     assert not getattr(chatbot, "_retryable", False) and not getattr(chatbot, "_undoable", False)
     listened = {(t[1]) for fn in app.fns.values() for t in fn.targets if t[0] == chatbot._id}
-    assert listened == {"like", "edit"}, listened  # no retry / undo / clear icons on the Chatbot
+    assert listened == {"like", "edit", "clear"}, listened  # no retry / undo icons on the Chatbot (Clear: its own)
     assert any(isinstance(b, gr.BrowserState) for b in blocks)
     # without a name, the label (what feedback records) is the header
     plain = chat_ui.build_app(Echo(), None, "echo-model")
@@ -563,6 +565,115 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
     ]
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+class Held(Words):
+    """Words, but with `hold` set a reply waits after its first word until `release` is set (or Stop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hold, self.release = False, threading.Event()
+
+    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
+        for i, word in enumerate(
+            super()._stream(
+                conversation, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop
+            )
+        ):
+            if i == 1 and self.hold:
+                while not self.release.wait(0.05):
+                    if stop.is_set():
+                        return
+            yield word
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answering_in_a_real_browser(
+    chromium, tmp_path
+):
+    """In a real Chromium: the header names the model; one Regenerate, Undo and Clear; Stop hidden when idle,
+    shown while a reply is generated, and it still stops it; a reload finds the conversation (and the system
+    prompt) still there, ratings after it join the same conversation, the model gets the whole history; Clear
+    and a reload: empty."""
+    from playwright.sync_api import expect, sync_playwright
+
+    backend, store = Held(), FeedbackStore(tmp_path / "feedback.db")
+    name = "models:/support@champion (version 3)"
+    app = chat_ui.build_app(backend, store, "/runs/x/model", name, stream_delay=0.01)
+    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    whole = "w1 w2 w3 w4 w5 w6 w7 w8"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(WAIT_MS)
+            page.goto(url)
+            bot, status, stop = page.locator("#chatbot"), page.locator("#status"), page.locator("#stop")
+            expect(page.locator("#header")).to_contain_text(f"Chat with {name}")
+            expect(page.locator("#header")).not_to_contain_text("/runs/")
+            expect(stop).to_be_hidden()
+            page.locator("#system textarea").fill("Be brief.")
+
+            send(page, "hello", whole)
+            expect(status).to_have_text("Context: the first exchange, nothing earlier to send.")
+            expect(stop).to_be_hidden()
+            for control in ("regenerate|retry", "undo", "clear"):  # with a reply on the page, where the
+                buttons = page.get_by_role("button", name=re.compile(control, re.I))  # Chatbot's own show
+                expect(buttons).to_have_count(1)
+            bot.get_by_label("Like", exact=True).first.click()
+            expect(status).to_contain_text("Recorded thumbs up on reply 1")
+
+            backend.hold = True  # the next reply waits after its first word: Stop is there while it does
+            page.locator("#message textarea").fill("second")
+            page.locator("#message textarea").press("Enter")
+            expect(bot.get_by_label("bot's message: w1", exact=True)).to_be_visible()
+            expect(stop).to_be_visible()
+            stop.click()
+            expect(status).to_contain_text("Stopped")
+            expect(stop).to_be_hidden()
+            backend.hold = False
+
+            page.reload()
+            expect(bot.get_by_label("user's message: hello")).to_be_visible()
+            expect(bot.get_by_label(f"bot's message: {whole}")).to_be_visible()
+            expect(bot.get_by_label("user's message: second")).to_be_visible()
+            expect(bot.get_by_label("bot's message: w1", exact=True)).to_be_visible()
+            expect(status).to_have_text("Continuing this conversation (4 messages).")
+            expect(page.locator("#system textarea")).to_have_value("Be brief.")
+            expect(stop).to_be_hidden()
+            bot.get_by_label("Dislike").last.click()  # the stopped reply, rated after the reload
+            expect(status).to_contain_text("Recorded thumbs down on reply 2")
+            send(page, "third", whole)
+            expect(status).to_have_text("Context: all 2 earlier exchanges sent.")
+            expect(stop).to_be_hidden()  # hidden once the browser keeps the turn
+
+            kept = "() => localStorage.getItem('dragon-chat-conversation')"
+            before = page.evaluate(kept)
+            page.get_by_role("button", name="Clear", exact=True).click()  # the Chatbot's icon
+            expect(bot.get_by_label("user's message: hello")).to_have_count(0)
+            page.wait_for_function(f"before => ({kept})() !== before", arg=before)  # the storage has it
+            page.reload()
+            expect(page.locator("#header")).to_contain_text("Chat with")
+            page.wait_for_timeout(1000)  # time for a restore, were there one
+            expect(bot.get_by_label("user's message: hello")).to_have_count(0)
+            expect(status).not_to_contain_text("Continuing")
+            browser.close()
+    finally:
+        app.close()
+
+    rows = store.records()
+    assert [(r["verdict"], r["reply"]) for r in rows] == [("up", whole), ("down", "w1")]
+    assert rows[0]["conversation_id"] == rows[1]["conversation_id"]  # one conversation across the reload
+    assert rows[1]["turns"][0] == {"role": "system", "content": "Be brief."}
+    assert backend.seen[-1] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": whole},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "w1"},
+        {"role": "user", "content": "third"},
+    ]
 
 
 @pytest.mark.slow
