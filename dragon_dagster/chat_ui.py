@@ -7,10 +7,12 @@ only the last N earlier exchanges, 0 none, and the status line says how many of 
 system prompt box (`dragon chat-ui` fills it with the pipeline's system prompt, `Pipeline.system_prompt()`: the
 one every training row carries, so ratings and edits are stored with the prompt the model trains with), replies
 streamed onto the page as the model generates them (`Chat.stream`)
-with a Stop button that ends a reply early and keeps what it has so far, thumbs up / down and in-place editing
-of a reply (both recorded in the `FeedbackStore` with the model that answered), regenerate, undo, reset,
-and save / load of transcripts in the training data's message format (.jsonl: one {"messages": [...]} row;
-.json: a list of messages).
+with a Stop button, shown while a reply is generated, that ends it early and keeps what it has so far, thumbs
+up / down and in-place editing of a reply (both recorded in the `FeedbackStore` with the model that answered),
+one Regenerate, Undo and Clear each, save / load of transcripts in the training data's message format (.jsonl:
+one {"messages": [...]} row; .json: a list of messages), and the conversation kept in the browser's local storage
+so a reload continues it (`ChatHandlers.remember` / `restore`). The header names the model as people know it
+(`model_name`, e.g. `models:/support@champion (version 3)`); feedback records `model_label`, its directory.
 
 The page shows what a model wrote as text and Markdown, never as HTML: `shown()` escapes every tag, entity,
 Markdown image and Mermaid diagram before a message reaches the Chatbot (a reply could otherwise render a form
@@ -105,16 +107,31 @@ def _reply_index(chat: Chat, position: int) -> int:
     return sum(1 for m in chat.messages[:position] if m["role"] == "assistant")
 
 
+def plural(n: int, word: str) -> str:
+    """`1 message`, `2 messages`, `0 messages`."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
 def context_note(chat: Chat) -> str:
-    """The status line after a turn: how much of the history the model saw, and what the window dropped."""
+    """The status line after a turn: how much of the history the model saw, and what the window dropped.
+    (Every note starts with "Context": the page's tests wait for it as the sign that a reply has ended.)"""
     usage = chat.context_usage()
-    earlier = max(usage["sent"] - 1, 0)
-    if usage["dropped"]:
-        return (
-            f"Context window {usage['context_turns']}: sent the last {earlier} earlier exchange(s); "
-            f"**dropped the {usage['dropped']} oldest**."
+    earlier, dropped = max(usage["sent"] - 1, 0), usage["dropped"]
+    if dropped:
+        sent = (
+            "sent no earlier exchange"
+            if earlier == 0
+            else "sent the last exchange"
+            if earlier == 1
+            else f"sent the last {earlier} exchanges"
         )
-    return f"Context: all {earlier} earlier exchange(s) sent."
+        oldest = "the oldest" if dropped == 1 else f"the {dropped} oldest"
+        return f"Context window {usage['context_turns']}: {sent}; **dropped {oldest}**."
+    if earlier == 0:
+        return "Context: the first exchange, nothing earlier to send."
+    if earlier == 1:
+        return "Context: the earlier exchange was sent."
+    return f"Context: all {earlier} earlier exchanges sent."
 
 
 ALL = "all"  # the context window box's value for "every earlier exchange"
@@ -261,13 +278,59 @@ class ChatHandlers:
         except ChatError as exc:  # a reply is being generated
             return gr.skip(), gr.skip(), chat, _error(exc)
         text = next((m["content"] for m in removed if m["role"] == "user"), "")
-        return text, _display(chat.messages), chat, f"Removed {len(removed)} message(s)."
+        return text, _display(chat.messages), chat, f"Removed {plural(len(removed), 'message')}."
 
     def reset(self, chat: Chat | None) -> tuple:
         """Outputs (textbox, chatbot, chat, status): an empty conversation with a new conversation id."""
         if chat is not None:
             chat.reset()
         return "", [], chat, "New conversation."
+
+    # ------------------------------------------------------------------------------ browser storage
+
+    @staticmethod
+    def remember(chat: Chat | None) -> Any:
+        """Output (stored): what the browser keeps of the conversation, so a reload continues it (see
+        build_app): its id (feedback given after the reload joins the same conversation), the system prompt
+        and the messages (a reply's stopped mark is not kept). A session without a Chat (its kept conversation
+        could not be restored, say) keeps an empty one, so that Clear always empties the storage."""
+        if chat is None:
+            return {"conversation_id": None, "system": None, "messages": []}
+        return {
+            "conversation_id": chat.conversation_id,
+            "system": chat.system,
+            "messages": [{"role": m["role"], "content": m["content"]} for m in chat.messages],
+        }
+
+    def restore(self, stored: Any, chat: Chat | None) -> tuple:
+        """Outputs (chatbot, chat, system box, status): on a page load, the conversation the browser kept.
+        Nothing when this session already has a Chat (the stored value changed because a turn wrote it) or the
+        browser kept no messages; a stored value that is not a conversation is said so, and a new one starts."""
+        skip = (gr.skip(), gr.skip(), gr.skip())
+        if chat is not None or not stored or (isinstance(stored, dict) and not stored.get("messages")):
+            return (*skip, gr.skip())
+        where = "the conversation kept in this browser"
+        try:
+            if not isinstance(stored, dict):
+                raise ChatError(f"{where}: expected a mapping, got {type(stored).__name__}")
+            system, conversation_id = stored.get("system"), stored.get("conversation_id")
+            if system is not None and not isinstance(system, str):
+                raise ChatError(f"{where}: the system prompt must be text, got {type(system).__name__}")
+            if not (isinstance(conversation_id, str) and re.fullmatch(r"[0-9a-f]{32}", conversation_id)):
+                conversation_id = None  # a new id: feedback is never filed under an id the browser made up
+            restored = Chat.from_messages(
+                stored["messages"],
+                self.backend,
+                where=where,
+                system=system,
+                model_label=self.model_label,
+                store=self.store,
+                conversation_id=conversation_id,
+            )
+        except ERRORS as exc:
+            return (*skip, _error(f"{exc}; starting a new conversation"))
+        n = plural(len(restored.messages), "message")
+        return _display(restored.messages), restored, restored.system or "", f"Continuing this conversation ({n})."
 
     # ------------------------------------------------------------------------------------ feedback
 
@@ -326,7 +389,8 @@ class ChatHandlers:
             return gr.update(value=None, visible=False), "Nothing to save yet."
         folder = Path(tempfile.mkdtemp(prefix="dragon-chat-"))  # gradio serves files from the temp dir
         path = chat.save(folder / f"transcript-{chat.conversation_id[:8]}{fmt if fmt in FORMATS else '.jsonl'}")
-        return gr.update(value=str(path), visible=True), f"Saved {len(chat.messages)} message(s) as {path.name}."
+        n = plural(len(chat.messages), "message")
+        return gr.update(value=str(path), visible=True), f"Saved {n} as {path.name}."
 
     def load(self, path: str | None, chat: Chat | None, *settings) -> tuple:
         """Outputs (chatbot, chat, system box, status): continue a saved transcript; its leading system
@@ -343,7 +407,7 @@ class ChatHandlers:
             _display(loaded.messages),
             loaded,
             loaded.system or "",
-            f"Loaded {len(loaded.messages)} message(s) from {shown(Path(path).name)}.",
+            f"Loaded {plural(len(loaded.messages), 'message')} from {shown(Path(path).name)}.",
         )
 
 
@@ -351,24 +415,37 @@ def build_app(
     backend: Backend | dict | str,
     store: FeedbackStore | str | Path | None,
     model_label: str = "",
+    model_name: str = "",
     system: str | None = None,
     context_turns: int | None = None,
     temperature: float = 0.7,
     max_new_tokens: int = 256,
     stream_delay: float = 0.05,
 ) -> gr.Blocks:
-    """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None)."""
+    """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None).
+    `model_label` is recorded with each rating and edit (default: the backend's identity); `model_name` is what
+    the header calls the model (default: the label), e.g. `models:/support@champion (version 3)`."""
     backend = as_backend(backend)
     if store is not None and not isinstance(store, FeedbackStore):
         store = FeedbackStore(store)
     h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay)
+    name = model_name or h.model_label
     where = f"`{shown(str(store.path))}`" if store is not None else "nowhere (no feedback store)"
-    with gr.Blocks(title=f"dragon chat: {h.model_label}", analytics_enabled=False) as app:
+    with gr.Blocks(title=f"dragon chat: {name}", analytics_enabled=False) as app:
         gr.Markdown(
-            f"### Chat with `{shown(h.model_label)}`\nRate a reply with the thumbs under it, or edit it "
-            f"(pencil) into a better answer: both are recorded as training data in {where}."
+            f"### Chat with `{shown(name)}`\nRate a reply with the thumbs under it, or edit it "
+            f"(pencil) into a better answer: both are recorded as training data in {where}.",
+            elem_id="header",
         )
         chat = gr.State(None)  # one Chat per browser session
+        # The conversation survives a reload because the browser keeps it: Gradio's BrowserState, in the
+        # page's local storage (per origin: every dragon chat page served from this host and port continues it,
+        # across server restarts too). No server-side session store to expire or clean up, and a conversation
+        # is no one else's to see. Gradio encrypts the value with `secret`, which the page itself carries: it
+        # hides nothing from whoever can run scripts on the page, so a fixed one keeps values readable after a
+        # restart. The server checks what comes back like a loaded transcript (ChatHandlers.restore). Clear
+        # empties it.
+        stored = gr.BrowserState(None, storage_key="dragon-chat-conversation", secret="dragon-chat")
         with gr.Row():
             with gr.Column(scale=3):
                 chatbot = gr.Chatbot(
@@ -388,11 +465,14 @@ def build_app(
                         autofocus=True,
                     )
                     send = gr.Button("Send", variant="primary", scale=1, elem_id="send")
-                    stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop")
+                    # shown only while a reply is being generated (see `streaming` below)
+                    stop = gr.Button("Stop", variant="stop", scale=1, elem_id="stop", visible=False)
+                # One of each control: the Chatbot's own retry and undo icons appear only when their events
+                # have listeners, and they have none (these buttons do the same, and say what they do); its
+                # Clear icon (top right) is always there, so it is the page's only Clear.
                 with gr.Row():
                     regen = gr.Button("↻ Regenerate", size="sm", elem_id="regenerate")
                     undo = gr.Button("↶ Undo", size="sm", elem_id="undo")
-                    reset = gr.Button("⟲ Reset", size="sm", elem_id="reset")
                 status = gr.Markdown("", elem_id="status")
             with gr.Column(scale=2):
                 system_box = gr.Textbox(value=system or "", label="System prompt", lines=4, elem_id="system")
@@ -417,23 +497,48 @@ def build_app(
                 saved = gr.File(label="Transcript", visible=False, interactive=False, elem_id="transcript")
         settings = [system_box, window, temp, tokens]
         turn_out = [chatbot, chat, status]
+
+        # The small steps around a turn never wait for another session's turn (no concurrency limit) and show
+        # no progress of their own.
+        quick = {"concurrency_limit": None, "show_progress": "hidden"}
+
+        def remembered(event):
+            """After an event that changes the conversation: the browser keeps the new one."""
+            return event.then(h.remember, [chat], [stored], **quick)
+
+        def streaming(trigger, fn, inputs, outputs):
+            """A turn that generates a reply: Stop shows for as long as it runs, and is hidden again (whether
+            the turn ended, failed or was stopped) once the browser keeps the conversation: a page reloaded
+            after that has the whole turn."""
+            shown_stop = trigger(lambda: gr.update(visible=True), None, [stop], **quick)
+            ran = remembered(shown_stop.then(fn, inputs, outputs))
+            return ran.then(lambda: gr.update(visible=False), None, [stop], **quick)
+
         for trigger in (send.click, box.submit):
-            trigger(h.send, [box, chat, *settings], [box, *turn_out])
-        for trigger in (regen.click, chatbot.retry):
-            trigger(h.regenerate, [chat, *settings], turn_out)
-        for trigger in (undo.click, chatbot.undo):
-            trigger(h.undo, [chat], [box, *turn_out])
-        for trigger in (reset.click, chatbot.clear):
-            trigger(h.reset, [chat], [box, *turn_out])
+            streaming(trigger, h.send, [box, chat, *settings], [box, *turn_out])
+        streaming(regen.click, h.regenerate, [chat, *settings], turn_out)
+        remembered(undo.click(h.undo, [chat], [box, *turn_out]))
+        remembered(chatbot.clear(h.reset, [chat], [box, *turn_out]))
         # Stop sets the session's stop event (the Chat in gr.State is this session's object): the turn's own
         # handler then finishes with the text so far, so the stopped reply is kept, shown and can be rated.
         # (Gradio's cancels= would kill that handler instead and lose the reply.) No concurrency limit: it
         # must run while the turn it stops holds its event's slot.
         stop.click(h.stop, [chat], None, concurrency_limit=None)
         chatbot.like(h.like, [chat], [chat, status])
-        chatbot.edit(h.edit, [chat, *settings], turn_out)
+
+        def edit_turn(chat, system, context_turns, temperature, max_new_tokens, data: gr.EditData):
+            """h.edit, with Stop shown while an edited question is asked again (the edit's data comes with its
+            own event only, so this cannot be a step of a `streaming` chain)."""
+            for out in h.edit(chat, system, context_turns, temperature, max_new_tokens, data):
+                yield (*out, gr.update(visible=out[-1] == ANSWERING))
+
+        remembered(chatbot.edit(edit_turn, [chat, *settings], [*turn_out, stop]))
         save.click(h.save, [chat, fmt], [saved, status])
-        upload.upload(h.load, [upload, chat, *settings], [chatbot, chat, system_box, status])
+        remembered(upload.upload(h.load, [upload, chat, *settings], [chatbot, chat, system_box, status]))
+        # On a (re)load: the conversation the browser kept. Also on the stored value's change: the browser
+        # reads its storage when the page has mounted, which may come after the load event (a change this
+        # session wrote itself is ignored: the session has its Chat by then).
+        gr.on([app.load, stored.change], h.restore, [stored, chat], [chatbot, chat, system_box, status])
     return app
 
 
@@ -558,6 +663,7 @@ def launch(
     system: str | None = None,
     context_turns: int | None = None,
     model_label: str = "",
+    model_name: str = "",
     block: bool = True,
     share: bool = False,
     inbrowser: bool = False,
@@ -572,7 +678,7 @@ def launch(
     when block=False)."""
     backend = as_backend(model)
     store = FeedbackStore(store_path) if store_path else None
-    app = build_app(backend, store, model_label, system=system, context_turns=context_turns, **options)
+    app = build_app(backend, store, model_label, model_name, system=system, context_turns=context_turns, **options)
     start(
         app,
         host=host,

@@ -211,9 +211,15 @@ def runs_dir() -> Path:
 
 def deployed(pipeline: str) -> Path:
     """The model people chat with: the champion in the MLflow Model Registry, else the latest merged model."""
+    return deployed_named(pipeline)[0]
+
+
+def deployed_named(pipeline: str) -> tuple[Path, str]:
+    """deployed()'s directory and its name for people: `models:/<pipeline>@champion (version N)`, or `latest
+    merged model (not yet promoted): <dir name>`."""
     from .resources.tracking import MLflowTracking
 
-    live = MLflowTracking().live_model(pipeline, runs_dir())
+    live = MLflowTracking().live_model_named(pipeline, runs_dir())
     if live is None:
         raise click.ClickException(
             f"no champion in the model registry and no merged model for pipeline "
@@ -253,20 +259,38 @@ def chat_options(f):
 
 def chat_target(pipeline: str, model: str | None, server_model: str | None):
     """(backend spec, label recorded with feedback, feedback store path)."""
+    return chat_target_named(pipeline, model, server_model)[:3]
+
+
+def chat_target_named(pipeline: str, model: str | None, server_model: str | None):
+    """(backend spec, label recorded with feedback, feedback store path, the model's name for people). The
+    label is what identifies the model exactly (its directory, or the server's URL); the name is what the chat
+    page's header shows: the registry's name for the deployed model or a models:/ URI (`models:/support@champion
+    (version 3)`), else what was asked for."""
     from .resources.storage import ArtifactStore
 
     store_path = ArtifactStore().feedback_path(pipeline)
     if model and model.startswith(("http://", "https://")):
-        return {"type": "server", "base_url": model, "model": server_model or "default"}, model, store_path
+        spec = {"type": "server", "base_url": model, "model": server_model or "default"}
+        return spec, model, store_path, f"{server_model} at {model}" if server_model else model
+    name = model
     if model is None:
-        target = str(deployed(pipeline))
+        found, name = deployed_named(pipeline)
+        target = str(found)
     elif model.startswith("models:/"):
+        from .engine.release.model_registry import alias_version, parse_uri
+        from .resources.tracking import MLflowTracking
+
         target = str(resolve_target(model))
+        ref = parse_uri(model)  # resolve_target has read it: a valid URI
+        if ref.alias:
+            version = alias_version(MLflowTracking().client(), ref.name, ref.alias)
+            name = f"{model} (version {version})" if version is not None else model
     elif Path(model).exists() or (runs_dir() / "artifacts" / model).exists():  # a directory or an asset name
         target = str(resolve_target(model))
     else:  # a preset or a hub id
         target = model
-    return {"type": "local", "model": target}, target, store_path
+    return {"type": "local", "model": target}, target, store_path, name
 
 
 def chat_system(pipeline: str, system: str | None, model: str | None) -> str | None:
@@ -346,14 +370,16 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
         password = os.environ.get(password_env)
         if not password:
             raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
-    spec, label, store_path = chat_target(pipeline, model, server_model)
+    spec, label, store_path, name = chat_target_named(pipeline, model, server_model)
     system = chat_system(pipeline, system, model)
     warning = exposure_warning(host, password)
     if warning:
         console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
     login = f"login {username!r}, password from ${password_env}" if password else "no password"
+    described = name if label in name else f"{name} at {label}"
     console.print(
-        f"chat page on http://{host}:{port}  (model {label}; feedback to {store_path}; {system_note(system)}; {login})",
+        f"chat page on http://{host}:{port}  (model {described}; feedback to {store_path}; {system_note(system)}; "
+        f"{login})",
         soft_wrap=True,
         markup=False,
     )
@@ -365,6 +391,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
         system=system,
         context_turns=context_turns,
         model_label=label,
+        model_name=name,
         password=password,
         username=username,
         warn=False,

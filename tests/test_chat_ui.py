@@ -69,7 +69,7 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     assert chat.system == "Be brief." and chat.context_turns == 1 and chat.max_new_tokens == 64
     for text in ("two", "three"):
         _, shown, chat, status = drain(h.send(text, chat, *settings))
-    assert "dropped the 1 oldest" in status
+    assert "sent the last exchange; **dropped the oldest**" in status
     assert backend.seen[-1] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "two"},
@@ -147,7 +147,10 @@ def test_the_context_window_box_all_or_a_number():
     h = chat_ui.ChatHandlers(backend, None, "echo", stream_delay=0)
     chat = drain(h.send("My name is Ada.", None, "", "all", 0.7, 64))[2]
     status = drain(h.send("What is my name?", chat, "", "all", 0.7, 64))[-1]
-    assert backend.seen[-1][0] == {"role": "user", "content": "My name is Ada."} and "all 1 earlier" in status
+    assert (
+        backend.seen[-1][0] == {"role": "user", "content": "My name is Ada."}
+        and "the earlier exchange was sent" in status
+    )
     status = drain(h.send("And now?", chat, "", "0", 0.7, 64))[-1]  # a typed 0: no earlier exchange
     assert backend.seen[-1] == [{"role": "user", "content": "And now?"}] and "dropped the 2 oldest" in status
 
@@ -255,6 +258,143 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
     )
     assert chat.messages[1]["content"] == hostile + " <i>ok</i>" and "edit of reply 1" in status
     assert chat_ui._error(ValueError("<img src=x>")) == "**error:** &#60;img src=x>"
+
+
+def test_the_status_line_counts_earlier_exchanges_in_words():
+    """No "all 0 earlier exchange(s)": the first exchange says so, and one is one, not one(s)."""
+    backend = Echo()
+    h = chat_ui.ChatHandlers(backend, None, "echo", stream_delay=0)
+    said = []
+    chat = None
+    for n in range(4):
+        _, _, chat, status = drain(h.send(f"m{n}", chat, "", "all", 0.7, 64))
+        said.append(status)
+    assert said == [
+        "Context: the first exchange, nothing earlier to send.",
+        "Context: the earlier exchange was sent.",
+        "Context: all 2 earlier exchanges sent.",
+        "Context: all 3 earlier exchanges sent.",
+    ]
+    for window, expected in (
+        ("2", "Context window 2: sent the last 2 exchanges; **dropped the 2 oldest**."),
+        ("1", "Context window 1: sent the last exchange; **dropped the 4 oldest**."),
+        ("0", "Context window 0: sent no earlier exchange; **dropped the 6 oldest**."),
+    ):
+        assert drain(h.send("more", chat, "", window, 0.7, 64))[-1] == expected
+    assert drain(h.send("one more", chat, "", "6", 0.7, 64))[-1].endswith("**dropped the oldest**.")
+    assert not any("(s)" in line for line in said)
+    assert h.undo(chat)[-1] == "Removed 2 messages."
+    assert chat_ui.plural(1, "message") == "1 message" and chat_ui.plural(0, "message") == "0 messages"
+
+
+def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
+    """What the page keeps in the browser's storage (ChatHandlers.remember) continues there after a reload
+    (restore): same messages, system prompt and conversation id, so feedback given after the reload joins the
+    same conversation. What comes back from the browser is checked like a transcript."""
+    import gradio as gr
+
+    store = FeedbackStore(tmp_path / "fb.db")
+    h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0)
+    assert h.remember(None)["messages"] == []  # no conversation (a kept one that did not restore): an empty one
+    chat = drain(h.send("hello", None, "Be brief.", None, 0.7, 64))[2]
+    chat = drain(h.send("again", chat, "Be brief.", None, 0.7, 64))[2]
+    kept = json.loads(json.dumps(h.remember(chat)))  # the browser stores JSON
+    assert kept["system"] == "Be brief." and len(kept["messages"]) == 4
+
+    shown, restored, system, status = h.restore(kept, None)  # a reload: a new session, no Chat yet
+    assert restored is not chat and restored.messages == chat.messages and system == "Be brief."
+    assert restored.conversation_id == chat.conversation_id and shown == chat_ui._display(chat.messages)
+    assert status == "Continuing this conversation (4 messages)."
+    restored.rate(True, index=0)
+    assert store.records()[0]["conversation_id"] == chat.conversation_id
+    # a session that has its Chat (the stored value changed because a turn wrote it), or nothing kept: no change
+    for value, session in ((kept, chat), (None, None), ({"messages": []}, None)):
+        assert all(isinstance(out, type(gr.skip())) for out in h.restore(value, session))
+    # a cleared conversation is kept as empty, and restores as nothing
+    h.reset(chat)
+    assert h.remember(chat)["messages"] == [] and h.restore(h.remember(chat), None)[1] == gr.skip()
+
+    # bad values: said on the status line, and a new conversation starts
+    for bad, why in (
+        ("text", "expected a mapping"),
+        ({"messages": "hi"}, "expected a list of chat messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "must be a dict with a role"),
+        ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "y"}]}, "may only come first"),
+        ({"messages": [{"role": "user", "content": "x"}], "system": 3}, "system prompt must be text"),
+    ):
+        *unchanged, status = h.restore(bad, None)
+        assert all(isinstance(out, type(gr.skip())) for out in unchanged), bad
+        assert status.startswith("**error:** the conversation kept in this browser") and why in status, status
+        assert "starting a new conversation" in status
+    *_, status = h.reset(None)  # Clear after that: the browser then keeps an empty conversation
+    assert status == "New conversation." and h.restore(h.remember(None), None)[-1] == gr.skip()
+    made_up = {"conversation_id": "../../etc", "messages": [{"role": "user", "content": "x"}]}
+    assert h.restore(made_up, None)[1].conversation_id != "../../etc"  # an id the browser made up is not used
+
+
+def test_the_page_layout_names_the_model_with_one_of_each_control():
+    """The header shows the model's name (not its directory); one Regenerate, Undo and Clear each (no retry or
+    undo icons on the Chatbot; Clear is its own icon); Stop hidden until a reply is being generated; the
+    conversation kept in the browser's storage."""
+    import gradio as gr
+
+    name = "models:/support@champion (version 3)"
+    app = chat_ui.build_app(Echo(), None, "/runs/artifacts/support/merged_model/x/model", name)
+    blocks = list(app.blocks.values())
+    header = next(b for b in blocks if b.elem_id == "header")
+    assert f"Chat with `{name}`" in header.value and "/runs/" not in header.value and app.title.endswith(name)
+    labels = sorted(b.value for b in blocks if isinstance(b, gr.Button))
+    assert labels == sorted(["Send", "Stop", "↻ Regenerate", "↶ Undo", "Save transcript"]), labels
+    stop = next(b for b in blocks if b.elem_id == "stop")
+    assert stop.visible is False
+    chatbot = next(b for b in blocks if b.elem_id == "chatbot")
+    assert not getattr(chatbot, "_retryable", False) and not getattr(chatbot, "_undoable", False)
+    listened = {(t[1]) for fn in app.fns.values() for t in fn.targets if t[0] == chatbot._id}
+    assert listened == {"like", "edit", "clear"}, listened  # no retry / undo icons on the Chatbot (Clear: its own)
+    assert any(isinstance(b, gr.BrowserState) for b in blocks)
+    # without a name, the label (what feedback records) is the header
+    plain = chat_ui.build_app(Echo(), None, "echo-model")
+    assert "Chat with `echo-model`" in next(b for b in plain.blocks.values() if b.elem_id == "header").value
+
+
+def test_the_cli_names_the_deployed_model_by_its_registry_name(monkeypatch, tmp_path):
+    """`dragon chat-ui` tells the page the champion's registry name, or that the model is the latest merged one
+    and not yet promoted; feedback still records the model's directory."""
+    from click.testing import CliRunner
+
+    from dragon_dagster.cli import main
+    from dragon_dagster.engine.release import model_registry
+
+    calls = []
+    monkeypatch.setattr(chat_ui, "launch", lambda *a, **kw: calls.append(kw))
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+    def run(*args):
+        return CliRunner().invoke(main, ["chat-ui", "--system", "", *args])
+
+    out = run()
+    assert out.exit_code != 0 and "no champion" in out.output and not calls  # neither: said, nothing served
+    merged = tmp_path / "artifacts" / "support" / "merged_model" / "20250101-120000-abc"
+    (merged / "model").mkdir(parents=True)
+    out = run()
+    assert out.exit_code == 0, out.output
+    assert calls[-1]["model_name"] == "latest merged model (not yet promoted): 20250101-120000-abc"
+    assert calls[-1]["model_label"] == str(merged / "model")
+    assert "latest merged model (not yet promoted)" in out.output
+
+    champion = tmp_path / "champion"
+    monkeypatch.setattr(
+        model_registry, "alias_version", lambda client, name, alias: "3" if alias == "champion" else None
+    )
+    monkeypatch.setattr(model_registry, "model_dir", lambda client, ref, cache: champion)
+    for args in ((), ("--model", "models:/support@champion")):
+        out = run(*args)
+        assert out.exit_code == 0, out.output
+        assert calls[-1]["model_name"] == "models:/support@champion (version 3)", args
+        assert calls[-1]["model_label"] == str(champion) and "models:/support@champion (version 3)" in out.output
+    run("--model", "models:/support/2")
+    assert calls[-1]["model_name"] == "models:/support/2"
 
 
 def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
@@ -373,7 +513,7 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             expect(status).to_contain_text("Recorded edit of reply 2")
             expect(bot.get_by_label("bot's message: A better second reply.")).to_be_visible()
             send(page, "third", "Reply 3 to: third")  # context window 1: the first exchange is left out, and said so
-            expect(status).to_contain_text("dropped the 1 oldest")
+            expect(status).to_contain_text("dropped the oldest")
             page.locator("#regenerate").click()
             expect(bot.get_by_label("bot's message: Reply 4 to: third")).to_be_visible()
             shot = tmp_path / "chat.png"
@@ -425,6 +565,115 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
     ]
     data = shot.read_bytes()
     assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 10_000
+
+
+class Held(Words):
+    """Words, but with `hold` set a reply waits after its first word until `release` is set (or Stop)."""
+
+    def __init__(self):
+        super().__init__()
+        self.hold, self.release = False, threading.Event()
+
+    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
+        for i, word in enumerate(
+            super()._stream(
+                conversation, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=stop
+            )
+        ):
+            if i == 1 and self.hold:
+                while not self.release.wait(0.05):
+                    if stop.is_set():
+                        return
+            yield word
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answering_in_a_real_browser(
+    chromium, tmp_path
+):
+    """In a real Chromium: the header names the model; one Regenerate, Undo and Clear; Stop hidden when idle,
+    shown while a reply is generated, and it still stops it; a reload finds the conversation (and the system
+    prompt) still there, ratings after it join the same conversation, the model gets the whole history; Clear
+    and a reload: empty."""
+    from playwright.sync_api import expect, sync_playwright
+
+    backend, store = Held(), FeedbackStore(tmp_path / "feedback.db")
+    name = "models:/support@champion (version 3)"
+    app = chat_ui.build_app(backend, store, "/runs/x/model", name, stream_delay=0.01)
+    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    whole = "w1 w2 w3 w4 w5 w6 w7 w8"
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(WAIT_MS)
+            page.goto(url)
+            bot, status, stop = page.locator("#chatbot"), page.locator("#status"), page.locator("#stop")
+            expect(page.locator("#header")).to_contain_text(f"Chat with {name}")
+            expect(page.locator("#header")).not_to_contain_text("/runs/")
+            expect(stop).to_be_hidden()
+            page.locator("#system textarea").fill("Be brief.")
+
+            send(page, "hello", whole)
+            expect(status).to_have_text("Context: the first exchange, nothing earlier to send.")
+            expect(stop).to_be_hidden()
+            for control in ("regenerate|retry", "undo", "clear"):  # with a reply on the page, where the
+                buttons = page.get_by_role("button", name=re.compile(control, re.I))  # Chatbot's own show
+                expect(buttons).to_have_count(1)
+            bot.get_by_label("Like", exact=True).first.click()
+            expect(status).to_contain_text("Recorded thumbs up on reply 1")
+
+            backend.hold = True  # the next reply waits after its first word: Stop is there while it does
+            page.locator("#message textarea").fill("second")
+            page.locator("#message textarea").press("Enter")
+            expect(bot.get_by_label("bot's message: w1", exact=True)).to_be_visible()
+            expect(stop).to_be_visible()
+            stop.click()
+            expect(status).to_contain_text("Stopped")
+            expect(stop).to_be_hidden()
+            backend.hold = False
+
+            page.reload()
+            expect(bot.get_by_label("user's message: hello")).to_be_visible()
+            expect(bot.get_by_label(f"bot's message: {whole}")).to_be_visible()
+            expect(bot.get_by_label("user's message: second")).to_be_visible()
+            expect(bot.get_by_label("bot's message: w1", exact=True)).to_be_visible()
+            expect(status).to_have_text("Continuing this conversation (4 messages).")
+            expect(page.locator("#system textarea")).to_have_value("Be brief.")
+            expect(stop).to_be_hidden()
+            bot.get_by_label("Dislike").last.click()  # the stopped reply, rated after the reload
+            expect(status).to_contain_text("Recorded thumbs down on reply 2")
+            send(page, "third", whole)
+            expect(status).to_have_text("Context: all 2 earlier exchanges sent.")
+            expect(stop).to_be_hidden()  # hidden once the browser keeps the turn
+
+            kept = "() => localStorage.getItem('dragon-chat-conversation')"
+            before = page.evaluate(kept)
+            page.get_by_role("button", name="Clear", exact=True).click()  # the Chatbot's icon
+            expect(bot.get_by_label("user's message: hello")).to_have_count(0)
+            page.wait_for_function(f"before => ({kept})() !== before", arg=before)  # the storage has it
+            page.reload()
+            expect(page.locator("#header")).to_contain_text("Chat with")
+            page.wait_for_timeout(1000)  # time for a restore, were there one
+            expect(bot.get_by_label("user's message: hello")).to_have_count(0)
+            expect(status).not_to_contain_text("Continuing")
+            browser.close()
+    finally:
+        app.close()
+
+    rows = store.records()
+    assert [(r["verdict"], r["reply"]) for r in rows] == [("up", whole), ("down", "w1")]
+    assert rows[0]["conversation_id"] == rows[1]["conversation_id"]  # one conversation across the reload
+    assert rows[1]["turns"][0] == {"role": "system", "content": "Be brief."}
+    assert backend.seen[-1] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": whole},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "w1"},
+        {"role": "user", "content": "third"},
+    ]
 
 
 @pytest.mark.slow
@@ -566,7 +815,7 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
 
             send(page, "My name is Ada.", "Nice to meet you.")
             send(page, "What is my name?", "Your name is Ada.")
-            expect(status).to_contain_text("all 1 earlier exchange(s) sent")
+            expect(status).to_contain_text("the earlier exchange was sent")
             bot.get_by_label("Like", exact=True).first.click()  # thumbs up on the first reply
             expect(status).to_contain_text("Recorded thumbs up on reply 1")
             window.fill("0")  # explicitly no earlier exchange

@@ -345,13 +345,28 @@ class MLflowTracking(ConfigurableResource):
     def live_model(self, pipeline: str, runs_dir: Path, merge_stage: str = "merged_model") -> Path | None:
         """The model people chat with and retraining starts from: the champion, else (no gate has passed yet)
         the latest merged model under runs_dir; None when there is neither."""
+        live = self.live_model_named(pipeline, runs_dir, merge_stage)
+        return live[0] if live is not None else None
+
+    def live_model_named(
+        self, pipeline: str, runs_dir: Path, merge_stage: str = "merged_model"
+    ) -> tuple[Path, str] | None:
+        """live_model's directory and what it is, in words for people (the chat page's header): the registry
+        name `models:/<pipeline>@champion (version N)`, or `latest merged model (not yet promoted): <artifact
+        dir name>` when no gate has passed yet; None when there is neither."""
         from ..engine.runs import latest_artifact
 
-        champion = self.champion_dir(pipeline)
-        if champion is not None:
-            return champion
+        client = self.client()
+        version = registry.alias_version(client, pipeline, registry.CHAMPION)
+        if version is not None:  # the version just read, so the directory and the name agree if the alias moves
+            found = registry.model_dir(
+                client, registry.ModelRef(pipeline, version=version), self.root / "cache" / "models"
+            )
+            return found, f"{registry.ModelRef(pipeline, alias=registry.CHAMPION)} (version {version})"
         found = latest_artifact(runs_dir, f"{pipeline}/{merge_stage}")
-        return found / "model" if found is not None else None
+        if found is None:
+            return None
+        return found / "model", f"latest merged model (not yet promoted): {found.name}"
 
     def resolve(self, uri: str) -> Path:
         """A models:/ URI as a local model directory."""

@@ -404,12 +404,18 @@ class Chat:
     def load(cls, path: str | Path, backend: Backend | dict | str, **kwargs) -> Chat:
         """A Chat that continues a saved transcript; a leading system message becomes the system prompt
         unless `system` is given."""
-        messages = cls.read_transcript(path)
+        return cls.from_messages(cls.read_transcript(path), backend, where=str(path), **kwargs)
+
+    @classmethod
+    def from_messages(cls, items: Any, backend: Backend | dict | str, where: str = "transcript", **kwargs) -> Chat:
+        """A Chat that continues `items` (role/content messages, checked: errors name `where`); a leading
+        system message becomes the system prompt unless `system` is given."""
+        messages = _messages(items, where=where)
         if messages and messages[0]["role"] == "system":
             kwargs.setdefault("system", messages[0]["content"])
             messages = messages[1:]
         if any(m["role"] == "system" for m in messages):
-            raise ChatError(f"{path}: a system message may only come first")
+            raise ChatError(f"{where}: a system message may only come first")
         chat = cls(backend, **kwargs)
         chat.messages = messages
         return chat
