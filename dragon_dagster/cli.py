@@ -15,7 +15,8 @@ from rich.table import Table
 
 # Wide enough that tables of paths and metrics are not cut when piped or captured.
 console = Console(width=None if sys.stdout.isatty() else 220)
-PROJECT_DAGSTER_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"
+# the instance settings, shipped in the package (not the repository root, where `dagster dev` would warn about them)
+PROJECT_DAGSTER_YAML = Path(__file__).resolve().parent / "instance" / "dagster.yaml"
 
 
 def ensure_dagster_home() -> Path:
