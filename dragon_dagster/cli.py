@@ -118,7 +118,8 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
     console.print(f"total {time.time() - started:.1f} s; Dagster run {outcome['run_id']}")
     for check in outcome["checks"]:  # a failed WARN check is a warning: the run went on, its figures are worth a look
         verdict = "passed" if check["passed"] else ("FAILED" if check["severity"] == "ERROR" else "warning")
-        console.print(f"check {check['asset']} {check['name']}: {verdict}")
+        why = "" if check["passed"] or not check.get("description") else f" - {one_line(check['description'])}"
+        console.print(f"check {check['asset']} {check['name']}: {verdict}{why}", soft_wrap=True, markup=False)
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
     print_registry(found.name)
