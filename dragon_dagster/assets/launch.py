@@ -107,7 +107,13 @@ def materialize_pipeline(
             }
         )
     checks = [
-        {"name": e.check_name, "asset": e.asset_key.to_user_string(), "passed": e.passed, "severity": e.severity.value}
+        {
+            "name": e.check_name,
+            "asset": e.asset_key.to_user_string(),
+            "passed": e.passed,
+            "severity": e.severity.value,
+            "description": e.description,  # a failure's reason and fix, as the UI shows it with the check
+        }
         for e in result.get_asset_check_evaluations()
     ]
     report = next(

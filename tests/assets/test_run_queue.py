@@ -9,7 +9,9 @@ from dagster import DagsterInstance
 from dagster._core.instance.config import PoolGranularity
 from dagster._core.run_coordinator import QueuedRunCoordinator
 
-REPO_YAML = Path(__file__).resolve().parents[2] / "dagster.yaml"
+from dragon_dagster.cli import PROJECT_DAGSTER_YAML
+
+REPO_YAML = PROJECT_DAGSTER_YAML
 
 
 def test_runs_wait_for_the_training_pool_in_the_queue(tmp_path):
@@ -28,7 +30,6 @@ def test_pooled_steps_inside_one_run_go_one_at_a_time(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
     times = tmp_path / "times.txt"
     (tmp_path / "jobdef.py").write_text(f"""\

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from dragon_dagster.cli import PROJECT_DAGSTER_YAML
 from tests.support import free_port, healthy, user_project, wait_until, workers, write_pipeline
 
 pytestmark = pytest.mark.slow
@@ -30,7 +31,7 @@ mutation Launch($params: ExecutionParams!) {
 STATUS = """query Status($runId: ID!) { runOrError(runId: $runId) { ... on Run { status } } }"""
 TERMINATE = """mutation Stop($runId: String!) { terminateRun(runId: $runId) { __typename
   ... on TerminateRunFailure { message } ... on PythonError { message } } }"""
-SHIPPED_DAGSTER_YAML = (Path(__file__).parents[2] / "dagster.yaml").read_text()
+SHIPPED_DAGSTER_YAML = PROJECT_DAGSTER_YAML.read_text()
 LOCATIONS = """{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }"""
 
 

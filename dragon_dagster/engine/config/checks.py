@@ -20,11 +20,19 @@ class Promotion:
 
 @dataclass(frozen=True)
 class CheckOutcome:
+    """A check's verdict. description: for a failure, one line saying why and which setting fixes it (required:
+    the Dagster UI shows it with the check, `dragon demo` prints it after the verdict); the figures go in
+    metadata."""
+
     passed: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     description: str | None = None
     severity: Literal["warn", "error"] = "warn"
     promote: Promotion | None = None
+
+    def __post_init__(self) -> None:
+        if not self.passed and not (self.description or "").strip():
+            raise ValueError("a failed check outcome needs a description: why it failed and what setting fixes it")
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,35 @@ MAX_DUPLICATE_SHARE = 0.2
 MAX_OVERLAP = 0.0
 
 
+def quality_reason(figures: dict) -> str:
+    """Why a dataset failed dataset_quality, and what to change."""
+    if figures["rows"] == 0:
+        return (
+            "The dataset has no rows: check the source's path and the columns its prompt and response templates "
+            "name (rows with an empty field are dropped)."
+        )
+    if figures["empty_prompts"] or figures["empty_replies"]:
+        return (
+            f"{figures['empty_prompts']} rows have an empty prompt and {figures['empty_replies']} an empty reply: "
+            "fill or drop them in the source, or point prompt/response at columns that are always set."
+        )
+    return (
+        f"{figures['duplicate_share']:.0%} of the rows are duplicates (the limit is {MAX_DUPLICATE_SHARE:.0%}): "
+        "drop the repeated rows from the source, or template more of its columns into the prompt so rows differ."
+    )
+
+
 def quality_check() -> CheckSpec:
     def judge(artifact: Path) -> CheckOutcome:
         figures = quality(read_jsonl(artifact / "train.jsonl") + read_jsonl(artifact / "eval.jsonl"))
         broken = figures["rows"] == 0 or figures["empty_prompts"] > 0 or figures["empty_replies"] > 0
         ok = not broken and figures["duplicate_share"] <= MAX_DUPLICATE_SHARE
-        return CheckOutcome(passed=ok, metadata=figures, severity="error" if broken else "warn")
+        return CheckOutcome(
+            passed=ok,
+            metadata=figures,
+            description=None if ok else quality_reason(figures),
+            severity="error" if broken else "warn",
+        )
 
     return CheckSpec(
         "dataset_quality",

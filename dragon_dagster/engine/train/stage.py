@@ -48,8 +48,24 @@ def losses_check() -> CheckSpec:
         losses = [r["loss"] for r in progress.read(artifact) if r.get("loss") is not None]
         finite = all(math.isfinite(x) for x in losses)
         falling = len(losses) >= 2 and losses[-1] < losses[0]
+        passed = bool(losses) and finite and falling
+        if passed:
+            description = None
+        elif len(losses) < 2:
+            description = (
+                f"{len(losses)} training loss logged, too few to tell a trend: train more steps (args.max_steps or "
+                "args.epochs) or log more often (args.logging_steps)."
+            )
+        elif not finite:
+            description = "A training loss is not finite (NaN or inf): lower args.learning_rate."
+        else:
+            description = (
+                f"The last logged loss ({losses[-1]:.4g}) is not below the first ({losses[0]:.4g}): train more steps "
+                "(args.max_steps or args.epochs) or change args.learning_rate."
+            )
         return CheckOutcome(
-            passed=bool(losses) and finite and falling,
+            passed=passed,
+            description=description,
             severity="error",
             metadata={
                 "logged_steps": len(losses),

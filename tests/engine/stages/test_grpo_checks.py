@@ -241,3 +241,24 @@ def test_asset_page_shows_per_reward_before_and_after():
     other = as_metadata(SFTResult(objective="sft", train_loss=1.0, eval_loss=0.9).metadata())
     grpo_keys = {"clipped_ratio", "max_new_tokens"}
     assert not [k for k in other if k.startswith("reward_") or k in grpo_keys]  # other stages: nothing added
+
+
+def test_the_demo_gives_grpo_the_budget_its_truncation_check_asks_for():
+    """`make demo` (the bundled pipeline, quick profile) gives GRPO at least the max_new_tokens that
+    completions_not_truncated suggests: at 12 tokens 40% of the demo's completions were cut off and the check asked
+    for 32. Judged from the settings, the bundled prompts and the embedded model's tokenizer; nothing trains."""
+    from dragon_dagster.assets.launch import find_pipeline
+    from dragon_dagster.engine import models
+    from dragon_dagster.engine.config.settings import overlay
+    from dragon_dagster.engine.data.tables import read_table
+    from dragon_dagster.engine.stages.grpo.worker import longest_reference_tokens
+
+    pipeline = find_pipeline("support")
+    stage = next(s for s in pipeline.stages if s.kind == "grpo")
+    quick = type(stage).model_validate(overlay(stage.model_dump(), pipeline.profile("quick").get(stage.name, {})))
+    prompts = next(s for s in pipeline.stages if s.name == stage.dataset)
+    table = read_table(prompts.path)
+    tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
+    longest = longest_reference_tokens(tokenizer, [{"reference": v} for v in table[prompts.reference]])
+    assert longest and quick.max_new_tokens >= 4 * longest  # the check's room for the working before the answer
+    assert quick.max_new_tokens >= suggest_max_new_tokens(12, longest) == 32  # what it asked for at 12 tokens

@@ -106,7 +106,15 @@ def kl_check(bound: float) -> CheckSpec:
     def judge(artifact: Path) -> CheckOutcome:
         kls = [r["kl"] for r in progress.read(artifact) if isinstance(r.get("kl"), (int, float))]
         peak = max(kls, default=0.0)
-        return CheckOutcome(peak <= bound, {"max_kl": float(peak), "bound": bound, "logged_steps": len(kls)})
+        description = (
+            None
+            if peak <= bound
+            else f"The KL to the starting model reached {peak:.3g}, above kl_bound={bound}: the adapter moved far from "
+            "the model it started from. Lower args.learning_rate or raise beta (or raise kl_bound if that is meant)."
+        )
+        return CheckOutcome(
+            peak <= bound, {"max_kl": float(peak), "bound": bound, "logged_steps": len(kls)}, description
+        )
 
     return CheckSpec("kl_within_bound", f"KL to the starting model stays under {bound}.", judge)
 
@@ -123,7 +131,14 @@ def variance_check(limit: float) -> CheckSpec:
             shares = [r["zero_std_frac"] for r in rows if isinstance(r.get("zero_std_frac"), (int, float))]
         share = sum(shares) / len(shares) if shares else 1.0
         metadata = {"mean_zero_std_frac": float(share), "limit": limit, "rewards": ", ".join(sorted(accuracy))}
-        return CheckOutcome(share < limit, metadata)
+        description = (
+            None
+            if share < limit
+            else f"{share:.0%} of the groups had completions that all scored the same on {metadata['rewards']} "
+            f"(zero_std_limit={limit}), so they taught nothing: raise temperature or group_size, or use prompts the "
+            "model gets right some of the time."
+        )
+        return CheckOutcome(share < limit, metadata, description)
 
     return CheckSpec(
         "groups_have_reward_variance",
