@@ -20,6 +20,11 @@ def profile_run_config(pipeline: Pipeline, profile: str | None) -> RunConfig:
     return RunConfig(ops={f"{pipeline.name}__{stage}": values for stage, values in overrides.items()})
 
 
+def overrides_run_config(pipeline: Pipeline, overrides: dict[str, dict]) -> dict:
+    """Per-stage overrides (a profile's, a sweep point's) as the run config of the pipeline's job."""
+    return {"ops": {f"{pipeline.name}__{stage}": {"config": values} for stage, values in overrides.items()}}
+
+
 def project_module(cwd: Path | None = None) -> str:
     """The definitions module of the Dagster project in cwd (pyproject's [tool.dagster] module_name or
     [tool.dg.project] root_module + .definitions), else this package's."""
@@ -46,12 +51,20 @@ def pipelines_in(defs: Definitions) -> dict[str, Pipeline]:
     """Every pipeline whose job is in the definitions, by name."""
     found = {}
     for job in defs.jobs or []:
-        entry = (getattr(job, "metadata", None) or {}).get(PIPELINE_METADATA)
-        if entry is not None:
-            value = entry.value if hasattr(entry, "value") else entry
-            pipeline = Pipeline.model_validate(value["settings"]).located(value["source_file"])
+        pipeline = pipeline_of_job(getattr(job, "metadata", None))
+        if pipeline is not None:
             found[pipeline.name] = pipeline
     return found
+
+
+def pipeline_of_job(metadata) -> Pipeline | None:
+    """The pipeline a job was built from, by its metadata (a job definition's, or a code location's remote
+    job's); None for a job of no pipeline."""
+    entry = (metadata or {}).get(PIPELINE_METADATA)
+    if entry is None:
+        return None
+    value = entry.value if hasattr(entry, "value") else entry
+    return Pipeline.model_validate(value["settings"]).located(value["source_file"])
 
 
 def find_pipeline(name: str, defs: Definitions | None = None) -> Pipeline:
@@ -67,6 +80,7 @@ def materialize_pipeline(
     resources: dict | None = None,
     instance: DagsterInstance | None = None,
     extra_config: dict | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict:
     from ..resources import default_resources
 
@@ -83,6 +97,7 @@ def materialize_pipeline(
         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
         instance=instance,
         raise_on_error=False,
+        tags=tags,
     )
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}
     artifacts = {}

@@ -15,6 +15,7 @@ from ..engine.stages.evaluate.inputs import ChainStage, FeedbackInputs, ReportIn
 from ..engine.stages.evaluate.result import ReportResult
 from ..engine.stages.evaluate.settings import Evaluate
 from .metadata import as_metadata
+from .sweep_tags import sweep_tags_of
 
 
 def chain_of(merged: MergedManifest) -> list[ChainStage]:
@@ -86,6 +87,7 @@ def run_report_stage(
             "asset_key": context.asset_key.to_user_string(),
             "dagster_run_id": context.op_execution_context.run_id,
             "base_model": pipeline.model,
+            **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         }
         base_run = tracking.start_run(
             pipeline.name, "base", {**tags, "stage": "base"}, {"model": pipeline.model, "rows": report.rows}

@@ -18,6 +18,7 @@ from ..engine.rewards import RewardSet
 from ..engine.train.stage import TrainerStage
 from ..resources.launchers.base import ENDED
 from .metadata import as_metadata
+from .sweep_tags import sweep_tags_of
 
 ARTIFACTS_TO_MLFLOW = (
     "job.json",
@@ -138,6 +139,7 @@ def run_training_stage(
         "upstream_mlflow_run_id": previous_manifest.mlflow_run_id if previous_manifest else None,
         "resumed_from": resume_from,
         "started_from": start_model,
+        **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         **(tags or {}),
     }
     tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
