@@ -488,6 +488,7 @@ def sweep(pipeline: str, name: str, dagster_url: str, here: bool, defs_module: s
             found = find_pipeline(pipeline, load_definitions(defs_module))
             tag, outcomes = run_sweep_here(found, name, instance)
             submitted = [(point, outcome["run_id"]) for point, outcome in outcomes]
+            failed = [point.index for point, outcome in outcomes if not outcome["success"]]
         else:
             found, tag, submitted = submit_sweep(instance, pipeline, name)
     spec = found.sweep(name)
@@ -500,6 +501,9 @@ def sweep(pipeline: str, name: str, dagster_url: str, here: bool, defs_module: s
     console.print(
         f"{queued}Compare: dragon compare {pipeline} --sweep {tag.split('/')[-1]}", soft_wrap=True, markup=False
     )
+    if here and failed:
+        console.print(f"points that failed: {failed}", markup=False)
+        raise SystemExit(1)
 
 
 @main.command()
