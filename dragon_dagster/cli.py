@@ -494,15 +494,78 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
         click.echo(command)
 
 
+DAGSTER_UI = "http://127.0.0.1:3000"  # where `make ui` serves Dagster, for links
+
+
 @main.command()
-@click.option("--pipeline", default=None, help="Only this pipeline's experiment.")
+@click.argument("pipeline")
+@click.argument("name")
+@click.option("--dagster-url", default=DAGSTER_UI, show_default=True, help="The Dagster UI, for the runs' links.")
+@click.option(
+    "--here",
+    is_flag=True,
+    help="Run the points one after another in this process (as `dragon demo` does), not through the run queue.",
+)
+@click.option("--defs-module", default=None, help="With --here: the definitions module (as for `dragon demo`).")
+def sweep(pipeline: str, name: str, dagster_url: str, here: bool, defs_module: str | None):
+    """Submit every point of sweep NAME of PIPELINE (its `sweeps:` in the YAML) as a run of the pipeline's job.
+
+    The runs queue in the Dagster instance and take the training pool one at a time; `make ui` (`dagster dev`, whose
+    daemon starts queued runs) runs them. The code location is the one `dagster dev` loads in this directory.
+    `dragon compare PIPELINE --sweep NAME` ranks them."""
+    ensure_dagster_home()
+    from dagster import DagsterInstance
+
+    from .assets.sweep import run_sweep_here, submit_sweep
+
+    with DagsterInstance.get() as instance:
+        if here:
+            from .assets.launch import find_pipeline, load_definitions
+
+            found = find_pipeline(pipeline, load_definitions(defs_module))
+            tag, outcomes = run_sweep_here(found, name, instance)
+            submitted = [(point, outcome["run_id"]) for point, outcome in outcomes]
+            failed = [point.index for point, outcome in outcomes if not outcome["success"]]
+        else:
+            found, tag, submitted = submit_sweep(instance, pipeline, name)
+    spec = found.sweep(name)
+    console.print(f"sweep {tag}: {len(submitted)} points ({spec.method}), ranked by {spec.metric} ({spec.goal})")
+    for point, run_id in submitted:
+        settings = ", ".join(f"{k}={v}" for k, v in point.settings.items())
+        console.print(f"point {point.index}: {settings}", soft_wrap=True, markup=False)
+        console.print(f"  run {run_id}  {dagster_url.rstrip('/')}/runs/{run_id}", soft_wrap=True, markup=False)
+    queued = "" if here else "queued: `make ui` runs them one at a time. "
+    console.print(
+        f"{queued}Compare: dragon compare {pipeline} --sweep {tag.split('/')[-1]}", soft_wrap=True, markup=False
+    )
+    if here and failed:
+        console.print(f"points that failed: {failed}", markup=False)
+        raise SystemExit(1)
+
+
+@main.command()
+@click.argument("pipeline_name", metavar="[PIPELINE]", required=False)
+@click.option("--pipeline", default=None, help="Only this pipeline's experiment (or give PIPELINE).")
+@click.option(
+    "--sweep",
+    "sweep_ref",
+    default=None,
+    metavar="ID|NAME",
+    help="One row per point of a sweep of PIPELINE (its id, or its name for the latest submission), the best named.",
+)
 @click.option("--tracking-uri", default=None, help="MLflow tracking URI (default: the runs dir's sqlite store).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def compare(pipeline: str | None, tracking_uri: str | None, as_json: bool):
-    """Every run's figures, read from MLflow: base, each stage and each report side by side."""
+def compare(pipeline_name: str | None, pipeline: str | None, sweep_ref: str | None, tracking_uri: str | None, as_json):
+    """Every run's figures, read from MLflow: base, each stage and each report side by side; with --sweep, a
+    sweep's points ranked by its metric."""
     from .resources.tracking import MLflowTracking
 
+    pipeline = pipeline_name or pipeline
     tracking = MLflowTracking(tracking_uri=tracking_uri or "")
+    if sweep_ref is not None:
+        if not pipeline:
+            raise click.UsageError("--sweep needs the pipeline: dragon compare PIPELINE --sweep ID|NAME")
+        return compare_sweep(pipeline, sweep_ref, tracking.uri, as_json)
     from .engine.runs import comparison
 
     rows = comparison(tracking.uri, pipeline)
@@ -518,6 +581,45 @@ def compare(pipeline: str | None, tracking_uri: str | None, as_json: bool):
     for row in rows:
         table.add_row(*[_fmt(row.get(c)) for c in columns])
     console.print(table)
+
+
+def compare_sweep(pipeline: str, ref: str, tracking_uri: str, as_json: bool) -> None:
+    """A sweep's points (from the Dagster instance's run tags) with their metric (from MLflow), the best named."""
+    ensure_dagster_home()
+    from dagster import DagsterInstance
+
+    from .assets.sweep import sweep_comparison
+
+    with DagsterInstance.get() as instance:
+        found = sweep_comparison(instance, tracking_uri, pipeline, ref)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    keys = list(dict.fromkeys(k for row in found["rows"] for k in row["settings"]))
+    table = Table(title=f"sweep {found['sweep']}: {found['metric']} of {found['stage']} ({found['goal']})")
+    for column in ["point", *keys, found["metric"], "status", "dagster run"]:
+        table.add_column(column)
+    best = found["best"]
+    for row in found["rows"]:
+        mark = " *" if best is not None and row["point"] == best["point"] else ""
+        table.add_row(
+            f"{row['point']}{mark}",
+            *[_fmt(row["settings"].get(k)) for k in keys],
+            _fmt(row["metric"]),
+            row["status"],
+            row["dagster_run_id"],
+        )
+    console.print(table)
+    if best is None:
+        console.print(f"no point has logged {found['metric']} yet")
+        return
+    settings = ", ".join(f"{k}={v}" for k, v in best["settings"].items())
+    console.print(
+        f"best: point {best['point']} ({settings}): {found['metric']} {_fmt(best['metric'])}, "
+        f"Dagster run {best['dagster_run_id']}",
+        soft_wrap=True,
+        markup=False,
+    )
 
 
 @main.command()

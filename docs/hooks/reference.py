@@ -178,8 +178,10 @@ def rewards() -> str:
 def pipeline() -> str:
     from dragon_dagster.engine.pipeline import Pipeline
     from dragon_dagster.engine.pipeline.retraining import Feedback
+    from dragon_dagster.engine.pipeline.sweeps import Sweep
 
     lines = model_section(Pipeline, "Pipeline", 2, skip=())
+    lines += model_section(Sweep, "Sweep", 2)
     lines += model_section(Feedback, "Feedback retraining", 2)
     return "\n".join(lines)
 

@@ -27,7 +27,8 @@ def build_pipeline_defs(pipeline: Pipeline) -> dict:
         metadata={
             PIPELINE_METADATA: MetadataValue.json(
                 {"settings": pipeline.model_dump(mode="json"), "source_file": pipeline.source_file}
-            )
+            ),
+            **sweeps_note(pipeline),
         },
     )
     parts = {"assets": assets, "asset_checks": build_checks(pipeline), "jobs": [job], "sensors": [], "schedules": []}
@@ -35,3 +36,15 @@ def build_pipeline_defs(pipeline: Pipeline) -> dict:
         for name, values in build_feedback_defs(pipeline).items():
             parts[name] += values
     return parts
+
+
+def sweeps_note(pipeline: Pipeline) -> dict:
+    """The job's note of its sweeps in the UI: each one's points and the command that submits them."""
+    if not pipeline.sweeps:
+        return {}
+    lines = [
+        f"- **{name}**: {len(sweep.settings())} points over {', '.join(sweep.over)}, ranked by {sweep.metric} "
+        f"({sweep.goal}): `dragon sweep {pipeline.name} {name}`, then `dragon compare {pipeline.name} --sweep {name}`"
+        for name, sweep in pipeline.sweeps.items()
+    ]
+    return {"dragon/sweeps": MetadataValue.md("\n".join(lines))}

@@ -21,6 +21,11 @@ def profile_run_config(pipeline: Pipeline, profile: str | None) -> RunConfig:
     return RunConfig(ops={f"{pipeline.name}__{stage}": values for stage, values in overrides.items()})
 
 
+def overrides_run_config(pipeline: Pipeline, overrides: dict[str, dict]) -> dict:
+    """Per-stage overrides (a profile's, a sweep point's) as the run config of the pipeline's job."""
+    return {"ops": {f"{pipeline.name}__{stage}": {"config": values} for stage, values in overrides.items()}}
+
+
 def project_module(cwd: Path | None = None) -> str:
     """The definitions module of the Dagster project in cwd (pyproject's [tool.dagster] module_name or
     [tool.dg.project] root_module + .definitions), else this package's."""
@@ -47,12 +52,20 @@ def pipelines_in(defs: Definitions) -> dict[str, Pipeline]:
     """Every pipeline whose job is in the definitions, by name."""
     found = {}
     for job in defs.jobs or []:
-        entry = (getattr(job, "metadata", None) or {}).get(PIPELINE_METADATA)
-        if entry is not None:
-            value = entry.value if hasattr(entry, "value") else entry
-            pipeline = Pipeline.model_validate(value["settings"]).located(value["source_file"])
+        pipeline = pipeline_of_job(getattr(job, "metadata", None))
+        if pipeline is not None:
             found[pipeline.name] = pipeline
     return found
+
+
+def pipeline_of_job(metadata) -> Pipeline | None:
+    """The pipeline a job was built from, by its metadata (a job definition's, or a code location's remote
+    job's); None for a job of no pipeline."""
+    entry = (metadata or {}).get(PIPELINE_METADATA)
+    if entry is None:
+        return None
+    value = entry.value if hasattr(entry, "value") else entry
+    return Pipeline.model_validate(value["settings"]).located(value["source_file"])
 
 
 def find_pipeline(name: str, defs: Definitions | None = None) -> Pipeline:
@@ -69,6 +82,7 @@ def materialize_pipeline(
     instance: DagsterInstance | None = None,
     extra_config: dict | None = None,
     only: list[str] | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict:
     """only: the names of the assets to materialize (default: every one of the pipeline's job)."""
     from ..resources import default_resources
@@ -86,7 +100,8 @@ def materialize_pipeline(
         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
         instance=instance,
         raise_on_error=False,
-        tags={PROFILE_TAG: profile} if profile else None,  # shown on the run, its MLflow run and its assets
+        # the profile is shown on the run, its MLflow run and its assets
+        tags={**({PROFILE_TAG: profile} if profile else {}), **(tags or {})} or None,
         asset_selection=[AssetKey([pipeline.name, name]) for name in only] if only else None,
     )
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 
 from ..engine.pipeline import Pipeline
+from .sweep_tags import POINT_TAG as SWEEP_POINT_TAG
+from .sweep_tags import SETTINGS_TAG as SWEEP_SETTINGS_TAG
+from .sweep_tags import SWEEP_TAG
 
 PROFILE_TAG = "dragon/profile"  # on a Dagster run: the pipeline profile its config came from
-SWEEP_TAG = "dragon/sweep"  # on a Dagster run: <pipeline>/<sweep>/<id>, the sweep it is a point of
-SWEEP_POINT_TAG = "dragon/sweep_point"  # its index in the sweep
-SWEEP_SETTINGS_TAG = "dragon/sweep_settings"  # the point's settings, JSON {"stage.setting": value}
 
 
 def dagster_tags(context) -> dict[str, str]:

@@ -18,6 +18,7 @@ from ..engine.stages.evaluate.result import ReportResult
 from ..engine.stages.evaluate.settings import Evaluate
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
+from .sweep_tags import sweep_tags_of
 
 
 def chain_of(merged: MergedManifest) -> list[ChainStage]:
@@ -126,6 +127,7 @@ def run_report_stage(
             "asset_key": context.asset_key.to_user_string(),
             "dagster_run_id": context.op_execution_context.run_id,
             "base_model": pipeline.model,
+            **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         }
         common = {"parent": parent, "source": stage_source(context), "start_time": started}
         base_run = tracking.start_run(

@@ -19,6 +19,7 @@ from ..engine.train.stage import TrainerStage
 from ..resources.launchers.base import ENDED
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
+from .sweep_tags import sweep_tags_of
 
 ARTIFACTS_TO_MLFLOW = (
     "job.json",
@@ -139,6 +140,7 @@ def run_training_stage(
         "upstream_mlflow_run_id": previous_manifest.mlflow_run_id if previous_manifest else None,
         "resumed_from": resume_from,
         "started_from": start_model,
+        **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         **(tags or {}),
     }
     tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})

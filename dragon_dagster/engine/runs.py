@@ -125,3 +125,25 @@ def headline(metrics: dict[str, float], kind: str | None = None) -> str:
     the report) shows its held-out figures."""
     result = catalog.KINDS[kind].result if kind in catalog.KINDS else None
     return (result or StageResult).headline(metrics)
+
+
+def stage_run_metrics(tracking_uri: str, experiment: str, dagster_run_id: str, stage: str) -> dict | None:
+    """The MLflow run of `stage` that Dagster run dagster_run_id made, in the pipeline's experiment: {run_id,
+    status, metrics}; None when it made none (not run yet, failed before it, or another store). The one place
+    that finds a Dagster run's MLflow runs, for `dragon compare --sweep`: each stage's run is tagged
+    `dagster_run_id` and `stage` (assets/training.py, assets/report.py)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id],
+        f"tags.dagster_run_id = '{dagster_run_id}' and tags.stage = '{stage}'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    if not runs:
+        return None
+    return {"run_id": runs[0].info.run_id, "status": runs[0].info.status, "metrics": dict(runs[0].data.metrics)}

@@ -34,6 +34,7 @@ from .. import catalog
 from ..config.settings import NAME_PATTERN, Settings, overlay, tunable_fields
 from ..config.stage import Stage
 from .retraining import Feedback
+from .sweeps import Sweep, nested
 
 log = logging.getLogger("dragon_dagster")
 TEMPLATED = re.compile(r"\{[^{}]+\}")  # a system prompt filled from each row's columns: no single prompt
@@ -69,6 +70,11 @@ class Pipeline(Settings):
     )
     profiles: dict[str, dict[str, dict[str, Any]]] = Field(
         default_factory=dict, description="Named per-run overlays: {profile: {stage: {setting: value}}}."
+    )
+    sweeps: dict[str, Sweep] = Field(
+        default_factory=dict,
+        description="Named sweeps: settings to try, one run of the pipeline's job per point (`dragon sweep`), "
+        "ranked by `dragon compare --sweep`.",
     )
     feedback: Feedback | None = Field(None, description="Retraining from chat feedback.")
 
@@ -141,27 +147,84 @@ class Pipeline(Settings):
                     if self.role_of(s) == "evaluate" and self._upstream[s.name][0] == self._upstream[stage.name][0]
                 ][:1]
         self._check_profiles()
+        self._check_sweeps()
         self._check_feedback()
         return self
 
     def _check_profiles(self) -> None:
+        for profile, overrides in self.profiles.items():
+            self._check_overrides(f"profile {profile!r}", overrides)
+
+    def _check_overrides(self, label: str, overrides: dict[str, dict[str, Any]]) -> dict[str, Stage]:
+        """Per-run overrides {stage: {setting: value}}, as a profile or a sweep's point gives them: each stage
+        exists, each setting can change per run, and the values pass the stage's own model. Returns the
+        stages as the overrides make them."""
         from .loading import describe
 
-        for profile, overrides in self.profiles.items():
-            for stage_name, values in overrides.items():
-                if stage_name not in self._upstream:
-                    raise ValueError(f"profile {profile!r} names {stage_name!r}, which is not a stage")
-                stage = self.stage(stage_name)
-                fixed = sorted(set(values) - set(tunable_fields(type(stage))))
-                if fixed:
+        made = {}
+        for stage_name, values in overrides.items():
+            if stage_name not in self._upstream:
+                raise ValueError(f"{label} names {stage_name!r}, which is not a stage; stages: {list(self._upstream)}")
+            stage = self.stage(stage_name)
+            fixed = sorted(set(values) - set(tunable_fields(type(stage))))
+            if fixed:
+                raise ValueError(
+                    f"{label}, stage {stage_name!r}: {fixed} cannot change per run; "
+                    f"per-run settings: {sorted(tunable_fields(type(stage)))}"
+                )
+            try:
+                made[stage_name] = type(stage).model_validate(overlay(stage.model_dump(), values))
+            except ValidationError as exc:
+                raise ValueError(f"{label}, stage {stage_name!r}: {describe(exc)}") from None
+        return made
+
+    def _check_sweeps(self) -> None:
+        """Each sweep's profile and evaluate stage exist, and every value it tries is a valid per-run setting
+        (over its profile, as the run will have it)."""
+        for name, sweep in self.sweeps.items():
+            label = f"sweep {name!r}"
+            if not re.fullmatch(NAME_PATTERN, name):
+                raise ValueError(f"{label}: a sweep's name is lower-case letters, digits and _")
+            if sweep.profile is not None and sweep.profile not in self.profiles:
+                raise ValueError(f"{label} names profile {sweep.profile!r}; the profiles are {sorted(self.profiles)}")
+            evaluations = [s.name for s in self.stages if self.role_of(s) == "evaluate"]
+            if sweep.stage is not None and sweep.stage not in evaluations:
+                raise ValueError(
+                    f"{label} ranks by stage {sweep.stage!r}, which is not an evaluate stage: {evaluations}"
+                )
+            if not evaluations:
+                raise ValueError(f"{label}: the pipeline has no evaluate stage whose {sweep.metric!r} would rank it")
+            base = self.profiles.get(sweep.profile, {}) if sweep.profile else {}
+            for key, values in sweep.over.items():
+                stage_name, *path = key.split(".")
+                stage = self.stage_or_none(stage_name)
+                if stage is None:
                     raise ValueError(
-                        f"profile {profile!r}, stage {stage_name!r}: {fixed} cannot change per run; "
-                        f"per-run settings: {sorted(tunable_fields(type(stage)))}"
+                        f"{label}: {key!r} names {stage_name!r}, which is not a stage; stages: {list(self._upstream)}"
                     )
-                try:
-                    type(stage).model_validate(overlay(stage.model_dump(), values))
-                except ValidationError as exc:
-                    raise ValueError(f"profile {profile!r}, stage {stage_name!r}: {describe(exc)}") from None
+                self._check_tunable_path(f"{label}: {key!r}", type(stage), path)
+                read = []  # each value as the stage's model reads it (YAML's '2e-4' string: a number)
+                for value in values:
+                    made = self._check_overrides(f"{label}, {key}={value!r}", overlay(base, nested({key: value})))
+                    for part in [stage_name, *path]:
+                        made = made[part] if isinstance(made, dict) else getattr(made, part)
+                    read.append(made.model_dump() if isinstance(made, Settings) else made)
+                sweep.over[key] = read
+
+    @staticmethod
+    def _check_tunable_path(label: str, model: type[Settings], path: list[str]) -> None:
+        """Each step of a dotted setting is a per-run field of the model it is in (the launchpad has only those)."""
+        for i, part in enumerate(path):
+            fields = tunable_fields(model)
+            if part not in fields:
+                where = ".".join(path[:i]) or "the stage"
+                known = "unknown" if part not in model.model_fields else "not a per-run setting"
+                raise ValueError(f"{label}: {part!r} is {known} in {where}; per-run settings there: {sorted(fields)}")
+            annotation = fields[part]
+            if i < len(path) - 1:
+                if not (isinstance(annotation, type) and issubclass(annotation, Settings)):
+                    raise ValueError(f"{label}: {part!r} has no settings inside it")
+                model = annotation
 
     def _check_feedback(self) -> None:
         if self.feedback is None:
@@ -223,6 +286,21 @@ class Pipeline(Settings):
         if name not in self.profiles:
             raise PipelineError(f"pipeline {self.name!r} has no profile {name!r}; it has {sorted(self.profiles)}")
         return self.profiles[name]
+
+    def sweep(self, name: str) -> Sweep:
+        if name not in self.sweeps:
+            raise PipelineError(f"pipeline {self.name!r} has no sweep {name!r}; it has {sorted(self.sweeps)}")
+        return self.sweeps[name]
+
+    def sweep_overrides(self, name: str, point: dict[str, Any]) -> dict[str, dict]:
+        """A point's per-run overrides {stage: {setting: value}}: the sweep's profile, with the point over it."""
+        sweep = self.sweep(name)
+        return overlay(self.profile(sweep.profile) if sweep.profile else {}, nested(point))
+
+    def sweep_stage(self, name: str) -> str:
+        """The evaluate stage whose MLflow run holds the metric a sweep is ranked by."""
+        sweep = self.sweep(name)
+        return sweep.stage or [s.name for s in self.stages if self.role_of(s) == "evaluate"][-1]
 
     @property
     def source_file(self) -> str | None:
