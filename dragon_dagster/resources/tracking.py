@@ -87,6 +87,17 @@ def flatten(prefix: str, values: dict) -> dict[str, str]:
     return out
 
 
+def column_type(value) -> str:
+    """An MLflow column-spec type for a JSON value (messages and other nested values as string)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "long"
+    if isinstance(value, float):
+        return "double"
+    return "string"
+
+
 class MLflowTracking(ConfigurableResource):
     """Logs params, step metrics, eval metrics, lineage tags and artifacts to an MLflow tracking server."""
 
@@ -274,12 +285,15 @@ class MLflowTracking(ConfigurableResource):
             data = Path(path).read_bytes()
             rows = [json.loads(line) for line in data.splitlines() if line.strip()]
             columns = sorted({key for row in rows for key in row})
+            first = {key: next((r[key] for r in rows if r.get(key) is not None), None) for key in columns}
             dataset = Dataset(
                 name=name,
                 digest=hashlib.sha256(data).hexdigest()[:16],
                 source_type="local",
                 source=json.dumps({"uri": str(dataset_dir), "file": Path(path).name}),
-                schema=json.dumps({"columns": columns}),
+                schema=json.dumps(  # MLflow's column spec, which its dataset drawer shows
+                    {"mlflow_colspec": [{"name": c, "type": column_type(first[c]), "required": False} for c in columns]}
+                ),
                 profile=json.dumps({"num_rows": len(rows)}),
             )
             inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))

@@ -17,6 +17,8 @@ from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 from tests.support import free_port, healthy, user_project, wait_until
 
+pytestmark = pytest.mark.slow  # two UI servers and a browser: about 2.5 minutes on 2 cores
+
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-dev-shm-usage"]
 WAIT_MS = 90_000  # two UIs and a browser on two shared cores
 # the docs page that shows the comparison embeds what this test sees (DRAGON_DOCS_SCREENSHOTS=1 refreshes it)

@@ -132,7 +132,9 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     assert alias_version(client, "tiny", CHALLENGER) == version, "the newest candidate is the challenger"
     registered = client.get_model_version("tiny", version)
     assert registered.tags["dagster_run_id"] == result.run_id and registered.tags["asset_key"] == "tiny/retrained_model"
-    assert registered.run_id == adapter_manifest["mlflow_run_id"], "logged on the run that trained it"
+    merge_run = client.get_run(registered.run_id)  # logged on the merge's run, nested in this Dagster run's
+    assert merge_run.data.tags["upstream_mlflow_run_id"] == adapter_manifest["mlflow_run_id"]
+    assert merge_run.data.tags["dagster_run_id"] == result.run_id and merge_run.data.tags["mlflow.parentRunId"]
     if gate.passed:  # promoted: chat and the next retraining start from the retrained model
         assert result.success and alias_version(client, "tiny", CHAMPION) == version
         assert gate.metadata["champion"].value == f"models:/tiny/{version}"

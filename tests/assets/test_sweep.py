@@ -1,14 +1,11 @@
 """Sweeps end to end (issue 26): `dragon sweep` submits one run of the pipeline's job per point to the run queue of a
 real instance (the shipped dagster.yaml); `dragon sweep --here` runs the points in-process; `dragon compare --sweep`
-names the point whose evaluation logged the best metric in MLflow. The slow test has a real `dagster-daemon` run
-the queued points, one at a time (the training pool)."""
+names the point whose evaluation logged the best metric in MLflow. That queued runs wait for the training pool is
+tests/assets/test_run_queue.py's (a sweep's points are plain runs of the pipeline's job)."""
 
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +14,9 @@ from dagster import DagsterInstance, DagsterRunStatus, RunsFilter
 
 from dragon_dagster.assets.sweep import sweep_points
 from dragon_dagster.assets.sweep_tags import POINT_TAG, SETTINGS_TAG, SWEEP_TAG
-from dragon_dagster.cli import main
+from dragon_dagster.cli import PROJECT_DAGSTER_YAML, main
 from dragon_dagster.engine.pipeline import load
-from tests.support import component_yaml, user_project, wait_until
+from tests.support import component_yaml, user_project
 
 REPO = Path(__file__).resolve().parents[2]
 # Three learning rates far apart, so the points' held-out losses differ and the ranking means something.
@@ -57,7 +54,7 @@ def sweep_project(tmp_path, tiny_model, monkeypatch) -> tuple[Path, dict]:
     (defs / "tiny" / "defs.yaml").write_text(component_yaml(PIPELINE.format(model=tiny_model)))
     home = tmp_path / "home"
     home.mkdir()
-    shutil.copy(REPO / "dagster.yaml", home / "dagster.yaml")  # the queued run coordinator and the training pool
+    shutil.copy(PROJECT_DAGSTER_YAML, home / "dagster.yaml")  # the queued run coordinator and the training pool
     env = {
         "DAGSTER_HOME": str(home),
         "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
@@ -137,6 +134,7 @@ def test_sweep_submits_one_queued_run_per_point_with_its_settings(tiny_model, tm
         assert instance.event_log_storage.get_concurrency_info("training").slot_count == 1
 
 
+@pytest.mark.slow  # three tiny pipeline runs, about 2 minutes on 2 cores
 def test_sweep_here_runs_the_points_and_compare_names_the_best(tiny_model, tmp_path, monkeypatch):
     sweep_project(tmp_path, tiny_model, monkeypatch)
     out = CliRunner().invoke(main, ["sweep", "tiny", "lr", "--here"], catch_exceptions=False)
@@ -146,50 +144,6 @@ def test_sweep_here_runs_the_points_and_compare_names_the_best(tiny_model, tmp_p
     assert {r.status for r in runs} == {DagsterRunStatus.SUCCESS} and len(runs) == 3
     [tag] = {r.tags[SWEEP_TAG] for r in runs}
     check_compare_names_the_best(tmp_path, tag, {r.run_id: int(r.tags[POINT_TAG]) for r in runs})
-
-
-@pytest.mark.slow
-def test_a_daemon_runs_the_queued_points_one_at_a_time(tiny_model, tmp_path, monkeypatch):
-    """What `make ui` does with a submitted sweep: the daemon `dagster dev` starts (without the webserver) takes
-    the queued points one at a time (the training pool); about 6 minutes on 2 shared cores."""
-    project, env = sweep_project(tmp_path, tiny_model, monkeypatch)
-    out = CliRunner().invoke(main, ["sweep", "tiny", "lr"], catch_exceptions=False)
-    assert out.exit_code == 0, out.output
-    log = (tmp_path / "daemon.log").open("w")
-    daemon = subprocess.Popen(
-        [str(Path(sys.executable).parent / "dagster-daemon"), "run"],
-        cwd=project,
-        env={**os.environ, **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-    def gone():
-        code = daemon.poll()
-        return None if code is None else f"the daemon exited with {code}: {tail(tmp_path)}"
-
-    try:
-        with DagsterInstance.get() as instance:
-
-            def ended():
-                found = instance.get_runs(RunsFilter(job_name="tiny_pipeline"))
-                assert sum(r.status == DagsterRunStatus.STARTED for r in found) <= 1, "two points ran at once"
-                return all(r.is_finished for r in found) and found
-
-            wait_until(ended, 900, "the sweep's runs to end", alive=gone, every=2)
-            records = instance.get_run_records(RunsFilter(job_name="tiny_pipeline"))
-    finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        daemon.wait(timeout=60)
-        log.close()
-    assert {r.dagster_run.status for r in records} == {DagsterRunStatus.SUCCESS}, tail(tmp_path)
-    spans = sorted((r.start_time, r.end_time) for r in records)
-    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), f"points overlapped (the training pool): {spans}"
-    [tag] = {r.dagster_run.tags[SWEEP_TAG] for r in records}
-    check_compare_names_the_best(
-        tmp_path, tag, {r.dagster_run.run_id: int(r.dagster_run.tags[POINT_TAG]) for r in records}
-    )
 
 
 def tail(tmp_path) -> str:

@@ -87,6 +87,9 @@ def test_training_runs_show_their_data_system_metrics_and_the_experiment_kind(ma
         assert data.name == "sft_dataset" and json.loads(data.source) == {"uri": str(dataset_dir), "file": name}
         rows = sum(1 for line in (dataset_dir / name).read_text().splitlines() if line.strip())
         assert json.loads(data.profile)["num_rows"] == rows and len(data.digest) == 16
+        # MLflow's column spec, which its dataset drawer shows (any other shape reads "Unrecognized Schema Format")
+        columns = {c["name"]: c["type"] for c in json.loads(data.schema)["mlflow_colspec"]}
+        assert columns["prompt"] == "string" and columns["completion"] == "string"
     assert {
         "system/cpu_utilization_percentage",
         "system/system_memory_usage_megabytes",
