@@ -160,11 +160,19 @@ def test_the_printed_mlflow_link_opens_training_runs_nested_under_pipeline_runs_
     row.locator("button[data-component-id*='runnamecellrenderer']").first.click()
     for stage in ("sft_adapter", "merged_model", "evaluation_report"):
         expect(page.get_by_role("link", name=stage, exact=True).first).to_be_visible(timeout=WAIT_MS)
-    # the charts view: one held-out NLL chart, a line per pipeline run over its stages
+    # the charts view, as a new visitor sees it (pipeline runs collapsed): one held-out NLL chart, a line per
+    # pipeline run over its stages
+    page = page.context.browser.new_context(viewport={"width": 1600, "height": 1000}).new_page()  # fresh storage
     page.goto(tracking.runs_url(pipeline, charts=True))
+    close = page.get_by_role("button", name="Close")  # MLflow's assistant panel, open on a first visit
+    expect(page.get_by_placeholder("Search metric charts")).to_be_visible(timeout=WAIT_MS)
+    if close.count():
+        close.first.click()
     # charts render as they scroll into view: the chart search brings the held-out ones to the top
     page.get_by_placeholder("Search metric charts").fill("heldout/nll")
     expect(page.get_by_text("heldout/nll", exact=True).first).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator(".js-plotly-plot").first).to_be_visible(timeout=WAIT_MS)  # drawn, not loading
+    page.wait_for_timeout(2_000)
     shot = dashboards["root"] / "mlflow-charts.png"
     page.screenshot(path=str(shot))
     if os.environ.get("DRAGON_DOCS_SCREENSHOTS"):

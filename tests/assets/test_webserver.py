@@ -202,8 +202,10 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
 
         client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
         experiment = client.get_experiment_by_name("tiny")
-        statuses = sorted(r.info.status for r in client.search_runs([experiment.experiment_id]))
-        assert statuses == ["FINISHED", "KILLED"]
+        stage_runs = client.search_runs([experiment.experiment_id], "tags.stage = 'sft_adapter'")
+        assert sorted(r.info.status for r in stage_runs) == ["FINISHED", "KILLED"]
+        parents = client.search_runs([experiment.experiment_id], "tags.level = 'pipeline'")  # one per Dagster run
+        assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
     finally:
         server.stop()
 

@@ -210,7 +210,9 @@ def test_a_stage_tracks_and_registers_on_a_real_mlflow_server(
     assert len(client.get_metric_history(sft.info.run_id, "system/cpu_utilization_percentage")) >= 1
     assert {i.dataset.name for i in sft.inputs.dataset_inputs} == {"sft_dataset"}
     version = client.get_model_version_by_alias("tiny", "challenger")
-    assert version.run_id == sft.info.run_id
+    merge = runs_of(client, "tiny")["merged_model"]  # the merge's run logged it, nested like the stage's
+    assert version.run_id == merge.info.run_id and merge.data.tags["upstream_mlflow_run_id"] == sft.info.run_id
+    assert merge.data.tags["mlflow.parentRunId"] == sft.data.tags["mlflow.parentRunId"]
     stored = list((mlflow_server["root"] / "artifacts").rglob("model.safetensors"))
     assert stored, "the model files were uploaded to the server's artifact store"
 

@@ -63,7 +63,9 @@ def test_a_stage_trains_as_a_ray_job_and_its_metrics_reach_mlflow_through_pipes(
     assert manifest["result"]["global_step"] == 8
 
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
-    [run] = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    [run] = client.search_runs(  # the stage's run (its Dagster run's own run is its parent)
+        [client.get_experiment_by_name("tiny").experiment_id], "tags.stage = 'sft_adapter'"
+    )
     losses = client.get_metric_history(run.info.run_id, "train/loss")
     assert {2, 4, 6, 8} <= {m.step for m in losses}  # every logged step came back over the job's log
     assert run.info.status == "FINISHED"
@@ -185,7 +187,9 @@ def test_two_workers_train_one_stage_with_ray_train_and_report_as_one(tiny_model
         "memory_gb_per_worker": 0.0,
     }
     client = MlflowClient(f"sqlite:///{runs / 'mlflow.db'}")
-    [run] = client.search_runs([client.get_experiment_by_name("tiny").experiment_id])
+    [run] = client.search_runs(  # the stage's run (its Dagster run's own run is its parent)
+        [client.get_experiment_by_name("tiny").experiment_id], "tags.stage = 'sft_adapter'"
+    )
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
     assert {2, 4, 6, 8} <= set(steps) and len(steps) == len(set(steps))  # rank 0 alone reported, once a step
     assert not workers_on(runs)
