@@ -14,14 +14,37 @@ from .retraining import build_feedback_defs
 PIPELINE_METADATA = "dragon/pipeline"  # on each pipeline's job: its effective settings and source file
 
 
+def overrides_run_config(pipeline: Pipeline, overrides: dict[str, dict]) -> dict:
+    """Per-stage overrides (a profile's, a sweep point's) as the run config of the pipeline's job."""
+    return {"ops": {f"{pipeline.name}__{stage}": {"config": values} for stage, values in overrides.items()}}
+
+
+def profile_jobs(pipeline: Pipeline, selection) -> list:
+    """One job per profile, `<pipeline>_<profile>`: its launchpad opens on the profile's values (the pipeline's
+    own job shows the YAML's), and its runs carry the dragon/profile tag the MLflow runs and assets show."""
+    return [
+        define_asset_job(
+            f"{pipeline.name}_{profile}",
+            selection=selection,
+            description=f"Every stage of the {pipeline.name} pipeline with the `{profile}` profile's settings "
+            "(the launchpad starts from them).",
+            executor_def=POOL_EXECUTOR,
+            config=overrides_run_config(pipeline, overrides),
+            tags={"dragon/profile": profile},  # mlflow_runs.PROFILE_TAG
+        )
+        for profile, overrides in pipeline.profiles.items()
+    ]
+
+
 def build_pipeline_defs(pipeline: Pipeline) -> dict:
     """Assets, asset checks, jobs, sensors and schedules of one pipeline."""
     assets = [source_asset(pipeline, name, spec) for name, spec in pipeline.datasets.items()]
     assets += [BUILDERS[pipeline.role_of(stage)](pipeline, stage) for stage in pipeline.stages]
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
+    selection = AssetSelection.assets(*[key(pipeline, n) for n in names])
     job = define_asset_job(
         f"{pipeline.name}_pipeline",
-        selection=AssetSelection.assets(*[key(pipeline, n) for n in names]),
+        selection=selection,
         description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.",
         executor_def=POOL_EXECUTOR,
         metadata={
@@ -31,7 +54,13 @@ def build_pipeline_defs(pipeline: Pipeline) -> dict:
             **sweeps_note(pipeline),
         },
     )
-    parts = {"assets": assets, "asset_checks": build_checks(pipeline), "jobs": [job], "sensors": [], "schedules": []}
+    parts = {
+        "assets": assets,
+        "asset_checks": build_checks(pipeline),
+        "jobs": [job, *profile_jobs(pipeline, selection)],
+        "sensors": [],
+        "schedules": [],
+    }
     if pipeline.feedback is not None:
         for name, values in build_feedback_defs(pipeline).items():
             parts[name] += values

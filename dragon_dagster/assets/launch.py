@@ -21,11 +21,6 @@ def profile_run_config(pipeline: Pipeline, profile: str | None) -> RunConfig:
     return RunConfig(ops={f"{pipeline.name}__{stage}": values for stage, values in overrides.items()})
 
 
-def overrides_run_config(pipeline: Pipeline, overrides: dict[str, dict]) -> dict:
-    """Per-stage overrides (a profile's, a sweep point's) as the run config of the pipeline's job."""
-    return {"ops": {f"{pipeline.name}__{stage}": {"config": values} for stage, values in overrides.items()}}
-
-
 def project_module(cwd: Path | None = None) -> str:
     """The definitions module of the Dagster project in cwd (pyproject's [tool.dagster] module_name or
     [tool.dg.project] root_module + .definitions), else this package's."""

@@ -23,7 +23,8 @@ from dagster import DagsterInstance, DagsterRun, RunsFilter
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.sweeps import best_point
 from ..engine.runs import stage_run_metrics
-from .launch import DEFAULT_MODULE, materialize_pipeline, overrides_run_config, pipeline_of_job
+from .factory import overrides_run_config
+from .launch import DEFAULT_MODULE, materialize_pipeline, pipeline_of_job
 from .pool import TRAINING_POOL
 from .sweep_tags import POINT_TAG, RANK_TAG, SETTINGS_TAG, SWEEP_TAG
 

@@ -33,9 +33,9 @@ NAMES = [
     "feedback_sft_dataset",
     "feedback_pairs",
     "feedback_ratings",
-    "feedback_sft_adapter",
-    "feedback_dpo_adapter",
-    "feedback_kto_adapter",
+    "sft_on_feedback",
+    "dpo_on_feedback",
+    "kto_on_feedback",
     "retrained_model",
     "retrained_report",
 ]
@@ -120,9 +120,9 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     result, events = retrain_every_step(parts, instance, resources, request.tags)
     assert events["feedback_sft_dataset"]["rows"].value == 2  # the liked reply and the edited one
     assert events["feedback_pairs"]["rows"].value == 2  # liked vs disliked, and edited vs original
-    assert "skipped" not in events["feedback_dpo_adapter"]
+    assert "skipped" not in events["dpo_on_feedback"]
     adapter_manifest = json.loads(
-        (Path(events["feedback_dpo_adapter"]["artifact_dir"].value) / "manifest.json").read_text()
+        (Path(events["dpo_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text()
     )
     assert adapter_manifest["resolved_model"] == str(Path(model) / "model"), "retraining starts from the deployed model"
     report = json.loads((Path(events["retrained_report"]["artifact_dir"].value) / "report.json").read_text())
@@ -218,7 +218,7 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     failed = retrain(request)
     assert not failed.success
     steps = {s.step_key: s.status.value for s in instance.get_run_step_stats(failed.run_id)}
-    assert steps["tiny__feedback_sft_dataset"] == "SUCCESS" and steps["tiny__feedback_sft_adapter"] == "FAILURE"
+    assert steps["tiny__feedback_sft_dataset"] == "SUCCESS" and steps["tiny__sft_on_feedback"] == "FAILURE"
     events = {
         e.asset_key.path[-1]: e.metadata
         for e in (ev.event_specific_data.materialization for ev in failed.get_asset_materialization_events())
@@ -447,10 +447,10 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
         if json.loads(line)["label"]
     )
     assert tags["dragon/feedback_sft"] == f"{liked_in_train} rows from {liked_in_train} records"
-    kto = json.loads((Path(events["feedback_kto_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
-    sft = json.loads((Path(events["feedback_sft_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
+    kto = json.loads((Path(events["kto_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text())
+    sft = json.loads((Path(events["sft_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text())
     assert kto["method"] == "kto" and kto["chain"] == sft["chain"] + [str(Path(kto["chain"][-1]))]
-    assert events["feedback_dpo_adapter"]["skipped"].value == "no pairs"
+    assert events["dpo_on_feedback"]["skipped"].value == "no pairs"
     run = tracking.client().get_run(kto["mlflow_run_id"])
     assert (run.data.tags["objective"], run.data.tags["feedback_records"]) == ("kto", "6")
     by_objective = {o["objective"]: o for o in report["objectives"]}
@@ -476,7 +476,7 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     tags, events, report, gate = retrain()
     assert tags["dragon/feedback_sft"] == "skipped: no liked or edited replies"
     assert tags["dragon/feedback_dpo"] == "skipped: no pairs" and tags["dragon/feedback_kto"].startswith("6 rows")
-    kto = json.loads((Path(events["feedback_kto_adapter"]["artifact_dir"].value) / "manifest.json").read_text())
+    kto = json.loads((Path(events["kto_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text())
     assert kto["resolved_model"] == str(start) and len(kto["chain"]) == 1, "KTO starts from the deployed model"
     assert [o["ran"] for o in report["objectives"]] == [False, False, True]
 

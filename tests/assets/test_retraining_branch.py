@@ -12,8 +12,8 @@ from tests.support import write_pipeline
 FEEDBACK = [
     "feedback_sft_dataset",
     "feedback_pairs",
-    "feedback_sft_adapter",
-    "feedback_dpo_adapter",
+    "sft_on_feedback",
+    "dpo_on_feedback",
     "retrained_model",
     "retrained_report",
 ]
@@ -51,4 +51,4 @@ def test_materialize_all_without_feedback_skips_the_feedback_branch_with_a_reaso
     for name in FEEDBACK[:2]:
         assert any(m.startswith(f"{name} skipped: no feedback records yet") for m in logs), name
     skipped = instance.all_logs(result.run_id, of_type=DagsterEventType.STEP_SKIPPED)
-    assert {e.step_key for e in skipped} >= {"tiny__feedback_sft_adapter"}
+    assert {e.step_key for e in skipped} >= {"tiny__sft_on_feedback"}

@@ -30,7 +30,7 @@ class FeedbackSFTArgs(TrainArgs):
 
 class FeedbackSFT(SFT):
     kind: Literal["sft"] = "sft"
-    name: Literal["feedback_sft_adapter"] = Field("feedback_sft_adapter", description="The asset's name (fixed).")
+    name: Literal["sft_on_feedback"] = Field("sft_on_feedback", description="The asset's name (fixed).")
     dataset: Literal["feedback_sft_dataset"] = Field(
         "feedback_sft_dataset", description="Liked and edited replies from the feedback store (fixed)."
     )
@@ -45,7 +45,7 @@ class FeedbackPairArgs(PreferenceArgs):
 
 class FeedbackDPO(DPO):
     kind: Literal["dpo"] = "dpo"
-    name: Literal["feedback_dpo_adapter"] = Field("feedback_dpo_adapter", description="The asset's name (fixed).")
+    name: Literal["dpo_on_feedback"] = Field("dpo_on_feedback", description="The asset's name (fixed).")
     dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store (fixed).")
     args: FeedbackPairArgs = Field(default_factory=FeedbackPairArgs, description="Trainer arguments.")
     n_samples: int = Field(3, ge=0, description="Held-out pairs answered after training.")
@@ -54,7 +54,7 @@ class FeedbackDPO(DPO):
 
 class FeedbackORPO(ORPO):
     kind: Literal["orpo"]
-    name: Literal["feedback_dpo_adapter"] = Field("feedback_dpo_adapter", description="The asset's name (fixed).")
+    name: Literal["dpo_on_feedback"] = Field("dpo_on_feedback", description="The asset's name (fixed).")
     dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store (fixed).")
     args: FeedbackPairArgs = Field(default_factory=FeedbackPairArgs, description="Trainer arguments.")
     n_samples: int = Field(3, ge=0, description="Held-out pairs answered after training.")
@@ -91,7 +91,7 @@ class FeedbackKTOArgs(PreferenceArgs):
 
 class FeedbackKTO(KTO):
     kind: Literal["kto"] = "kto"
-    name: Literal["feedback_kto_adapter"] = Field("feedback_kto_adapter", description="The asset's name (fixed).")
+    name: Literal["kto_on_feedback"] = Field("kto_on_feedback", description="The asset's name (fixed).")
     dataset: Literal["feedback_ratings"] = Field(
         "feedback_ratings", description="Ratings without a pair from the feedback store (fixed)."
     )
