@@ -121,9 +121,7 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ma
     assert events["feedback_sft_dataset"]["rows"].value == 2  # the liked reply and the edited one
     assert events["feedback_pairs"]["rows"].value == 2  # liked vs disliked, and edited vs original
     assert "skipped" not in events["dpo_on_feedback"]
-    adapter_manifest = json.loads(
-        (Path(events["dpo_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text()
-    )
+    adapter_manifest = json.loads((Path(events["dpo_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text())
     assert adapter_manifest["resolved_model"] == str(Path(model) / "model"), "retraining starts from the deployed model"
     report = json.loads((Path(events["retrained_report"]["artifact_dir"].value) / "report.json").read_text())
     assert {"base", "merged"} <= set(report)
