@@ -8,6 +8,7 @@ from dagster import AssetSelection, MetadataValue, define_asset_job
 from ..engine.pipeline import Pipeline
 from .builders import BUILDERS, key, source_asset
 from .checks import build_checks
+from .mlflow_runs import PROFILE_TAG
 from .pool import POOL_EXECUTOR
 from .retraining import build_feedback_defs
 
@@ -30,7 +31,7 @@ def profile_jobs(pipeline: Pipeline, selection) -> list:
             "(the launchpad starts from them).",
             executor_def=POOL_EXECUTOR,
             config=overrides_run_config(pipeline, overrides),
-            tags={"dragon/profile": profile},  # mlflow_runs.PROFILE_TAG
+            tags={PROFILE_TAG: profile},
         )
         for profile, overrides in pipeline.profiles.items()
     ]

@@ -25,6 +25,7 @@ from ..engine.pipeline.sweeps import best_point
 from ..engine.runs import stage_run_metrics
 from .factory import overrides_run_config
 from .launch import DEFAULT_MODULE, materialize_pipeline, pipeline_of_job
+from .mlflow_runs import PROFILE_TAG
 from .pool import TRAINING_POOL
 from .sweep_tags import POINT_TAG, RANK_TAG, SETTINGS_TAG, SWEEP_TAG
 
@@ -49,7 +50,7 @@ def sweep_points(pipeline: Pipeline, name: str, sweep_id: str) -> list[SweepPoin
             POINT_TAG: str(index),
             SETTINGS_TAG: json.dumps(settings),
             RANK_TAG: rank,
-            **({"dragon/profile": sweep.profile} if sweep.profile else {}),  # mlflow_runs.PROFILE_TAG
+            **({PROFILE_TAG: sweep.profile} if sweep.profile else {}),
         }
         points.append(SweepPoint(index, settings, run_config, tags))
     return points
