@@ -53,7 +53,7 @@ def pipeline_run(context, pipeline: Pipeline, tracking) -> str:
         + f"\n\nDagster run `{run.run_id}` of job `{run.job_name}`"
         + (f", profile `{profile}`" if profile else "")
         + ". Its stages' runs are nested under this one.",
-        parent=sweep_run(context, pipeline, tracking),
+        parent=lambda: sweep_run(context, pipeline, tracking),  # asked only when this run is created
         artifact=("pipeline.json", json.dumps(pipeline.model_dump(mode="json"), indent=2, default=str)),
     )
 

@@ -7,6 +7,7 @@ import logging
 import math
 import os
 import sqlite3
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
@@ -226,13 +227,15 @@ class MLflowTracking(ConfigurableResource):
         tags: dict,
         params: dict,
         description: str = "",
-        parent: str | None = None,
+        parent: Callable[[], str | None] | None = None,
         artifact: tuple[str, str] | None = None,
     ) -> str:
         """The run that groups others (a Dagster run's stages, a sweep's points): found by its key tags, created
         once. Steps of one Dagster run start in parallel processes, so finding and creating hold a file lock.
-        artifact: (file name, text) logged when it is created, so no run in the experiment is without one
-        (MLflow's compare page fails on a run that has no artifacts)."""
+        parent: what makes the run it nests under, called only when this one is created (every stage of a
+        Dagster run asks for its run; only the first creates it). artifact: (file name, text) logged when it is
+        created, so no run in the experiment is without one (MLflow's compare page fails on a run without
+        artifacts)."""
         import fcntl
 
         client = self.client()
