@@ -315,13 +315,13 @@ def test_speed_settings_resolve_per_device_and_name_bad_values():
         build(Speed, {"pack": "on"}, "speed")
 
 
-def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
-    from dagster import build_asset_context
+def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path, monkeypatch):
+    from dagster import Failure, build_asset_context
 
     from dragon_dagster.engine.config.job import ModelInputs
     from dragon_dagster.engine.stages.merge.settings import Merge
     from dragon_dagster.engine.stages.merge.worker import MergeJob
-    from dragon_dagster.resources import TrainingResource
+    from dragon_dagster.resources import TrainingResource, training
 
     resource = TrainingResource(device="cpu", loss_kernel="trl", generation_batch_size=64, python=sys.executable)
     assert resource.speed().model_dump() == {
@@ -334,6 +334,14 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
         "sampling": "auto",
     }
     missing = tmp_path / "no-model"  # the jobs name no model that exists: the worker fails, the job file stays
+    launched = []
+
+    class FailingWorker:  # a directly built asset context cannot open a Pipes session: the launch is stood in for
+        def launch(self, context, resource, command, env, tap, parallel):
+            launched.append(command[-1])
+            return 1  # what the worker exits with when it cannot load the model
+
+    monkeypatch.setitem(training.LAUNCHERS, "subprocess", FailingWorker)
     for kind in ("sft", "merge"):
         (tmp_path / kind).mkdir()
     jobs = {
@@ -346,10 +354,11 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path):
     }
     seen = {}
     for kind, typed in jobs.items():
-        with pytest.raises(Exception):  # noqa: B017 - the worker fails, but the job file stays
+        with pytest.raises(Failure, match=rf"the {kind} worker \(subprocess\) exited with code 1"):
             resource.run_job(build_asset_context(), typed, tmp_path / kind)
         seen[kind] = json.loads((tmp_path / kind / "job.json").read_text())
     assert seen["sft"]["speed"]["loss_kernel"] == "trl" and seen["merge"].get("speed") is None
+    assert [Path(f).parent.name for f in launched] == ["sft", "merge"]  # each worker was given its own run file
 
 
 @pytest.mark.slow
