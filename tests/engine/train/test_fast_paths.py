@@ -25,7 +25,7 @@ from tests.support import ticket_files
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def small_lora_model(vocab=300, seed=0):
+def small_lora_model(vocab=300, seed=0, dropout=0.0):
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,7 +40,7 @@ def small_lora_model(vocab=300, seed=0):
         max_position_embeddings=128,
     )
     model = get_peft_model(
-        LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0)
+        LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=dropout)
     )
     for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter
         if "lora_B" in name:
