@@ -57,7 +57,8 @@ def test_load_in_4bit_without_bitsandbytes_names_the_gpu_extra(tmp_path, monkeyp
     from dragon_dagster.engine.config.hardware import Hardware
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    absent = lambda name, *a: None if name == "bitsandbytes" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", absent)
     with pytest.raises(ModelError, match=r"needs bitsandbytes.*pip install 'dragon-dagster\[gpu\]'"):
         models.load_model(str(tmp_path / "none"), Hardware(device="cpu", load_in_4bit=True))
     with pytest.raises(ModelError, match=r"pip install 'dragon-dagster\[gpu\]'"):
