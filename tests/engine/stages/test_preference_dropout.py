@@ -46,9 +46,7 @@ def test_trl_preference_configs_zero_every_dropout_lora_included():
 
     for config in (DPOConfig, KTOConfig, ORPOConfig):
         assert {f.name: f.default for f in dataclasses.fields(config)}["disable_dropout"] is True, config
-    tiny = LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2
-    )
+    tiny = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     model = get_peft_model(
         LlamaForCausalLM(tiny), LoraConfig(r=2, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
     )
