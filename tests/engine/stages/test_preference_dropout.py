@@ -87,3 +87,41 @@ def test_the_bundled_pipeline_and_feedback_retraining_load_with_no_preference_dr
     assert preference and all(s.lora.dropout == 0.0 for s in preference)
     assert FeedbackDPO().lora.dropout == FeedbackKTO().lora.dropout == 0.0
     assert FeedbackORPO(kind="orpo").lora.dropout == 0.0
+
+
+def test_a_dpo_stage_trains_with_disable_dropout_stated_and_no_lora_dropout(tiny_model, tmp_path, monkeypatch):
+    """The project's own DPO path: TRL's config gets disable_dropout=True, and the trained model has no LoRA
+    dropout left above 0 (one step on the tiny model)."""
+    from dragon_dagster.engine import catalog
+    from dragon_dagster.engine.config.hardware import Hardware, Speed
+    from dragon_dagster.engine.config.job import TrainingInputs
+    from dragon_dagster.engine.config.reporter import Reporter
+    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.stages.dpo import worker
+    from tests.support import ticket_files
+
+    train, _ = ticket_files(tmp_path, n=8)
+    pairs = [
+        {"prompt": r["prompt"], "chosen": r["completion"], "rejected": [{"role": "assistant", "content": "Wait."}]}
+        for r in data.read_jsonl(train)
+    ]
+    data.write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    args = {"max_steps": 1, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100}
+    stage = DPO(name="dpo_adapter", kind="dpo", dataset="pairs", args={**args, "max_seq_len": 96}, n_samples=0)
+    (tmp_path / "out").mkdir()
+    job = catalog.get("dpo").job_model()(
+        settings=stage,
+        inputs=TrainingInputs(
+            model=str(tiny_model), train_file=str(tmp_path / "pairs.jsonl"), checkpoint_dir=str(tmp_path / "ckpt")
+        ),
+        output_dir=str(tmp_path / "out"),
+        hardware=Hardware(device="cpu"),
+        speed=Speed(),
+    )
+    built = []
+    trainer = worker.DPOMethod.trainer
+    monkeypatch.setattr(worker.DPOMethod, "trainer", lambda self, *a: built.append(trainer(self, *a)) or built[-1])
+    assert worker.train_dpo(job, Reporter()) is not None
+    assert built[0].args.disable_dropout is True
+    dropouts = [d for m in built[0].model.modules() if hasattr(m, "lora_dropout") for d in m.lora_dropout.values()]
+    assert dropouts and all(getattr(d, "p", 0) == 0 for d in dropouts)
