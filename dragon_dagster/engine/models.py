@@ -205,6 +205,21 @@ def pick_dtype(hardware: Hardware, device: str):
     return torch.float32  # CPU and MPS train most reliably in float32
 
 
+GPU_EXTRA = "pip install 'dragon-dagster[gpu]'"
+
+
+def check_4bit(device: str) -> None:
+    """load_in_4bit's needs, named before the model loads: bitsandbytes (the `gpu` extra) and a CUDA GPU."""
+    import importlib.util
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise ModelError(
+            f"load_in_4bit needs bitsandbytes, which is not installed: {GPU_EXTRA} (or set load_in_4bit false)"
+        )
+    if device != "cuda":
+        raise ModelError(f"load_in_4bit needs a CUDA GPU; this job runs on {device} (set load_in_4bit false)")
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
@@ -222,8 +237,7 @@ def load_model(path: str, hardware: Hardware, adapters: list[str] | None = None,
     dtype = pick_dtype(hardware, device)
     kwargs = {"dtype": dtype}
     if hardware.load_in_4bit:
-        if device != "cuda":
-            raise ModelError("load_in_4bit needs a CUDA GPU (bitsandbytes)")
+        check_4bit(device)
         from transformers import BitsAndBytesConfig
 
         kwargs["quantization_config"] = BitsAndBytesConfig(

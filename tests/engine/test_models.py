@@ -47,3 +47,28 @@ def test_unreachable_hub_id_names_the_id_and_the_fix(monkeypatch):
 def test_hub_presets_resolve_to_their_ids():
     assert models.resolve("qwen2.5-0.5b") == "Qwen/Qwen2.5-0.5B-Instruct"
     assert models.resolve("HuggingFaceTB/SmolLM2-360M-Instruct") == "HuggingFaceTB/SmolLM2-360M-Instruct"
+
+
+def test_load_in_4bit_without_bitsandbytes_names_the_gpu_extra(tmp_path, monkeypatch):
+    """bitsandbytes is in no dependency list but the `gpu` extra: a 4-bit load without it says how to get it,
+    before any model is read (the path does not exist) and whatever the device."""
+    import importlib.util
+
+    from dragon_dagster.engine.config.hardware import Hardware
+
+    real = importlib.util.find_spec
+    absent = lambda name, *a: None if name == "bitsandbytes" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", absent)
+    with pytest.raises(ModelError, match=r"needs bitsandbytes.*pip install 'dragon-dagster\[gpu\]'"):
+        models.load_model(str(tmp_path / "none"), Hardware(device="cpu", load_in_4bit=True))
+    with pytest.raises(ModelError, match=r"pip install 'dragon-dagster\[gpu\]'"):
+        models.check_4bit("cuda")
+
+
+def test_load_in_4bit_with_bitsandbytes_still_needs_cuda(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # as if bitsandbytes were installed
+    with pytest.raises(ModelError, match="load_in_4bit needs a CUDA GPU; this job runs on cpu"):
+        models.check_4bit("cpu")
+    models.check_4bit("cuda")  # both there: nothing to refuse

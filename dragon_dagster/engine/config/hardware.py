@@ -1,6 +1,7 @@
 """Where and how jobs run, set on the training resource (not in the pipeline): dragon_hardware's device, dtype and
-4-bit, and the speed choices that change cost. These two models are the one definition: the training resource's
-fields are generated from them (resources/training.py), the worker's job carries them, the docs list them.
+4-bit, and the speed choices (docs/performance.md says what each changes besides cost). These two models are the one
+definition: the training resource's fields are generated from them (resources/training.py), the worker's job
+carries them, the docs list them.
 A stage's own settings are its kind's model (stages/<kind>/settings.py).
 """
 
@@ -26,7 +27,11 @@ class Hardware(Settings):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "auto", description="auto: bfloat16 on GPUs that support it, float32 on CPU/MPS."
     )
-    load_in_4bit: bool = Field(False, description="QLoRA: load the base model in 4-bit (CUDA only).")
+    load_in_4bit: bool = Field(
+        False,
+        description="QLoRA: load the base model in 4-bit (CUDA only; needs bitsandbytes: pip install "
+        "'dragon-dagster[gpu]'). Never run yet.",
+    )
 
 
 class Speed(Settings):
@@ -54,7 +59,8 @@ class Speed(Settings):
     unpad: Literal["auto", "on", "off"] = Field(
         "auto",
         description="With the chunked head, run the model over the real tokens of a batch only, each row "
-        "attending to itself. auto: on except for CUDA.",
+        "attending to itself; a prompt several rows share runs once (with LoRA dropout, one draw for them all). "
+        "auto: on except for CUDA.",
     )
     dropout_mask: Literal["auto", "fast", "torch"] = Field(
         "auto",

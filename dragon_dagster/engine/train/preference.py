@@ -3,6 +3,11 @@ settings base, the training run around the method's trainer, the held-out figure
 
 With PEFT, DPO and KTO need no separate reference model: the policy with its adapter switched off is the
 reference, which is the model the stage started from (earlier adapters already folded in).
+
+No LoRA dropout: TRL's DPOConfig, KTOConfig and trl.experimental.orpo's ORPOConfig default disable_dropout=True,
+and their trainers then set every torch Dropout of the PEFT-wrapped model to p=0 (trl.trainer.utils
+.disable_dropout_in_model), LoRA's dropout included. So the preference kinds' lora.dropout defaults to 0 and a
+value above 0 is refused when the pipeline loads, instead of being silently zeroed.
 """
 
 from __future__ import annotations
@@ -11,13 +16,13 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..artifacts import progress
 from ..config.reporter import Reporter
 from ..config.results import TrainingResult, fig
 from ..config.stage import Continues
-from ..config.training import TrainArgs
+from ..config.training import Lora, TrainArgs
 from ..evaluate.plots import plot_loss
 from ..infer.generation import generate
 from . import distributed
@@ -44,14 +49,41 @@ class PreferenceArgs(TrainArgs):
     learning_rate: float = Field(5e-5, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
 
 
+class PreferenceLora(Lora):
+    """The preference kinds' adapter shape: no dropout by default (TRL's preference trainers disable it)."""
+
+    dropout: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Must stay 0: TRL's DPO, KTO and ORPO trainers set every dropout to 0 (disable_dropout), "
+        "LoRA's included, so a value above 0 is refused rather than silently ignored.",
+    )
+
+
 class PreferenceStage(TrainerStage):
     """Preference optimization on rows people (or a judge) preferred, continuing from the stage before it."""
 
     continues: ClassVar[Continues] = "required"  # a preference is over the replies of a model that exists
     trains_on: ClassVar[tuple[str, ...]] = ("pairs",)
+    trl_config: ClassVar[str] = "TRL's preference config"  # the config class whose disable_dropout zeroes dropout
 
     beta: float = Field(0.1, gt=0, allow_inf_nan=False, description="Strength of the preference (KL to the start).")
+    lora: PreferenceLora = Field(
+        default_factory=PreferenceLora, description="The adapter's shape (dragon_lora); dropout stays 0."
+    )
     args: PreferenceArgs = Field(default_factory=PreferenceArgs, description="Trainer arguments.")
+
+    @model_validator(mode="after")
+    def _no_lora_dropout(self):
+        if self.lora.dropout > 0:
+            raise ValueError(
+                f"stage {self.name!r} ({self.kind}): lora.dropout {self.lora.dropout} would be silently 0 in "
+                f"training: {self.trl_config} has disable_dropout=True, which sets every dropout of the model to 0, "
+                f"LoRA's included, when the trainer is built. Remove lora.dropout from the stage (the {self.kind} "
+                "default is 0) or set it to 0"
+            )
+        return self
 
     def check_inputs(self, pipeline) -> None:
         """The dataset must be a mapped one that holds rows this kind trains on (pipeline: `stage_or_none`,
@@ -164,6 +196,7 @@ def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMet
         common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers),
         beta=settings.beta,
         max_length=p.args.max_seq_len,
+        disable_dropout=True,  # TRL's default, stated: why PreferenceStage refuses lora.dropout > 0
     )
     check_rows(settings, p.train_rows)
     trainer = method.trainer(job, p, args, callback, chunked)

@@ -12,7 +12,10 @@ model in train mode. On the benchmark CPU these parts of that cost more than the
   under a random dropout mask. Training passes keep their dropout.
 - torch.multinomial draws an exponential variate for every word of the 49,152-word vocabulary at every step
   (9 ms for eight rows). Inverse-CDF sampling draws one uniform number per row and finds it in the running
-  sum of the probabilities (in float64, so a word's share is kept to 1e-16): the same distribution, 2.4 ms.
+  sum of the probabilities (in float64, so a word's share is kept to 1e-16): for each token, the distribution
+  torch.multinomial draws from, at 2.4 ms. MPS has no float64: there the sum is float32 (running_dtype), whose
+  word boundaries are off by up to about 1e-7 of the total over SmolLM2's 49,152 words (measured on a CPU in
+  float32; no MPS device has run it), so a word rarer than that is drawn at the wrong rate, possibly never.
 - on a CPU each LoRA adapter is folded into its layer's weight and every linear layer runs on a oneDNN copy of
   its weight packed for few-row products (decode_weights.py): decoding eight rows took 2.4x less time per layer.
 - the log-probability of each sampled token is kept: when a sampling round serves several steps, these are
@@ -47,6 +50,12 @@ def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
     return size if alike else 1
 
 
+def running_dtype(device_type: str) -> torch.dtype:
+    """The running sum's dtype on a device: float64, except on MPS, which has no float64 (float32 there: word
+    boundaries within about 1e-7 of the total, see the module's notes)."""
+    return torch.float32 if device_type == "mps" else torch.float64
+
+
 def inverse_cdf(
     probs: torch.Tensor,
     num_samples: int = 1,
@@ -55,18 +64,21 @@ def inverse_cdf(
     generator=None,
     out=None,
     record: list | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """torch.multinomial for one sample per row of a 2-D probs: index i with probability probs[i] / sum(probs).
 
-    record, when given, gets each draw's log-probability, (rows,) per call.
+    record, when given, gets each draw's log-probability, (rows,) per call. dtype: the running sum's (default:
+    running_dtype of probs' device).
     """
     if probs.dim() != 2 or num_samples != 1 or out is not None:
         return _multinomial(probs, num_samples, replacement, generator=generator, out=out)
-    running = probs.double().cumsum(dim=-1)
-    draw = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
+    dtype = dtype or running_dtype(probs.device.type)
+    running = probs.to(dtype).cumsum(dim=-1)
+    draw = torch.rand(probs.shape[0], 1, dtype=dtype, device=probs.device, generator=generator)
     picked = torch.searchsorted(running, draw * running[:, -1:], right=True).clamp_(max=probs.shape[1] - 1)
     if record is not None:
-        record.append((probs.gather(1, picked).squeeze(1).double() / running[:, -1]).log().float())
+        record.append((probs.gather(1, picked).squeeze(1).to(dtype) / running[:, -1]).log().float())
     return picked
 
 

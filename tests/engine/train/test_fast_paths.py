@@ -767,6 +767,22 @@ def test_inverse_cdf_sampling_draws_the_same_distribution_as_multinomial():
     assert torch.multinomial is rollout._multinomial  # restored after sampling
 
 
+def test_inverse_cdf_sums_in_float32_where_the_device_has_no_float64():
+    """MPS has no float64: the running sum is float32 there, and still draws the distribution asked for."""
+    from dragon_dagster.engine.train import rollout
+
+    assert rollout.running_dtype("mps") == torch.float32
+    assert rollout.running_dtype("cpu") == rollout.running_dtype("cuda") == torch.float64
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2]]) * 3
+    record = []
+    draws = rollout.inverse_cdf(probs.repeat(50_000, 1), num_samples=1, record=record, dtype=torch.float32)
+    shares = torch.bincount(draws[:, 0], minlength=4).float() / 50_000
+    assert torch.allclose(shares, torch.tensor([0.5, 0.0, 0.3, 0.2]), atol=0.01) and shares[1] == 0
+    assert record[0].dtype == torch.float32
+    assert torch.allclose(record[0], torch.tensor([0.5, 0.0, 0.3, 0.2]).log()[draws[:, 0]])
+
+
 def test_sampling_records_the_log_probabilities_a_forward_pass_gives():
     """What a round serving several GRPO steps keeps as the old policy's log-probabilities."""
     from dragon_dagster.engine.train import rollout

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from ...train.preference import PreferenceStage
 
@@ -12,4 +12,5 @@ class DPO(PreferenceStage):
     rejected one, relative to the model the stage started from (with LoRA, that model is the adapter switched off:
     no reference copy is loaded)."""
 
+    trl_config: ClassVar[str] = "trl.DPOConfig"
     kind: Literal["dpo"]

@@ -15,6 +15,7 @@ class KTO(PreferenceStage):
 
     trains_on: ClassVar[tuple[str, ...]] = ("rated", "pairs")
 
+    trl_config: ClassVar[str] = "trl.KTOConfig"
     kind: Literal["kto"]
     desirable_weight: float | None = Field(
         None,
