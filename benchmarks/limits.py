@@ -31,6 +31,7 @@ sft_flops_per_token() / sft_achieved().
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -226,6 +227,40 @@ def sampling(
     return result
 
 
+@contextlib.contextmanager
+def unfused():
+    """decode_weights without the stacked q/k/v and gate/up products (the packed layers one by one, as before)."""
+    from dragon_dagster.engine.infer import decode_weights
+
+    real = decode_weights.fused_groups
+    decode_weights.fused_groups = lambda model, linears: []
+    try:
+        yield
+    finally:
+        decode_weights.fused_groups = real
+
+
+def interleaved(variants: dict, runs: int = 3, rows: int = 8, new_tokens: int = 32, model=None) -> dict:
+    """Sampling calls of each variant (name: a function returning the context it runs in) in turn, `runs`
+    rounds: the seconds of each call and of its median decoding step, with their median, min and max."""
+    model = model or smol_lora_model()
+    for make in variants.values():  # warm-up
+        with make():
+            time_sampling(model, rows, 4)
+    found = {name: {"call_s": [], "step_ms": []} for name in variants}
+    for _ in range(runs):
+        for name, make in variants.items():
+            with make():
+                t = time_sampling(model, rows, new_tokens)
+            found[name]["call_s"].append(round(t["seconds"], 3))
+            found[name]["step_ms"].append(round(1e3 * t["step_seconds"], 1))
+    for f in found.values():
+        for key in ("call_s", "step_ms"):
+            f[key + "_median"] = statistics.median(f[key])
+            f[key + "_range"] = [min(f[key]), max(f[key])]
+    return found
+
+
 def sft_flops_per_token(
     seq_len: int, scored_fraction: float = 1.0, arch: str = "smol", rank: int = 16, causal: bool = True
 ) -> float:
@@ -268,7 +303,13 @@ def main() -> None:
     p.add_argument("--gib", type=float, default=1.0, help="array size of the bandwidth kernels")
     p.add_argument("--runs", type=int, default=3, help="sampling calls timed")
     p.add_argument("--skip-sampling", action="store_true")
+    p.add_argument("--threads", type=int, help="torch threads (default: torch's, all cores)")
+    p.add_argument(
+        "--ab-fused", action="store_true", help="also time sampling with and without fused q/k/v, gate/up, interleaved"
+    )
     a = p.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     out = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     out["memory_bandwidth"] = memory_bandwidth(a.gib)
     out["matmul_peak"] = matmul_peak()
@@ -276,6 +317,16 @@ def main() -> None:
         out["grpo_sampling"] = sampling(
             a.runs, bandwidth_gb_s=out["memory_bandwidth"]["read_gb_s"], peak_gflop_s=out["matmul_peak"]["gflop_s"]
         )
+    if a.ab_fused:
+        runs = interleaved({"unfused": unfused, "fused": contextlib.nullcontext}, a.runs)
+        bytes_per_step = decode_weight_bytes(smol_lora_model())["bytes_per_step"]
+        for r in runs.values():
+            r["step_weight_gb_s_median"] = round(bytes_per_step / r["step_ms_median"] / 1e6, 2)
+            r["call_weight_gb_s_median"] = round(bytes_per_step * 32 / r["call_s_median"] / 1e9, 2)
+            r["step_fraction_of_bandwidth"] = round(
+                r["step_weight_gb_s_median"] / out["memory_bandwidth"]["read_gb_s"], 3
+            )
+        out["fused_ab"] = runs
     text = json.dumps(out, indent=2)
     print(text)
     if a.json:
