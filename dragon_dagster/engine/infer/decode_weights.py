@@ -60,14 +60,19 @@ def on_cpu(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype.is_floating_point
 
 
-def folded_weight(layer) -> tuple[torch.Tensor, list[str]]:
+def folded_weight(layer, out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[str]]:
     """W + scaling B A over the layer's active adapters (PEFT's get_delta_weight, fused into one product), and
-    the adapters it holds."""
+    the adapters it holds; written into out when given (a part of a stacked weight)."""
     merged = layer.get_base_layer().weight.detach()
     active = [name for name in layer.active_adapters if name in layer.lora_A]
-    for name in active:
+    for i, name in enumerate(active):
         a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-        merged = torch.addmm(merged, b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name])
+        if out is not None and i:
+            merged = out.addmm_(b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name])
+        else:
+            merged = torch.addmm(merged, b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name], out=out)
+    if out is not None and not active:
+        merged = out.copy_(merged)
     return merged, active
 
 
@@ -161,20 +166,32 @@ def prepared(model, rows: int):
     linears = plain_linears(model) if packable(rows) else []
     try:
         with torch.no_grad():
+            groups = fused_groups(model, linears)
+            stacks, parts = [], {}  # a group's weights stacked in one buffer, each layer's rows of it
+            for group in groups:
+                stacked = torch.empty(
+                    sum(m.out_features for m in group), group[0].in_features, dtype=group[0].weight.dtype
+                )
+                stacks.append(stacked)
+                parts.update(zip(map(id, group), stacked.split([m.out_features for m in group]), strict=True))
             weights = {}
-            for layer in folds:
-                merged, layer.merged_adapters = folded_weight(layer)  # PEFT now runs the base layer alone
-                weights[id(layer.get_base_layer())] = merged
-            for group in fused_groups(model, linears):
-                stacked = torch.cat([weights.pop(id(m), m.weight).detach() for m in group])
+            for layer in folds:  # PEFT now runs the base layer alone
+                base = layer.get_base_layer()
+                weights[id(base)], layer.merged_adapters = folded_weight(layer, parts.get(id(base)))
+            for group in groups:
+                stacked = stacks.pop(0)  # freed once packed
+                for m in group:
+                    if weights.pop(id(m), None) is None:  # not folded: its own weight
+                        parts[id(m)].copy_(m.weight)
                 bias = torch.cat([m.bias.detach() for m in group]) if group[0].bias is not None else None
                 fused = Fused(
                     torch.ops.mkldnn._reorder_linear_weight(stacked, rows), bias, [m.out_features for m in group]
                 )
-                del stacked
                 for index, module in enumerate(group):
                     module.forward = functools.partial(fused.forward, index)
                     patched.append(module)
+            stacked = None
+            parts.clear()
             for module in linears:
                 if "forward" in module.__dict__:  # fused above
                     continue

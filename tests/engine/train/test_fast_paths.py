@@ -881,6 +881,10 @@ def test_decode_weights_run_q_k_v_and_gate_up_as_one_product_each_with_the_same_
             assert torch.allclose(attention.v_proj(x), expected[2], atol=1e-5)
             assert len(products) == 1  # k's call ran the product and kept q's and v's parts for their calls
         assert torch.allclose(folded, unfolded, atol=1e-5)
+        with model.disable_adapter():  # nothing folded: the stacked weights are the layers' own
+            base = model(input_ids=ids, attention_mask=mask).logits
+            with decode_weights.prepared(model, rows=2):
+                assert torch.allclose(model(input_ids=ids, attention_mask=mask).logits, base, atol=1e-5)
     assert not any("forward" in m.__dict__ for m in model.modules())  # all put back
 
 
