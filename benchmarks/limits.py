@@ -227,6 +227,46 @@ def sampling(
     return result
 
 
+PROFILE_GROUPS = {
+    "linear products": ("mkldnn::_linear_pointwise", "aten::mm", "aten::linear"),
+    "fold + pack (once a call)": ("mkldnn::_reorder_linear_weight", "aten::addmm"),
+    "attention": ("aten::_scaled_dot_product_flash_attention_for_cpu",),
+    "cat (KV cache, rotary, generate's ids and mask)": ("aten::cat",),
+    "sampling (softmax, running sum, draw)": (
+        "aten::_softmax",
+        "aten::cumsum",
+        "aten::searchsorted",
+        "aten::uniform_",
+        "aten::log",
+        "aten::gather",
+        "aten::isin",
+    ),
+}
+
+
+def profile_sampling(model=None, rows: int = 8, new_tokens: int = 32) -> dict:
+    """Where one sampling call's time goes, by torch.profiler's self time of its ops (ms per decoding step):
+    PROFILE_GROUPS, the other ops (norms, rotary, activations, copies), and the rest of the wall time, which is
+    Python: HF generate's loop, the modules' calls, and the ops' dispatch (inflated by the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = model or smol_lora_model()
+    time_sampling(model, rows, 4)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        wall = time_sampling(model, rows, new_tokens)["seconds"]
+    groups = dict.fromkeys([*PROFILE_GROUPS, "other ops"], 0.0)
+    for event in prof.key_averages():
+        name = next((g for g, ops in PROFILE_GROUPS.items() if event.key in ops), "other ops")
+        groups[name] += event.self_cpu_time_total / 1e3
+    groups["python and dispatch (wall - ops)"] = 1e3 * wall - sum(groups.values())
+    return {
+        "wall_s": round(wall, 3),
+        "threads": torch.get_num_threads(),
+        "ms_per_step": {k: round(v / new_tokens, 2) for k, v in groups.items()},
+        "share": {k: round(v / (1e3 * wall), 3) for k, v in groups.items()},
+    }
+
+
 @contextlib.contextmanager
 def unfused():
     """decode_weights without the stacked q/k/v and gate/up products (the packed layers one by one, as before)."""
@@ -303,6 +343,7 @@ def main() -> None:
     p.add_argument("--gib", type=float, default=1.0, help="array size of the bandwidth kernels")
     p.add_argument("--runs", type=int, default=3, help="sampling calls timed")
     p.add_argument("--skip-sampling", action="store_true")
+    p.add_argument("--profile", action="store_true", help="also break one sampling call down by op (torch.profiler)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, all cores)")
     p.add_argument(
         "--ab-fused", action="store_true", help="also time sampling with and without fused q/k/v, gate/up, interleaved"
@@ -317,6 +358,8 @@ def main() -> None:
         out["grpo_sampling"] = sampling(
             a.runs, bandwidth_gb_s=out["memory_bandwidth"]["read_gb_s"], peak_gflop_s=out["matmul_peak"]["gflop_s"]
         )
+    if a.profile:
+        out["sampling_profile"] = profile_sampling()
     if a.ab_fused:
         runs = interleaved({"unfused": unfused, "fused": contextlib.nullcontext}, a.runs)
         bytes_per_step = decode_weight_bytes(smol_lora_model())["bytes_per_step"]
