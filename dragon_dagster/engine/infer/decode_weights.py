@@ -16,9 +16,10 @@ For the duration of `prepared(model, rows)`:
   copies are freed when the context ends. Packing all of SmolLM2 takes about 0.1 s, a round of 32 tokens
   saves well over a second.
 - the layers that take the same input one after the other (q/k/v, gate/up) run as one product on their
-  weights stacked and packed together: 4 products a decoder layer instead of 7. With torch's two threads on
-  the benchmark CPU the decoder's products of eight rows took 51 ms instead of 59 (best of 12, interleaved);
-  on one thread the same. Fewer, larger products start and join the threads less often.
+  weights stacked and packed together: 4 products a decoder layer instead of 7, which start and join torch's
+  threads less often. On the benchmark CPU, all of SmolLM2's products for eight rows alone took 51 ms instead
+  of 59 with two threads (best of 12, interleaved), 77 instead of 78 on one; within a whole sampling call
+  the difference was inside the noise of a shared machine (benchmarks/limits.py --ab-fused measures it).
 CPU only: on a GPU the copies would cost memory that a larger model needs, and its kernels need no packing.
 """
 
@@ -142,17 +143,17 @@ class Fused:
 
     def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, sizes: list[int]):
         self.packed, self.bias, self.sizes = packed, bias, sizes
-        self.input, self.outputs = None, {}
+        self.kept = None  # (the input, {index: that layer's output}), replaced whole: read once a call
 
     def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        if index in self.outputs and self.input is x:
-            out = self.outputs.pop(index)
-            if not self.outputs:
-                self.input = None  # the last part taken: no reference kept past the layer
+        kept = self.kept
+        if kept is not None and kept[0] is x and index in kept[1]:
+            out = kept[1].pop(index)
+            if not kept[1]:
+                self.kept = None  # the last part taken: no reference kept past the layer
             return out
-        parts = packed_linear(self.packed, self.bias, x).split(self.sizes, dim=-1)
-        parts = [part.contiguous() for part in parts]
-        self.input, self.outputs = x, {i: part for i, part in enumerate(parts) if i != index}
+        parts = [part.contiguous() for part in packed_linear(self.packed, self.bias, x).split(self.sizes, dim=-1)]
+        self.kept = (x, {i: part for i, part in enumerate(parts) if i != index})
         return parts[index]
 
 
