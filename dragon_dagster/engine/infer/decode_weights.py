@@ -15,6 +15,11 @@ For the duration of `prepared(model, rows)`:
 - with oneDNN, every linear layer runs on a packed copy of its weight (the folded one for a LoRA layer); the
   copies are freed when the context ends. Packing all of SmolLM2 takes about 0.1 s, a round of 32 tokens
   saves well over a second.
+- the layers that take the same input one after the other (q/k/v, gate/up) run as one product on their
+  weights stacked and packed together: 4 products a decoder layer instead of 7, which start and join torch's
+  threads less often. On the benchmark CPU, all of SmolLM2's products for eight rows alone took 51 ms instead
+  of 59 with two threads (best of 12, interleaved), 77 instead of 78 on one; within a whole sampling call
+  the difference was inside the noise of a shared machine (benchmarks/limits.py --ab-fused measures it).
 CPU only: on a GPU the copies would cost memory that a larger model needs, and its kernels need no packing.
 """
 
@@ -56,14 +61,19 @@ def on_cpu(weight: torch.Tensor) -> bool:
     return weight.device.type == "cpu" and weight.dtype.is_floating_point
 
 
-def folded_weight(layer) -> tuple[torch.Tensor, list[str]]:
+def folded_weight(layer, out: torch.Tensor | None = None) -> tuple[torch.Tensor, list[str]]:
     """W + scaling B A over the layer's active adapters (PEFT's get_delta_weight, fused into one product), and
-    the adapters it holds."""
+    the adapters it holds; written into out when given (a part of a stacked weight)."""
     merged = layer.get_base_layer().weight.detach()
     active = [name for name in layer.active_adapters if name in layer.lora_A]
-    for name in active:
+    for i, name in enumerate(active):
         a, b = layer.lora_A[name].weight, layer.lora_B[name].weight
-        merged = torch.addmm(merged, b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name])
+        if out is not None and i:
+            merged = out.addmm_(b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name])
+        else:
+            merged = torch.addmm(merged, b.to(merged.dtype), a.to(merged.dtype), alpha=layer.scaling[name], out=out)
+    if out is not None and not active:
+        merged = out.copy_(merged)
     return merged, active
 
 
@@ -103,6 +113,50 @@ def plain_linears(model) -> list[torch.nn.Linear]:
     ]
 
 
+# Linear layers that a decoder layer runs on the same input one after the other: packed as one weight, their
+# outputs stacked, they take one product per token instead of two or three.
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def fused_groups(model, linears: list[torch.nn.Linear]) -> list[list[torch.nn.Linear]]:
+    """The groups of FUSED among `linears` (LoRA layers by their base layer): the same input width, all with a
+    bias or all without."""
+    packing = {id(m) for m in linears}
+    groups = []
+    for module in model.modules():
+        for names in FUSED:
+            members = [getattr(module, name, None) for name in names]
+            members = [m.get_base_layer() if hasattr(m, "get_base_layer") else m for m in members]
+            if (
+                all(isinstance(m, torch.nn.Linear) and id(m) in packing for m in members)
+                and len({m.in_features for m in members}) == 1
+                and len({m.bias is None for m in members}) == 1
+            ):
+                groups.append(members)
+    return groups
+
+
+class Fused:
+    """One packed product for a group of linear layers that take the same input: the first layer's call runs it
+    and keeps the others' outputs for their calls on that same tensor; a call on any other input runs the
+    product again and keeps only its own part."""
+
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None, sizes: list[int]):
+        self.packed, self.bias, self.sizes = packed, bias, sizes
+        self.kept = None  # (the input, {index: that layer's output}), replaced whole: read once a call
+
+    def forward(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        kept = self.kept
+        if kept is not None and kept[0] is x and index in kept[1]:
+            out = kept[1].pop(index)
+            if not kept[1]:
+                self.kept = None  # the last part taken: no reference kept past the layer
+            return out
+        parts = [part.contiguous() for part in packed_linear(self.packed, self.bias, x).split(self.sizes, dim=-1)]
+        self.kept = (x, {i: part for i, part in enumerate(parts) if i != index})
+        return parts[index]
+
+
 @contextlib.contextmanager
 def prepared(model, rows: int):
     """model decodes `rows` rows at a time on folded, packed weights (see the module's docstring) for the
@@ -113,11 +167,35 @@ def prepared(model, rows: int):
     linears = plain_linears(model) if packable(rows) else []
     try:
         with torch.no_grad():
+            groups = fused_groups(model, linears)
+            stacks, parts = [], {}  # a group's weights stacked in one buffer, each layer's rows of it
+            for group in groups:
+                stacked = torch.empty(
+                    sum(m.out_features for m in group), group[0].in_features, dtype=group[0].weight.dtype
+                )
+                stacks.append(stacked)
+                parts.update(zip(map(id, group), stacked.split([m.out_features for m in group]), strict=True))
             weights = {}
-            for layer in folds:
-                merged, layer.merged_adapters = folded_weight(layer)  # PEFT now runs the base layer alone
-                weights[id(layer.get_base_layer())] = merged
+            for layer in folds:  # PEFT now runs the base layer alone
+                base = layer.get_base_layer()
+                weights[id(base)], layer.merged_adapters = folded_weight(layer, parts.get(id(base)))
+            for group in groups:
+                stacked = stacks.pop(0)  # freed once packed
+                for m in group:
+                    if weights.pop(id(m), None) is None:  # not folded: its own weight
+                        parts[id(m)].copy_(m.weight)
+                bias = torch.cat([m.bias.detach() for m in group]) if group[0].bias is not None else None
+                fused = Fused(
+                    torch.ops.mkldnn._reorder_linear_weight(stacked, rows), bias, [m.out_features for m in group]
+                )
+                for index, module in enumerate(group):
+                    module.forward = functools.partial(fused.forward, index)
+                    patched.append(module)
+            stacked = None
+            parts.clear()
             for module in linears:
+                if "forward" in module.__dict__:  # fused above
+                    continue
                 weight = weights.pop(id(module), module.weight)
                 module.forward = functools.partial(
                     packed_linear,

@@ -875,6 +875,44 @@ def test_decoding_on_cpu_folds_the_adapters_packs_the_weights_and_puts_everythin
         assert decode_weights.foldable(model) == []
 
 
+def test_decode_weights_run_q_k_v_and_gate_up_as_one_product_each_with_the_same_outputs(monkeypatch):
+    from dragon_dagster.engine.infer import decode_weights
+
+    assert decode_weights.packable(2)
+    model = small_lora_model()
+    model.eval()
+    ids = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]])
+    mask = (ids != 0).long()
+    products = []
+    real = decode_weights.packed_linear
+
+    def counted(packed, bias, x):
+        products.append(x.shape)
+        return real(packed, bias, x)
+
+    monkeypatch.setattr(decode_weights, "packed_linear", counted)
+    with torch.no_grad():
+        unfolded = model(input_ids=ids, attention_mask=mask).logits
+        attention = model.base_model.model.model.layers[0].self_attn
+        x = torch.randn(3, 32)
+        expected = [getattr(attention, name)(x) for name in ("q_proj", "k_proj", "v_proj")]
+        with decode_weights.prepared(model, rows=2):
+            products.clear()
+            folded = model(input_ids=ids, attention_mask=mask).logits
+            assert len(products) == 2 * 4 + 1  # per layer: q/k/v, o, gate/up, down; then the head
+            products.clear()
+            assert torch.allclose(attention.k_proj(x), expected[1], atol=1e-5)  # an input q_proj has not seen
+            assert torch.allclose(attention.q_proj(x), expected[0], atol=1e-5)
+            assert torch.allclose(attention.v_proj(x), expected[2], atol=1e-5)
+            assert len(products) == 1  # k's call ran the product and kept q's and v's parts for their calls
+        assert torch.allclose(folded, unfolded, atol=1e-5)
+        with model.disable_adapter():  # nothing folded: the stacked weights are the layers' own
+            base = model(input_ids=ids, attention_mask=mask).logits
+            with decode_weights.prepared(model, rows=2):
+                assert torch.allclose(model(input_ids=ids, attention_mask=mask).logits, base, atol=1e-5)
+    assert not any("forward" in m.__dict__ for m in model.modules())  # all put back
+
+
 def test_adapters_that_a_folded_model_would_not_run_stay_as_they_are():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
