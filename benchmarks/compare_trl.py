@@ -1,24 +1,24 @@
-"""This project's training paths against plain TRL (../shared/bench/anchor_trl.py), in one run, on one machine.
+"""This project's training paths against plain TRL at its best, the same work on both sides, in interleaved rounds.
 
-    python benchmarks/compare_trl.py                       # CPU: tiny model shape, a few minutes
-    python benchmarks/compare_trl.py --arch smol --steps 20 --bs 16 --gen-bs 64 --comp 128   # GPU
+    python benchmarks/compare_trl.py --arch smol                       # the RESULTS headline (CPU: about an hour)
+    python benchmarks/compare_trl.py --arch smol --explore --only sft  # every candidate peer option once
+    python benchmarks/compare_trl.py                                   # the tiny shape, a few minutes
 
-Both sides get the same random-weight model shape (the anchor's configs), the same synthetic rows (the
-anchor's generator and seed), the same LoRA (r 16, alpha 32, all linear layers) and learning rates. Each
-measurement runs in its own process, so its peak memory is its own. Printed: one JSON line per
-measurement, then a table of ratios (this project / plain TRL):
+The peer is benchmarks/peer_trl.py: TRL 1.16 as its docs show it, with the options in PEER_BEST (the fastest
+that --explore found on the machine RESULTS names, among CANDIDATES). The same work on both sides:
 
-- SFT trained tokens/s (non-padding tokens through the model per second, TRL's num_tokens), unpacked
-  and packed, against the anchor's matching row;
-- GRPO completions/s and completion tokens/s;
-- DPO and ORPO pairs/s and KTO rows/s (rows per second, from the median step after the first 3), plus trained tokens/s
-  (TRL's num_tokens, which DPO and KTO log; ORPO does not); the peer here is PEER_PREFERENCE below, plain TRL
-  as its docs show DPOTrainer, ORPOTrainer and KTOTrainer (no reference model with a LoRA), run on the same
-  saved model and the same rows
-  (conversational pairs from the anchor's sentence generator; KTO: the same prompts, liked/disliked alternating);
-- peak memory (CUDA max allocated on a GPU, else the process's peak RSS);
-- Dagster overhead: a materialization of the SFT asset (run, Pipes child, MLflow, artifact store) minus
-  the same job run straight through the engine's worker, best of --repeats.
+- the same saved random-weight model (the shapes of arch_config), the same rows file per method, read in the
+  same order (both sides use the Trainer's sampler with seed 42; KTO's rows are shuffled with seed 42 on both);
+- the same objective: SFT on the reply only (prompt-completion rows), DPO/ORPO/KTO with beta 0.1, GRPO with 8
+  completions per prompt, the same completion length, beta 0.04 (a reference pass every step), on-policy;
+- the same LoRA: r 16, alpha 32, every linear layer, dropout 0 in the headline. With dropout on, the two differ
+  by design (ours samples GRPO's completions without dropout; see --second-rows), so those are second rows;
+- the same learning rates, no warm-up, no gradient checkpointing on either side.
+
+Each run is its own process (its peak memory is its own); each round runs every measurement on both sides, the
+side that goes first alternating between rounds. Printed: one JSON line per run, then per measurement each
+side's median (min-max) over the rounds and the ratio of the medians. --limits also measures the machine's
+matmul peak and memory bandwidth (benchmarks/limits.py) and reports how close SFT and GRPO sampling come.
 """
 
 from __future__ import annotations
@@ -35,10 +35,48 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ANCHOR = ROOT.parent / "shared" / "bench" / "anchor_trl.py"
+PEER = ROOT / "benchmarks" / "peer_trl.py"
+METHODS = ("sft", "dpo", "orpo", "kto", "grpo")
+
+# The peer options tried per method (peer_trl.py's flags; gradient checkpointing is off in all of them). TRL 1.16
+# has no padding-free DPO (it "warns and falls back"), ORPO has no speed options, and Liger kernels need a GPU.
+CANDIDATES: dict[str, list[list[str]]] = {
+    "sft": [[], ["padding_free"], ["packing"], ["workers=2"], ["torch_compile"]],
+    "dpo": [[], ["precompute_ref"]],
+    "orpo": [[]],
+    "kto": [[], ["precompute_ref"]],
+    "grpo": [[]],
+}
+# The fastest of CANDIDATES on the RESULTS machine (2-core CPU), from `--explore`; --peer METHOD=... overrides.
+PEER_BEST: dict[str, list[str]] = {"sft": [], "dpo": [], "orpo": [], "kto": [], "grpo": []}
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One row of the table: a method, the LoRA dropout on both sides and GRPO's steps per sampling round."""
+
+    method: str
+    dropout: float = 0.0
+    rounds: int = 1
+
+    @property
+    def label(self) -> str:
+        return (
+            self.method
+            + (f" dropout {self.dropout}" if self.dropout else "")
+            + (f" {self.rounds} steps per sampling round" if self.rounds > 1 else "")
+        )
+
+
+SECOND_ROWS = {
+    "sft_dropout": Measurement("sft", dropout=0.05),
+    "grpo_dropout": Measurement("grpo", dropout=0.05),
+    "grpo_rounds4": Measurement("grpo", rounds=4),
+}
 
 # Runs a script or `-m module` and prints its peak memory at exit: the same yardstick for both sides.
 PEAK = textwrap.dedent("""\
@@ -178,102 +216,26 @@ def kto_rows(n: int, rng: random.Random) -> list[dict]:
     ]
 
 
-PREFERENCE_ROWS = {"dpo": dpo_rows, "orpo": dpo_rows, "kto": kto_rows}
-PAIRED = ("dpo", "orpo")  # rows are pairs: pairs/s; KTO's are single rated replies: rows/s
-
-# The peer for DPO and KTO, written as the anchor is: plain TRL as its docs show it, timed by the anchor's
-# Timer and steady. It loads the saved random model (the anchor's shape) and trains on the rows file both sides
-# get. One JSON line: pairs_per_s (DPO) or rows_per_s (KTO) = bs / median step seconds, and TRL's num_tokens/s.
-PEER_PREFERENCE = textwrap.dedent("""\
-    import argparse, json, time
-
-    import datasets
-    import pyarrow as pa
-    import torch
-    from datasets import Dataset
-    from peft import LoraConfig
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
-
-    p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
-    p.add_argument("--rows", required=True)
-    p.add_argument("--what", choices=["dpo", "orpo", "kto"], required=True)
-    p.add_argument("--arch", default="tiny")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--bs", type=int, default=16)
-    p.add_argument("--gc", type=int, default=1)
-    a = p.parse_args()
-    datasets.disable_caching()
-    cuda = torch.cuda.is_available()
-    tok = AutoTokenizer.from_pretrained(a.model)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-
-
-    class Timer(TrainerCallback):
-        def __init__(self):
-            self.rows = []
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and ("num_tokens" in logs or "loss" in logs):  # ORPO logs no num_tokens
-                if cuda:
-                    torch.cuda.synchronize()
-                self.rows.append((time.perf_counter(), float(logs.get("num_tokens", 0))))
-
-
-    def steady(rows, skip=3):
-        r = rows[skip:] if len(rows) > skip + 1 else rows
-        d = sorted(r[i][0] - r[i - 1][0] for i in range(1, len(r)))
-        return d[len(d) // 2], (r[-1][1] - r[0][1]) / (r[-1][0] - r[0][0])
-
-
-    rows = [json.loads(line) for line in open(a.rows)]
-    ds = Dataset(pa.Table.from_pylist(rows), fingerprint=a.what)
-    lora = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.05, target_modules="all-linear", task_type="CAUSAL_LM")
-    common = dict(output_dir="/tmp/anchor_out", report_to=[], save_strategy="no", logging_steps=1,
-                  bf16=cuda, max_steps=a.steps, disable_tqdm=True, gradient_checkpointing=bool(a.gc))
-    torch.manual_seed(0)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32)
-    timer = Timer()
-    if a.what == "dpo":
-        cfg = DPOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
-        tr = DPOTrainer(model=model, ref_model=None, args=cfg, train_dataset=ds, processing_class=tok,
-                        peft_config=lora, callbacks=[timer])
-    elif a.what == "orpo":
-        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
-
-        cfg = ORPOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
-        tr = ORPOTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, peft_config=lora,
-                         callbacks=[timer])
-    else:
-        cfg = KTOConfig(per_device_train_batch_size=a.bs, max_length=1024, learning_rate=5e-5, beta=0.1, **common)
-        tr = KTOTrainer(model=model, ref_model=None, args=cfg, train_dataset=ds, processing_class=tok,
-                        peft_config=lora, callbacks=[timer])
-    t0 = time.perf_counter(); tr.train(); wall = time.perf_counter() - t0
-    s, tps = steady(timer.rows)
-    out = dict(what=a.what, arch=a.arch, bs=a.bs, gc=a.gc, step_s=s, tokens_per_s=tps, wall_s=wall,
-               steps_timed=len(timer.rows))
-    out["rows_per_s" if a.what == "kto" else "pairs_per_s"] = a.bs / s
-    if cuda:
-        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    print(json.dumps(out), flush=True)
-    """)
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-def run_measured(command: list[str], env: dict | None = None) -> tuple[list[str], dict, float]:
+def run_measured(
+    command: list[str], env: dict | None = None, timeout: float | None = None
+) -> tuple[list[str], dict, float]:
     """Run under the PEAK wrapper; returns (stdout lines, peak, wall seconds). Fails loudly with the output."""
     start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", PEAK, *command], capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", PEAK, *command],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"gave up after {timeout:.0f} s: {' '.join(command)}") from None
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"failed: {' '.join(command)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -284,62 +246,6 @@ def run_measured(command: list[str], env: dict | None = None) -> tuple[list[str]
 
 def peak_gib(peak: dict) -> float:
     return peak.get("cuda_gib", peak.get("rss_gib", 0.0))
-
-
-def anchor(what: str, a, tokenizer_dir: Path) -> dict:
-    lines, peak, _ = run_measured(
-        [
-            str(a.anchor),
-            "--tok",
-            str(tokenizer_dir),
-            "--arch",
-            a.arch,
-            "--steps",
-            str(a.steps),
-            "--only",
-            what,
-            "--bs",
-            str(a.bs),
-            "--gen_bs",
-            str(a.gen_bs),
-            "--comp",
-            str(a.comp),
-            "--gc",
-            str(a.anchor_gc),
-        ]
-    )
-    row = json.loads(next(line for line in lines if line.startswith('{"what"')))
-    row["peak_gib"] = row.get("peak_gib", peak_gib(peak))
-    return row
-
-
-def peer_preference(what: str, a, model: Path, work: Path) -> dict:
-    """The DPO or KTO peer (PEER_PREFERENCE) in its own process, on the rows ours_preference trains on."""
-    script = work / "peer_preference.py"
-    script.write_text(PEER_PREFERENCE)
-    rows = write_jsonl(work / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
-    lines, peak, _ = run_measured(
-        [
-            str(script),
-            "--model",
-            str(model),
-            "--rows",
-            str(rows),
-            "--what",
-            what,
-            "--arch",
-            a.arch,
-            "--steps",
-            str(a.steps),
-            "--bs",
-            str(a.bs),
-            "--gc",
-            str(a.anchor_gc),
-        ]
-    )
-    row = json.loads(next(line for line in lines if line.startswith('{"what"')))
-    row["peak_gib"] = row.get("peak_gib", peak_gib(peak))
-    return row
 
 
 def steady(rows: list[dict], skip: int) -> tuple[float, float, int]:
@@ -357,7 +263,9 @@ def steady(rows: list[dict], skip: int) -> tuple[float, float, int]:
     return seconds / max(steps, 1), tokens / seconds if seconds else 0.0, steps
 
 
-def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, speed: dict, **extra) -> Path:
+def engine_job(
+    kind: str, model: Path, train: Path, work: Path, args: dict, speed: dict, dropout: float, **extra
+) -> Path:
     """A worker job file (engine/config/job.py's Job): the stage's settings (its kind's model,
     engine/stages/<kind>/settings.py), the inputs and the speed settings; the worker validates it."""
     out, ckpt = work / "out", work / "ckpt"
@@ -366,7 +274,7 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
         "name": kind,
         "kind": kind,
         "dataset": "bench",
-        "lora": {"r": 16, "alpha": 32, "dropout": 0.05},
+        "lora": {"r": 16, "alpha": 32, "dropout": dropout},
         "args": {
             "logging_steps": 1,
             "save_steps": 10_000,
@@ -390,103 +298,81 @@ def engine_job(kind: str, model: Path, train: Path, work: Path, args: dict, spee
     return path
 
 
-def ours_sft(a, model: Path, work: Path, packing: str) -> dict:
-    train = write_jsonl(work.parent / "sft.jsonl", sft_rows(a.bs * (a.steps + 2), random.Random(0)))
-    job = engine_job(
-        "sft",
-        model,
-        train,
-        work,
-        {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4},
-        speed_settings(a, packing=packing),
-    )
-    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(job)])
-    step_s, tps, _ = steady(read_progress(work / "out"), skip=3)
-    return {
-        "what": "sft_packed" if packing == "on" else "sft",
-        "step_s": step_s,
-        "tokens_per_s": tps,
-        "peak_gib": peak_gib(peak),
-        "wall_s": wall,
-    }
-
-
 def speed_settings(a, **more) -> dict:
     """Our side's speed settings (the training resource's): --loss-kernel, --torch-compile, each --speed KEY=VALUE."""
     given = {key: int(value) if value.isdigit() else value for key, value in (i.split("=", 1) for i in a.speed)}
     return {"loss_kernel": a.loss_kernel, "torch_compile": a.torch_compile, **more, **given}
 
 
-def ours_grpo(a, model: Path, work: Path) -> dict:
-    train = write_jsonl(work.parent / "prompts.jsonl", grpo_rows(a.gen_bs * (a.steps + 2), random.Random(0)))
-    rewards = [{"type": "numeric", "weight": 1.0}, {"type": "length", "max_chars": 12, "weight": 1.0}]
-    job = engine_job(
-        "grpo",
-        model,
-        train,
-        work,
-        {"max_steps": a.steps, "batch_size": a.gen_bs // 8, "learning_rate": 1e-5},
-        speed_settings(a, generation_batch_size=a.gen_rounds * a.gen_bs or None),
-        rewards=rewards,
-        group_size=8,
-        beta=0.04,
-        temperature=1.0,
-        max_eval_prompts=2,
-        max_new_tokens=a.comp,
-    )
+def ours(m: Measurement, a, model: Path, rows: Path, work: Path) -> dict:
+    """One measurement through this project's worker (python -m dragon_dagster.engine.runtime.worker job.json)."""
+    if m.method == "grpo":
+        rewards = [{"type": "numeric", "weight": 1.0}, {"type": "length", "max_chars": 12, "weight": 1.0}]
+        extra = dict(rewards=rewards, group_size=8, beta=0.04, temperature=1.0, max_eval_prompts=2)
+        extra["max_new_tokens"] = a.comp
+        args = {"max_steps": a.grpo_steps, "batch_size": a.gen_bs // 8, "learning_rate": 1e-5}
+        speed = speed_settings(a, generation_batch_size=m.rounds * a.gen_bs if m.rounds > 1 else None)
+    elif m.method == "sft":
+        extra, speed = {}, speed_settings(a)  # the resource's default packing: off on a CPU
+        args = {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 2e-4}
+    else:
+        extra, speed = {"beta": 0.1}, speed_settings(a)
+        args = {"max_steps": a.pref_steps, "batch_size": a.bs, "learning_rate": 5e-5}
+    job = engine_job(m.method, model, rows, work, args, speed, m.dropout, **extra)
     _, peak, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(job)])
-    rows = read_progress(work / "out")
-    step_s, tps, _ = steady(rows, skip=2)
-    lengths = [r["completion_len"] for r in rows if "completion_len" in r]
-    mean_len = statistics.mean(lengths) if lengths else float(a.comp)
-    return {
-        "what": "grpo",
-        "step_s": step_s,
-        "completions_per_s": a.gen_bs / step_s,
-        "completion_tokens_per_s": a.gen_bs * mean_len / step_s,
-        "all_tokens_per_s": tps,
-        "mean_completion_len": mean_len,
-        "peak_gib": peak_gib(peak),
-        "wall_s": wall,
-    }
-
-
-def ours_preference(what: str, a, model: Path, work: Path) -> dict:
-    """The same rows through the worker's preference stage (kind dpo or kto); rows/s from the median step."""
-    rows = write_jsonl(work.parent / f"{what}.jsonl", PREFERENCE_ROWS[what](a.bs * (a.steps + 2), random.Random(0)))
-    job = engine_job(
-        what,
-        model,
-        rows,
-        work,
-        {"max_steps": a.steps, "batch_size": a.bs, "learning_rate": 5e-5},
-        speed_settings(a),
-        beta=0.1,
-    )
-    _, peak, wall = run_measured(["-m", "dragon_dagster.engine.runtime.worker", str(job)])
-    progress = [r for r in read_progress(work / "out") if r.get("elapsed_s") is not None]
-    tps = steady(progress, skip=3)[1] if any("num_tokens" in r for r in progress) else None
-    # the median step, as the anchor's steady takes it: elapsed_s between consecutive logged steps
-    timed = [r for r in progress if "num_tokens" in r] or progress
-    timed = timed[3:] if len(timed) > 4 else timed
-    gaps = sorted(
-        (later["elapsed_s"] - before["elapsed_s"]) / (later["step"] - before["step"])
-        for before, later in zip(timed, timed[1:])
-        if later["step"] > before["step"]
-    )
-    step_s = gaps[len(gaps) // 2]
+    progress = [r for r in read_progress(work / "out") if r.get("elapsed_s") is not None and r.get("loss") is not None]
+    times = [r["elapsed_s"] for r in progress]
+    gaps = [later - before for before, later in zip(times, times[1:])]
+    out = {"side": "ours", "wall_s": wall, "peak_gib": peak_gib(peak), "losses": [r["loss"] for r in progress]}
+    if m.method == "grpo":  # whole sampling rounds: the mean step over every step from the --skip-th
+        window = gaps[a.grpo_skip :]
+        out["step_s"] = sum(window) / len(window)
+        lengths = [r["completion_len"] for r in progress if "completion_len" in r]
+        out["mean_completion_len"] = statistics.mean(lengths) if lengths else float(a.comp)
+    else:
+        out["step_s"] = statistics.median(gaps[a.skip :] or gaps)
+    counted = [r for r in progress[a.skip :] if "num_tokens" in r]
+    if len(counted) > 1:
+        seconds = counted[-1]["elapsed_s"] - counted[0]["elapsed_s"]
+        out["tokens_per_s"] = (counted[-1]["num_tokens"] - counted[0]["num_tokens"]) / seconds if seconds else None
     summary = work / "out" / "metrics.json"  # the worker's summary names the speed choices it resolved
-    speed = json.loads(summary.read_text()).get("speed") if summary.exists() else None
-    return {
-        "what": what,
-        "step_s": step_s,
-        "tokens_per_s": tps,
-        "pairs_per_s" if what in PAIRED else "rows_per_s": a.bs / step_s,
-        "peak_gib": peak_gib(peak),
-        "wall_s": wall,
-        "steps_timed": len(timed),
-        "speed": speed,
-    }
+    if summary.exists():
+        out["speed"] = json.loads(summary.read_text()).get("speed")
+    return out
+
+
+def peer(m: Measurement, a, model: Path, rows: Path, options: list[str]) -> dict:
+    """One measurement of plain TRL (benchmarks/peer_trl.py) with the given options, in its own process."""
+    steps = {"sft": a.steps, "grpo": a.grpo_steps}.get(m.method, a.pref_steps)
+    command = [
+        str(PEER),
+        "--method",
+        m.method,
+        "--model",
+        str(model),
+        "--rows",
+        str(rows),
+        "--steps",
+        str(steps),
+        "--bs",
+        str(a.gen_bs if m.method == "grpo" else a.bs),
+        "--comp",
+        str(a.comp),
+        "--lora-dropout",
+        str(m.dropout),
+        "--skip",
+        str(a.grpo_skip if m.method == "grpo" else a.skip),
+        "--gc",
+        str(a.peer_gc),
+    ]
+    for option in options:
+        name, _, value = option.partition("=")
+        command += [f"--{name.replace('_', '-')}"] + ([value] if value else [])
+    if m.rounds > 1:
+        command += ["--steps-per-generation", str(m.rounds)]
+    lines, peak, wall = run_measured(command, timeout=a.peer_timeout)
+    row = json.loads(next(line for line in lines if line.startswith('{"method"')))
+    return {"side": "peer", **row, "wall_s": wall, "peak_gib": row.get("peak_gib", peak_gib(peak))}
 
 
 def read_progress(out: Path) -> list[dict]:
@@ -576,39 +462,63 @@ def dagster_overhead(a, model: Path, work: Path) -> dict:
     }
 
 
-def ratio(ours: float | None, theirs: float | None) -> str:
-    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
+def unit(method: str) -> tuple[str, str]:
+    """The headline figure of a method: (its name, the key or rule that computes it)."""
+    return {
+        "sft": ("trained tokens/s", "tokens"),
+        "dpo": ("pairs/s", "rows"),
+        "orpo": ("pairs/s", "rows"),
+        "kto": ("rated replies/s", "rows"),
+        "grpo": ("completions/s", "completions"),
+    }[method]
 
 
-def report(measured: dict[str, dict], a) -> str:
-    lines = ["| measurement | plain TRL | dragon-dagster | ratio |", "|---|---|---|---|"]
+def figure(m: Measurement, run: dict, a) -> float | None:
+    """The headline figure of one run: tokens/s for SFT, rows (pairs, replies, completions) per second otherwise.
+    A peer option that works before the first step (precomputed references) has that time spread over its steps."""
+    rule = unit(m.method)[1]
+    if rule == "tokens":
+        return run.get("tokens_per_s")
+    step = run.get("step_s_with_setup") or run["step_s"]
+    return (a.gen_bs if rule == "completions" else a.bs) / step
 
-    def add(label, key, ours, theirs, fmt="{:,.0f}", lower_is_better=False):
-        o, t = (ours or {}).get(key), (theirs or {}).get(key)
-        r = ratio(t, o) if lower_is_better else ratio(o, t)
-        lines.append(
-            f"| {label} | {fmt.format(t) if t is not None else '-'} | {fmt.format(o) if o is not None else '-'} | {r} |"
+
+def spread(values: list[float]) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    fmt = "{:,.0f}" if max(values) >= 20 else "{:.2f}"
+    med = fmt.format(statistics.median(values))
+    return med if len(values) == 1 else f"{med} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def report(runs: list[dict], plan: list[Measurement], a) -> str:
+    """Markdown: per measurement, each side's median (min-max) over the rounds and the ratio of the medians."""
+    lines = [
+        "| measurement | plain TRL at its best | dragon-dagster | ratio of medians | rounds |",
+        "|---|---|---|---|---|",
+    ]
+    for m in plan:
+        mine = [r for r in runs if r["measurement"] == m.label]
+        peer_values = [figure(m, r, a) for r in mine if r["side"] == "peer"]
+        our_values = [figure(m, r, a) for r in mine if r["side"] == "ours"]
+        peer_values, our_values = [v for v in peer_values if v], [v for v in our_values if v]
+        ratio = (
+            f"**{statistics.median(our_values) / statistics.median(peer_values):.2f}x**"
+            if peer_values and our_values
+            else "-"
         )
-
-    for what in ("sft", "sft_packed"):
-        ours, theirs = measured.get(f"ours_{what}"), measured.get(f"trl_{what}")
-        add(f"{what} trained tokens/s", "tokens_per_s", ours, theirs)
-        add(f"{what} peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
-    ours, theirs = measured.get("ours_grpo"), measured.get("trl_grpo")
-    add("grpo completions/s", "completions_per_s", ours, theirs, "{:.2f}")
-    add("grpo completion tokens/s", "completion_tokens_per_s", ours, theirs)
-    add("grpo peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
-    for what, unit in (("dpo", "pairs"), ("orpo", "pairs"), ("kto", "rows")):
-        ours, theirs = measured.get(f"ours_{what}"), measured.get(f"trl_{what}")
-        add(f"{what} {unit}/s", f"{unit}_per_s", ours, theirs, "{:.2f}")
-        add(f"{what} trained tokens/s", "tokens_per_s", ours, theirs)
-        add(f"{what} peak GiB (TRL / ours)", "peak_gib", ours, theirs, "{:.2f}", lower_is_better=True)
-    overhead = measured.get("dagster_overhead")
-    if overhead:
         lines.append(
-            f"| Dagster overhead per materialization | - | {overhead['overhead_s']:.2f} s "
-            f"({overhead['materialize_s']:.1f} s vs {overhead['engine_direct_s']:.1f} s direct) | - |"
+            f"| {m.label}: {unit(m.method)[0]} | {spread(peer_values)} | {spread(our_values)} | {ratio} |"
+            f" {min(len(peer_values), len(our_values))} |"
         )
+        peaks = {side: [r["peak_gib"] for r in mine if r["side"] == side] for side in ("peer", "ours")}
+        if peaks["peer"] and peaks["ours"]:
+            less = statistics.median(peaks["peer"]) / statistics.median(peaks["ours"])
+            lines.append(
+                f"| {m.label}: peak memory, GiB | {spread(peaks['peer'])} | {spread(peaks['ours'])} |"
+                f" {less:.2f}x less | |"
+            )
     return "\n".join(lines)
 
 
@@ -621,6 +531,16 @@ def machine() -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores" + (f", {gpu}" if gpu else ""),
+        "cpu": next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -630,94 +550,208 @@ def machine() -> dict:
     }
 
 
+def rows_file(method: str, a, work: Path) -> Path:
+    """The rows both sides train on, one file per method: exactly the rows the steps take (GRPO: the prompts)."""
+    steps = {"sft": a.steps, "grpo": a.grpo_steps}.get(method, a.pref_steps)
+    n = steps * (a.gen_bs // 8 if method == "grpo" else a.bs)
+    generator = {"sft": sft_rows, "dpo": dpo_rows, "orpo": dpo_rows, "kto": kto_rows, "grpo": grpo_rows}[method]
+    path = work / f"{method}.jsonl"
+    if not path.exists():
+        write_jsonl(path, generator(n, random.Random(0)))
+    return path
+
+
+def parse_peer_options(given: list[str], explored: Path | None = None) -> dict[str, list[str]]:
+    """The peer's options per method: PEER_BEST, or the fastest per method in an --explore JSON (--peer-from),
+    then each --peer METHOD=OPT[+OPT...] ('none': no options)."""
+    chosen = {method: list(options) for method, options in PEER_BEST.items()}
+    if explored:
+        runs = [r for r in json.loads(explored.read_text())["runs"] if r["side"] == "peer" and r.get("figure")]
+        for method in METHODS:
+            tried = [r for r in runs if r["method"] == method]
+            if tried:
+                chosen[method] = max(tried, key=lambda r: r["figure"])["options"]
+    for item in given:
+        method, _, options = item.partition("=")
+        chosen[method] = [] if options in ("", "none") else options.split("+")
+    return chosen
+
+
+def measure(m: Measurement, side: str, a, model: Path, work: Path, options: list[str], tag: str) -> dict:
+    rows = rows_file(m.method, a, work)
+    if side == "peer":
+        run = peer(m, a, model, rows, options)
+    else:
+        run_dir = work / f"ours-{tag}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run = ours(m, a, model, rows, run_dir)
+        shutil.rmtree(run_dir, ignore_errors=True)
+    run.update(measurement=m.label, method=m.method, tag=tag)
+    run["figure"] = figure(m, run, a)
+    print(json.dumps(run, default=str), flush=True)
+    return run
+
+
+def explore(a, model: Path, work: Path, methods: list[str]) -> list[dict]:
+    """Each candidate option set of the peer once: what RESULTS lists as tried."""
+    runs = []
+    for method in methods:
+        m = Measurement(method)
+        for options in CANDIDATES[method]:
+            tag = f"explore-{method}-{'+'.join(options) or 'none'}"
+            try:
+                run = measure(m, "peer", a, model, work, options, tag)
+            except SystemExit as failed:  # an option this TRL or device refuses: recorded, not fatal
+                run = {"measurement": m.label, "side": "peer", "tag": tag, "failed": str(failed)[-1500:]}
+                print(json.dumps(run), flush=True)
+            run["options"] = options
+            runs.append(run)
+    lines = ["| method | peer options | figure | step s |", "|---|---|---|---|"]
+    for run in runs:
+        label = "ours" if run["side"] == "ours" else "+".join(run.get("options") or []) or "no options"
+        value = run.get("figure")
+        lines.append(
+            f"| {run['measurement']} | {label} | {value:,.2f} | {run.get('step_s', 0):.2f} |"
+            if value
+            else f"| {run['measurement']} | {label} | failed | - |"
+        )
+    print("\n".join(lines))
+    return runs
+
+
+def sft_shape(a) -> tuple[float, float]:
+    """The SFT rows' mean tokenized length and the share of their tokens that are trained (the reply's)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(a.tok)
+    rows = sft_rows(a.bs * a.steps, random.Random(0))
+    whole = [len(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=True)) for r in rows]
+    prompt = [len(tokenizer.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True)) for r in rows]
+    return statistics.mean(whole), 1 - sum(prompt) / sum(whole)
+
+
+def limits_report(limits: dict, runs: list[dict], a) -> str:
+    """How close to the machine's limits: SFT's achieved matmul FLOP/s against the matmul peak (FLOPs per trained
+    token counted by limits.sft_flops_per_token), and GRPO sampling's weight bytes read per second against the
+    memory bandwidth (limits.sampling, the smol shape's 8 rows x 32 tokens through this project's sampler)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import limits as machine_limits
+
+    peak, bandwidth = limits["matmul_peak"]["gflop_s"], limits["memory_bandwidth"]["read_gb_s"]
+    lines = [f"- Machine: float32 matmul peak {peak:,.0f} GFLOP/s, memory bandwidth (read) {bandwidth:,.1f} GB/s"]
+    for side in ("ours", "peer"):
+        sft = [r["figure"] for r in runs if r.get("measurement") == "sft" and r["side"] == side and r.get("figure")]
+        if sft and a.arch == "smol":
+            length, scored = sft_shape(a)
+            # TRL's num_tokens counts prompt and reply: the FLOPs of a token through the model, the head's share
+            # only on the scored (reply) positions, which both sides' objective trains
+            flops = machine_limits.sft_flops_per_token(length, scored)
+            achieved = statistics.median(sft) * flops / 1e9
+            lines.append(
+                f"- SFT ({side}, median {statistics.median(sft):,.0f} tokens/s, {flops / 1e9:.2f} GFLOP a token at "
+                f"{length:.0f} tokens a row, {scored:.0%} scored): {achieved:,.1f} GFLOP/s = {achieved / peak:.0%} "
+                "of the matmul peak"
+            )
+    sampling = limits.get("grpo_sampling")
+    if sampling:
+        lines.append(
+            f"- GRPO sampling (ours, {sampling['rows']} rows x {sampling['new_tokens']} tokens, median of "
+            f"{len(sampling['call_seconds'])} calls): {sampling['call_weight_gb_s']:,.1f} GB/s of weights over the "
+            f"whole call = {sampling['call_weight_gb_s'] / bandwidth:.0%} of the bandwidth; "
+            f"{sampling['step_weight_gb_s']:,.1f} GB/s over the decoding steps alone = "
+            f"{sampling['step_weight_gb_s'] / bandwidth:.0%} ({sampling.get('bound', '')}-bound at "
+            f"{sampling['arithmetic_intensity_flop_per_byte']} FLOP/byte)"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arch", default="tiny", choices=["tiny", "smol", "qwen05"])
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--bs", type=int, default=16, help="SFT rows per step (both sides)")
-    p.add_argument("--gen-bs", dest="gen_bs", type=int, default=16, help="GRPO completions per step (8 per prompt)")
+    p.add_argument("--only", default="sft,dpo,orpo,kto,grpo", help="methods, and dagster_overhead")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every measurement")
+    p.add_argument("--steps", type=int, default=8, help="SFT steps per run")
+    p.add_argument("--pref-steps", dest="pref_steps", type=int, default=6, help="DPO, ORPO and KTO steps per run")
+    p.add_argument("--grpo-steps", dest="grpo_steps", type=int, default=6, help="GRPO steps per run")
+    p.add_argument("--skip", type=int, default=2, help="logged steps left out of the timing (warm-up)")
+    p.add_argument("--grpo-skip", dest="grpo_skip", type=int, default=2)
+    p.add_argument("--bs", type=int, default=4, help="rows (pairs, rated replies) per step, both sides")
+    p.add_argument("--gen-bs", dest="gen_bs", type=int, default=8, help="GRPO completions per step (8 per prompt)")
     p.add_argument("--comp", type=int, default=32, help="GRPO max completion tokens")
     p.add_argument(
-        "--gen-rounds",
-        dest="gen_rounds",
-        type=int,
-        default=0,
-        help="ours: steps served by one generation round (generation_batch_size = rounds x gen-bs); "
-        "0 or 1: one step's, on-policy, as the peer",
+        "--second-rows",
+        dest="second_rows",
+        default="",
+        help="comma list of extra measurements: sft_dropout, grpo_dropout (LoRA dropout 0.05 both sides: ours samples "
+        "without it by design), grpo_rounds4 (one sampling round per 4 steps on both sides)",
     )
+    p.add_argument("--peer", action="append", default=[], metavar="METHOD=OPT[+OPT]", help="peer options per method")
+    p.add_argument(
+        "--peer-from", dest="peer_from", type=Path, help="take the fastest peer options from --explore's JSON"
+    )
+    p.add_argument(
+        "--skip-peer", dest="skip_peer", action="store_true", help="this project only (shapes the peer cannot fit)"
+    )
+    p.add_argument("--peer-gc", dest="peer_gc", type=int, default=0, help="the peer's gradient checkpointing")
+    p.add_argument("--explore", action="store_true", help="run every candidate peer option once instead")
+    p.add_argument("--peer-timeout", dest="peer_timeout", type=float, default=None, help="seconds a peer run may take")
+    p.add_argument("--limits", action="store_true", help="also measure the machine's limits (benchmarks/limits.py)")
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])
     p.add_argument("--torch-compile", dest="torch_compile", action="store_true", help="ours: torch.compile the model")
-    p.add_argument(
-        "--speed",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="ours: another speed setting, e.g. unpad=off, dropout_mask=torch, sampling=trl (repeatable)",
-    )
-    p.add_argument("--anchor-gc", dest="anchor_gc", type=int, default=1, help="the peer's gradient checkpointing")
-    p.add_argument("--only", default="sft,sft_packed,grpo,dpo,orpo,kto,dagster_overhead")
+    p.add_argument("--speed", action="append", default=[], metavar="KEY=VALUE", help="ours: another speed setting")
     p.add_argument("--repeats", type=int, default=2, help="Dagster overhead: materializations to take the best of")
-    p.add_argument(
-        "--skip-peer",
-        dest="skip_peer",
-        action="store_true",
-        help="measure this project only (for shapes where the peer runs out of memory)",
-    )
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
-    p.add_argument("--anchor", type=Path, default=ANCHOR)
     p.add_argument("--tok", type=Path, help="tokenizer directory (default: the embedded SmolLM2's)")
-    p.add_argument("--json", type=Path, help="also write every measurement here")
+    p.add_argument("--json", type=Path, help="also write every run here")
     a = p.parse_args()
-    if not a.anchor.exists():
-        raise SystemExit(f"the peer script {a.anchor} is missing: pass --anchor PATH")
 
     if a.tok is None:
         from dragon_dagster.engine.models import embedded_model_dir
 
         a.tok = embedded_model_dir()
-    tokenizer_dir = a.tok
     only = a.only.split(",")
-    measured: dict[str, dict] = {}
+    methods = [m for m in METHODS if m in only]
+    plan = [Measurement(method) for method in methods]
+    plan += [SECOND_ROWS[name] for name in a.second_rows.split(",") if name]
+    options = parse_peer_options(a.peer, a.peer_from)
+    info = {**machine(), "args": vars(a) | {"tok": str(a.tok), "json": str(a.json)}, "peer_options": options}
+    print(json.dumps(info, default=str), flush=True)
+    runs: list[dict] = []
+    extra: dict = {}
     with tempfile.TemporaryDirectory(prefix="dragon-bench-") as tmp:
         work = Path(tmp)
-        model = random_model(a.arch, tokenizer_dir, work / "model")
-        for what in ("sft", "sft_packed", "grpo"):
-            if what not in only:
-                continue
-            if not a.skip_peer:
-                measured[f"trl_{what}"] = anchor(what, a, tokenizer_dir)
-                print(json.dumps({"side": "trl", **measured[f"trl_{what}"]}), flush=True)
-            run_dir = work / f"ours_{what}"
-            run_dir.mkdir()
-            ours = (
-                ours_grpo(a, model, run_dir / "w")
-                if what == "grpo"
-                else ours_sft(a, model, run_dir / "w", "on" if what == "sft_packed" else "off")
-            )
-            measured[f"ours_{what}"] = ours
-            print(json.dumps({"side": "dragon-dagster", **ours}), flush=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
-        for what in ("dpo", "orpo", "kto"):
-            if what not in only:
-                continue
-            run_dir = work / f"{what}"
-            run_dir.mkdir()
-            if not a.skip_peer:
-                measured[f"trl_{what}"] = peer_preference(what, a, model, run_dir)
-                print(json.dumps({"side": "trl", **measured[f"trl_{what}"]}), flush=True)
-            measured[f"ours_{what}"] = ours_preference(what, a, model, run_dir / "w")
-            print(json.dumps({"side": "dragon-dagster", **measured[f"ours_{what}"]}), flush=True)
-            shutil.rmtree(run_dir, ignore_errors=True)
+        model = random_model(a.arch, a.tok, work / "model")
+        if a.limits:
+            run_measured([str(ROOT / "benchmarks" / "limits.py"), "--runs", "5", "--json", str(work / "limits.json")])
+            extra["limits"] = json.loads((work / "limits.json").read_text())
+            print(json.dumps({"limits": extra["limits"]}), flush=True)
+        if a.explore:
+            runs = explore(a, model, work, methods)
+        else:
+            # rounds alternate which side goes first, so a drift of the machine's speed hits both alike
+            for round_ in range(a.rounds):
+                for m in plan:
+                    sides = ("peer", "ours") if round_ % 2 == 0 else ("ours", "peer")
+                    sides = tuple(side for side in sides if side == "ours" or not a.skip_peer)
+                    for side in sides:
+                        runs.append(measure(m, side, a, model, work, options[m.method], f"{m.label}-{round_}"))
         if "dagster_overhead" in only:
             overhead_dir = work / "overhead"
             overhead_dir.mkdir()
-            measured["dagster_overhead"] = dagster_overhead(a, model, overhead_dir)
-            print(json.dumps(measured["dagster_overhead"]), flush=True)
-    info = {**machine(), "args": vars(a) | {"anchor": str(a.anchor), "tok": str(a.tok), "json": None}}
-    print(json.dumps(info))
-    print(report(measured, a))
+            extra["dagster_overhead"] = dagster_overhead(a, model, overhead_dir)
+            print(json.dumps(extra["dagster_overhead"]), flush=True)
+    if not a.explore:
+        print(report(runs, plan, a))
+    if "limits" in extra:
+        print(limits_report(extra["limits"], runs, a))
+    if "dagster_overhead" in extra:
+        o = extra["dagster_overhead"]
+        print(
+            f"Dagster overhead per materialization: {o['overhead_s']:.2f} s ({o['materialize_s']:.1f} s against "
+            f"{o['engine_direct_s']:.1f} s straight through the worker)"
+        )
     if a.json:
-        a.json.write_text(json.dumps({"machine": info, "measured": measured}, indent=2, default=str))
+        a.json.write_text(json.dumps({"machine": info, "runs": runs, **extra}, indent=2, default=str))
 
 
 if __name__ == "__main__":

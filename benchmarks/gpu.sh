@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU half of benchmarks/compare_trl.py, for a machine that cannot reach a package index.
 #
-#   bash benchmarks/gpu.sh prepare   # here: wheels the GPU machine lacks, the tokenizer, the peer script -> .bench/
-#   bash benchmarks/gpu.sh run       # there (python3 with CUDA torch, transformers, peft): all measurements
+#   bash benchmarks/gpu.sh prepare   # here: wheels the GPU machine lacks and the tokenizer -> .bench/
+#   bash benchmarks/gpu.sh run       # there (python3 with CUDA torch, transformers, peft): explore, then the headline
 #
 # With this workplace's device tool: run(command="bash benchmarks/gpu.sh run", carry=[".bench"], timeout_s=570).
 # Results land in $OUT (or .bench/out): gpu.log, one JSON file per measurement set.
@@ -22,7 +22,6 @@ from transformers import AutoTokenizer
 from dragon_dagster.engine.models import embedded_model_dir
 AutoTokenizer.from_pretrained(embedded_model_dir()).save_pretrained(".bench/tok")
 EOF
-  cp ../shared/bench/anchor_trl.py "$BENCH/anchor_trl.py"
   du -sh "$BENCH"
 }
 
@@ -32,21 +31,15 @@ run() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$BENCH"/whl/*.whl
   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.log"
-  bench() { python3 benchmarks/compare_trl.py --tok "$BENCH/tok" --anchor "$BENCH/anchor_trl.py" --arch smol "$@" 2>&1 \
-              | grep -v -i warn | tee -a "$OUT/gpu.log"; }
-  # 1. The peer's own shapes, side by side: SFT batch 16 (unpacked and packed 16 x 1024), GRPO 64 x 128 tokens,
-  #    DPO and KTO batch 16 (the peer is compare_trl.py's PEER_PREFERENCE, plain TRL).
-  bench --steps 10 --bs 16 --gen-bs 64 --comp 128 --only sft,sft_packed,grpo,dpo,kto --json "$OUT/peer_shapes.json"
-  # 2. Ours at the sizes the targets name: packed batch 64 x 1024 without checkpointing (where the peer runs out
-  #    of memory); GRPO sampling 512 completions per round (8 per prompt) for 8 optimizer steps of 64.
-  bench --steps 8 --bs 64 --only sft_packed --skip-peer --json "$OUT/sft_bs64.json" || true
-  bench --steps 8 --bs 64 --only sft_packed --skip-peer --loss-kernel chunked --json "$OUT/sft_bs64_chunked.json" || true
-  bench --steps 16 --gen-bs 64 --gen-rounds 8 --comp 128 --only grpo --skip-peer --json "$OUT/grpo_512.json" || true
-  # 3. The CPU levers on CUDA, against its defaults: GRPO with TRL's generate (sampling=trl) instead of grouped
-  #    sampling; the chunked head with the unpadded forward (unpad=on) instead of TRL's Triton head, unpacked.
-  bench --steps 8 --gen-bs 64 --comp 128 --only grpo --skip-peer --speed sampling=trl --json "$OUT/grpo_trl_sampling.json" || true
-  bench --steps 8 --bs 16 --only sft,dpo --skip-peer --loss-kernel chunked --speed unpad=on --speed packing=off \
-    --json "$OUT/unpadded_chunked.json" || true
+  # Every step below must succeed: a failure stops the script with the failing command's output (pipefail).
+  bench() { python3 benchmarks/compare_trl.py --tok "$BENCH/tok" --arch smol "$@" 2>&1 | tee -a "$OUT/gpu.log"; }
+  local shape=(--steps 10 --pref-steps 8 --grpo-steps 6 --bs 16 --gen-bs 64 --comp 128)
+  # 1. The peer's candidate options once each (plain TRL, no gradient checkpointing), to find its best here.
+  bench --explore "${shape[@]}" --peer-timeout 300 --json "$OUT/explore.json"
+  # 2. The headline: three interleaved rounds against the fastest peer options of step 1, the machine's limits,
+  #    and GRPO with one sampling round per 4 steps on both sides.
+  bench --rounds 3 "${shape[@]}" --peer-from "$OUT/explore.json" --limits --second-rows grpo_rounds4 \
+    --json "$OUT/headline.json"
 }
 
 "${1:-run}"

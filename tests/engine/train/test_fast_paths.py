@@ -362,23 +362,23 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path, monkeypatc
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not (ROOT.parent / "shared" / "bench" / "anchor_trl.py").exists(),
-    reason="the peer script ../shared/bench/anchor_trl.py is not beside this checkout",
-)
-def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
+def test_benchmark_runs_the_peer_and_ours_on_the_same_rows_in_interleaved_rounds(tmp_path):
     out = subprocess.run(
         [
             sys.executable,
             str(ROOT / "benchmarks" / "compare_trl.py"),
             "--only",
             "sft,grpo",
+            "--rounds",
+            "2",
             "--steps",
             "4",
-            "--bs",
-            "4",
-            "--gen-bs",
-            "8",
+            "--grpo-steps",
+            "3",
+            "--skip",
+            "1",
+            "--grpo-skip",
+            "1",
             "--comp",
             "8",
             "--json",
@@ -389,11 +389,19 @@ def test_benchmark_compares_with_plain_trl_in_one_run(tmp_path):
         timeout=900,
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    measured = json.loads((tmp_path / "bench.json").read_text())["measured"]
-    for side in ("trl_sft", "ours_sft", "trl_grpo", "ours_grpo"):
-        assert measured[side]["peak_gib"] > 0
-    assert measured["ours_sft"]["tokens_per_s"] > 0 and measured["ours_grpo"]["completions_per_s"] > 0
-    assert "| sft trained tokens/s |" in out.stdout and "x |" in out.stdout
+    runs = json.loads((tmp_path / "bench.json").read_text())["runs"]
+    # two rounds, each side once per measurement per round, the side that goes first alternating
+    assert [(r["measurement"], r["side"]) for r in runs] == [
+        ("sft", "peer"), ("sft", "ours"), ("grpo", "peer"), ("grpo", "ours"),
+        ("sft", "ours"), ("sft", "peer"), ("grpo", "ours"), ("grpo", "peer"),
+    ]  # fmt: skip
+    for run in runs:
+        assert run["figure"] > 0 and run["peak_gib"] > 0
+    # the same rows, model and objective on both sides: the first step's loss is the same number
+    for measurement in ("sft", "grpo"):
+        first = {r["side"]: r["losses"][0] for r in runs if r["measurement"] == measurement and r["tag"].endswith("-0")}
+        assert first["peer"] == pytest.approx(first["ours"], rel=1e-4, abs=1e-6)
+    assert "| sft: trained tokens/s |" in out.stdout and "x** | 2 |" in out.stdout
 
 
 def _custom(payload) -> dict:
