@@ -597,7 +597,7 @@ def explore(a, model: Path, work: Path, methods: list[str]) -> list[dict]:
     runs = []
     for method in methods:
         m = Measurement(method)
-        for options in CANDIDATES[method]:
+        for options in [t.split("+") for t in a.try_options] or CANDIDATES[method]:
             tag = f"explore-{method}-{'+'.join(options) or 'none'}"
             try:
                 run = measure(m, "peer", a, model, work, options, tag)
@@ -694,6 +694,9 @@ def main() -> None:
     )
     p.add_argument("--peer-gc", dest="peer_gc", type=int, default=0, help="the peer's gradient checkpointing")
     p.add_argument("--explore", action="store_true", help="run every candidate peer option once instead")
+    p.add_argument(
+        "--try", dest="try_options", action="append", default=[], metavar="OPT[+OPT]", help="--explore only these"
+    )
     p.add_argument("--peer-timeout", dest="peer_timeout", type=float, default=None, help="seconds a peer run may take")
     p.add_argument("--limits", action="store_true", help="also measure the machine's limits (benchmarks/limits.py)")
     p.add_argument("--loss-kernel", dest="loss_kernel", default="auto", choices=["auto", "chunked", "trl"])

@@ -15,8 +15,8 @@ The options (each off unless given) are the ones TRL and transformers document f
 --precompute-ref (DPO/KTO: the reference log-probabilities in one pass before training),
 --steps-per-generation K (GRPO: one sampling round serves K steps; off-policy for the later ones).
 
-Timing is the median seconds between consecutive logged steps after the first --skip steps. A step's
-up-front work that TRL does before the first step (precomputing reference log-probabilities) is reported as
+Timing is the median seconds between consecutive logged steps after the first --skip steps. Work TRL does
+before the first step (precomputing reference log-probabilities, in the trainer's constructor) is reported as
 `setup_s` and, spread over the steps, in `step_s_with_setup`.
 """
 
@@ -111,13 +111,16 @@ def main() -> None:
         torch.cuda.reset_peak_memory_stats()
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16 if cuda else torch.float32)
     timer = Timer()
+    built = time.perf_counter()  # TRL precomputes reference log-probabilities while the trainer is built
     beta = a.beta if a.beta is not None else (0.04 if a.method == "grpo" else 0.1)
     if a.method == "sft":
         from trl import SFTConfig, SFTTrainer
 
         cfg = SFTConfig(
             per_device_train_batch_size=a.bs,
-            max_length=a.max_length,
+            # padding-free without packing does not truncate, and TRL asks for max_length=None to say so (these
+            # rows are all far shorter than --max-length)
+            max_length=None if a.padding_free and not a.packing else a.max_length,
             packing=a.packing,
             packing_strategy="bfd",
             padding_free=a.padding_free,
@@ -194,6 +197,7 @@ def main() -> None:
             callbacks=[timer],
         )
     start = time.perf_counter()
+    build_s = start - built
     trainer.train()
     wall = time.perf_counter() - start
 
@@ -202,7 +206,8 @@ def main() -> None:
     timed = gaps[a.skip :] if len(gaps) > a.skip else gaps
     step_s = statistics.median(timed)
     # what ran before the first logged step beyond a step's own time: loading the data, precomputing references
-    setup_s = max(0.0, times[0] - start - step_s)
+    # precompute_ref runs in the trainer's constructor (with the rows' tokenization, a second or two here): charged
+    setup_s = max(0.0, times[0] - start - step_s) + (build_s if a.precompute_ref else 0.0)
     tokens = [n for _, n, _ in timer.rows]
     span = times[-1] - times[a.skip] if len(times) > a.skip + 1 else times[-1] - times[0]
     token_span = tokens[-1] - tokens[a.skip] if len(tokens) > a.skip + 1 else tokens[-1] - tokens[0]
@@ -211,6 +216,7 @@ def main() -> None:
         step_s=step_s,
         step_s_with_setup=step_s + (setup_s if a.precompute_ref else 0.0) / a.steps,
         setup_s=setup_s,
+        build_s=build_s,
         tokens_per_s=token_span / span if span and token_span else None,
         losses=[loss for _, _, loss in timer.rows],
         steps_logged=len(timer.rows),
