@@ -619,14 +619,19 @@ def explore(a, model: Path, work: Path, methods: list[str]) -> list[dict]:
     return runs
 
 
+def tokens(tokenizer, messages: list[dict], **kw) -> int:
+    """How many tokens the chat template makes of messages (transformers 5 returns a dict by default)."""
+    return len(tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, **kw)["input_ids"])
+
+
 def sft_shape(a) -> tuple[float, float]:
     """The SFT rows' mean tokenized length and the share of their tokens that are trained (the reply's)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(a.tok)
     rows = sft_rows(a.bs * a.steps, random.Random(0))
-    whole = [len(tokenizer.apply_chat_template(r["prompt"] + r["completion"], tokenize=True)) for r in rows]
-    prompt = [len(tokenizer.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True)) for r in rows]
+    whole = [tokens(tokenizer, r["prompt"] + r["completion"]) for r in rows]
+    prompt = [tokens(tokenizer, r["prompt"], add_generation_prompt=True) for r in rows]
     return statistics.mean(whole), 1 - sum(prompt) / sum(whole)
 
 
