@@ -42,7 +42,7 @@ demo: install
 # test: everything but the end-to-end tests marked slow (a real webserver, Ray head, browser, mlflow server and
 # the full-size model), which test-slow runs; CI runs both
 test: install lint
-	$(PY) -m pytest -q -ra -m "not slow"
+	$(PY) -m pytest -q -ra --durations=15 -m "not slow"
 
 # the house rules: ruff's lint and format, the import layers (pyproject's [tool.importlinter]), and the docs site
 # built strictly (a broken link or a reference page that no longer generates fails)
@@ -57,7 +57,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test-slow: install
-	$(PY) -m pytest -q -ra -m slow
+	$(PY) -m pytest -q -ra --durations=15 -m slow
 
 # `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)

@@ -79,7 +79,9 @@ def open_pipes():
     if os.environ.get("DAGSTER_PIPES_CONTEXT"):
         from dagster_pipes import open_dagster_pipes
 
-        return open_dagster_pipes()
+        from .pipes_lines import WholeLineMessageWriter
+
+        return open_dagster_pipes(message_writer=WholeLineMessageWriter())
     return nullcontext(None)
 
 

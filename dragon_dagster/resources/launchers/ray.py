@@ -1,6 +1,6 @@
 """The `ray` launcher: the worker command as a Ray job on a Ray cluster, through dagster-ray's Pipes client.
 
-The job's log is the Pipes channel (PipesRayJobMessageReader tails it), so log lines, step metrics and the
+The job's log is the Pipes channel (ray_logs.py's reader tails it), so log lines, step metrics and the
 result reach the Dagster run as they would from a child process. Terminating the Dagster run stops the Ray job
 (dagster-ray forwards the interrupt); Ray then sends SIGTERM to the job's processes and waits
 RAY_JOB_STOP_WAIT_TIME_S before SIGKILL, which this launcher sets to the resource's termination timeout so a
@@ -84,11 +84,11 @@ def run_ray_job(
 
     gone() says why the Dagster run can no longer record the work (None while it can): the job is stopped then.
     """
-    from dagster_ray import PipesRayJobMessageReader
+    from .ray_logs import WholeLineRayJobMessageReader
 
     client = _client_class()(
         address=address or None,
-        message_reader=wrap_reader(PipesRayJobMessageReader()),
+        message_reader=wrap_reader(WholeLineRayJobMessageReader()),
         forward_termination=True,
         poll_interval=0.25,
     )
