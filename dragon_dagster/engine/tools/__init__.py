@@ -1,0 +1,1 @@
+"""Tools a pipeline declares: their JSON schemas, how a chat template renders them, calls parsed from replies."""
