@@ -21,8 +21,8 @@ prints cannot mix into the worker's protocol lines). On timeout the parent kills
 group. A thread cannot be killed and SIGALRM only interrupts the main thread between bytecodes, so only a process
 gives a real limit; "fork" rather than "spawn" because the child inherits the function loaded from the file (no
 pickling, no re-import) and starts in milliseconds. The child runs only the tool: it must not use CUDA or locks
-that other threads of the worker held at the fork. Where fork does not exist (Windows, macOS's default aside) a
-call runs in a daemon thread whose result is abandoned on timeout.
+that other threads of the worker held at the fork. Where fork does not exist (Windows) a call runs in a daemon
+thread whose result is abandoned on timeout: that fallback cannot stop a tool that hangs or ends the process.
 
 A call never raises: a tool that raises answers "error: <ExceptionType>: <message>", a call past the timeout
 "error: timed out after <N>s", an unknown tool or arguments its schema refuses an "error: ..." too; each is
