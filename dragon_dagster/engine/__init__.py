@@ -13,8 +13,9 @@ this in `make test`):
     rewards            verifiable rewards, one module per family
     infer              generation, log-probabilities, backends, chat
     models             presets, the embedded model, loading
+    tools              a pipeline's tools: declared, rendered, run with a time limit, calls parsed and scored
     data               tables, dataset stages' base and checks, the feedback store and its rows
     artifacts          artifact directories, typed manifests, checkpoints, progress rows
     config             settings, hardware and speed, the job and result contracts, checks, the kind entry
-    text               plain string functions (matching replies against references)
+    text | commands    plain string functions (matching replies against references) | running an argv, no shell
 """

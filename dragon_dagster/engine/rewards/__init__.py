@@ -16,7 +16,7 @@ Modules:
 - base: the `Reward` model every type extends, `RewardError`, and the checks the types share.
 - reference: exact, contains, numeric (accuracy; they need the row's reference).
 - format: regex, json, length, keyword (format; they shape the reply).
-- command: the command reward (accuracy) and `run_command`.
+- command: the command reward (accuracy); `run_command` (engine/commands.py) runs its argv.
 - custom: the custom reward (accuracy) and `call_with_timeout`.
 - set: `RewardSet`, `RewardScores`, `score_rows` and the TRL adapter `trl_reward_funcs`.
 
@@ -30,8 +30,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
+from ..commands import run_command
 from .base import Reward, RewardError
-from .command import COMPLETION_FILE, CommandReward, run_command
+from .command import COMPLETION_FILE, CommandReward
 from .custom import CustomReward, call_with_timeout
 from .format import JsonReward, KeywordReward, LengthReward, RegexReward
 from .reference import ContainsReward, ExactReward, NumericReward

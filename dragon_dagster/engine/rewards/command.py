@@ -1,24 +1,20 @@
 """The command reward (accuracy family): run an argv on the completion, never through a shell, and score its
-exit code or the last number it prints. Also run_command, which runs one with a timeout and a bounded stdout."""
+exit code or the last number it prints (through engine/commands.py's run_command)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import tempfile
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from ..commands import run_command
 from ..text.matchers import last_number
 from .base import Fail, Reward, _choice, _number
 
 COMPLETION_FILE = "{completion_file}"
-_STDOUT_TAIL = 64 * 1024  # only the last number on stdout matters; keep memory flat however much is printed
 
 
 class CommandReward(Reward):
@@ -84,60 +80,3 @@ class CommandReward(Reward):
             return 0.0
         scaled = (float(value) - self.min_score) / (self.max_score - self.min_score)
         return min(1.0, max(0.0, scaled))
-
-
-def run_command(argv: Sequence[str], stdin: bytes | None, timeout: float) -> tuple[int | None, str]:
-    """Run argv directly (no shell); its exit code, or None after a timeout, and the tail of its stdout.
-
-    stdin is piped in by one thread while another keeps only the last bytes of stdout, so neither a command
-    that ignores its input nor one that prints gigabytes can block or exhaust memory. The command gets its own
-    process group, so a timeout also ends whatever it started.
-    """
-    posix = os.name == "posix"
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=posix,
-    )
-    tail = bytearray()
-    threads = [threading.Thread(target=_drain, args=(proc.stdout, tail), daemon=True)]
-    if stdin is not None:
-        threads.append(threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True))
-    for t in threads:
-        t.start()
-    try:
-        code = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        code = None
-    _kill_group(proc, posix)  # also after a normal exit: leftovers would hold stdout open and keep running
-    for t in threads:
-        t.join(timeout=5)
-    proc.stdout.close()
-    return code, bytes(tail).decode("utf-8", errors="replace")
-
-
-def _drain(stream, tail: bytearray) -> None:
-    for chunk in iter(lambda: os.read(stream.fileno(), 65536), b""):
-        tail.extend(chunk)
-        del tail[:-_STDOUT_TAIL]
-
-
-def _feed(stream, data: bytes) -> None:
-    try:
-        stream.write(data)
-        stream.close()
-    except OSError:  # the command exited or closed stdin without reading it all; that is its choice
-        pass
-
-
-def _kill_group(proc: subprocess.Popen, posix: bool) -> None:
-    try:
-        if posix:
-            os.killpg(proc.pid, signal.SIGKILL)
-        elif proc.poll() is None:
-            proc.kill()
-    except OSError:
-        pass  # already gone
-    proc.wait()

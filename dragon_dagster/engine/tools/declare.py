@@ -1,0 +1,471 @@
+"""A pipeline's tools, declared once, and the Toolset that runs them.
+
+Two sources, which may be mixed (names must differ):
+- `file`: a Python file beside the pipeline (relative to its folder). Its tools are the functions listed in an
+  optional `TOOLS = [...]`, else every top-level function defined in the file whose name does not start with `_`.
+  Each needs type hints and a Google-style docstring with an `Args:` line per argument: transformers'
+  `get_json_schema` reads its schema from them, as TRL's GRPOTrainer(tools=...) does.
+- `schemas`: tools written in the pipeline YAML, each {name, description, parameters (a JSON-schema object, each
+  parameter with a type and a description), command (optional)}. A tool with `command` runs that argv, never
+  through a shell, with its JSON arguments on stdin; its stdout is the result (engine/commands.py, as the command
+  reward). Relative paths in the argv are the worker's working directory's, as for the command reward.
+
+`Tools` is the settings model; `Tools.resolve(base_dir)` makes `file` absolute (and checks it is there), so the
+settings serialize as plain JSON (`model_dump(mode="json")`: file, schemas, timeout, max_calls) that travel in a
+job and are read back in the worker with `Tools.model_validate`; `Toolset.from_settings(tools, base_dir)` loads
+them there.
+
+How a call runs, and why: each Python tool call runs in a forked child process (multiprocessing's "fork"
+context; the child starts its own session and writes its result over a pipe, its stdout goes to /dev/null so
+prints cannot mix into the worker's protocol lines). On timeout the parent kills the child's whole process
+group. A thread cannot be killed and SIGALRM only interrupts the main thread between bytecodes, so only a process
+gives a real limit; "fork" rather than "spawn" because the child inherits the function loaded from the file (no
+pickling, no re-import) and starts in milliseconds. The child runs only the tool: it must not use CUDA or locks
+that other threads of the worker held at the fork. Where fork does not exist (Windows) a call runs in a daemon
+thread whose result is abandoned on timeout: that fallback cannot stop a tool that hangs or ends the process.
+
+A call never raises: a tool that raises answers "error: <ExceptionType>: <message>", a call past the timeout
+"error: timed out after <N>s", an unknown tool or arguments its schema refuses an "error: ..." too; each is
+counted (`counts()`). `max_calls` bounds the calls of one conversation: the loop that drives the conversation
+(TRL's, or the evaluation's) enforces it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib.machinery import SourceFileLoader
+from importlib.util import module_from_spec, spec_from_loader
+from pathlib import Path
+from typing import Any, Literal
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import Field, field_validator, model_validator
+
+from ..commands import run_command
+from ..config.settings import Settings
+from .calls import validate_arguments
+
+TOOL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+class ToolError(ValueError):
+    """Tools that cannot be declared or loaded; the message names the file or tool and what is wrong."""
+
+
+class ToolSchema(Settings):
+    """One tool written in the pipeline YAML."""
+
+    name: str = Field(pattern=TOOL_NAME, description="The name the model calls it by (a Python identifier).")
+    description: str = Field(min_length=1, description="What the tool does; the model reads it.")
+    parameters: dict[str, Any] = Field(
+        default_factory=lambda: {"type": "object", "properties": {}},
+        description="A JSON-schema object: properties, each with a type and a description, and required.",
+    )
+    command: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The argv that answers a call, run directly (never through a shell): the JSON arguments on "
+        "its stdin, its stdout the result. Without it the tool is declared only (rendered, validated).",
+    )
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _argv(cls, command: Any) -> Any:
+        if isinstance(command, str):  # a string would need a shell to split it, and shells are never used
+            raise ValueError(
+                f"command must be a list of arguments (it is never run through a shell), e.g. {command.split()!r}"
+            )
+        return command
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema(cls, parameters: dict[str, Any]) -> dict[str, Any]:
+        if parameters.get("type") != "object":
+            raise ValueError("parameters must be a JSON schema with type: object")
+        properties = parameters.get("properties", {})
+        if not isinstance(properties, dict) or not all(isinstance(p, dict) for p in properties.values()):
+            raise ValueError("parameters.properties must map each argument name to its JSON schema")
+        try:
+            Draft202012Validator.check_schema(parameters)
+        except SchemaError as e:
+            raise ValueError(f"parameters is not a valid JSON schema: {e.message}") from None
+        for name, prop in properties.items():
+            if not isinstance(prop.get("description"), str) or not prop["description"]:
+                raise ValueError(f"parameter {name!r} needs a description (the model reads it)")
+        unknown = [r for r in parameters.get("required", []) if r not in properties]
+        if unknown:
+            raise ValueError(f"parameters.required names {unknown}, which are not in its properties")
+        return _canonical(parameters)
+
+    def function(self) -> dict[str, Any]:
+        """The chat-template schema: {"type": "function", "function": {name, description, parameters}}."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+class Tools(Settings):
+    """The tools a pipeline declares: a Python file, schemas written in YAML, or both."""
+
+    file: str | None = Field(
+        None, description="A Python file of tool functions, relative to the pipeline's folder (see TOOLS = [...])."
+    )
+    schemas: list[ToolSchema] = Field(default_factory=list, description="Tools written here, by JSON schema.")
+    timeout: float = Field(10.0, gt=0, allow_inf_nan=False, description="Seconds one call may take.")
+    max_calls: int = Field(4, ge=1, description="The most tool calls in one conversation.")
+
+    @model_validator(mode="after")
+    def _some_tools(self) -> Tools:
+        if not self.file and not self.schemas:
+            raise ValueError("tools declares no tools: give file (a Python file of functions), schemas, or both")
+        names = [s.name for s in self.schemas]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"tools names {twice} more than once")
+        return self
+
+    def resolve(self, base_dir: str | Path | None) -> Tools:
+        """A copy whose file is absolute (read against base_dir, the pipeline's folder), after checking it exists."""
+        if not self.file:
+            return self
+        path = Path(self.file).expanduser()
+        if not path.is_absolute() and base_dir is not None:
+            path = Path(base_dir) / path
+        if not path.is_file():
+            raise ToolError(f"tools file {str(path)!r} does not exist")
+        return self.model_copy(update={"file": str(path.resolve())})
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a call answered: the text for the model, and whether it was an error or a timeout."""
+
+    name: str
+    content: str
+    status: Literal["ok", "error", "timeout"] = "ok"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class _Tool:
+    name: str
+    schema: dict[str, Any]  # {"type": "function", "function": {...}}
+    function: Callable | None = None  # a Python tool
+    command: tuple[str, ...] | None = None  # a YAML tool with a command
+
+
+class Toolset:
+    """The tools of a pipeline, ready to render (`schemas`), hand to TRL (`callables()`) and run (`call`)."""
+
+    def __init__(self, tools: Sequence[_Tool], timeout: float = 10.0, max_calls: int = 4):
+        self._tools = {t.name: t for t in tools}
+        if len(self._tools) != len(tools):
+            names = [t.name for t in tools]
+            raise ToolError(f"tools named more than once: {sorted({n for n in names if names.count(n) > 1})}")
+        self.timeout = float(timeout)
+        self.max_calls = int(max_calls)
+        self._counts = {"calls": 0, "errors": 0, "timeouts": 0}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Tools, base_dir: str | Path | None = None) -> Toolset:
+        """The toolset a pipeline's Tools declare; a relative file is read against base_dir (its folder)."""
+        settings = settings.resolve(base_dir)
+        tools = [_Tool(s.name, s.function(), command=tuple(s.command) if s.command else None) for s in settings.schemas]
+        if settings.file:
+            tools = [*load_file_tools(Path(settings.file)), *tools]
+        return cls(tools, settings.timeout, settings.max_calls)
+
+    @classmethod
+    def from_functions(cls, functions: Sequence[Callable], timeout: float = 10.0, max_calls: int = 4) -> Toolset:
+        """A toolset of Python functions (type hints and Google-style docstrings, as in a tools file)."""
+        return cls([_function_tool(f, "<functions>") for f in functions], timeout, max_calls)
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """The chat-template schemas, {"type": "function", "function": {...}} each, in declaration order."""
+        return [json.loads(json.dumps(t.schema)) for t in self._tools.values()]  # a copy the caller may change
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def counts(self) -> dict[str, int]:
+        """Calls so far, and how many answered an error or timed out."""
+        with self._lock:
+            return dict(self._counts)
+
+    def call(self, name: str, arguments: Mapping[str, Any] | str | None = None) -> ToolResult:
+        """Run one call (arguments as a mapping or a JSON string); never raises (see the module's docstring)."""
+        self._count("calls")
+        tool = self._tools.get(name)
+        if tool is None:
+            return self._error(name, f"unknown tool {name!r} (tools: {', '.join(self._tools) or 'none'})")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except json.JSONDecodeError as e:
+                return self._error(name, f"arguments are not valid JSON ({e})")
+        arguments = {} if arguments is None else arguments
+        problems = validate_arguments(tool.schema["function"].get("parameters") or {}, arguments)
+        if problems:
+            return self._error(name, "invalid arguments: " + "; ".join(problems))
+        if tool.function is not None:
+            status, text = _run_function(tool.function, dict(arguments), self.timeout)
+        elif tool.command is not None:
+            status, text = _run_tool_command(tool.command, dict(arguments), self.timeout)
+        else:
+            return self._error(name, f"tool {name!r} is declared without a command, so it cannot run")
+        if status == "timeout":
+            self._count("timeouts")
+            return ToolResult(name, f"error: timed out after {self.timeout:g}s", "timeout")
+        if status == "error":
+            return self._error(name, text)
+        return ToolResult(name, text)
+
+    def callables(self) -> list[Callable]:
+        """Every tool as a Python function for TRL's GRPOTrainer(tools=...): each call goes through `call` (the
+        timeout, the counts) and returns its text. A Python tool's wrapper keeps its schema (functools.wraps); a
+        YAML tool becomes a function whose signature and docstring give get_json_schema its schema back, which
+        needs flat parameters (types, descriptions, enums): otherwise a ToolError, as TRL would show the model a
+        different schema than the one rendered elsewhere."""
+        return [self._callable(t) for t in self._tools.values()]
+
+    def _callable(self, tool: _Tool) -> Callable:
+        if tool.function is not None:
+            signature = inspect.signature(tool.function)
+
+            @functools.wraps(tool.function)
+            def wrapper(*args, **kwargs):
+                try:
+                    arguments = dict(signature.bind_partial(*args, **kwargs).arguments)
+                except TypeError:  # an unknown keyword: `call` answers it as an invalid argument
+                    arguments = kwargs
+                return self.call(tool.name, arguments).content
+
+            return wrapper
+        return _schema_function(tool, lambda **kwargs: self.call(tool.name, kwargs).content)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self._counts[what] += 1
+
+    def _error(self, name: str, message: str) -> ToolResult:
+        self._count("errors")
+        return ToolResult(name, f"error: {message}", "error")
+
+
+# -- loading a tools file -------------------------------------------------------------------------------------------
+
+
+def load_file_tools(path: Path) -> list[_Tool]:
+    """The tools a Python file declares (TOOLS = [...], else its public top-level functions), with schemas."""
+    module = _load_module(path)
+    listed = getattr(module, "TOOLS", None)
+    if listed is not None:
+        if not isinstance(listed, (list, tuple)) or not all(inspect.isfunction(f) for f in listed):
+            raise ToolError(f"{path}: TOOLS must be a list of functions, got {listed!r}")
+        functions = list(listed)
+    else:
+        functions = [
+            f
+            for name, f in vars(module).items()
+            if inspect.isfunction(f) and f.__module__ == module.__name__ and not name.startswith("_")
+        ]
+    if not functions:
+        raise ToolError(f"{path} defines no tools: no public top-level function and no TOOLS = [...]")
+    return [_function_tool(f, str(path)) for f in functions]
+
+
+def _load_module(path: Path):
+    if not path.is_file():
+        raise ToolError(f"tools file {str(path)!r} does not exist")
+    # SourceFileLoader accepts any file name; registering the module lets get_type_hints, dataclasses and pickling
+    # inside it find it.
+    module_name = f"dragon_tools_{abs(hash(str(path.resolve())))}"
+    spec = spec_from_loader(module_name, SourceFileLoader(module_name, str(path)))
+    module = module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as e:  # noqa: BLE001 - a SystemExit at import time is the file's error too
+        del sys.modules[module_name]
+        raise ToolError(f"loading tools file {path} failed: {type(e).__name__}: {e}") from e
+    return module
+
+
+def _function_tool(function: Callable, where: str) -> _Tool:
+    from transformers.utils import DocstringParsingException, TypeHintParsingException, get_json_schema
+
+    name = getattr(function, "__name__", repr(function))
+    try:
+        schema = get_json_schema(function)
+    except (DocstringParsingException, TypeHintParsingException) as e:
+        missing = "its docstring" if isinstance(e, DocstringParsingException) else "its type hints"
+        raise ToolError(
+            f"{where}: tool {name}() cannot be declared, {missing} fall short: {e}. A tool needs a type hint on "
+            "every argument and a Google-style docstring: a description, then an Args: section with one "
+            "'name: description' line per argument"
+        ) from e
+    return _Tool(name, schema, function=function)
+
+
+# -- running one call -----------------------------------------------------------------------------------------------
+
+
+def _run_function(function: Callable, arguments: dict[str, Any], timeout: float) -> tuple[str, str]:
+    """(status, text): run function(**arguments) in a forked child, killed after timeout seconds."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return _run_in_thread(function, arguments, timeout)
+    context = multiprocessing.get_context("fork")
+    reader, writer = context.Pipe(duplex=False)
+    child = context.Process(target=_child, args=(function, arguments, writer), daemon=True)
+    child.start()
+    writer.close()
+    try:
+        if not reader.poll(timeout):
+            return "timeout", ""
+        try:
+            return reader.recv()
+        except (EOFError, OSError):
+            child.join(timeout=1)
+            return "error", f"the tool's process ended without an answer (exit code {child.exitcode})"
+    finally:
+        _kill(child.pid)
+        child.join()
+        reader.close()
+
+
+def _child(function: Callable, arguments: dict[str, Any], writer) -> None:
+    os.setsid()  # its own process group: a timeout also ends whatever the tool started
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)  # the result is the return value; prints must not reach the worker's stdout
+    try:
+        answer = ("ok", _as_text(function(**arguments)))
+    except BaseException as e:  # noqa: BLE001 - whatever the tool raises is its answer
+        answer = ("error", f"{type(e).__name__}: {e}")
+    writer.send(answer)
+    writer.close()
+
+
+def _kill(pid: int | None) -> None:
+    """End the child's process group, and the child itself in case it had not yet started its own group."""
+    if pid is None:
+        return
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass  # already gone
+
+
+def _run_in_thread(function: Callable, arguments: dict[str, Any], timeout: float) -> tuple[str, str]:
+    answer: list[tuple[str, str]] = []
+
+    def run():
+        try:
+            answer.append(("ok", _as_text(function(**arguments))))
+        except BaseException as e:  # noqa: BLE001
+            answer.append(("error", f"{type(e).__name__}: {e}"))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return answer[0] if answer else ("timeout", "")
+
+
+def _run_tool_command(argv: Sequence[str], arguments: dict[str, Any], timeout: float) -> tuple[str, str]:
+    try:
+        code, stdout = run_command(argv, json.dumps(arguments).encode("utf-8"), timeout)
+    except OSError as e:
+        return "error", f"{type(e).__name__}: cannot run {argv[0]!r}: {e}"
+    if code is None:
+        return "timeout", ""
+    stdout = stdout.rstrip()
+    if code != 0:
+        return "error", f"command exited with code {code}" + (f": {stdout[-500:]}" if stdout else "")
+    return "ok", stdout
+
+
+def _as_text(value: Any) -> str:
+    """A tool's return value as the model reads it: a string as is, JSON values as JSON, anything else str()."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+# -- YAML schemas as functions --------------------------------------------------------------------------------------
+
+
+def _canonical(parameters: dict[str, Any]) -> dict[str, Any]:
+    """parameters in the key order get_json_schema writes (type, properties, required; each property's type
+    first and description last), so a YAML tool renders as its function for TRL does."""
+    properties = {
+        name: {
+            **({"type": prop["type"]} if "type" in prop else {}),
+            **{k: v for k, v in prop.items() if k not in ("type", "description")},
+            "description": prop["description"],
+        }
+        for name, prop in parameters.get("properties", {}).items()
+    }
+    out: dict[str, Any] = {"type": "object", "properties": properties}
+    required = [name for name in properties if name in parameters.get("required", [])]
+    if required:
+        out["required"] = required
+    out.update({k: v for k, v in parameters.items() if k not in ("type", "properties", "required")})
+    return out
+
+
+def _schema_function(tool: _Tool, run: Callable[..., str]) -> Callable:
+    """A function named tool.name whose signature and docstring get_json_schema reads as tool.schema."""
+    from transformers.utils import get_json_schema
+
+    function = tool.schema["function"]
+    parameters = function.get("parameters") or {}
+    required = set(parameters.get("required", []))
+    signature, annotations, lines = [], {}, []
+    for name, prop in parameters.get("properties", {}).items():
+        kind = prop.get("type")
+        hint = JSON_TYPES.get(kind, object) if isinstance(kind, str) else object  # object: get_json_schema refuses
+        default = inspect.Parameter.empty if name in required else None
+        signature.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hint))
+        annotations[name] = hint
+        choices = f" (choices: {json.dumps(prop['enum'])})" if "enum" in prop else ""
+        lines.append(f"    {name}: {prop.get('description', '')}{choices}")
+
+    def tool_function(**kwargs):
+        return run(**kwargs)
+
+    tool_function.__name__ = tool_function.__qualname__ = tool.name
+    tool_function.__doc__ = function["description"] + ("\n\nArgs:\n" + "\n".join(lines) if lines else "")
+    tool_function.__signature__ = inspect.Signature(signature)
+    tool_function.__annotations__ = annotations
+    try:
+        same = get_json_schema(tool_function) == tool.schema
+    except Exception:  # noqa: BLE001 - a schema get_json_schema cannot even read is not the same schema
+        same = False
+    if not same:
+        raise ToolError(
+            f"tool {tool.name!r}: TRL reads a tool's schema from a Python function, and this schema has parts a "
+            "signature cannot express (nested items, additionalProperties, a type that is not one of string, "
+            "integer, number, boolean, array, object...): keep its parameters flat to train with it in GRPO"
+        )
+    return tool_function
