@@ -118,6 +118,7 @@ def run_report_stage(
                 chain=chain_of(merged_manifest),
                 first_stage_adapters=first_stage,
                 feedback=feedback_inputs,
+                tools=pipeline.tools.to_input(tmp / "tools") if pipeline.tools else None,
             ),
             output_dir=str(tmp),
         )

@@ -194,6 +194,7 @@ def run_training_stage(
                     eval_file=str(tmp / "data" / "eval.jsonl") if eval_file.exists() else None,
                     checkpoint_dir=str(checkpoint_dir),
                     resume_from=resume_from,
+                    tools=pipeline.tools.to_input(tmp / "tools") if pipeline.tools else None,
                 ),
                 output_dir=str(tmp),
             )

@@ -58,6 +58,16 @@ class RemoteTarget(Contract):
     output_uri: str
 
 
+class ToolsInput(Contract):
+    """The pipeline's tools as a worker loads them (engine/tools/declare.py's Tools, its file copied into the
+    artifact so the job is self-contained): the same rendering and the same tools wherever the job runs."""
+
+    file: JobPath | None = None
+    schemas: list[dict[str, Any]] = []
+    timeout: float = 10.0
+    max_calls: int = 4
+
+
 class TrainingInputs(Contract):
     """What every training stage's worker reads: the starting model, the rows, where checkpoints go."""
 
@@ -67,6 +77,7 @@ class TrainingInputs(Contract):
     eval_file: JobPath | None = None
     checkpoint_dir: JobPath  # survives a cancel; resume reads it
     resume_from: JobPath | None = None
+    tools: ToolsInput | None = None  # the pipeline's tools: rendered in every conversation, run by tool stages
 
 
 class ModelInputs(Contract):

@@ -13,8 +13,10 @@ def generate(
     top_p: float = 1.0,
     batch_size: int = 8,
     seed: int = 42,
+    tools: list[dict] | None = None,
 ) -> list[str]:
-    """Replies to chat prompts (lists of messages), batched with left padding. temperature 0 is greedy."""
+    """Replies to chat prompts (lists of messages), batched with left padding. temperature 0 is greedy. tools:
+    the pipeline's tool schemas, rendered by the chat template (tools/template.py prepared it)."""
     import torch
 
     from . import decode_weights
@@ -26,18 +28,28 @@ def generate(
     with decode_weights.prepared(model, min(batch_size, len(prompts)) or 1):  # CPU: folded, packed weights
         for start in range(0, len(prompts), batch_size):
             replies += generate_batch(
-                model, tokenizer, prompts[start : start + batch_size], device, max_new_tokens, temperature, top_p
+                model, tokenizer, prompts[start : start + batch_size], device, max_new_tokens, temperature, top_p, tools
             )
     return replies
 
 
 def generate_batch(
-    model, tokenizer, prompts: list[list[dict]], device, max_new_tokens: int, temperature: float, top_p: float
+    model,
+    tokenizer,
+    prompts: list[list[dict]],
+    device,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    tools: list[dict] | None = None,
 ) -> list[str]:
     """Replies to one batch of chat prompts, left-padded together."""
     import torch
 
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    texts = [
+        tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, tools=tools or None)
+        for p in prompts
+    ]
     batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
     sampling = (
         {"do_sample": True, "temperature": temperature, "top_p": top_p}

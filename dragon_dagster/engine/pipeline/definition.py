@@ -33,6 +33,7 @@ from pydantic import Field, PrivateAttr, SerializeAsAny, ValidationError, field_
 from .. import catalog
 from ..config.settings import NAME_PATTERN, Settings, overlay, tunable_fields
 from ..config.stage import Stage
+from ..tools.declare import Tools
 from .retraining import Feedback
 from .sweeps import Sweep, nested
 
@@ -77,6 +78,12 @@ class Pipeline(Settings):
         "ranked by `dragon compare --sweep`.",
     )
     feedback: Feedback | None = Field(None, description="Retraining from chat feedback.")
+    tools: Tools | None = Field(
+        None,
+        description="Tools the model may call, declared once for the whole pipeline: every conversation is "
+        "rendered with them (training, evaluation, chat, export) and a GRPO stage with `tools: true` runs them "
+        "in its rollouts. See the conversations and tools page.",
+    )
 
     _upstream: dict[str, list[str]] = PrivateAttr(default_factory=dict)
     _source_file: str | None = PrivateAttr(None)
@@ -314,7 +321,10 @@ class Pipeline(Settings):
             st.model_copy(update={"path": str(resolve_path(st.path, base))}) if getattr(st, "path", None) else st
             for st in self.stages
         ]
-        out = self.model_copy(update={"datasets": datasets, "stages": stages})
+        tools = self.tools
+        if tools is not None and tools.file:
+            tools = tools.model_copy(update={"file": str(resolve_path(tools.file, base))})
+        out = self.model_copy(update={"datasets": datasets, "stages": stages, "tools": tools})
         out._source_file = str(source_file) if source_file else None
         return out
 

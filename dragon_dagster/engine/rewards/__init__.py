@@ -5,12 +5,13 @@ a length, a test that passes) rather than asking a model's opinion. A `RewardSet
 each reward has a name, which labels its progress column (`reward_<name>`) and its evaluation score.
 
 Types: exact, contains, numeric (compare with the row's reference), regex, json, length, keyword, command (runs
-an argv, never a shell) and custom (a Python file defining `reward(prompt, completion, reference, row)`, which
-returns a number; it is imported and run only in the worker process, with the user's rights, each call limited
-to `timeout` seconds). Each type is a pydantic model taking only its own options, and `RewardSpec` is their union
-on `type`, so a config model with `rewards: list[RewardSpec]` validates them and its JSON schema names each
-option. `trl_reward_funcs()` adapts a set to TRL's GRPOTrainer; pass `RewardSet.weights()` as
-`GRPOConfig.reward_weights` so TRL does the weighting and logs each reward as `rewards/<name>/mean`.
+an argv, never a shell), tool_call (the completion's calls of the pipeline's tools) and custom (a Python file
+defining `reward(prompt, completion, reference, row)`, which returns a number; it is imported and run only in the
+worker process, with the user's rights, each call limited to `timeout` seconds). Each type is a pydantic model
+taking only its own options, and `RewardSpec` is their union on `type`, so a config model with
+`rewards: list[RewardSpec]` validates them and its JSON schema names each option. `trl_reward_funcs()` adapts a
+set to TRL's GRPOTrainer; pass `RewardSet.weights()` as `GRPOConfig.reward_weights` so TRL does the weighting
+and logs each reward as `rewards/<name>/mean`.
 
 Modules:
 - base: the `Reward` model every type extends, `RewardError`, and the checks the types share.
@@ -18,6 +19,7 @@ Modules:
 - format: regex, json, length, keyword (format; they shape the reply).
 - command: the command reward (accuracy); `run_command` (engine/commands.py) runs its argv.
 - custom: the custom reward (accuracy) and `call_with_timeout`.
+- tool_call: the tool_call reward (format): the completion's tool calls against the pipeline's tools.
 - set: `RewardSet`, `RewardScores`, `score_rows` and the TRL adapter `trl_reward_funcs`.
 
 Framework-free: pydantic and the stdlib, plus the text matchers of the evaluation, so scoring matches it exactly.
@@ -37,6 +39,7 @@ from .custom import CustomReward, call_with_timeout
 from .format import JsonReward, KeywordReward, LengthReward, RegexReward
 from .reference import ContainsReward, ExactReward, NumericReward
 from .set import RewardScores, RewardSet, score_rows, trl_reward_funcs
+from .tool_call import ToolCallReward
 
 # One reward spec: the model of its `type`. Use list[RewardSpec] as a field type to validate a list of them.
 RewardSpec = Annotated[
@@ -48,7 +51,8 @@ RewardSpec = Annotated[
     | LengthReward
     | KeywordReward
     | CommandReward
-    | CustomReward,
+    | CustomReward
+    | ToolCallReward,
     Field(discriminator="type"),
 ]
 
@@ -64,6 +68,7 @@ REWARD_TYPES: dict[str, type[Reward]] = {
         KeywordReward,
         CommandReward,
         CustomReward,
+        ToolCallReward,
     )
 }
 # The options each type takes; a spec with another key is refused, so a YAML typo fails instead of being ignored.
@@ -123,6 +128,7 @@ __all__ = [
     "RewardScores",
     "RewardSet",
     "RewardSpec",
+    "ToolCallReward",
     "call_with_timeout",
     "check_known_types",
     "known_types",

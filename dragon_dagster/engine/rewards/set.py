@@ -74,6 +74,17 @@ class RewardSet:
         """In reward order, for GRPOConfig.reward_weights."""
         return [r.weight for r in self.rewards]
 
+    def bind_tools(self, schemas: list[dict] | None) -> RewardSet:
+        """Give the rewards that check tool calls (tool_call) the pipeline's tool schemas; returns self."""
+        for r in self.rewards:
+            if schemas is not None and hasattr(r, "bind_tools"):
+                r.bind_tools(schemas)
+        return self
+
+    @property
+    def uses_tools(self) -> bool:
+        return any(hasattr(r, "bind_tools") for r in self.rewards)
+
     def localize(self, run_dir: str | Path) -> RewardSet:
         """A copy whose custom files live in run_dir/rewards/; save it with to_list(relative_to=run_dir)."""
         return RewardSet([r.localize(run_dir) for r in self.rewards])
@@ -130,6 +141,8 @@ def score_rows(
         raise RewardError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
     out, failed = [], 0
     for i, (completion, row) in enumerate(zip(completions, rows)):
+        if isinstance(completion, (list, tuple)):  # a conversation (a rollout with tools): the rewards read its
+            row = {**row, "completion_messages": list(completion)}  # final answer, tool_call its calls
         try:
             out.append(
                 reward.score(

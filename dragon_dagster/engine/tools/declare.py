@@ -37,6 +37,7 @@ import inspect
 import json
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -52,6 +53,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import Field, field_validator, model_validator
 
 from ..commands import run_command
+from ..config.job import ToolsInput
 from ..config.settings import Settings
 from .calls import validate_arguments
 
@@ -147,6 +149,22 @@ class Tools(Settings):
             raise ToolError(f"tools file {str(path)!r} does not exist")
         return self.model_copy(update={"file": str(path.resolve())})
 
+    def to_input(self, folder: Path) -> ToolsInput:
+        """The tools as a job carries them, the file copied into folder (an artifact's): the job is
+        self-contained, and the artifact keeps the tools its model was trained with."""
+        file = None
+        if self.file:
+            source = Path(self.resolve(None).file)
+            folder.mkdir(parents=True, exist_ok=True)
+            file = str(folder / source.name)
+            shutil.copyfile(source, file)
+        return ToolsInput(
+            file=file,
+            schemas=[s.model_dump(mode="json") for s in self.schemas],
+            timeout=self.timeout,
+            max_calls=self.max_calls,
+        )
+
 
 @dataclass(frozen=True)
 class ToolResult:
@@ -190,6 +208,13 @@ class Toolset:
         if settings.file:
             tools = [*load_file_tools(Path(settings.file)), *tools]
         return cls(tools, settings.timeout, settings.max_calls)
+
+    @classmethod
+    def from_input(cls, tools: ToolsInput | None) -> Toolset | None:
+        """The toolset a job's tools describe (None when the pipeline declares none)."""
+        if tools is None:
+            return None
+        return cls.from_settings(Tools.model_validate(tools.model_dump(mode="json")))
 
     @classmethod
     def from_functions(cls, functions: Sequence[Callable], timeout: float = 10.0, max_calls: int = 4) -> Toolset:

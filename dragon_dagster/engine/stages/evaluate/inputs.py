@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ...config.job import Contract, JobPath
+from ...config.job import Contract, JobPath, ToolsInput
 
 
 class ChainStage(Contract):
@@ -39,3 +39,4 @@ class ReportInputs(Contract):
     first_stage_adapters: list[JobPath] = Field(default_factory=list)  # the model after the first stage (judge)
     feedback: FeedbackInputs | None = None
     max_len: int = 1024
+    tools: ToolsInput | None = None  # the pipeline's tools: the report measures the models' calls with them

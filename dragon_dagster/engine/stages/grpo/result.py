@@ -25,6 +25,11 @@ class GRPOResult(TrainingResult):
     clipped_ratio: float | None = None  # mean share of training completions cut off at max_new_tokens
     longest_reference_tokens: int | None = None
     suggested_max_new_tokens: int | None = None
+    tools: dict | None = Field(
+        None,
+        description="With tools in the loop: the tools, their rendering (native or fallback) and the calls run "
+        "in training and in the before/after scoring (calls, errors, timeouts).",
+    )
 
     def own_figures(self) -> dict[str, Any]:
         figures = {"reward_before": self.reward_before, "reward_after": self.reward_after}
@@ -33,7 +38,15 @@ class GRPOResult(TrainingResult):
         return figures
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), "clipped_ratio": self.clipped_ratio, "max_new_tokens": self.max_new_tokens}
+        tools = {f"tools/{k}": v for k, v in (self.tools or {}).items() if k != "names"}
+        if self.tools:
+            tools["tools"] = ", ".join(self.tools["names"])
+        return {
+            **super().metadata(),
+            "clipped_ratio": self.clipped_ratio,
+            "max_new_tokens": self.max_new_tokens,
+            **tools,
+        }
 
     @classmethod
     def headline(cls, metrics: dict[str, float]) -> str:

@@ -53,6 +53,14 @@ class GRPO(TrainerStage):
         description="The completions_not_truncated check warns when more than this share of completions is cut off "
         "at max_new_tokens (mean over the steps).",
     )
+    tools: bool = Field(
+        False,
+        description="Run the pipeline's tools in the rollouts: a completion that calls a tool gets the result "
+        "appended and generation goes on (TRL's tool loop, up to the tools' max_calls), so rewards score the final "
+        "answer and tool_call scores the calls. Needs `tools:` declared in the pipeline. Rollouts then take TRL's "
+        "own generation path: the grouped sampler prefills a group's prompt once and samples the group in "
+        "lockstep, which a tool call in the middle of one completion breaks.",
+    )
     block_on_reward_hacking: bool = Field(
         False,
         description="Make format_not_rising_while_accuracy_falls a blocking check with severity ERROR: when "
@@ -67,6 +75,20 @@ class GRPO(TrainerStage):
 
     def with_rewards(self, specs: list[dict[str, Any]]) -> GRPO:
         return type(self).model_validate({**self.model_dump(), "rewards": specs})
+
+    def check_inputs(self, pipeline) -> None:
+        """tools: true needs the pipeline's tools; a tool_call reward needs the calls run (tools: true)."""
+        if self.tools and getattr(pipeline, "tools", None) is None:
+            raise ValueError(
+                f"grpo stage {self.name!r} has tools: true, but the pipeline declares no tools: add "
+                "`tools: {file: tools.py}` (or schemas) to the pipeline"
+            )
+        scoring_calls = [r.name for r in self.rewards if r.type == "tool_call"]
+        if scoring_calls and not self.tools:
+            raise ValueError(
+                f"grpo stage {self.name!r}: reward(s) {scoring_calls} score tool calls, which the rollouts make only "
+                "with tools: true"
+            )
 
     def preflight(self, pipeline) -> list[str]:
         """A reward that compares with a reference, on prompts whose dataset maps no reference column."""

@@ -16,7 +16,10 @@ from ...artifacts import progress
 from ...config.reporter import Reporter
 from ...evaluate.plots import plot_loss
 from ...infer.generation import generate
+from ...infer.tool_loop import converse, transcript
 from ...rewards import RewardSet, trl_reward_funcs
+from ...tools import template
+from ...tools.declare import Toolset
 from ...train import distributed, lm_head
 from ...train.trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
 from .checks import mean_clipped_ratio, suggest_max_new_tokens
@@ -107,14 +110,24 @@ def watch_groups(funcs: list, group_size: int, out: Path) -> list:
     return [wrap(f) for f in funcs]
 
 
-def score_prompts(model, tokenizer, rows: list[dict], rewards: RewardSet, max_new_tokens: int) -> dict:
-    """Greedy completions for the rows, scored: mean total reward and mean per reward."""
-    completions = generate(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=max_new_tokens)
+def score_prompts(
+    model, tokenizer, rows: list[dict], rewards: RewardSet, max_new_tokens: int, toolset: Toolset | None = None
+) -> dict:
+    """Greedy completions for the rows, scored: mean total reward and mean per reward. With a toolset each
+    completion is a conversation whose calls were run (infer/tool_loop.py), as in training; the rewards score its
+    final answer, tool_call its calls."""
+    prompts = [r["prompt"] for r in rows]
+    if toolset is None:
+        completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+        texts = completions
+    else:
+        completions = converse(model, tokenizer, prompts, toolset, max_new_tokens=max_new_tokens)
+        texts = [transcript(turns) for turns in completions]
     scores = rewards.score(completions, rows, on_error="zero")
     return {
         "reward": mean(scores.total),
         "per_reward": {n: mean(v) for n, v in scores.scores.items()},
-        "completions": completions,
+        "completions": texts,
         "totals": scores.total,
         "errors": scores.errors,
     }
@@ -125,7 +138,13 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
     from trl import GRPOConfig
 
     rewards = validate(job)
+    toolset = Toolset.from_input(job.inputs.tools) if job.settings.tools else None
+    if job.settings.tools and toolset is None:
+        raise ValueError(f"grpo stage {job.settings.name!r} has tools: true, but its job carries no tools")
+    rewards.bind_tools(toolset.schemas if toolset else None)
     p = prepare(job)
+    # before TRL sees the tokenizer: its tool loop renders the tools and parses calls with this template
+    rendering = template.prepare(p.tokenizer, needed=True) if toolset else None
     rewards.check_rows(p.train_rows + p.eval_rows)  # a reward that needs a reference fails here, not mid-run
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
@@ -143,6 +162,7 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
         beta=job.settings.beta,
         reward_weights=rewards.weights(),
         log_completions=False,
+        max_tool_calling_iterations=toolset.max_calls if toolset else None,
     )
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
@@ -154,22 +174,29 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
         callbacks=[callback],
+        tools=toolset.callables() if toolset else None,
     )
-    speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": p.speed.sampling}
-    trainer.chunked, trainer.unpad, trainer.grouped_sampling = chunked, speed["unpad"], p.speed.sampling == "grouped"
+    # with tools in the loop, TRL's own generation: the grouped sampler samples a group in lockstep from one
+    # prefilled prompt, which a tool call in the middle of a completion breaks
+    sampling = "trl (tools in the loop)" if toolset else p.speed.sampling
+    speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": sampling}
+    trainer.chunked, trainer.unpad = chunked, speed["unpad"]
+    trainer.grouped_sampling = p.speed.sampling == "grouped" and toolset is None
+    if toolset:
+        reporter.log(f"tools in the loop: {', '.join(toolset.names)} ({rendering} rendering), rollouts by TRL")
     reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
     held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
     main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
     if main:
         trainer.model.eval()
         with trainer.model.disable_adapter():  # the model this stage started from
-            before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
+            before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
         reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
     result = run_trainer(trainer, callback, job, reporter)
     if not main:
         return None
     trainer.model.eval()
-    after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens)
+    after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
     summary = summarize(
         job,
@@ -184,6 +211,7 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
         reporter,
         speed={**speed, "generation_batch_size": config.generation_batch_size},
         reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows),
+        tools={"names": toolset.names, "rendering": rendering, **toolset.counts()} if toolset else None,
     )
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
@@ -204,6 +232,7 @@ def summarize(
     reporter,
     speed: dict,
     reference_tokens: int | None = None,
+    tools: dict | None = None,
 ) -> GRPOResult:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
@@ -231,6 +260,7 @@ def summarize(
         clipped_ratio=mean_clipped_ratio(logged),
         longest_reference_tokens=reference_tokens,
         suggested_max_new_tokens=suggest_max_new_tokens(job.settings.max_new_tokens, reference_tokens),
+        tools=tools,
     )
     with (out / "samples.jsonl").open("w") as f:
         for i, row in enumerate(held[: max(job.settings.n_samples, 0)]):
