@@ -138,8 +138,10 @@ def test_sft_trains_every_assistant_turn_of_tool_conversations(tiny_model, tmp_p
     assert result.last_loss < result.first_loss and result.eval_tokens > 0
     metadata = result.metadata()
     assert metadata["train_on"] == "all_assistant_turns" and metadata["chat_template"] == "fallback"
-    saved = models.load_tokenizer(str(tmp_path / "out" / "adapter"))  # what merge, export and chat can render with
+    # the tokenizer saved with the adapter is the one trained with: merge, export and chat render with it
+    saved = models.chain_tokenizer(str(tiny_model), [str(tmp_path / "out" / "adapter")])
     assert RENDERED_CALL in saved.apply_chat_template(tool_conversation(), tools=TOOLS, tokenize=False)
+    assert "generation" in saved.chat_template
 
 
 def test_each_rows_turns_and_tools_read_back_as_written():
