@@ -229,6 +229,15 @@ def load_tokenizer(path: str):
     return tokenizer
 
 
+def chain_tokenizer(model: str, adapters: list[str] | None = None):
+    """The tokenizer a model with adapters renders with: the one saved with its last adapter, whose chat template
+    training may have readied (tools, generation marks: tools/template.py), else the model's own."""
+    for adapter in reversed(adapters or []):
+        if (Path(adapter) / "tokenizer_config.json").exists():
+            return load_tokenizer(adapter)
+    return load_tokenizer(model)
+
+
 def load_model(path: str, hardware: Hardware, adapters: list[str] | None = None, trainable: bool = False):
     """Load a causal LM on the chosen device, folding earlier stages' adapters into the weights first."""
     from transformers import AutoModelForCausalLM
@@ -313,7 +322,7 @@ def load_artifact_model(directory: str | Path, base: bool = False, hardware: Har
     chain = manifest.chain
     return (
         load_model(resolved, hardware, adapters=chain),
-        load_tokenizer(resolved),
+        chain_tokenizer(resolved, chain),
         f"{manifest.base_model} + {len(chain)} adapter(s), last {chain[-1]}",
     )
 

@@ -68,6 +68,11 @@ class DatasetStage(Stage):
         """(rows, dropped counts by reason, the source row each row came from) for this kind's mapping."""
         raise NotImplementedError
 
+    def layout_problems(self, columns: list[str]) -> list[str]:
+        """What keeps this stage's mapping from reading a table with these columns, beyond missing named columns
+        (a kind that detects its layout checks that one fits)."""
+        return []
+
     def mapped_columns(self) -> dict[str, str]:
         """role -> the column or template this stage reads."""
         return {role: getattr(self, role) for role in MAPPING_FIELDS if getattr(self, role, None)}
@@ -83,7 +88,7 @@ class DatasetStage(Stage):
         columns = columns_of(path, self.format or (source.format if source else None))
         if columns is None:
             return []
-        found = []
+        found = self.layout_problems(columns)
         for role, spec in self.mapped_columns().items():
             if role == "system" and "{" not in spec:
                 continue  # constant text

@@ -1,9 +1,10 @@
 """Datasets: read tables, map columns (or `{col}` templates) to chat turns, hold rows out, write chat files.
 
 A mapped row is TRL's conversational prompt-completion format:
-    {"prompt": [{"role": "system"|"user"|"assistant", "content": ...}, ...],
+    {"prompt": [{"role": "system"|"user"|"assistant"|"tool", "content": ...}, ...],
      "completion": [{"role": "assistant", "content": ...}]}
-so the trainer computes loss on the final assistant turn only; earlier turns are context (dragon_conversations).
+(and "tools" when the row declares some), so the trainer computes loss on the final assistant turn by default;
+earlier turns are context (dragon_conversations). Conversation layouts are parsed in conversations.py.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import conversations
+from .errors import DataError
+
 if TYPE_CHECKING:  # pandas loads when a table is read: a worker that never reads one starts without it
     import pandas as pd
-
-
-class DataError(ValueError):
-    """The data cannot be used as asked: unreadable file, missing column, empty dataset, bad template."""
 
 
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".pq": "parquet"}
@@ -131,16 +131,28 @@ def check_columns(df: pd.DataFrame, specs: dict[str, str | None]) -> None:
 
 @dataclass(frozen=True)
 class Mapping:
-    """Which columns (or templates) become the turns. Either prompt+response, or a conversations column."""
+    """Which columns (or templates) become the turns: prompt+response, or a column of conversations (messages or
+    ShareGPT), or Alpaca's instruction/input/output; layout "auto" tells which from the settings and columns."""
 
     prompt: str | None = None
     response: str | None = None
     system: str | None = None
     conversations: str | None = None
+    layout: str = "auto"
 
     def validate(self) -> Mapping:
-        if self.conversations is None and not (self.prompt and self.response):
-            raise DataError("a mapping needs prompt and response (column names or templates), or conversations")
+        if self.layout not in ("auto", *conversations.LAYOUTS):
+            raise DataError(f"unknown layout {self.layout!r}; use auto, {', '.join(conversations.LAYOUTS)}")
+        if bool(self.prompt) != bool(self.response):
+            raise DataError("a mapping needs both prompt and response (column names or templates), or neither")
+        if self.layout == "columns" and not self.prompt:
+            raise DataError("the columns layout needs prompt and response (column names or templates)")
+        if self.prompt and self.layout not in ("auto", "columns"):
+            raise DataError(f"prompt and response are for the columns layout, not {self.layout}")
+        if self.prompt and self.conversations:
+            raise DataError("give prompt and response, or conversations, not both")
+        if self.conversations and self.layout in ("columns", "alpaca"):
+            raise DataError(f"conversations names a column of conversations, which the {self.layout} layout has not")
         return self
 
 
@@ -153,44 +165,47 @@ def user_turns(prompt: str, system: str | None, record: dict) -> list[dict]:
 
 
 def map_rows(df: pd.DataFrame, mapping: Mapping) -> list[dict]:
-    """Render every row into a prompt-completion chat example."""
+    """Render every row into a prompt-completion chat example, in the mapping's layout (conversations.py)."""
     mapping.validate()
-    if mapping.conversations is not None:
-        check_columns(df, {"conversations": mapping.conversations})
-        return [conversation_row(_parse_messages(m), i) for i, m in enumerate(df[mapping.conversations])]
-    check_columns(df, {"prompt": mapping.prompt, "response": mapping.response, "system": mapping.system})
+    columns = list(df.columns)
+    layout, column = conversations.choose_layout(
+        columns, mapping.layout, bool(mapping.prompt and mapping.response), mapping.conversations
+    )
+    if layout == "columns":
+        check_columns(df, {"prompt": mapping.prompt, "response": mapping.response, "system": mapping.system})
+    else:
+        check_columns(df, {"system": mapping.system})
+    if layout == "conversations":
+        layout = conversations.turn_style(df[column])
     rows = []
-    for record in df.to_dict(orient="records"):
-        rows.append(
-            {
-                "prompt": user_turns(mapping.prompt, mapping.system, record),
-                "completion": [{"role": "assistant", "content": render(mapping.response, record)}],
-            }
-        )
+    for i, record in enumerate(df.to_dict(orient="records")):
+        where = f"row {i + 1}"
+        if layout == "columns":
+            rows.append(
+                {
+                    "prompt": user_turns(mapping.prompt, mapping.system, record),
+                    "completion": [{"role": "assistant", "content": render(mapping.response, record)}],
+                }
+            )
+            continue
+        if layout == "alpaca":
+            turns = conversations.alpaca_turns(record, where)
+        elif layout == "sharegpt":
+            turns = conversations.parse_sharegpt(record[column], where, column)
+        else:
+            turns = record[column]
+        row = conversations.conversation_row(turns, where, column)
+        if mapping.system and not any(m["role"] == "system" for m in row["prompt"]):
+            row["prompt"].insert(0, {"role": "system", "content": render(mapping.system, record)})
+        if layout != "alpaca" and conversations.TOOLS_COLUMN in record:
+            tools = conversations.parse_tools(record[conversations.TOOLS_COLUMN], where)
+            if tools:
+                row["tools"] = tools
+        rows.append(row)
     return rows
 
 
-def _parse_messages(value: Any) -> list[dict]:
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"conversation is not a JSON list of messages: {exc}") from exc
-    return [dict(m) for m in list(value)]
-
-
-def conversation_row(messages: list[dict], index: int = 0) -> dict:
-    """A conversation (role/content messages ending in an assistant turn) as a prompt-completion row."""
-    roles = [m.get("role") for m in messages]
-    bad = [r for r in roles if r not in ("system", "user", "assistant")]
-    if bad:
-        raise DataError(f"conversation {index}: unknown role(s) {bad}; use system, user, assistant")
-    if "user" not in roles:
-        raise DataError(f"conversation {index} has no user turn")
-    if roles[-1] != "assistant":
-        raise DataError(f"conversation {index} must end with an assistant turn, ends with {roles[-1]!r}")
-    clean = [{"role": m["role"], "content": str(m.get("content", ""))} for m in messages]
-    return {"prompt": clean[:-1], "completion": clean[-1:]}
+conversation_row = conversations.conversation_row  # where callers have long found it
 
 
 def split_rows(
@@ -236,19 +251,18 @@ def split_rows(
 
 def row_key(row: dict) -> str:
     """What makes two rows the same example: the prompt turns and the reply (a pair's both replies, a prompt's
-    reference). Other columns a prompt row carries do not count."""
-    return json.dumps(
-        [
-            row.get("prompt"),
-            row.get("completion"),
-            row.get("chosen"),
-            row.get("rejected"),
-            row.get("reference"),
-            row.get("label"),
-        ],
-        sort_keys=True,
-        ensure_ascii=False,
-    )
+    reference), and the tools it may call. Other columns a prompt row carries do not count."""
+    parts = [
+        row.get("prompt"),
+        row.get("completion"),
+        row.get("chosen"),
+        row.get("rejected"),
+        row.get("reference"),
+        row.get("label"),
+    ]
+    if row.get("tools"):  # appended only when there are tools: the keys of rows without stay as they were
+        parts.append(row["tools"])
+    return json.dumps(parts, sort_keys=True, ensure_ascii=False)
 
 
 def dedupe_rows(rows: list[dict], groups: list[str] | None = None) -> tuple[list[dict], list[str] | None, int]:
@@ -319,10 +333,21 @@ def reply_text(row: dict) -> str:
     return ""
 
 
+def calls_tools(row: dict) -> bool:
+    """Whether the reply a row teaches calls tools (then it may have no text and still be a reply)."""
+    for column in ("completion", "chosen"):
+        if column in row:
+            return bool(row[column][-1].get("tool_calls"))
+    return False
+
+
 def quality(rows: list[dict]) -> dict[str, Any]:
-    """Counts an asset check and the metadata show: empty turns and duplicate share."""
+    """Counts an asset check and the metadata show: empty turns (a reply that only calls tools is not empty)
+    and duplicate share."""
     empty_prompt = sum(1 for r in rows if not user_text(r).strip())
-    empty_reply = sum(1 for r in rows if ("completion" in r or "chosen" in r) and not reply_text(r).strip())
+    empty_reply = sum(
+        1 for r in rows if ("completion" in r or "chosen" in r) and not reply_text(r).strip() and not calls_tools(r)
+    )
     keys = [json.dumps(r, sort_keys=True) for r in rows]
     duplicate_share = (1 - len(set(keys)) / len(keys)) if keys else 0.0
     return {

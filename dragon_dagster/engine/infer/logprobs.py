@@ -11,9 +11,10 @@ from ..data.tables import reply_text
 def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
     """Token ids of prompt+reply (the completion, or a pair's chosen reply), and how many leading tokens are
     prompt (no loss there)."""
-    prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+    tools = row.get("tools")  # a row's tool schemas are part of its context, as in training
+    prompt = tokenizer.apply_chat_template(row["prompt"], tools=tools, tokenize=False, add_generation_prompt=True)
     reply = row["completion"] if "completion" in row else row["chosen"]
-    full = tokenizer.apply_chat_template(row["prompt"] + reply, tokenize=False)
+    full = tokenizer.apply_chat_template(row["prompt"] + reply, tools=tools, tokenize=False)
     if not full.startswith(prompt):  # templates that rewrite earlier turns: fall back to concatenation
         full = prompt + reply_text(row) + (tokenizer.eos_token or "")
     prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]

@@ -10,7 +10,7 @@ from ..artifacts.manifest import MergeResult
 from ..config.hardware import Hardware
 from ..config.reporter import Reporter
 from ..infer.generation import generate
-from ..models import load_model, load_tokenizer
+from ..models import chain_tokenizer, load_model
 from .card import card_facts, merged_card
 
 
@@ -24,7 +24,7 @@ def merge_adapters(
     if hardware.load_in_4bit:  # a merged model must hold full weights
         hardware = hardware.model_copy(update={"load_in_4bit": False})
     reporter.log(f"merging {len(adapters)} adapter(s) into {model}")
-    tokenizer = load_tokenizer(model)
+    tokenizer = chain_tokenizer(model, adapters)  # the chat template training rendered with
     merged = load_model(model, hardware, adapters=adapters)
     out = Path(out)
     merged.save_pretrained(out)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,10 +38,15 @@ class Prepared:
     tokenizer: object
     model: object
     workers: int = 1  # data-parallel ranks sharing args.batch_size (the global batch)
+    rendering: str = "none"  # how the chat template renders the rows (tools/template.py): native, fallback, none
 
 
-def prepare(job: TrainingJob) -> Prepared:
-    """Read the rows, load the starting model with earlier adapters folded in; speed resolved for the device."""
+def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | None = None) -> Prepared:
+    """Read the rows, load the starting model with earlier adapters folded in; speed resolved for the device.
+
+    template(tokenizer, rows) readies the tokenizer's chat template for the rows (train and held-out) in place
+    and says which rendering it is; it runs before the model loads, so a template that cannot do what the
+    stage asks fails in seconds."""
     lora, args, inputs = job.settings.lora, job.settings.args, job.inputs
     hardware = job.hardware
     speed = (job.speed or Speed()).resolve(pick_device(hardware))
@@ -49,9 +55,12 @@ def prepare(job: TrainingJob) -> Prepared:
     if not train_rows:
         raise TrainingError(f"no training rows in {inputs.train_file}")
     tokenizer = load_tokenizer(inputs.model)
+    rendering = template(tokenizer, train_rows + eval_rows) if template else "none"
     distributed.bind_device()
     model = load_model(inputs.model, hardware, adapters=inputs.adapters, trainable=True)
-    return Prepared(lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size())
+    return Prepared(
+        lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size(), rendering
+    )
 
 
 def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dict:

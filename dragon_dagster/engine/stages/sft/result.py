@@ -17,9 +17,20 @@ class SFTResult(TrainingResult):
     metrics: dict[str, float] = Field(default_factory=dict)  # on the first n_samples rows (computed_on)
     computed_on: str = ""
     metrics_chosen_by: Literal["pipeline", "references"] = "references"
+    train_on: Literal["final_turn", "all_assistant_turns"] = "final_turn"
+    rendering: Literal["native", "fallback", "none"] = Field(
+        "none",
+        description="How the chat template rendered the rows (tools/template.py): the model's own template for "
+        "tools (native), the ChatML tool format with generation marks (fallback), or the model's own untouched.",
+    )
 
     def own_figures(self) -> dict[str, Any]:
         return {"eval_loss": self.eval_loss, "perplexity": self.perplexity}
 
     def metadata(self) -> dict[str, Any]:
-        return {**super().metadata(), **{f"eval/{k}": v for k, v in finite(self.metrics).items()}}
+        return {
+            **super().metadata(),
+            **{f"eval/{k}": v for k, v in finite(self.metrics).items()},
+            "train_on": self.train_on,
+            "chat_template": self.rendering,
+        }

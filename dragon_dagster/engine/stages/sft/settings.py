@@ -11,7 +11,15 @@ from ...train.stage import TrainerStage
 
 
 class SFT(TrainerStage):
-    """Supervised fine-tuning with TRL's SFTTrainer; loss on the final assistant turn only."""
+    """Supervised fine-tuning with TRL's SFTTrainer; loss on the final assistant turn, or on every one."""
 
     kind: Literal["sft"]
     metrics: MetricNames = Field(None, description=METRICS_DOC)
+    train_on: Literal["final_turn", "all_assistant_turns"] = Field(
+        "final_turn",
+        description="Which assistant turns the loss is on. final_turn (the default, as dragonfarm's "
+        "dragon_conversations): the last assistant turn is what the model learns; earlier turns are context, "
+        "often written by an older system the model should not imitate. all_assistant_turns: every assistant "
+        "turn, for tool-use traces, where the tool calls are turns before the final answer (TRL's "
+        "assistant_only_loss; needs a chat template with generation marks, which ChatML models get).",
+    )

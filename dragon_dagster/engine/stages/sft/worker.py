@@ -1,8 +1,9 @@
 """The sft kind's worker: supervised fine-tuning with TRL's SFTTrainer and a PEFT LoRA adapter.
 
-Rows are conversational prompt-completion examples, so TRL computes loss on the final assistant turn only
-(completion_only_loss): this works with any chat template, SmolLM2's included, which has no
-`{% generation %}` markers for assistant_only_loss.
+Rows are conversational prompt-completion examples. By default (train_on final_turn) TRL computes loss on the
+final assistant turn only (completion_only_loss), which works with any chat template. train_on
+all_assistant_turns trains every assistant turn (assistant_only_loss) through a template with `{% generation %}`
+marks; turns.py prepares the template and the rows for either.
 """
 
 from __future__ import annotations
@@ -16,21 +17,23 @@ from ...evaluate.plots import plot_loss
 from ...evaluate.replies import eval_metrics, evaluate_rows
 from ...train import distributed, lm_head
 from ...train.trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
+from . import turns
 from .result import SFTResult
 from .trainer import chunked_loss_trainer, resumable_trainer
 
 
 def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
-    from datasets import Dataset
     from trl import SFTConfig
 
-    p = prepare(job)
+    train_on = job.settings.train_on
+    p = prepare(job, template=lambda tokenizer, rows: turns.prepare_template(tokenizer, rows, train_on))
+    reporter.log(f"loss on {train_on.replace('_', ' ')}; chat template rendering: {p.rendering}")
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers)
     config = SFTConfig(
         **args,
         max_length=p.args.max_seq_len,
-        completion_only_loss=True,
+        **turns.loss_args(train_on),
         packing=p.speed.packing == "on",
         packing_strategy="bfd",
     )
@@ -38,7 +41,7 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     trainer = (chunked_loss_trainer() if chunked else resumable_trainer())(
         model=p.model,
         args=config,
-        train_dataset=Dataset.from_list(p.train_rows),
+        train_dataset=turns.training_dataset(p.train_rows, train_on),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
         callbacks=[callback],
@@ -51,10 +54,13 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
         return None
     rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
     speed = {"packing": p.speed.packing, "torch_compile": p.speed.torch_compile, **speed}
-    return summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, speed, Path(job.output_dir), reporter)
+    out = Path(job.output_dir)
+    return summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, speed, out, reporter, p.rendering)
 
 
-def summarize(trainer, result, tokenizer, rows, held_out: bool, job, speed: dict, out: Path, reporter) -> SFTResult:
+def summarize(
+    trainer, result, tokenizer, rows, held_out: bool, job, speed: dict, out: Path, reporter, rendering: str = "none"
+) -> SFTResult:
     """Held-out loss, perplexity, samples and task metrics for the trained adapter; written into out."""
     reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
     model = trainer.model
@@ -89,6 +95,8 @@ def summarize(trainer, result, tokenizer, rows, held_out: bool, job, speed: dict
         # the report measures all held-out rows; these metrics are on the first n_samples of them
         computed_on=f"n_samples={n_metric_rows} {split} rows",
         metrics_chosen_by="pipeline" if job.settings.metrics else "references",
+        train_on=job.settings.train_on,
+        rendering=rendering,
     )
     with (out / "samples.jsonl").open("w") as f:
         for sample in evaluation["samples"]:
