@@ -1,0 +1,148 @@
+"""GRPO with tools in the loop, through Dagster on a tiny model: the tools run (a counter file shows it), a tool
+that raises and one past its timeout become answers the rollout goes on from, and the rewards score the final
+answers while tool_call scores the calls."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+TOOLS = '''
+import time
+from pathlib import Path
+
+COUNTER = Path({counter!r})
+
+
+def bump() -> str:
+    """Add one to the shop's counter and say its value."""
+    with COUNTER.open("a") as f:
+        f.write("x\\n")
+    n = len(COUNTER.read_text().splitlines())
+    if n % 3 == 2:
+        raise RuntimeError("the counter jammed")
+    if n % 3 == 0:
+        time.sleep(30)  # past the pipeline's timeout: the call is stopped
+    return f"count {{n}}"
+'''
+
+SEEN = """
+from pathlib import Path
+
+
+def reward(prompt, completion, reference, row):
+    with Path({seen!r}).open("a") as f:
+        f.write(completion.replace("\\n", " ") + "\\n")
+    return 1.0 if "Done" in completion else 0.0
+"""
+
+
+@pytest.fixture(scope="module")
+def tool_caller(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model taught (a full fine-tune, in this process) to answer "Check the counter" by calling bump,
+    and to say "Done." after whatever the tool answers: a model that calls tools, in seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dragon_dagster.engine import models
+    from dragon_dagster.engine.infer.tool_loop import converse
+    from dragon_dagster.engine.tools import template
+    from dragon_dagster.engine.tools.declare import Tools, Toolset
+
+    root = tmp_path_factory.mktemp("models")
+    (root / "tools.py").write_text(TOOLS.format(counter=str(root / "counter.txt")))
+    toolset = Toolset.from_settings(Tools(file=str(root / "tools.py"), timeout=1))
+    tokenizer = models.load_tokenizer(str(tiny_model))
+    template.prepare(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    call = {"type": "function", "function": {"name": "bump", "arguments": {}}}
+    texts = [
+        tokenizer.apply_chat_template(
+            [
+                {"role": "user", "content": "Check the counter"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "bump", "content": answer},
+                {"role": "assistant", "content": "Done."},
+            ],
+            tools=toolset.schemas,
+            tokenize=False,
+        )
+        for answer in ("count 1", "error: RuntimeError: the counter jammed", "error: timed out after 1s")
+    ]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    model.train()
+    for _ in range(200):
+        model(**batch, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    [turns] = converse(model, tokenizer, [[{"role": "user", "content": "Check the counter"}]], toolset, 24)
+    assert turns[0].get("tool_calls") and turns[-1]["content"] == "Done.", turns  # it learned what it should
+    out = root / "tool_caller"
+    model.save_pretrained(out)
+    models.load_tokenizer(str(tiny_model)).save_pretrained(out)  # the model's own template: stages ready theirs
+    return out
+
+
+def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, resources_for):
+    from dagster import DagsterInstance
+
+    from dragon_dagster.assets.launch import materialize_pipeline
+    from dragon_dagster.engine.pipeline import load
+
+    counter, seen = tmp_path / "counter.txt", tmp_path / "seen.txt"
+    folder = tmp_path / "defs" / "tools_tiny"
+    folder.mkdir(parents=True)
+    (folder / "tools.py").write_text(TOOLS.format(counter=str(counter)))
+    (folder / "seen_reward.py").write_text(SEEN.format(seen=str(seen)))
+    # distinct rows (identical ones are deduplicated), the same question
+    (folder / "prompts.csv").write_text("prompt,ticket\n" + "".join(f"Check the counter,{i}\n" for i in range(8)))
+    (folder / "defs.yaml").write_text(
+        textwrap.dedent(f"""\
+        type: dragon_dagster.PostTrainingPipeline
+        attributes:
+          name: tools_tiny
+          model: {tool_caller}
+          tools: {{file: tools.py, timeout: 1, max_calls: 2}}
+          datasets:
+            prompts: {{path: prompts.csv}}
+          stages:
+            - {{name: counter_prompts, kind: prompt_dataset, source: prompts, prompt: prompt, reference: ticket,
+                eval_frac: 0}}
+            - name: grpo_adapter
+              kind: grpo
+              dataset: counter_prompts
+              tools: true
+              rewards: [{{type: tool_call}}, {{type: custom, file: seen_reward.py, name: seen}}]
+              group_size: 2
+              temperature: 0.05
+              max_new_tokens: 24
+              max_eval_prompts: 2
+              n_samples: 1
+              args: {{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 50}}
+        """)
+    )
+    outcome = materialize_pipeline(
+        load(folder / "defs.yaml"), resources=resources_for(tmp_path / "runs"), instance=DagsterInstance.ephemeral()
+    )
+    assert outcome["success"], outcome["stages"]
+    art = Path(outcome["artifacts"]["grpo_adapter"])
+    result = json.loads((art / "manifest.json").read_text())["result"]
+    ran = len(counter.read_text().splitlines())
+    tools = result["tools"]
+    assert tools["names"] == ["bump"] and tools["rendering"] == "fallback"
+    # every call reached the tool, including the two it never answered normally
+    assert tools["calls"] == ran >= 3 and tools["errors"] >= 1 and tools["timeouts"] >= 1
+    assert (art / "tools" / "tools.py").exists()  # the artifact keeps the tools it was trained with
+    # the rewards scored the answers given after the tool's result, never the call itself
+    answers = seen.read_text().splitlines()
+    assert answers and all("<tool_call>" not in a and "bump" not in a for a in answers)
+    assert result["per_reward_after"]["tool_call"] == 1.0  # the greedy rollouts call bump, validly
+    progress = [json.loads(line) for line in (art / "progress.jsonl").read_text().splitlines()]
+    assert any(r.get("reward_tool_call") for r in progress)
