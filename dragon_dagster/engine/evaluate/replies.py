@@ -30,6 +30,7 @@ def eval_metrics(figures: dict) -> dict[str, float]:
         out["eval/reward"] = figures["reward"]
     out.update({f"eval/reward_{k}": v for k, v in (figures.get("rewards") or {}).items()})
     out.update({f"eval/accuracy_{k}": v for k, v in (figures.get("accuracy") or {}).items()})
+    out.update({f"eval/tools/{k}": v for k, v in (figures.get("tools") or {}).items() if k != "conversations"})
     return {
         k: float(v)
         for k, v in out.items()
@@ -73,7 +74,10 @@ def evaluate_rows(
     """Loss and perplexity on all rows; replies and task metrics on the first n_samples rows."""
     result = completion_loss(model, tokenizer, rows, max_len=max_len)
     sample_rows = rows if n_samples is None else rows[:n_samples]
-    replies = generate(model, tokenizer, [r["prompt"] for r in sample_rows], max_new_tokens=max_new_tokens)
+    tools = sample_rows[0].get("tools") if sample_rows else None  # the pipeline's, the same in every row
+    replies = generate(
+        model, tokenizer, [r["prompt"] for r in sample_rows], max_new_tokens=max_new_tokens, tools=tools or None
+    )
     references = [reply_text(r) for r in sample_rows]
     prompts = [user_text(r) for r in sample_rows]
     result["metrics"] = (

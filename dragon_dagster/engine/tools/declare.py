@@ -298,6 +298,15 @@ class Toolset:
 # -- loading a tools file -------------------------------------------------------------------------------------------
 
 
+def with_tools(rows: list[dict], schemas: list[dict]) -> list[dict]:
+    """rows (chat rows, in place) with the pipeline's tool schemas wherever a row has none of its own: the
+    chat template renders them in each conversation's system turn, in training as in chat."""
+    for row in rows:
+        if not row.get("tools"):
+            row["tools"] = schemas
+    return rows
+
+
 def load_file_tools(path: Path) -> list[_Tool]:
     """The tools a Python file declares (TOOLS = [...], else its public top-level functions), with schemas."""
     module = _load_module(path)

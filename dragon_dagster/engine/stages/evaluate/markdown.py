@@ -66,6 +66,8 @@ def markdown(report: dict) -> str:
         lines.append("")
     if "feedback" in report:
         lines += _feedback_markdown(report)
+    if report.get("tool_use"):
+        lines += tool_markdown(report)
     if report.get("judge"):
         lines += [
             "## Pairwise judge (merged model as A, each prompt judged in both orders)",
@@ -208,3 +210,30 @@ def _prompts_markdown(report: dict) -> list[str]:
 
 def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", "<br>")[:600]
+
+
+TOOL_FIGURES = ("tool_call_valid", "right_tool", "arguments_match", "call_correct", "answer_exact", "answer_token_f1")
+
+
+def tool_markdown(report: dict) -> list[str]:
+    """The tool-use table, base against merged, and the paired test on call_correct."""
+    use, base, merged = report["tool_use"], report["base"].get("tools", {}), report["merged"].get("tools", {})
+    paired = use["paired"]
+    lines = [
+        "## Tool use",
+        "",
+        f"{base.get('conversations')} held-out conversations that call a tool ({', '.join(use['tools'])}): the "
+        "first reply's call against the conversation's, then the whole conversation run with the tools, its "
+        "final answer against the reference answer.",
+        "",
+        "| figure | base | merged |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {name} | {_fmt(base.get(name))} | {_fmt(merged.get(name))} |" for name in TOOL_FIGURES]
+    lines += [
+        "",
+        f"call_correct, paired (McNemar's exact test): {paired['only_merged']} conversations only the merged model "
+        f"called right, {paired['only_base']} only the base model; p = {paired['p_value']:.4g}.",
+        "",
+    ]
+    return lines

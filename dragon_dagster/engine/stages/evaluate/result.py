@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 from ...config.results import Markdown, StageResult, finite
 from ...evaluate.replies import eval_metrics
 from ...release.card import cell
+from .markdown import tool_markdown
 
 
 class ReportResult(StageResult):
@@ -33,6 +34,7 @@ class ReportResult(StageResult):
     loss_plot: str | None = None
     feedback: dict[str, Any] | None = None  # a retraining: the figures on held-out feedback
     objectives: list[dict[str, Any]] = Field(default_factory=list)
+    tool_use: dict[str, Any] | None = None  # the tools, the paired test, samples (figures: base/merged["tools"])
 
     def card_table(self) -> str:
         """The base-against-merged table a model card shows."""
@@ -109,6 +111,8 @@ class ReportResult(StageResult):
             out.update(base_eval_loss=self.base["eval_loss"], merged_eval_loss=self.merged["eval_loss"])
         out.update({f"merged/{k}": v for k, v in eval_metrics(self.merged).items()})
         out.update(self.feedback_metrics())
+        if self.tool_use:
+            out["tool_use"] = Markdown("\n".join(tool_markdown(self.model_dump())))
         if self.objectives:
             out["objectives"] = [
                 {k: o.get(k) for k in ("objective", "ran", "rows", "unit", "records", "skipped")}

@@ -14,9 +14,12 @@ from ...data.tables import read_jsonl
 from ...evaluate.feedback_gain import gain, held_out_feedback, model_figures
 from ...evaluate.plots import plot_stages
 from ...evaluate.replies import evaluate_rows, has_replies, score_prompt_rows
+from ...evaluate.tool_use import mcnemar, measure, tool_cases
 from ...infer.logprobs import completion_loss
 from ...models import load_model, load_tokenizer
 from ...rewards import ACCURACY_TYPES, Reward, RewardSet
+from ...tools import template
+from ...tools.declare import Toolset, with_tools
 from .inputs import ChainStage, ReportInputs
 from .markdown import markdown
 from .result import ReportResult
@@ -35,13 +38,22 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         raise ValueError(f"no rows to evaluate on in {inputs.eval_file}")
     rows = rows[: job.settings.max_eval_rows]
     prompts_only = not has_replies(rows)  # a prompt dataset: no reference replies, so no loss
+    toolset = Toolset.from_input(inputs.tools)
+    if toolset is not None and not prompts_only:
+        with_tools(rows, toolset.schemas)  # rendered as training rendered them
+    cases = tool_cases(rows) if toolset is not None and not prompts_only else []
+    tool_raw = {}
     rewards, reward_specs = reward_set(inputs.chain) if prompts_only else (None, [])
+    if rewards is not None:
+        rewards.bind_tools(toolset.schemas if toolset else None)
     split = "held-out" if held_out else "training"
     results, feedback_raw = {}, {}
     rated, pairs, taste = held_out_feedback_of(job)
     for name, path in (("base", inputs.base_model), ("merged", inputs.merged_model)):
         reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
         tokenizer = load_tokenizer(path)
+        if toolset is not None:  # the base model's own template may render no tools: the same fallback as training
+            template.prepare(tokenizer, needed=True)
         model = load_model(path, hardware)
         if prompts_only:
             results[name] = score_prompt_rows(
@@ -62,6 +74,10 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
                 max_len=inputs.max_len,
                 metric_names=job.settings.metrics,
             )
+        if cases:
+            reporter.log(f"the {name} model's tool use on {len(cases)} {split} conversations that call a tool")
+            tool_raw[name] = measure(model, tokenizer, cases, toolset, job.settings.max_new_tokens)
+            results[name]["tools"] = tool_raw[name]["figures"]
         if inputs.feedback:
             reporter.log(f"the {name} model on the held-out feedback: {len(rated)} rated replies, {len(pairs)} pairs")
             feedback_raw[name] = model_figures(
@@ -112,6 +128,15 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
             "metrics": f"all {len(rows)} {split} rows: greedy replies against their reference replies (an "
             "adapter's metrics.json is on its first n_samples rows only)",
             "samples": f"the first {n_samples} of those rows",
+        }
+    if cases:
+        report["tool_use"] = {
+            "tools": toolset.names,
+            "paired": mcnemar(tool_raw["base"]["call_correct"], tool_raw["merged"]["call_correct"]),
+            "samples": [
+                {"question": c["prompt"][-1]["content"], "expected": c["call"].name, "base": b, "merged": m}
+                for c, b, m in zip(cases, tool_raw["base"]["samples"], tool_raw["merged"]["samples"])
+            ][:n_samples],
         }
     if inputs.feedback:
         report["feedback"] = gain(feedback_raw["base"], feedback_raw["merged"], rated, pairs, inputs.feedback.liked_at)

@@ -15,6 +15,7 @@ from ...artifacts import progress
 from ...config.reporter import Reporter
 from ...evaluate.plots import plot_loss
 from ...evaluate.replies import eval_metrics, evaluate_rows
+from ...tools.declare import Toolset, with_tools
 from ...train import distributed, lm_head
 from ...train.trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
 from . import turns
@@ -26,7 +27,14 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     from trl import SFTConfig
 
     train_on = job.settings.train_on
-    p = prepare(job, template=lambda tokenizer, rows: turns.prepare_template(tokenizer, rows, train_on))
+    pipeline_tools = Toolset.from_input(job.inputs.tools)
+
+    def ready(tokenizer, rows):  # the pipeline's tools are in every conversation, as chat and evaluation show them
+        if pipeline_tools is not None:
+            with_tools(rows, pipeline_tools.schemas)
+        return turns.prepare_template(tokenizer, rows, train_on)
+
+    p = prepare(job, template=ready)
     reporter.log(f"loss on {train_on.replace('_', ' ')}; chat template rendering: {p.rendering}")
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers)
