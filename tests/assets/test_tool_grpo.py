@@ -102,6 +102,17 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
     (folder / "tools.py").write_text(TOOLS.format(counter=str(counter)))
     (folder / "seen_reward.py").write_text(SEEN.format(seen=str(seen)))
     # distinct rows (identical ones are deduplicated), the same question
+    conversation = lambda i: [  # noqa: E731 - a held-out conversation the report replays
+        {"role": "user", "content": "Check the counter"},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": "bump", "arguments": {}}}],
+        },
+        {"role": "tool", "name": "bump", "content": f"count {i}"},
+        {"role": "assistant", "content": "Done."},
+    ]
+    (folder / "traces.jsonl").write_text("".join(json.dumps({"messages": conversation(i)}) + "\n" for i in range(20)))
     (folder / "prompts.csv").write_text("prompt,ticket\n" + "".join(f"Check the counter,{i}\n" for i in range(8)))
     (folder / "defs.yaml").write_text(
         textwrap.dedent(f"""\
@@ -112,6 +123,7 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
           tools: {{file: tools.py, timeout: 1, max_calls: 2}}
           datasets:
             prompts: {{path: prompts.csv}}
+            traces: {{path: traces.jsonl}}
           stages:
             - {{name: counter_prompts, kind: prompt_dataset, source: prompts, prompt: prompt, reference: ticket,
                 eval_frac: 0}}
@@ -126,6 +138,9 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
               max_eval_prompts: 2
               n_samples: 1
               args: {{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 50}}
+            - {{name: trace_dataset, kind: chat_dataset, source: traces, layout: messages, eval_frac: 0.1}}
+            - {{name: merged_model, kind: merge}}
+            - {{name: evaluation_report, kind: evaluate, dataset: trace_dataset, max_new_tokens: 24, n_samples: 1}}
         """)
     )
     outcome = materialize_pipeline(
@@ -146,3 +161,10 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
     assert result["per_reward_after"]["tool_call"] == 1.0  # the greedy rollouts call bump, validly
     progress = [json.loads(line) for line in (art / "progress.jsonl").read_text().splitlines()]
     assert any(r.get("reward_tool_call") for r in progress)
+    # the report replays the held-out conversations with the tools: both models call bump as they learned to
+    report = json.loads((Path(outcome["artifacts"]["evaluation_report"]) / "report.json").read_text())
+    for side in ("base", "merged"):
+        figures = report[side]["tools"]
+        assert figures["conversations"] == 2 and figures["call_correct"] == 1.0 and figures["answer_exact"] == 1.0
+    assert report["tool_use"]["paired"] == {"cases": 2, "only_base": 0, "only_merged": 0, "p_value": 1.0}
+    assert "## Tool use" in (Path(outcome["artifacts"]["evaluation_report"]) / "report.md").read_text()
