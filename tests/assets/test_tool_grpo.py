@@ -134,13 +134,14 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
               rewards: [{{type: tool_call}}, {{type: custom, file: seen_reward.py, name: seen}}]
               group_size: 2
               temperature: 0.05
-              max_new_tokens: 24
+              max_new_tokens: 64
               max_eval_prompts: 2
               n_samples: 1
               args: {{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 50}}
-            - {{name: trace_dataset, kind: chat_dataset, source: traces, layout: messages, eval_frac: 0.1}}
+            - {{name: trace_dataset, kind: chat_dataset, source: traces, layout: messages, eval_frac: 0}}
             - {{name: merged_model, kind: merge}}
-            - {{name: evaluation_report, kind: evaluate, dataset: trace_dataset, max_new_tokens: 24, n_samples: 1}}
+            - {{name: evaluation_report, kind: evaluate, dataset: trace_dataset, max_new_tokens: 24, n_samples: 1,
+                max_eval_rows: 3}}
         """)
     )
     outcome = materialize_pipeline(
@@ -152,8 +153,9 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
     ran = len(counter.read_text().splitlines())
     tools = result["tools"]
     assert tools["names"] == ["bump"] and tools["rendering"] == "fallback"
-    # every call reached the tool, including the two it never answered normally
-    assert tools["calls"] == ran >= 3 and tools["errors"] >= 1 and tools["timeouts"] >= 1
+    # every call reached the tool, including the ones it never answered normally; the report then replayed its
+    # 3 conversations once per model, one call each
+    assert ran == tools["calls"] + 2 * 3 and tools["calls"] >= 3 and tools["errors"] >= 1 and tools["timeouts"] >= 1
     assert (art / "tools" / "tools.py").exists()  # the artifact keeps the tools it was trained with
     # the rewards scored the answers given after the tool's result, never the call itself
     answers = seen.read_text().splitlines()
@@ -165,6 +167,7 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
     report = json.loads((Path(outcome["artifacts"]["evaluation_report"]) / "report.json").read_text())
     for side in ("base", "merged"):
         figures = report[side]["tools"]
-        assert figures["conversations"] == 2 and figures["call_correct"] == 1.0 and figures["answer_exact"] == 1.0
-    assert report["tool_use"]["paired"] == {"cases": 2, "only_base": 0, "only_merged": 0, "p_value": 1.0}
+        assert figures["conversations"] == 3 and figures["call_correct"] == 1.0 and figures["tool_call_valid"] == 1.0
+        assert 0 < figures["answer_token_f1"] <= 1  # its answer after a result (or an error) is mostly "Done."
+    assert report["tool_use"]["paired"] == {"cases": 3, "only_base": 0, "only_merged": 0, "p_value": 1.0}
     assert "## Tool use" in (Path(outcome["artifacts"]["evaluation_report"]) / "report.md").read_text()
