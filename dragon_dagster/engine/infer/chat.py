@@ -69,7 +69,7 @@ def _plain(message: dict) -> dict:
     return {k: v for k, v in message.items() if k != "stopped"}
 
 
-def _is_answer(message: dict) -> bool:
+def is_answer(message: dict) -> bool:
     """A reply that ends a turn: an assistant turn that calls no tool (those are the ones rated and edited)."""
     return message["role"] == "assistant" and not message.get("tool_calls")
 
@@ -123,7 +123,7 @@ class ReplyStream:
         chat._begin(self)
         sent, dropped = [], 0
         try:
-            sent, dropped = chat._context(chat.messages[: chat._reply_start()] if self.regenerate else chat.messages)
+            sent, dropped = chat._context(chat.messages[: chat.reply_start()] if self.regenerate else chat.messages)
             made = 0  # tool calls run in this turn (the toolset's max_calls bounds them)
             while True:
                 held = HeldCalls() if chat.toolset is not None else None
@@ -237,7 +237,7 @@ class Chat:
         """The backend's tools keyword: the toolset's schemas, rendered in every request (none without tools)."""
         return {"tools": self.toolset.schemas} if self.toolset is not None else {}
 
-    def _reply_start(self) -> int:
+    def reply_start(self) -> int:
         """Where the last reply begins in the history: the answer itself, or the first of the tool turns that
         led to it (regenerating asks again from there)."""
         start = len(self.messages) - 1
@@ -305,7 +305,7 @@ class Chat:
 
     def _check_regenerate(self) -> None:
         self._check_idle()
-        if not self.messages or not _is_answer(self.messages[-1]):
+        if not self.messages or not is_answer(self.messages[-1]):
             raise ChatError("there is no reply to regenerate")
 
     # ------------------------------------------------------------------------------------ streaming
@@ -358,7 +358,7 @@ class Chat:
         if self.active is not reply:  # the history was reset under it: nothing to attach the reply to
             return
         if reply.regenerate:
-            self.messages[self._reply_start() :] = messages
+            self.messages[self.reply_start() :] = messages
         else:
             self.messages += messages
         self.last_dropped, self.last_sent, self.active = dropped, sent, None
@@ -397,7 +397,7 @@ class Chat:
     # ------------------------------------------------------------------------------------ feedback
 
     def _reply_position(self, index: int) -> int:
-        replies = [i for i, m in enumerate(self.messages) if _is_answer(m)]
+        replies = [i for i, m in enumerate(self.messages) if is_answer(m)]
         if not replies:
             raise ChatError("there is no reply yet")
         try:

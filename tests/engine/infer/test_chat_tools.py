@@ -158,37 +158,59 @@ def test_tools_run_only_with_a_local_model(orders):
         Chat(ServerBackend("http://127.0.0.1:9/v1", "m"), toolset=toolset)
 
 
-def test_a_taught_model_calls_its_tool_in_the_terminal_chat(tool_caller, tmp_path):
-    """The tiny model taught to call bump: the call runs (the counter file counts it), prints, and the answer
-    after its result is what the feedback record rates, with the tool turns before it."""
-    from dragon_dagster.engine.infer.backends import LocalBackend
+def test_dragon_chat_with_a_server_says_the_tools_are_not_run(monkeypatch, tmp_path):
+    """The bundled orders pipeline declares order_status: a chat with a server model goes on without it, saying
+    so; `dragon chat-ui` alike."""
+    from click.testing import CliRunner
+
+    from dragon_dagster import chat_ui, cli
+    from dragon_dagster.engine.infer import chat as chat_module
+
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
+    chats, pages = [], []
+    monkeypatch.setattr(chat_module, "run_terminal", lambda chat: chats.append(chat))
+    monkeypatch.setattr(chat_ui, "launch", lambda *a, **kw: pages.append(kw))
+    for command, seen in (("chat", lambda: chats[-1].toolset), ("chat-ui", lambda: pages[-1]["toolset"])):
+        out = CliRunner().invoke(cli.main, [command, "--pipeline", "orders", "--model", "http://127.0.0.1:9/v1"])
+        assert out.exit_code == 0, out.output
+        said = " ".join(out.output.split())
+        assert "the pipeline's tools (order_status) run only with a local model" in said and seen() is None
+
+
+def test_dragon_chat_runs_the_tool_a_taught_model_calls(tool_caller, monkeypatch, tmp_path):
+    """`dragon chat` with the tiny model taught to call bump, its pipeline declaring bump: the call runs (the
+    counter file counts it) and prints with its result, and /up records the answer with the tool turns before
+    it, which the retraining rows keep."""
+    from types import SimpleNamespace
+
+    from click.testing import CliRunner
+
+    from dragon_dagster import cli
+    from dragon_dagster.resources.storage import ArtifactStore
 
     counter = tmp_path / "counter.txt"
     (tmp_path / "tools.py").write_text(COUNTING_BUMP.format(counter=str(counter)))
-    toolset = Toolset.from_settings(Tools(file=str(tmp_path / "tools.py"), timeout=5, max_calls=2))
-    store = FeedbackStore(tmp_path / "feedback.sqlite")
-    chat = Chat(
-        LocalBackend(str(tool_caller), device="cpu", keep_loaded=0),
-        toolset=toolset,
-        store=store,
-        max_new_tokens=24,
-        temperature=0.0,
-    )
-    out = []
-    lines = iter(["Check the counter", "/up", "/quit"])
-    run_terminal(chat, input_fn=lambda _: next(lines), print_fn=lambda *a: out.append(" ".join(map(str, a))))
+    declared = SimpleNamespace(tools=Tools(file=str(tmp_path / "tools.py"), timeout=5, max_calls=2))
+    monkeypatch.setattr(cli, "chat_pipeline", lambda name: declared)  # the pipeline `counting` declares bump
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
+    args = ["chat", "--pipeline", "counting", "--model", str(tool_caller), "--system", ""]
+    out = CliRunner().invoke(cli.main, args, input="Check the counter\n/up\n/quit\n")
+    assert out.exit_code == 0, out.output
+    assert "tools: bump (at most 2 call(s) a turn, 5 s each)" in " ".join(out.output.split())
     assert counter.read_text() == "x\n"  # the tool ran, once
-    assert "-> bump({})" in out and "   = count 1" in out and "Done." in out, out
-    [record] = store.records()
+    # the call and its result on lines of their own, then the answer streamed after them
+    assert "-> bump({})\n   = count 1\nDone.\n" in out.stdout, out.stdout
+    assert "recorded up (feedback #1)" in out.stdout
+    [record] = FeedbackStore(ArtifactStore().feedback_path("counting")).records()
+    call = {"type": "function", "function": {"name": "bump", "arguments": {}}}
     assert record["reply"] == "Done." and record["verdict"] == "up"
     assert record["turns"] == [
         {"role": "user", "content": "Check the counter"},
-        {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [{"type": "function", "function": {"name": "bump", "arguments": {}}}],
-        },
+        {"role": "assistant", "content": "", "tool_calls": [call]},
         {"role": "tool", "name": "bump", "content": "count 1"},
     ]
     [row] = sft_conversations([record])
-    assert conversation_row(row["messages"])["prompt"] == record["turns"]
+    assert conversation_row(row["messages"]) == {
+        "prompt": record["turns"],
+        "completion": [{"role": "assistant", "content": "Done."}],
+    }
