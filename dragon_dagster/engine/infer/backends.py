@@ -42,9 +42,9 @@ class BackendError(RuntimeError):
     """A backend cannot be built, cannot load its model, or its server failed or cannot be reached."""
 
 
-def as_conversation(item: Any) -> list[dict]:
-    """A conversation as a list of {"role", "content"} dicts (an assistant turn's tool_calls and a tool turn's
-    name and tool_call_id kept); a plain string is one user message."""
+def as_conversation(item: Any, tool_keys: bool = True) -> list[dict]:
+    """A conversation as a list of {"role", "content"} dicts (with tool_keys, an assistant turn's tool_calls and
+    a tool turn's name and tool_call_id kept); a plain string is one user message."""
     if isinstance(item, str):
         return [{"role": "user", "content": item}]
     if not isinstance(item, (list, tuple)) or not item:
@@ -56,7 +56,8 @@ def as_conversation(item: Any) -> list[dict]:
                 f"a chat message must be a dict with a role in {ROLES} and a content, got {message!r:.200}"
             )
         clean = {"role": message["role"], "content": message["content"]}
-        clean.update({k: message[k] for k in TURN_KEYS.get(message["role"], ()) if message.get(k)})
+        keys = TURN_KEYS.get(message["role"], ()) if tool_keys else ()
+        clean.update({k: message[k] for k in keys if message.get(k)})
         messages.append(clean)
     return messages
 
@@ -122,7 +123,9 @@ class Backend:
         if isinstance(conversations, (str, dict)):
             raise BackendError("chat() takes a list of conversations; wrap a single one in a list")
         _check_settings(max_new_tokens, temperature, top_p)
-        convs = [with_system(as_conversation(c), system) for c in conversations]
+        # a backend without tools gets role and content only, as it always did (a server would refuse calls
+        # written in the template's form)
+        convs = [with_system(as_conversation(c, self.supports_tools), system) for c in conversations]
         if not convs:
             return []
         replies = self._chat(
@@ -152,7 +155,7 @@ class Backend:
         reply chat() gives (leading and trailing whitespace stripped). Closing the iterator early also stops
         the generation. Request errors are raised at the first next()."""
         _check_settings(max_new_tokens, temperature, top_p)
-        conv = with_system(as_conversation(conversation), system)
+        conv = with_system(as_conversation(conversation, self.supports_tools), system)
         stop = stop if stop is not None else threading.Event()
         return _stripped(
             self._stream(

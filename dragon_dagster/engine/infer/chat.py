@@ -547,7 +547,7 @@ def _print_stream(reply: ReplyStream, print_fn: Callable[..., Any], write_fn: Ca
                     print_fn(line)
             elif write_fn is not None:
                 write_fn(chunk)
-                midline = True
+                midline = not chunk.endswith("\n")
     except KeyboardInterrupt:
         reply.close()  # an interrupt in write_fn left the stream suspended: finish it as stopped
     if write_fn is not None:
