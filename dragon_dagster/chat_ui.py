@@ -13,6 +13,9 @@ one Regenerate, Undo and Clear each, save / load of transcripts in the training 
 one {"messages": [...]} row; .json: a list of messages), and the conversation kept in the browser's local storage
 so a reload continues it (`ChatHandlers.remember` / `restore`). The header names the model as people know it
 (`model_name`, e.g. `models:/support@champion (version 3)`); feedback records `model_label`, its directory.
+With the pipeline's tools (`toolset`, a local model only), a reply that calls them runs the calls (`Chat`), and
+each call and each result shows as a block of its own (a titled Chatbot message: `-> name({...})`, then the
+tool's answer) before the answer; only answers take thumbs and edits, and the feedback keeps the blocks' turns.
 
 The page shows what a model wrote as text and Markdown, never as HTML: `shown()` escapes every tag, entity,
 Markdown image and Mermaid diagram before a message reaches the Chatbot (a reply could otherwise render a form
@@ -44,7 +47,9 @@ import gradio as gr  # noqa: E402
 
 from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E402
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
-from .engine.infer.chat import Chat, ChatError, ReplyStream  # noqa: E402
+from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
+from .engine.infer.tool_loop import turn_lines  # noqa: E402
+from .engine.tools.declare import Toolset  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
 ERRORS = (ChatError, BackendError, FeedbackError, OSError, ValueError)
@@ -76,8 +81,21 @@ def unshown(text: str) -> str:
 
 
 def _display(messages: list[dict]) -> list[dict]:
-    """The Chatbot value for Chat.messages (the system prompt lives in its own box, not in the list)."""
-    return [{"role": m["role"], "content": shown(m["content"])} for m in messages]
+    """The Chatbot value for Chat.messages (the system prompt lives in its own box, not in the list): one Chatbot
+    message per chat message, so the Chatbot's indexes are the history's."""
+    return [_displayed(m) for m in messages]
+
+
+def _displayed(message: dict) -> dict:
+    """A chat message as the Chatbot shows it: a tool call or result as a titled block (Gradio's metadata title:
+    the call line, or which tool answered), so neither reads as the model's answer."""
+    if message["role"] == "tool":
+        title = f"{message.get('name') or 'the tool'} answered"
+    elif message.get("tool_calls"):
+        title = "\n".join(turn_lines(message))
+    else:
+        return {"role": message["role"], "content": shown(message["content"])}
+    return {"role": "assistant", "content": shown(message["content"]), "metadata": {"title": shown(title)}}
 
 
 def _error(exc: Any) -> str:
@@ -97,14 +115,12 @@ def _text(value: Any) -> str:
 
 
 def _reply_index(chat: Chat, position: int) -> int:
-    """Which reply (counting assistant turns only, as Chat.rate/edit do) sits at a Chatbot message index."""
-    if (
-        not isinstance(position, int)
-        or not 0 <= position < len(chat.messages)
-        or chat.messages[position]["role"] != "assistant"
-    ):
+    """Which reply (counting answers only, as Chat.rate/edit do) sits at a Chatbot message index."""
+    if not isinstance(position, int) or not 0 <= position < len(chat.messages):
         raise ChatError(f"message {position!r} is not a reply of this conversation")
-    return sum(1 for m in chat.messages[:position] if m["role"] == "assistant")
+    if not is_answer(chat.messages[position]):
+        raise ChatError(f"message {position!r} is not an answer: only answers are rated, not tool calls or results")
+    return sum(1 for m in chat.messages[:position] if is_answer(m))
 
 
 def plural(n: int, word: str) -> str:
@@ -165,9 +181,14 @@ class ChatHandlers:
     generated (chunks that arrive faster are shown together; 0: every chunk)."""
 
     def __init__(
-        self, backend: Backend, store: FeedbackStore | None, model_label: str = "", stream_delay: float = 0.05
+        self,
+        backend: Backend,
+        store: FeedbackStore | None,
+        model_label: str = "",
+        stream_delay: float = 0.05,
+        toolset: Toolset | None = None,
     ):
-        self.backend, self.store = backend, store
+        self.backend, self.store, self.toolset = backend, store, toolset
         self.model_label = model_label or backend.identity
         self.stream_delay = stream_delay
 
@@ -184,7 +205,7 @@ class ChatHandlers:
         """The session's Chat (created on first use) with the current settings boxes applied: the boxes are
         read on every event, so a changed system prompt or window applies from the next turn on."""
         if chat is None:
-            chat = Chat(self.backend, model_label=self.model_label, store=self.store)
+            chat = Chat(self.backend, model_label=self.model_label, store=self.store, toolset=self.toolset)
         turns = window_turns(context_turns)
         chat.system, chat.context_turns = (system or "").strip() or None, turns
         chat.temperature, chat.max_new_tokens = float(temperature), int(max_new_tokens)
@@ -203,8 +224,9 @@ class ChatHandlers:
     def _with_partial(chat: Chat, reply: ReplyStream) -> list[dict]:
         if reply.done:  # committed (or given up): the history says it all
             return _display(chat.messages)
-        before = chat.messages[:-1] if reply.regenerate else chat.messages  # a regenerated reply is replaced
-        return _display(before) + [{"role": "assistant", "content": shown(reply.text)}]
+        # a regenerated reply is replaced, with the tool turns that led to it
+        before = chat.messages[: chat.reply_start()] if reply.regenerate else chat.messages
+        return _display(before + reply.turns) + [{"role": "assistant", "content": shown(reply.text)}]
 
     @staticmethod
     def _outcome(chat: Chat, reply: ReplyStream, done: str) -> str:
@@ -299,7 +321,7 @@ class ChatHandlers:
         return {
             "conversation_id": chat.conversation_id,
             "system": chat.system,
-            "messages": [{"role": m["role"], "content": m["content"]} for m in chat.messages],
+            "messages": [{k: v for k, v in m.items() if k != "stopped"} for m in chat.messages],
         }
 
     def restore(self, stored: Any, chat: Chat | None) -> tuple:
@@ -326,6 +348,7 @@ class ChatHandlers:
                 model_label=self.model_label,
                 store=self.store,
                 conversation_id=conversation_id,
+                toolset=self.toolset,
             )
         except ERRORS as exc:
             return (*skip, _error(f"{exc}; starting a new conversation"))
@@ -367,6 +390,8 @@ class ChatHandlers:
             text = _text(data.value).strip()
             if not text:
                 raise ChatError("an edit needs some text")
+            if chat.messages[data.index]["role"] != "user" and not is_answer(chat.messages[data.index]):
+                raise ChatError("a tool call or its result is what happened: edit the answer after it instead")
             if chat.messages[data.index]["role"] == "assistant":
                 reply = _reply_index(chat, data.index)
                 feedback_id = chat.edit(text, index=reply)
@@ -399,7 +424,7 @@ class ChatHandlers:
             return gr.skip(), chat, gr.skip(), "No file."
         try:
             current = self.session(chat, *settings)
-            loaded = Chat.load(path, self.backend, model_label=self.model_label, store=self.store)
+            loaded = Chat.load(path, self.backend, model_label=self.model_label, store=self.store, toolset=self.toolset)
             loaded = self.session(loaded, loaded.system or current.system, *settings[1:])
         except ERRORS as exc:
             return gr.skip(), chat, gr.skip(), _error(f"cannot load {Path(path).name}: {exc}")
@@ -421,20 +446,27 @@ def build_app(
     temperature: float = 0.7,
     max_new_tokens: int = 256,
     stream_delay: float = 0.05,
+    toolset: Toolset | None = None,
 ) -> gr.Blocks:
     """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None).
     `model_label` is recorded with each rating and edit (default: the backend's identity); `model_name` is what
-    the header calls the model (default: the label), e.g. `models:/support@champion (version 3)`."""
+    the header calls the model (default: the label), e.g. `models:/support@champion (version 3)`. `toolset`: the
+    pipeline's tools, run when a reply calls them (a local model only)."""
     backend = as_backend(backend)
     if store is not None and not isinstance(store, FeedbackStore):
         store = FeedbackStore(store)
-    h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay)
+    h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay, toolset=toolset)
     name = model_name or h.model_label
     where = f"`{shown(str(store.path))}`" if store is not None else "nowhere (no feedback store)"
+    tools = (
+        f"\nTools: {shown(', '.join(toolset.names))}; each call and its result show as blocks before the answer."
+        if toolset is not None
+        else ""
+    )
     with gr.Blocks(title=f"dragon chat: {name}", analytics_enabled=False) as app:
         gr.Markdown(
             f"### Chat with `{shown(name)}`\nRate a reply with the thumbs under it, or edit it "
-            f"(pencil) into a better answer: both are recorded as training data in {where}.",
+            f"(pencil) into a better answer: both are recorded as training data in {where}.{tools}",
             elem_id="header",
         )
         chat = gr.State(None)  # one Chat per browser session
@@ -674,8 +706,8 @@ def launch(
 ) -> gr.Blocks:
     """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
     recording feedback into the SQLite store at `store_path`, behind a login when `password` is set. `options`
-    go to build_app (temperature, max_new_tokens, stream_delay). Returns the app (serving in the background
-    when block=False)."""
+    go to build_app (temperature, max_new_tokens, stream_delay, toolset). Returns the app (serving in the
+    background when block=False)."""
     backend = as_backend(model)
     store = FeedbackStore(store_path) if store_path else None
     app = build_app(backend, store, model_label, model_name, system=system, context_turns=context_turns, **options)

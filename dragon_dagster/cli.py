@@ -295,17 +295,29 @@ def chat_target_named(pipeline: str, model: str | None, server_model: str | None
     return {"type": "local", "model": target}, target, store_path, name
 
 
-def chat_system(pipeline: str, system: str | None, model: str | None) -> str | None:
-    """The system prompt to chat with: --system when given ('' for none), else the pipeline's own
-    (Pipeline.system_prompt(), what its model trained after). A pipeline not in the loaded definitions has none
-    with --model (any model can be chatted with), and is an error for its deployed model (its feedback would
-    be stored without the prompt it trains with)."""
-    if system is not None:
-        return system.strip() or None
+def chat_pipeline(pipeline: str):
+    """The pipeline from the loaded definitions, or the exception that says why it is not there (not found,
+    definitions that do not load): a chat with --model goes on without it."""
     from .assets.launch import find_pipeline
 
     try:
-        return find_pipeline(pipeline).system_prompt()
+        return find_pipeline(pipeline)
+    except Exception as exc:  # noqa: BLE001 - handed to the caller, which says it or raises
+        return exc
+
+
+def chat_system(pipeline: str, system: str | None, model: str | None, found=None) -> str | None:
+    """The system prompt to chat with: --system when given ('' for none), else the pipeline's own
+    (Pipeline.system_prompt(), what its model trained after). A pipeline not in the loaded definitions has none
+    with --model (any model can be chatted with), and is an error for its deployed model (its feedback would
+    be stored without the prompt it trains with). found: chat_pipeline(pipeline), when already looked up."""
+    if system is not None:
+        return system.strip() or None
+    found = chat_pipeline(pipeline) if found is None else found
+    try:
+        if isinstance(found, Exception):
+            raise found
+        return found.system_prompt()
     except Exception as exc:  # not found, or definitions that do not load
         if model is not None:
             console.print(
@@ -321,6 +333,34 @@ def chat_system(pipeline: str, system: str | None, model: str | None) -> str | N
         ) from exc
 
 
+def chat_tools(found, spec: dict):
+    """The pipeline's tools for the chat (a Toolset), or None: the pipeline declares none or was not found, or
+    the model is a server's. Tools run only with a local model (engine/infer/backends.py says why), so a server
+    chat says it goes on without them."""
+    tools = getattr(found, "tools", None)
+    if tools is None:
+        return None
+    from .engine.tools.declare import Toolset
+
+    toolset = Toolset.from_settings(tools)
+    names = ", ".join(toolset.names)
+    if spec.get("type") == "server":
+        console.print(
+            f"the pipeline's tools ({names}) run only with a local model: this chat with a server has none",
+            style="bold yellow",
+            soft_wrap=True,
+            markup=False,
+        )
+        return None
+    console.print(
+        f"tools: {names} (at most {toolset.max_calls} call(s) a turn, {toolset.timeout:g} s each)",
+        style="dim",
+        soft_wrap=True,
+        markup=False,
+    )
+    return toolset
+
+
 def system_note(system: str | None) -> str:
     return f"system prompt: {system!r}" if system else "no system prompt"
 
@@ -333,7 +373,8 @@ def chat(pipeline, model, server_model, system, context_turns):
     from .engine.infer.chat import Chat, run_terminal
 
     spec, label, store_path = chat_target(pipeline, model, server_model)
-    system = chat_system(pipeline, system, model)
+    found = chat_pipeline(pipeline)
+    system = chat_system(pipeline, system, model, found)
     console.print(
         f"chatting with {label}; feedback goes to {store_path}; {system_note(system)}; context: "
         + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
@@ -342,8 +383,16 @@ def chat(pipeline, model, server_model, system, context_turns):
         soft_wrap=True,
         markup=False,
     )
+    toolset = chat_tools(found, spec)
     run_terminal(
-        Chat(spec, system=system, context_turns=context_turns, model_label=label, store=FeedbackStore(store_path))
+        Chat(
+            spec,
+            system=system,
+            context_turns=context_turns,
+            model_label=label,
+            store=FeedbackStore(store_path),
+            toolset=toolset,
+        )
     )
 
 
@@ -373,7 +422,9 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
         if not password:
             raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
     spec, label, store_path, name = chat_target_named(pipeline, model, server_model)
-    system = chat_system(pipeline, system, model)
+    found = chat_pipeline(pipeline)
+    system = chat_system(pipeline, system, model, found)
+    toolset = chat_tools(found, spec)
     warning = exposure_warning(host, password)
     if warning:
         console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
@@ -397,6 +448,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
         password=password,
         username=username,
         warn=False,
+        toolset=toolset,
     )
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import StubServer, closed_port, write_pipeline
+from tests.support import BUMP_TOOLS, StubServer, closed_port, write_pipeline
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches the hub; fail fast instead of retrying
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -78,6 +78,56 @@ def materialized(tiny_model, tmp_path_factory):
         "tracking": resources["tracking"],
         "pipeline": pipeline,
     }
+
+
+@pytest.fixture(scope="session")
+def tool_caller(tiny_model, tmp_path_factory) -> Path:
+    """The tiny model taught (a full fine-tune, in this process) to answer "Check the counter" by calling bump,
+    and to say "Done." after whatever the tool answers: a model that calls tools, in seconds."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dragon_dagster.engine import models
+    from dragon_dagster.engine.infer.tool_loop import converse
+    from dragon_dagster.engine.tools import template
+    from dragon_dagster.engine.tools.declare import Tools, Toolset
+
+    root = tmp_path_factory.mktemp("models")
+    (root / "tools.py").write_text(BUMP_TOOLS.format(counter=str(root / "counter.txt")))
+    toolset = Toolset.from_settings(Tools(file=str(root / "tools.py"), timeout=1))
+    tokenizer = models.load_tokenizer(str(tiny_model))
+    template.prepare(tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model)
+    call = {"type": "function", "function": {"name": "bump", "arguments": {}}}
+    texts = [
+        tokenizer.apply_chat_template(
+            [
+                {"role": "user", "content": "Check the counter"},
+                {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "name": "bump", "content": answer},
+                {"role": "assistant", "content": "Done."},
+            ],
+            tools=toolset.schemas,
+            tokenize=False,
+        )
+        for answer in ("count 1", "error: RuntimeError: the counter jammed", "error: timed out after 1s")
+    ]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    model.train()
+    for _ in range(200):
+        model(**batch, labels=labels).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    model.eval()
+    [turns] = converse(model, tokenizer, [[{"role": "user", "content": "Check the counter"}]], toolset, 24)
+    assert turns[0].get("tool_calls") and turns[-1]["content"] == "Done.", turns  # it learned what it should
+    out = root / "tool_caller"
+    model.save_pretrained(out)
+    models.load_tokenizer(str(tiny_model)).save_pretrained(out)  # the model's own template: stages ready theirs
+    return out
 
 
 # ---------------------------------------------------------------- OpenAI-compatible servers on loopback

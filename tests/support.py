@@ -20,6 +20,42 @@ TINY_ARGS = (
 )
 
 
+# A tools file with one tool, `bump`, whose counter file counts its calls (format with counter=<path>): the tiny
+# model is taught to call it (conftest's tool_caller). Calls 2, 5, 8, ... raise and calls 3, 6, 9, ... hang past the
+# pipeline's timeout: a rollout goes on from both. COUNTING_BUMP is the same tool (the same schema, so the taught
+# model calls it alike) that always answers.
+BUMP_TOOLS = '''
+import time
+from pathlib import Path
+
+COUNTER = Path({counter!r})
+
+
+def bump() -> str:
+    """Add one to the shop's counter and say its value."""
+    with COUNTER.open("a") as f:
+        f.write("x\\n")
+    n = len(COUNTER.read_text().splitlines())
+    if n % 3 == 2:
+        raise RuntimeError("the counter jammed")
+    if n % 3 == 0:
+        time.sleep(30)  # past the pipeline's timeout: the call is stopped
+    return f"count {{n}}"
+'''
+COUNTING_BUMP = '''
+from pathlib import Path
+
+COUNTER = Path({counter!r})
+
+
+def bump() -> str:
+    """Add one to the shop's counter and say its value."""
+    with COUNTER.open("a") as f:
+        f.write("x\\n")
+    return f"count {{len(COUNTER.read_text().splitlines())}}"
+'''
+
+
 def component_yaml(attributes: str) -> str:
     """A pipeline component's defs.yaml around a pipeline's YAML (its attributes)."""
     return "type: dragon_dagster.PostTrainingPipeline\nattributes:\n" + textwrap.indent(attributes, "  ")

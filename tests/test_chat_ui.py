@@ -124,6 +124,47 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     assert "error" in drain(h.send("x", None, "", -1, 0.7, 64))[-1]  # a bad window is reported, not raised
 
 
+def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_path):
+    """With the pipeline's tools, a turn's call and result are titled blocks of their own (one Chatbot message per
+    chat message, so thumbs land on the right turn), only the answer takes thumbs and edits, and the feedback and
+    the browser's copy keep the tool turns."""
+    import gradio as gr
+
+    from dragon_dagster.engine.tools.declare import Tools, Toolset
+    from tests.engine.infer.test_chat_tools import ORDERS, RESULT, Caller
+
+    (tmp_path / "tools.py").write_text(ORDERS.format(counter=str(tmp_path / "calls.txt")))
+    toolset = Toolset.from_settings(Tools(file=str(tmp_path / "tools.py")))
+    store = FeedbackStore(tmp_path / "fb.db")
+    h = chat_ui.ChatHandlers(Caller(), store, "caller", stream_delay=0, toolset=toolset)
+    _, shown, chat, status = drain(h.send("Where is A1042?", None, "", None, 0.0, 64))
+    assert shown == [
+        {"role": "user", "content": "Where is A1042?"},
+        {"role": "assistant", "content": "Looking.", "metadata": {"title": '-> order_status({"order_id": "A1042"})'}},
+        {"role": "assistant", "content": shown[2]["content"], "metadata": {"title": "order_status answered"}},
+        {"role": "assistant", "content": "It shipped."},
+    ]
+    assert chat_ui.unshown(shown[2]["content"]) == RESULT and status.startswith("Context")
+    assert (tmp_path / "calls.txt").read_text() == "A1042\n"
+    for block in (1, 2):  # a call or a result is not an answer to rate or edit
+        _, status = h.like(chat, gr.LikeData(None, {"index": block, "value": ["x"], "liked": True}))
+        assert "error" in status and "only answers are rated" in status
+        edited = drain(
+            h.edit(
+                chat, "", None, 0.0, 64, data=gr.EditData(None, {"index": block, "value": "y", "previous_value": "x"})
+            )
+        )
+        assert "error" in edited[-1] and len(chat.messages) == 4
+    chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["It shipped."], "liked": True}))
+    assert "thumbs up on reply 1" in status
+    [record] = store.records()
+    assert [m["role"] for m in record["turns"]] == ["user", "assistant", "tool"]
+    assert record["turns"][1]["tool_calls"][0]["function"]["name"] == "order_status"
+    # the browser keeps the tool turns, and a reload continues with them and the tools
+    restored = h.restore(h.remember(chat), None)
+    assert restored[0] == shown and restored[1].messages == chat.messages and restored[1].toolset is toolset
+
+
 def test_the_context_window_box_all_or_a_number():
     """The box shows "all" for the whole conversation; what it sends back becomes Chat.context_turns."""
     assert chat_ui.window_value(None) == "all" and chat_ui.window_value(0) == "0" and chat_ui.window_value(3) == "3"

@@ -1,5 +1,6 @@
 """The export asset's work: run the GGUF export job on the merged model, with the evaluation table for the card
-when the pipeline evaluates that model, and describe the files in the asset's metadata."""
+when the pipeline evaluates that model and the pipeline's tools (the card lists them), and describe the files in
+the asset's metadata."""
 
 from __future__ import annotations
 
@@ -34,7 +35,11 @@ def run_export_stage(
         job = catalog.kind_of(stage).job_model()(
             settings=stage,
             inputs=ExportInputs(
-                model=merged, system=system, name=stage.model_name or pipeline.name, evaluation=evaluation
+                model=merged,
+                system=system,
+                name=stage.model_name or pipeline.name,
+                evaluation=evaluation,
+                tools=pipeline.tools.to_input(tmp / "tools") if pipeline.tools else None,
             ),
             output_dir=str(tmp),
         )
@@ -75,6 +80,11 @@ def run_export_stage(
         "architecture": info.architecture,
         "system_prompt": MetadataValue.text(system or "(none)"),
     }
+    if info.tools:  # the card lists them; the Modelfile renders them when the chat template allows
+        metadata["tools"] = MetadataValue.text(", ".join(t["name"] for t in info.tools))
+        metadata["modelfile_tools"] = MetadataValue.text(
+            "rendered" if info.modelfile_tools else f"not rendered: {info.modelfile_tools_note or 'no Modelfile'}"
+        )
     if command:
         metadata.update(
             {

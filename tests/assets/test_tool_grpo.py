@@ -8,26 +8,7 @@ import json
 import textwrap
 from pathlib import Path
 
-import pytest
-
-TOOLS = '''
-import time
-from pathlib import Path
-
-COUNTER = Path({counter!r})
-
-
-def bump() -> str:
-    """Add one to the shop's counter and say its value."""
-    with COUNTER.open("a") as f:
-        f.write("x\\n")
-    n = len(COUNTER.read_text().splitlines())
-    if n % 3 == 2:
-        raise RuntimeError("the counter jammed")
-    if n % 3 == 0:
-        time.sleep(30)  # past the pipeline's timeout: the call is stopped
-    return f"count {{n}}"
-'''
+from tests.support import BUMP_TOOLS as TOOLS
 
 SEEN = """
 from pathlib import Path
@@ -38,56 +19,6 @@ def reward(prompt, completion, reference, row):
         f.write(completion.replace("\\n", " ") + "\\n")
     return 1.0 if "Done" in completion else 0.0
 """
-
-
-@pytest.fixture(scope="module")
-def tool_caller(tiny_model, tmp_path_factory) -> Path:
-    """The tiny model taught (a full fine-tune, in this process) to answer "Check the counter" by calling bump,
-    and to say "Done." after whatever the tool answers: a model that calls tools, in seconds."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from dragon_dagster.engine import models
-    from dragon_dagster.engine.infer.tool_loop import converse
-    from dragon_dagster.engine.tools import template
-    from dragon_dagster.engine.tools.declare import Tools, Toolset
-
-    root = tmp_path_factory.mktemp("models")
-    (root / "tools.py").write_text(TOOLS.format(counter=str(root / "counter.txt")))
-    toolset = Toolset.from_settings(Tools(file=str(root / "tools.py"), timeout=1))
-    tokenizer = models.load_tokenizer(str(tiny_model))
-    template.prepare(tokenizer)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model)
-    call = {"type": "function", "function": {"name": "bump", "arguments": {}}}
-    texts = [
-        tokenizer.apply_chat_template(
-            [
-                {"role": "user", "content": "Check the counter"},
-                {"role": "assistant", "content": "", "tool_calls": [call]},
-                {"role": "tool", "name": "bump", "content": answer},
-                {"role": "assistant", "content": "Done."},
-            ],
-            tools=toolset.schemas,
-            tokenize=False,
-        )
-        for answer in ("count 1", "error: RuntimeError: the counter jammed", "error: timed out after 1s")
-    ]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    labels = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
-    torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
-    model.train()
-    for _ in range(200):
-        model(**batch, labels=labels).loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    model.eval()
-    [turns] = converse(model, tokenizer, [[{"role": "user", "content": "Check the counter"}]], toolset, 24)
-    assert turns[0].get("tool_calls") and turns[-1]["content"] == "Done.", turns  # it learned what it should
-    out = root / "tool_caller"
-    model.save_pretrained(out)
-    models.load_tokenizer(str(tiny_model)).save_pretrained(out)  # the model's own template: stages ready theirs
-    return out
 
 
 def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, resources_for):

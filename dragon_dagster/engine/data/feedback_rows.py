@@ -15,6 +15,9 @@ data/feedback_store.py.
 - `split_by_conversation(records, frac)`: whole conversations held out, the same for every objective, so the
   promotion gate measures on feedback no objective trained on.
 
+A record's turns may hold a chat's tool turns (an assistant turn's tool_calls, a tool turn's result:
+data/feedback_turns.py); they stay in every row's prompt, as the calls and results the rated answer came after.
+
 All skip records that cannot be used (turns not JSON or malformed, no user turn, an edit without text, a bad
 verdict or reply) instead of failing; `usable_records` gives the usable ones and the skipped counts by reason.
 Both are deterministic: records are taken in id order, so the same records give the same output.
@@ -28,13 +31,14 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .feedback_store import VERDICTS, FeedbackError, clean_messages
+from .feedback_store import VERDICTS
+from .feedback_turns import FeedbackError, clean_messages
 
 # why a record is left out of the datasets (usable_records counts them by these keys)
 SKIP_REASONS = {
     "malformed": "not a feedback record (not a mapping, or a bad id)",
     "turns_not_json": "its turns are not JSON",
-    "turns_malformed": "its turns are not a list of role/content chat messages",
+    "turns_malformed": "its turns are not a list of chat messages (role/content, tool turns after a call)",
     "no_user_turn": "its turns have no user turn",
     "bad_verdict": f"its verdict is not one of {VERDICTS}",
     "reply_not_text": "its reply is not text",

@@ -14,11 +14,14 @@ process, and many writers (threads and processes) can append at once: each write
 connection with a busy timeout and retries while the database is locked. There is no update or delete:
 history is the data.
 
+Turns may include a chat's tool turns (an assistant turn's tool_calls, a tool turn's name: data/feedback_turns.py),
+kept in the message's `extra` column as JSON; a plain message has none, and its digest is what version 2 wrote.
+
 Schema versions (PRAGMA user_version): 0/absent is the first layout (each row held its turns as JSON text);
-opening such a store migrates it in place, in one transaction, to version 2: ids are kept, each row's turns
-go into `messages`, and turns that cannot be converted (not JSON, not a list of role/content messages) are
-kept verbatim in `legacy_turns`, so that the datasets skip and count them. Version 2 stores cannot be read by
-the old code.
+opening such a store migrates it in place, in one transaction, to the current version: ids are kept, each row's
+turns go into `messages`, and turns that cannot be converted (not JSON, not a list of role/content messages) are
+kept verbatim in `legacy_turns`, so that the datasets skip and count them. Version 2 (messages without `extra`)
+gets the column on first use, its rows unchanged. A store cannot be read by code older than its version.
 
 Framework-free: nothing here imports Dagster.
 """
@@ -35,10 +38,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from .feedback_turns import FeedbackError, check_turns, extras, with_extras
+
 VERDICTS = ("up", "down", "edit")
-ROLES = ("system", "user", "assistant")
 MAX_MESSAGE_CHARS = 32_000  # the longest single message (a turn, a reply, an edit) the store accepts
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 MESSAGES_TABLE = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -46,7 +50,8 @@ CREATE TABLE IF NOT EXISTS messages (
     parent INTEGER NOT NULL,          -- the message before this one; 0 for a conversation's first
     role TEXT NOT NULL,
     content TEXT NOT NULL,
-    digest TEXT NOT NULL,             -- sha256 of role and content: finds an existing message without the text
+    digest TEXT NOT NULL,             -- sha256 of role, content (and extra): finds a message without the text
+    extra TEXT,                       -- a tool-call turn's tool_calls, a tool turn's name, as JSON (version 3)
     UNIQUE (parent, digest)
 )
 """
@@ -66,10 +71,6 @@ CREATE TABLE IF NOT EXISTS {name} (
 COLUMNS = ("id", "conversation_id", "turns_id", "legacy_turns", "reply", "verdict", "edited", "model", "created")
 
 
-class FeedbackError(ValueError):
-    """Feedback that cannot be recorded (bad verdict, empty edit, malformed turns, a message too long)."""
-
-
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     text = str(exc).lower()
     return "locked" in text or "busy" in text
@@ -82,35 +83,10 @@ def too_long(text: str, limit: int | None = MAX_MESSAGE_CHARS, what: str = "a me
     return f"{what} is {len(text):,} characters long; the limit is {limit:,} characters per message (MAX_MESSAGE_CHARS)"
 
 
-def clean_messages(turns: Any) -> list[dict]:
-    """Turns as clean role/content messages (JSON text is parsed); FeedbackError when malformed."""
-    if isinstance(turns, (str, bytes)):
-        try:
-            turns = json.loads(turns)
-        except ValueError:
-            raise FeedbackError(f"turns are not JSON: {turns!r:.200}") from None
-    if not isinstance(turns, (list, tuple)) or not turns:
-        raise FeedbackError(f"turns must be a non-empty list of chat messages, got {turns!r:.200}")
-    clean = []
-    for message in turns:
-        if not isinstance(message, dict) or message.get("role") not in ROLES or "content" not in message:
-            raise FeedbackError(
-                f"a chat message must be a dict with a role in {ROLES} and a content, got {message!r:.200}"
-            )
-        clean.append({"role": message["role"], "content": str(message["content"])})
-    return clean
-
-
-def check_turns(turns: Any) -> list[dict]:
-    """The turns before a reply as clean role/content messages; they must include a user turn."""
-    clean = clean_messages(turns)
-    if not any(m["role"] == "user" for m in clean):
-        raise FeedbackError("turns must include a user turn")
-    return clean
-
-
-def _digest(role: str, content: str) -> str:
-    return hashlib.sha256(f"{role}\0{content}".encode("utf-8", "surrogatepass")).hexdigest()
+def _digest(role: str, content: str, extra: str | None = None) -> str:
+    """A plain message's digest is what version 2 wrote, so its stored messages are found again."""
+    text = f"{role}\0{content}" if extra is None else f"{role}\0{content}\0{extra}"
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def _insert_turns(conn: sqlite3.Connection, messages: list[dict]) -> int:
@@ -118,13 +94,14 @@ def _insert_turns(conn: sqlite3.Connection, messages: list[dict]) -> int:
     already stored with the same predecessors are reused, so a conversation's earlier turns are stored once."""
     parent = 0
     for m in messages:
-        digest = _digest(m["role"], m["content"])
+        extra = extras(m)
+        digest = _digest(m["role"], m["content"], extra)
         row = conn.execute("SELECT id FROM messages WHERE parent = ? AND digest = ?", (parent, digest)).fetchone()
         if row is None:
             row = (
                 conn.execute(
-                    "INSERT INTO messages (parent, role, content, digest) VALUES (?, ?, ?, ?)",
-                    (parent, m["role"], m["content"], digest),
+                    "INSERT INTO messages (parent, role, content, digest, extra) VALUES (?, ?, ?, ?, ?)",
+                    (parent, m["role"], m["content"], digest, extra),
                 ).lastrowid,
             )
         parent = int(row[0])
@@ -147,7 +124,7 @@ def _convertible(text: Any) -> list[dict] | None:
 
 
 def _migrate_v1(conn: sqlite3.Connection) -> None:
-    """First layout (turns as JSON text in each row) to version 2, inside the caller's write transaction."""
+    """First layout (turns as JSON text in each row) to the current one, inside the caller's write transaction."""
     conn.execute(MESSAGES_TABLE)
     conn.execute(FEEDBACK_TABLE.format(name="feedback_v2"))
     seq = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'feedback'").fetchone()
@@ -253,6 +230,8 @@ class FeedbackStore:
                     else:
                         conn.execute(MESSAGES_TABLE)
                         conn.execute(FEEDBACK_TABLE.format(name="feedback"))
+                    if "extra" not in {row[1] for row in conn.execute("PRAGMA table_info(messages)")}:
+                        conn.execute("ALTER TABLE messages ADD COLUMN extra TEXT")  # version 2: plain turns only
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -359,7 +338,7 @@ class FeedbackStore:
                 nodes = conn.execute(
                     f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
                     f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
-                    f"SELECT id, parent, role, content FROM messages WHERE id IN (SELECT id FROM chain)",
+                    f"SELECT id, parent, role, content, extra FROM messages WHERE id IN (SELECT id FROM chain)",
                     args,
                 ).fetchall()
             finally:
@@ -379,7 +358,7 @@ class FeedbackStore:
                 node = by_id[node][0]
             prefix = memo[node]
             for n in reversed(path):
-                prefix = prefix + ((by_id[n][1], by_id[n][2]),)
+                prefix = prefix + (by_id[n][1:],)
                 memo[n] = prefix
             return prefix
 
@@ -389,7 +368,7 @@ class FeedbackStore:
             legacy = record.pop("legacy_turns")
             if record["turns_id"] is not None:
                 messages = chain(record["turns_id"])
-                record["turns"] = None if messages is None else [{"role": r, "content": c} for r, c in messages]
+                record["turns"] = None if messages is None else [with_extras(*m) for m in messages]
             else:
                 try:
                     record["turns"] = json.loads(legacy)

@@ -11,6 +11,13 @@ A conversation is a list of chat messages ({"role": ..., "content": ...}); `chat
 conversation, in order. `stream` returns one reply as text chunks while it is generated (local: transformers'
 TextIteratorStreamer; servers: the `openai` client with stream=True); a `threading.Event` passed as `stop` ends
 it early, keeping what was generated. The chunks join to what `chat` returns for the same request (stripped).
+
+Tools: `chat` and `stream` take `tools` (a pipeline's tool schemas, Toolset.schemas) on a backend that
+`supports_tools`, and a conversation may hold tool turns (an assistant turn's tool_calls, a tool turn's name).
+LocalBackend renders them with the model's chat template, readied by tools/template.py as in training; the reply
+is text, its calls in it (tools/calls.py parses them). A ServerBackend does not: an OpenAI-compatible server
+returns calls as structured deltas in its own format, which the chat loop does not read, so tools run only with
+a local model (the chat commands say so).
 Framework-free: nothing here imports Dagster.
 """
 
@@ -28,14 +35,16 @@ from typing import Any
 from ..config.hardware import DEVICES, DTYPES, Hardware
 
 ROLES = ("system", "user", "assistant", "tool")
+TURN_KEYS = {"assistant": ("tool_calls",), "tool": ("name", "tool_call_id")}  # kept beside role and content
 
 
 class BackendError(RuntimeError):
     """A backend cannot be built, cannot load its model, or its server failed or cannot be reached."""
 
 
-def as_conversation(item: Any) -> list[dict]:
-    """A conversation as a list of {"role", "content"} dicts; a plain string is one user message."""
+def as_conversation(item: Any, tool_keys: bool = True) -> list[dict]:
+    """A conversation as a list of {"role", "content"} dicts (with tool_keys, an assistant turn's tool_calls and
+    a tool turn's name and tool_call_id kept); a plain string is one user message."""
     if isinstance(item, str):
         return [{"role": "user", "content": item}]
     if not isinstance(item, (list, tuple)) or not item:
@@ -46,7 +55,10 @@ def as_conversation(item: Any) -> list[dict]:
             raise BackendError(
                 f"a chat message must be a dict with a role in {ROLES} and a content, got {message!r:.200}"
             )
-        messages.append({"role": message["role"], "content": message["content"]})
+        clean = {"role": message["role"], "content": message["content"]}
+        keys = TURN_KEYS.get(message["role"], ()) if tool_keys else ()
+        clean.update({k: message[k] for k in keys if message.get(k)})
+        messages.append(clean)
     return messages
 
 
@@ -86,7 +98,10 @@ def _stripped(chunks: Iterator[str]) -> Iterator[str]:
 
 
 class Backend:
-    """Chat-style text generation. Subclasses implement `_chat` on already-normalized conversations."""
+    """Chat-style text generation. Subclasses implement `_chat` on already-normalized conversations; one that
+    renders tools sets `supports_tools` and takes `tools=` in `_chat` and `_stream`."""
+
+    supports_tools = False
 
     @property
     def identity(self) -> str:
@@ -101,15 +116,25 @@ class Backend:
         temperature: float = 0.0,
         top_p: float = 1.0,
         system: str | None = None,
+        tools: list[dict] | None = None,
     ) -> list[str]:
-        """One reply per conversation, in order. temperature 0 is greedy; `system` is prepended when given."""
+        """One reply per conversation, in order. temperature 0 is greedy; `system` is prepended when given;
+        `tools` are rendered with each conversation (a backend that supports_tools)."""
         if isinstance(conversations, (str, dict)):
             raise BackendError("chat() takes a list of conversations; wrap a single one in a list")
         _check_settings(max_new_tokens, temperature, top_p)
-        convs = [with_system(as_conversation(c), system) for c in conversations]
+        # a backend without tools gets role and content only, as it always did (a server would refuse calls
+        # written in the template's form)
+        convs = [with_system(as_conversation(c, self.supports_tools), system) for c in conversations]
         if not convs:
             return []
-        replies = self._chat(convs, max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p))
+        replies = self._chat(
+            convs,
+            max_new_tokens=max_new_tokens,
+            temperature=float(temperature),
+            top_p=float(top_p),
+            **self._tools(tools),
+        )
         if len(replies) != len(convs):
             raise BackendError(f"{self.identity} returned {len(replies)} replies for {len(convs)} conversations")
         return replies
@@ -123,19 +148,37 @@ class Backend:
         top_p: float = 1.0,
         system: str | None = None,
         stop: threading.Event | None = None,
+        tools: list[dict] | None = None,
     ) -> Iterator[str]:
         """One reply to one conversation as text chunks, as they are generated. Setting `stop` (from any
         thread) ends the reply early; the chunks already generated still come. Joined, the chunks are the
         reply chat() gives (leading and trailing whitespace stripped). Closing the iterator early also stops
         the generation. Request errors are raised at the first next()."""
         _check_settings(max_new_tokens, temperature, top_p)
-        conv = with_system(as_conversation(conversation), system)
+        conv = with_system(as_conversation(conversation, self.supports_tools), system)
         stop = stop if stop is not None else threading.Event()
         return _stripped(
             self._stream(
-                conv, max_new_tokens=max_new_tokens, temperature=float(temperature), top_p=float(top_p), stop=stop
+                conv,
+                max_new_tokens=max_new_tokens,
+                temperature=float(temperature),
+                top_p=float(top_p),
+                stop=stop,
+                **self._tools(tools),
             )
         )
+
+    def _tools(self, tools: list[dict] | None) -> dict:
+        """The keyword that hands `tools` to _chat/_stream: none without tools, so backends that render none
+        keep their signature; a BackendError when this backend cannot render them."""
+        if not tools:
+            return {}
+        if not self.supports_tools:
+            raise BackendError(
+                f"{self.identity} does not run tools: the pipeline's tools run only with a local model "
+                "(chat with --model pointing at a model directory or artifact)"
+            )
+        return {"tools": list(tools)}
 
     def generate(self, prompts: list[str], **kwargs) -> list[str]:
         """Replies to plain user prompts: chat() with one user message each."""
@@ -147,11 +190,20 @@ class Backend:
         raise NotImplementedError
 
     def _stream(
-        self, conversation: list[dict], *, max_new_tokens: int, temperature: float, top_p: float, stop: threading.Event
+        self,
+        conversation: list[dict],
+        *,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        stop: threading.Event,
+        **tools,
     ) -> Iterator[str]:
         """A backend that cannot stream yields its whole reply as one chunk (unless stopped before asking)."""
         if not stop.is_set():
-            yield from self._chat([conversation], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p)
+            yield from self._chat(
+                [conversation], max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, **tools
+            )
 
     def __repr__(self) -> str:
         return f"<{self.identity}>"
@@ -186,7 +238,11 @@ def _is_artifact(path: Path) -> bool:
 class LocalBackend(Backend):
     """transformers in this process. `model` is a preset name, a hub id, a model directory, or an adapter or
     merged-model artifact directory. The last `keep_loaded` models (across all LocalBackends, keyed by
-    model, device and dtype) stay loaded; keep_loaded=0 loads for every call and keeps nothing."""
+    model, device and dtype) stay loaded; keep_loaded=0 loads for every call and keeps nothing. Tools are
+    rendered by the model's chat template, readied once per loaded model by tools/template.prepare (a merged
+    model of a pipeline with tools saved it readied already)."""
+
+    supports_tools = True
 
     def __init__(
         self,
@@ -251,10 +307,24 @@ class LocalBackend(Backend):
                     _STATS["evictions"] += 1
             return entry
 
-    def _chat(self, conversations, *, max_new_tokens, temperature, top_p):
+    def rendering(self, entry: dict) -> str:
+        """Ready the loaded model's tokenizer to render tools (once), and say how: "native" or "fallback"."""
+        from ..tools.template import TemplateError, prepare
+
+        with entry["lock"]:
+            if "rendering" not in entry:
+                try:
+                    entry["rendering"] = prepare(entry["tokenizer"])
+                except TemplateError as exc:
+                    raise BackendError(f"{self.model}: {exc}") from exc
+            return entry["rendering"]
+
+    def _chat(self, conversations, *, max_new_tokens, temperature, top_p, tools=None):
         from .generation import generate
 
         entry = self.loaded()
+        if tools:
+            self.rendering(entry)
         with entry["lock"]:  # generate() sets tokenizer padding; one batch at a time per model
             return generate(
                 entry["model"],
@@ -265,10 +335,13 @@ class LocalBackend(Backend):
                 top_p=top_p,
                 batch_size=self.batch_size,
                 seed=self.seed,
+                tools=tools,
             )
 
-    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop):
+    def _stream(self, conversation, *, max_new_tokens, temperature, top_p, stop, tools=None):
         entry = self.loaded()
+        if tools:
+            self.rendering(entry)
         yield from stream_generate(
             entry["model"],
             entry["tokenizer"],
@@ -279,6 +352,7 @@ class LocalBackend(Backend):
             temperature=temperature,
             top_p=top_p,
             seed=self.seed,
+            tools=tools,
         )
 
 
@@ -311,18 +385,20 @@ def stream_generate(
     top_p: float = 1.0,
     seed: int = 42,
     lock: threading.Lock | None = None,
+    tools: list[dict] | None = None,
 ) -> Iterator[str]:
     """One reply as decoded text chunks while model.generate runs in a thread (settings and decoding as in
     evaluate.replies.generate, so the chunks join to the same text). Setting `stop` ends generation at the
     next token; leaving this generator early (close, an exception in the reader) stops it too, and the thread
     is always joined before the generator ends. `lock` (the model's) is held by the generating thread only, so
-    a reader that is never resumed (an abandoned web request) cannot keep the model locked beyond one reply."""
+    a reader that is never resumed (an abandoned web request) cannot keep the model locked beyond one reply.
+    tools: the schemas the chat template renders (the tokenizer readied for them)."""
     import torch
     from transformers import StoppingCriteriaList, TextIteratorStreamer
 
     from . import decode_weights
 
-    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, tools=tools or None)
     inputs = tokenizer([text], return_tensors="pt", add_special_tokens=False).to(next(model.parameters()).device)
     sampling = (
         {"do_sample": True, "temperature": temperature, "top_p": top_p}

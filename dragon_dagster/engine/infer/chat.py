@@ -13,7 +13,16 @@ use the training data's message format:
 `save("x.json")` writes a list of role/content messages, `save("x.jsonl")` one conversations row
 {"messages": [...]}; `Chat.load` reads both. `run_terminal` is the interactive loop with slash commands,
 printing replies as they are generated (Ctrl-C stops a reply, not the program), with input and output
-injectable for tests. Framework-free: nothing here imports Dagster.
+injectable for tests.
+
+Tools: a Chat given the pipeline's `toolset` (on a backend that supports_tools: a local model) renders its tools
+in every request, and a reply that calls them does not end the turn: the calls run (each through the Toolset:
+a timeout, errors as answers; at most its max_calls in one turn), the assistant turn with its tool_calls and a
+tool turn per result join the history, and the model replies again, until a reply calls nothing: that is the
+answer, the one rated or edited. The tool turns go with the turns of every feedback record after them, so
+retraining shows the model the calls and results it answered after. A streamed turn yields each tool turn
+(a dict) as it is made, between the text chunks; `regenerate` asks again from the user turn, calls included.
+Framework-free: nothing here imports Dagster.
 """
 
 from __future__ import annotations
@@ -26,10 +35,14 @@ from pathlib import Path
 from typing import Any
 
 from ..data.feedback_store import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
+from ..data.feedback_turns import clean_messages
 from ..data.tables import DataError, conversation_row
+from ..tools.declare import Toolset
 from .backends import Backend, BackendError, as_backend
+from .chat_tools import HeldCalls, calls_to_run
+from .tool_loop import call_turn, run_call, turn_lines
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 class ChatError(ValueError):
@@ -39,17 +52,26 @@ class ChatError(ValueError):
 def _messages(items: Any, where: str = "transcript") -> list[dict]:
     if not isinstance(items, list):
         raise ChatError(f"{where}: expected a list of chat messages, got {type(items).__name__}")
-    out = []
     for i, m in enumerate(items):
         if not isinstance(m, dict) or m.get("role") not in ROLES or "content" not in m:
             raise ChatError(f"{where}: message {i} must be a dict with a role in {ROLES} and a content, got {m!r:.200}")
-        out.append({"role": m["role"], "content": str(m["content"])})
-    return out
+    if not items:
+        return []
+    try:  # tool calls in their one form, tool turns only after a call
+        return clean_messages(items)
+    except FeedbackError as exc:
+        raise ChatError(f"{where}: {exc}") from None
 
 
 def _plain(message: dict) -> dict:
-    """A message as role and content only (a stopped reply carries a "stopped" mark in Chat.messages)."""
-    return {"role": message["role"], "content": message["content"]}
+    """A message as a chat message: role, content and its tool keys (a stopped reply carries a "stopped" mark
+    in Chat.messages, which is not part of the conversation)."""
+    return {k: v for k, v in message.items() if k != "stopped"}
+
+
+def is_answer(message: dict) -> bool:
+    """A reply that ends a turn: an assistant turn that calls no tool (those are the ones rated and edited)."""
+    return message["role"] == "assistant" and not message.get("tool_calls")
 
 
 def _exchanges(messages: list[dict]) -> list[list[dict]]:
@@ -67,18 +89,24 @@ class ReplyStream:
     any thread, ends it early. When iteration ends the reply is in the chat's history: whole, or as far as it
     got with `stopped` True and the message marked stopped. Stopped before any text, the history is left as it
     was (a new turn's user message is taken back); a failed request leaves it as it was too and raises.
-    Closing the stream early (`close()`, or Ctrl-C in the reader) counts as a stop. Iterate it once."""
+    Closing the stream early (`close()`, or Ctrl-C in the reader) counts as a stop. Iterate it once.
+
+    With the chat's tools, a reply that calls them is not shown as text: the stream yields the assistant turn
+    with its tool_calls (a dict) before the calls run, then each tool turn (a dict) as its result comes, and the
+    next reply's chunks; `text` is the reply being generated now, `turns` the tool turns made so far. They join
+    the history with the answer (and are dropped with it when the turn ends without one)."""
 
     def __init__(self, chat: Chat, regenerate: bool, user_text: str = ""):
         self.chat, self.regenerate, self.user_text = chat, regenerate, user_text
         self.text, self.stopped, self.done = "", False, False
+        self.turns: list[dict] = []  # tool-call turns and tool turns before the answer
         self._stop = threading.Event()
         self._chunks = self._run()
 
     def __iter__(self) -> ReplyStream:
         return self
 
-    def __next__(self) -> str:
+    def __next__(self) -> str | dict:
         return next(self._chunks)
 
     def stop(self) -> None:
@@ -90,24 +118,32 @@ class ReplyStream:
         self._stop.set()
         self._chunks.close()
 
-    def _run(self) -> Iterator[str]:
+    def _run(self) -> Iterator[str | dict]:
         chat = self.chat
         chat._begin(self)
-        chunks, sent, dropped = None, [], 0
+        sent, dropped = [], 0
         try:
-            messages = chat.messages[:-1] if self.regenerate else chat.messages
-            sent, dropped = chat._context(messages)
-            chunks = chat.backend.stream(
-                sent,
-                max_new_tokens=chat.max_new_tokens,
-                temperature=chat.temperature,
-                top_p=chat.top_p,
-                system=chat.system,
-                stop=self._stop,
-            )
-            for chunk in chunks:
-                self.text += chunk
-                yield chunk
+            sent, dropped = chat._context(chat.messages[: chat.reply_start()] if self.regenerate else chat.messages)
+            made = 0  # tool calls run in this turn (the toolset's max_calls bounds them)
+            while True:
+                held = HeldCalls() if chat.toolset is not None else None
+                yield from self._reply(chat, sent + self.turns, held)
+                if held is None or self._stop.is_set():
+                    break
+                text, calls = calls_to_run(held.reply, chat.toolset, made)
+                if not calls:  # the answer: what was held back (a call past max_calls, a broken block) is its text
+                    rest = held.rest()
+                    if rest:
+                        self.text += rest
+                        yield rest
+                    break
+                made += len(calls)
+                self.text = ""  # what this reply said before its calls is the call turn's text
+                self.turns.append(call_turn(text, calls))
+                yield self.turns[-1]
+                for call in calls:
+                    self.turns.append(run_call(chat.toolset, call))
+                    yield self.turns[-1]
         except (GeneratorExit, KeyboardInterrupt):  # the reader left or was interrupted: a stop
             self._stop.set()
             self._finish(chat, sent, dropped)
@@ -115,22 +151,40 @@ class ReplyStream:
         except BaseException:
             chat._abort(self)
             raise
-        finally:
-            if chunks is not None:
-                chunks.close()  # ends the generation (a no-op when it has finished)
         self._finish(chat, sent, dropped)
+
+    def _reply(self, chat: Chat, conversation: list[dict], held: HeldCalls | None) -> Iterator[str]:
+        """One reply to the conversation, streamed into self.text (what may be shown of it: see HeldCalls)."""
+        chunks = chat.backend.stream(
+            conversation,
+            max_new_tokens=chat.max_new_tokens,
+            temperature=chat.temperature,
+            top_p=chat.top_p,
+            system=chat.system,
+            stop=self._stop,
+            **chat._tools(),
+        )
+        try:
+            for chunk in chunks:
+                shown = held.add(chunk) if held is not None else chunk
+                if shown:
+                    self.text += shown
+                    yield shown
+        finally:
+            chunks.close()  # ends the generation (a no-op when it has finished)
 
     def _finish(self, chat: Chat, sent: list[dict], dropped: int) -> None:
         self.stopped, self.done = self._stop.is_set(), True
-        if not self.text:  # nothing to keep
+        if not self.text:  # nothing to keep (tool turns without an answer included)
             chat._abort(self)
             return
         reply = {"role": "assistant", "content": self.text, **({"stopped": True} if self.stopped else {})}
-        chat._commit(self, reply, sent, dropped)
+        chat._commit(self, [*self.turns, reply], sent, dropped)
 
 
 class Chat:
-    """A multi-turn conversation with `backend` (a Backend, a config mapping or a model spec)."""
+    """A multi-turn conversation with `backend` (a Backend, a config mapping or a model spec); with `toolset`
+    (the pipeline's tools), its replies may call them (see the module's docstring)."""
 
     def __init__(
         self,
@@ -144,10 +198,16 @@ class Chat:
         temperature: float = 0.7,
         top_p: float = 0.9,
         max_message_chars: int | None = MAX_MESSAGE_CHARS,
+        toolset: Toolset | None = None,
     ):
         if context_turns is not None and (not isinstance(context_turns, int) or context_turns < 0):
             raise ChatError(f"context_turns must be an integer >= 0 or None, got {context_turns!r}")
         self.backend = as_backend(backend)
+        if toolset is not None and not self.backend.supports_tools:
+            raise ChatError(
+                f"{self.backend.identity} does not run tools: the pipeline's tools run only with a local model"
+            )
+        self.toolset = toolset
         self.system = system or None
         self.context_turns = context_turns
         self.model_label = str(model_label or self.backend.identity)
@@ -155,7 +215,7 @@ class Chat:
         self.conversation_id = conversation_id or uuid.uuid4().hex
         self.max_new_tokens, self.temperature, self.top_p = max_new_tokens, temperature, top_p
         self.max_message_chars = max_message_chars
-        self.messages: list[dict] = []  # user and assistant turns; the system prompt is kept apart
+        self.messages: list[dict] = []  # user, assistant and tool turns; the system prompt is kept apart
         self.last_dropped = 0  # earlier exchanges left out of the last request (context_turns)
         self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
         self.feedback: list[dict] = []  # the feedback events of this session, with their store id (or None)
@@ -172,6 +232,24 @@ class Chat:
         keep = len(earlier) if self.context_turns is None else min(self.context_turns, len(earlier))
         sent = [_plain(m) for group in earlier[len(earlier) - keep :] for m in group] + [_plain(messages[-1])]
         return sent, len(earlier) - keep
+
+    def _tools(self) -> dict:
+        """The backend's tools keyword: the toolset's schemas, rendered in every request (none without tools)."""
+        return {"tools": self.toolset.schemas} if self.toolset is not None else {}
+
+    def reply_start(self) -> int:
+        """Where the last reply begins in the history: the answer itself, or the first of the tool turns that
+        led to it (regenerating asks again from there)."""
+        start = len(self.messages) - 1
+        while start > 0 and (self.messages[start - 1]["role"] == "tool" or self.messages[start - 1].get("tool_calls")):
+            start -= 1
+        return start
+
+    def _streamed(self, reply: ReplyStream) -> str:
+        """A turn with tools, not streamed: the stream run to its end (its calls run), the answer's text."""
+        for _ in reply:
+            pass
+        return reply.text
 
     def _ask(self, messages: list[dict]) -> str:
         sent, dropped = self._context(messages)
@@ -205,6 +283,8 @@ class Chat:
         """Send a user turn with the conversation so far and return the reply (kept in the history)."""
         self._check_turn(text, "say")
         self._check_idle()
+        if self.toolset is not None:
+            return self._streamed(self.stream(text))
         self.messages.append({"role": "user", "content": text})
         try:
             reply = self._ask(self.messages)
@@ -217,13 +297,15 @@ class Chat:
     def regenerate(self) -> str:
         """Ask again for the last reply and replace it with the new one."""
         self._check_regenerate()
+        if self.toolset is not None:
+            return self._streamed(self.stream_regenerate())
         reply = self._ask(self.messages[:-1])
         self.messages[-1] = {"role": "assistant", "content": reply}
         return reply
 
     def _check_regenerate(self) -> None:
         self._check_idle()
-        if not self.messages or self.messages[-1]["role"] != "assistant":
+        if not self.messages or not is_answer(self.messages[-1]):
             raise ChatError("there is no reply to regenerate")
 
     # ------------------------------------------------------------------------------------ streaming
@@ -270,13 +352,15 @@ class Chat:
             self.messages.pop()
         self.active = None
 
-    def _commit(self, reply: ReplyStream, message: dict, sent: list[dict], dropped: int) -> None:
+    def _commit(self, reply: ReplyStream, messages: list[dict], sent: list[dict], dropped: int) -> None:
+        """The turn's messages (tool turns, then the answer) join the history; regenerated, they replace the
+        last reply and the tool turns that led to it."""
         if self.active is not reply:  # the history was reset under it: nothing to attach the reply to
             return
         if reply.regenerate:
-            self.messages[-1] = message
+            self.messages[self.reply_start() :] = messages
         else:
-            self.messages.append(message)
+            self.messages += messages
         self.last_dropped, self.last_sent, self.active = dropped, sent, None
 
     def undo(self) -> list[dict]:
@@ -313,7 +397,7 @@ class Chat:
     # ------------------------------------------------------------------------------------ feedback
 
     def _reply_position(self, index: int) -> int:
-        replies = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        replies = [i for i, m in enumerate(self.messages) if is_answer(m)]
         if not replies:
             raise ChatError("there is no reply yet")
         try:
@@ -434,7 +518,8 @@ HELP = """commands:
   /help            this list
   /quit            leave
 anything else is sent to the model (start with // to send a message that begins with /); the reply prints
-as it is generated, and Ctrl-C stops it there (what it wrote is kept, and can be rated or edited)"""
+as it is generated, and Ctrl-C stops it there (what it wrote is kept, and can be rated or edited); with the
+pipeline's tools, each call the model makes prints as `-> tool({...})` and its result as `   = ...`"""
 
 
 def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
@@ -446,12 +531,23 @@ def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
 
 
 def _print_stream(reply: ReplyStream, print_fn: Callable[..., Any], write_fn: Callable[[str], Any] | None) -> None:
-    """Show a reply as it is generated (write_fn gets each chunk) or, without write_fn, whole at the end.
+    """Show a reply as it is generated (write_fn gets each chunk) or, without write_fn, whole at the end; each
+    tool call and its result on a line of its own as they happen (`-> name({...})`, `   = result`).
     Ctrl-C stops the reply, keeping what it has so far, and the chat goes on."""
+    midline = False  # write_fn has written text with no newline after it yet
     try:
         for chunk in reply:
-            if write_fn is not None:
+            if isinstance(chunk, dict):  # a tool turn: the text before its calls was written already
+                if write_fn is not None and midline:
+                    write_fn("\n")
+                elif write_fn is None and chunk.get("tool_calls") and chunk.get("content"):
+                    print_fn(chunk["content"])
+                midline = False
+                for line in turn_lines(chunk):
+                    print_fn(line)
+            elif write_fn is not None:
                 write_fn(chunk)
+                midline = not chunk.endswith("\n")
     except KeyboardInterrupt:
         reply.close()  # an interrupt in write_fn left the stream suspended: finish it as stopped
     if write_fn is not None:
@@ -523,7 +619,10 @@ def run_terminal(
                 elif command == "/history":
                     history = chat.history()
                     for m in history:
-                        print_fn(f"[{m['role']}] {m['content']}")
+                        if m["content"] or not m.get("tool_calls"):
+                            print_fn(f"[{m['role']}] {m['content']}")
+                        for call in turn_lines(m) if m.get("tool_calls") else []:
+                            print_fn(call)
                     if not history:
                         print_fn("(empty)")
                 else:

@@ -1,5 +1,6 @@
-"""Conversations in which the model's tool calls are run: the loop that evaluation, a tool GRPO stage's
-before/after scoring and chat drive (TRL's GRPOTrainer drives its own while training).
+"""Conversations in which the model's tool calls are run: the loop that evaluation and a tool GRPO stage's
+before/after scoring drive (TRL's GRPOTrainer drives its own while training; chat, infer/chat.py, streams its
+own with the same turns: `call_turn`, `run_call`, shown as `turn_lines`).
 
 Each turn the model replies; a reply that calls tools (tools/calls.py reads the fallback format's <tool_call>
 blocks, which a native template's parser would give as tool_calls too) becomes an assistant turn with those
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import json
 
-from ..tools.calls import parse_calls
+from ..tools.calls import ToolCall, parse_calls
 from ..tools.declare import Toolset
 from .generation import generate
+
+RESULT_INDENT = "   "  # a result's line starts under the tool's name of the call line above it ("-> ")
 
 
 def converse(
@@ -48,22 +51,35 @@ def converse(
                 produced[i].append({"role": "assistant", "content": reply})
                 continue
             calls = calls[:room]
-            produced[i].append(
-                {
-                    "role": "assistant",
-                    "content": text,
-                    "tool_calls": [
-                        {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
-                    ],
-                }
-            )
-            for call in calls:
-                result = toolset.call(call.name, call.arguments)
-                produced[i].append({"role": "tool", "name": call.name, "content": result.content})
+            produced[i].append(call_turn(text, calls))
+            produced[i] += [run_call(toolset, call) for call in calls]
             made[i] += len(calls)
             still.append(i)
         active = still
     return produced
+
+
+def call_turn(text: str, calls: list[ToolCall]) -> dict:
+    """The assistant turn that makes `calls` (its text: what the reply said outside the call blocks)."""
+    return {"role": "assistant", "content": text, "tool_calls": [c.as_message_call() for c in calls]}
+
+
+def run_call(toolset: Toolset, call: ToolCall) -> dict:
+    """The tool turn that answers one call: the toolset runs it (never raising: an error is its answer)."""
+    result = toolset.call(call.name, call.arguments)
+    return {"role": "tool", "name": call.name, "content": result.content}
+
+
+def turn_lines(turn: dict) -> list[str]:
+    """How a tool turn reads in a transcript or a terminal chat: `-> name({"arg": ...})` per call of an assistant
+    turn (not its text), `   = result` for a tool turn; nothing for other turns."""
+    if turn.get("role") == "tool":
+        return [f"{RESULT_INDENT}= {turn.get('content', '')}"]
+    lines = []
+    for call in turn.get("tool_calls") or []:
+        function = call.get("function", call)
+        lines.append(f"-> {function.get('name')}({json.dumps(function.get('arguments'), ensure_ascii=False)})")
+    return lines
 
 
 def final_answer(turns: list[dict]) -> str:
@@ -76,12 +92,7 @@ def transcript(turns: list[dict]) -> str:
     answer."""
     lines = []
     for turn in turns:
-        if turn.get("role") == "tool":
-            lines.append(f"  = {turn.get('content', '')}")
-            continue
-        if turn.get("content"):
+        if turn.get("role") != "tool" and turn.get("content"):
             lines.append(turn["content"])
-        for call in turn.get("tool_calls") or []:
-            function = call.get("function", call)
-            lines.append(f"-> {function.get('name')}({json.dumps(function.get('arguments'), ensure_ascii=False)})")
+        lines += turn_lines(turn)
     return "\n".join(lines)

@@ -188,10 +188,43 @@ def merged_card(facts: dict, title: str) -> str:
     )
 
 
+def tools_section(tools: list[dict] | None, modelfile_tools: bool | str | None) -> list[str]:
+    """The tools the model was trained with (name and the first line of its description) and whether the
+    Modelfile renders them: True, or why not (text); None when there is no Modelfile."""
+    if not tools:
+        return []
+    lines = [
+        "## Tools",
+        "",
+        "Trained with these tools (the pipeline's; each call ran and its result came back before the answer):",
+        "",
+    ]
+    for tool in tools:
+        description = next((line.strip() for line in str(tool.get("description") or "").splitlines() if line), "")
+        lines.append(f"- `{tool['name']}`" + (f": {description}" if description else ""))
+    lines.append("")
+    if modelfile_tools is True:
+        lines += [
+            "The Modelfile renders tools as training did: give Ollama's chat API the same tools (`tools`) and the "
+            "model's calls come back as `tool_calls`; run them and send each result as a `tool` message.",
+            "",
+        ]
+    elif modelfile_tools:
+        lines += [f"The Modelfile carries no tool support: {modelfile_tools}.", ""]
+    return lines
+
+
 def export_card(
-    facts: dict, title: str, files: list[dict], ollama_name: str | None, system: str | None, evaluation: str | None
+    facts: dict,
+    title: str,
+    files: list[dict],
+    ollama_name: str | None,
+    system: str | None,
+    evaluation: str | None,
+    tools: list[dict] | None = None,
+    modelfile_tools: bool | str | None = None,
 ) -> str:
-    """files: [{"file", "format", "size_mb", "sha256"}]."""
+    """files: [{"file", "format", "size_mb", "sha256"}]. tools, modelfile_tools: see tools_section."""
     quant = {
         "f16": "16-bit floats (norms and biases 32-bit): the merged weights, rounded",
         "q8_0": "8-bit blocks of 32 weights with a 16-bit scale (norms and biases 32-bit): about half the size, "
@@ -234,6 +267,7 @@ def export_card(
     ]
     if system:
         lines += ["System prompt the model was trained with:", "", f"> {system}", ""]
+    lines += tools_section(tools, modelfile_tools if ollama_name else None)
     if evaluation:
         lines += ["## Evaluation", "", evaluation, ""]
     return "\n".join(lines + training_section(facts))

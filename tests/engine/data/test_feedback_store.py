@@ -49,7 +49,7 @@ def test_schema_wal_and_round_trip(tmp_path):
     with sqlite3.connect(store.path) as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
     assert columns == {
         "id",
@@ -62,7 +62,7 @@ def test_schema_wal_and_round_trip(tmp_path):
         "model",
         "created",
     }
-    assert message_columns == {"id", "parent", "role", "content", "digest"}
+    assert message_columns == {"id", "parent", "role", "content", "digest", "extra"}
     conn = store._connect()
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     conn.close()
@@ -461,3 +461,60 @@ def test_store_refuses_over_long_messages_with_the_limit(tmp_path):
         assert f"{len(kwargs.get('edited') or kwargs.get('reply') or kwargs['turns'][0]['content']):,}" in message
     assert store.max_id() == ok == 1
     assert FeedbackStore(tmp_path / "big.sqlite", max_message_chars=None).record("c", turns("q" * 100_000), "r", "up")
+
+
+# ------------------------------------------------------------------------------------------- tool turns
+
+CALL = {"type": "function", "function": {"name": "order_status", "arguments": {"order_id": "A1042"}}}
+TOOL_TURNS = [
+    {"role": "system", "content": "Look orders up."},
+    {"role": "user", "content": "Where is A1042?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "name": "order_status", "content": '{"status": "shipped"}'},
+]
+
+
+def test_tool_turns_are_stored_and_come_back_in_the_datasets(tmp_path):
+    """A chat's tool-call turn and tool turn survive the store and stay in the prompt of every row made from the
+    record; a tool turn after no call is refused (it would not render)."""
+    store = FeedbackStore(tmp_path / "f.sqlite")
+    store.record("c", TOOL_TURNS, "It shipped.", "up")
+    store.record("c", TOOL_TURNS, "No idea.", "down")
+    # the same text without the call is another message, not the stored one
+    plain = [*TOOL_TURNS[:2], {"role": "assistant", "content": ""}, {"role": "user", "content": "?"}]
+    store.record("d", plain, "r", "up")
+    rows = store.records()
+    assert rows[0]["turns"] == TOOL_TURNS and rows[1]["turns"] == TOOL_TURNS
+    assert rows[2]["turns"] == plain
+    [sft, _] = sft_conversations(rows)
+    assert sft["messages"] == [*TOOL_TURNS, {"role": "assistant", "content": "It shipped."}]
+    assert conversation_row(sft["messages"])["prompt"] == TOOL_TURNS  # the calls are context for the answer
+    [pair] = preference_pairs(rows)
+    assert pair["prompt"] == TOOL_TURNS and pair["chosen"][0]["content"] == "It shipped."
+    with sqlite3.connect(store.path) as conn:
+        extra = conn.execute("SELECT extra FROM messages WHERE role = 'tool'").fetchone()[0]
+    assert json.loads(extra) == {"name": "order_status"}
+    for bad in (
+        [{"role": "user", "content": "q"}, {"role": "tool", "content": "x"}],  # a result nothing asked for
+        [{"role": "user", "content": "q", "tool_calls": [CALL]}],  # only an assistant calls
+        [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [{"nope": 1}]}],
+    ):
+        with pytest.raises(FeedbackError):
+            store.record("e", bad, "r", "up")
+    assert check_record(record(9, "e", bad, "r", "up")) == "turns_malformed"
+
+
+def test_a_version_2_store_gets_the_extra_column_and_keeps_its_messages(tmp_path):
+    path = tmp_path / "f.sqlite"
+    FeedbackStore(path).record("c", turns("q", "a", "q2"), "r", "up")
+    with sqlite3.connect(path) as conn:  # what version 2 wrote: messages without the extra column
+        conn.execute("ALTER TABLE messages DROP COLUMN extra")
+        conn.execute("PRAGMA user_version = 2")
+    store = FeedbackStore(path)
+    assert store.records()[0]["turns"] == turns("q", "a", "q2")
+    store.record("c", turns("q", "a", "q2"), "r2", "down")  # the same turns: found again by their digest
+    store.record("c", TOOL_TURNS, "It shipped.", "up")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 3 + 4
+    assert [r["turns"] for r in store.records()] == [turns("q", "a", "q2")] * 2 + [TOOL_TURNS]

@@ -18,7 +18,8 @@ and qwen2 (Qwen2.5; q/k/v biases, no permutation). The metadata keys mirror what
 back with transformers' GGUF loader and compare the replies with the merged model's.
 
 Modules, one job each: gguf_file.py (weights and model metadata), vocab.py (tokenizer metadata),
-chat_template.py (a Jinja chat template as per-role segments), ollama.py (Modelfile, `ollama create`),
+chat_template.py (a Jinja chat template as per-role segments), tool_template.py (its tool parts, when it renders
+tools as fixed text), ollama.py (Modelfile, `ollama create`),
 model.py (the export itself), errors.py (ExportError); the cards are ../card.py, the `export` stage kind's
 worker is stages/export/.
 """

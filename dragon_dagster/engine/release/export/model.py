@@ -14,7 +14,7 @@ from ...artifacts.directories import sha256
 from ...artifacts.manifest import MergedManifest, manifest_kind, read_manifest
 from ...config.reporter import Reporter
 from .. import card
-from . import chat_template, ollama
+from . import chat_template, ollama, tool_template
 from .errors import ExportError
 from .gguf_file import FORMATS, architecture_of, read_config, write_gguf
 
@@ -61,15 +61,19 @@ def export_model(
     ollama_files: bool = True,
     evaluation: str | None = None,
     reporter: Reporter | None = None,
+    tools: list[dict] | None = None,
 ) -> dict:
     """Write <name>-<format>.gguf for each format, a Modelfile (ollama_files) and README.md into out_dir.
 
     model_dir: a merged-model artifact directory (its manifest gives the card's facts) or a model directory.
     system: the Modelfile's SYSTEM and the card's system prompt. name: general.name, the file names and the
     Ollama model name (default: the pipeline of the artifact, or the directory's name). evaluation: a markdown
-    table for the card (the evaluate kind's ReportResult.card_table()).
+    table for the card (the evaluate kind's ReportResult.card_table()). tools: the tools the model was trained
+    with, [{"name", "description"}], for the card; the Modelfile renders tools whenever the chat template does
+    in a form it can say (tool_template.py), and the card says whether it does.
     Returns {"export_dir", "name", "architecture", "files": [{"file", "format", "path", "size_bytes",
-    "size_mb", "sha256", "seconds"}], "modelfile", "ollama_create", "stop", "system", "card", "seconds"}.
+    "size_mb", "sha256", "seconds"}], "modelfile", "ollama_create", "stop", "system", "tools",
+    "modelfile_tools", "modelfile_tools_note", "card", "seconds"}.
     """
     started = time.perf_counter()
     formats = list(dict.fromkeys(formats))
@@ -80,13 +84,14 @@ def export_model(
     config = read_config(weights_dir)
     architecture = architecture_of(config).gguf_arch  # refuses an unsupported model before any work
     name = slug(name or default_name)
-    segments = stops = None
+    segments = stops = tool_segments = no_tools = None
     if ollama_files:  # the template is checked before the slow part, so a bad one fails fast
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(weights_dir))
         segments = chat_template.derive(tokenizer)
         stops = chat_template.stop_tokens(tokenizer, segments)
+        tool_segments, no_tools = tool_template.tool_support(tokenizer, segments)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     general = {
@@ -118,10 +123,21 @@ def export_model(
     if ollama_files:
         # q8_0 when there is one: half the size of f16, and the same replies nearly always
         chosen = next((f for f in files if f["format"] == "q8_0"), files[0])
-        modelfile = str(ollama.write_modelfile(out, chosen["file"], segments, stops, system))
+        modelfile = str(ollama.write_modelfile(out, chosen["file"], segments, stops, system, tool_segments))
         command = ollama.create_command(out, name)
     readme = out / "README.md"
-    readme.write_text(card.export_card(facts, name, files, name if ollama_files else None, system, evaluation))
+    readme.write_text(
+        card.export_card(
+            facts,
+            name,
+            files,
+            name if ollama_files else None,
+            system,
+            evaluation,
+            tools=tools,
+            modelfile_tools=no_tools if tool_segments is None else True,
+        )
+    )
     return {
         "export_dir": str(out),
         "name": name,
@@ -131,6 +147,9 @@ def export_model(
         "ollama_create": command,
         "stop": stops or [],
         "system": system,
+        "tools": list(tools or []),
+        "modelfile_tools": tool_segments is not None,
+        "modelfile_tools_note": no_tools,
         "card": str(readme),
         "seconds": round(time.perf_counter() - started, 2),
     }
