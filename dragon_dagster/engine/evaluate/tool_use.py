@@ -77,4 +77,4 @@ def mcnemar(before: list[float], after: list[float]) -> dict:
     only_after = sum(1 for b, a in zip(before, after) if a and not b)
     n, k = only_before + only_after, min(only_before, only_after)
     p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
-    return {"cases": len(before), "only_base": only_before, "only_merged": only_after, "p_value": round(p, 6)}
+    return {"cases": len(before), "only_base": only_before, "only_merged": only_after, "p_value": float(f"{p:.4g}")}
