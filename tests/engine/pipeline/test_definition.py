@@ -150,7 +150,13 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
     assert grpo["args"]["learning_rate"] == 2e-4 and grpo["args"]["epochs"] == 1  # YAML; GRPO's own default
     dpo = defaults("dpo_adapter")  # the method is the stage's kind now (kind: dpo), not a per-run setting
     assert dpo["beta"] == 0.1 and "method" not in dpo
-    assert defaults("sft_dataset") == {"eval_frac": 0.05, "seed": 42, "dedupe": True, "allow_leakage": False}
+    assert defaults("sft_dataset") == {
+        "eval_frac": 0.05,
+        "seed": 42,
+        "dedupe": True,
+        "allow_leakage": False,
+        "layout": "auto",
+    }
     assert None not in (sft["n_samples"], sft["max_new_tokens"], grpo["temperature"])
 
 

@@ -474,6 +474,7 @@ def test_json_schema_of_reward_specs_lists_each_types_options():
         "keyword",
         "command",
         "custom",
+        "tool_call",
     }
 
 
