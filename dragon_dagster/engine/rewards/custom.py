@@ -8,16 +8,14 @@ import math
 import os
 import shutil
 import signal
-import sys
 import threading
 from collections.abc import Callable, Mapping
-from importlib.machinery import SourceFileLoader
-from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr
 
+from ..source_files import run_file
 from .base import FILES_FROM, Fail, Reward, RewardError, _number
 
 
@@ -108,13 +106,8 @@ def call_with_timeout(function: Callable, args: tuple, timeout: float, fail: Cal
 
 
 def _load_function(path: Path, fn: str, fail: Callable[[str], RewardError]) -> Callable:
-    # SourceFileLoader accepts any file name; registering the module lets dataclasses and pickling inside it work.
-    module_name = f"dragon_reward_{abs(hash(str(path)))}"
-    spec = spec_from_loader(module_name, SourceFileLoader(module_name, str(path)))
-    module = module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        module = run_file(path, "dragon_reward")
     except Exception as e:
         raise fail(f"loading {path} failed: {type(e).__name__}: {e}") from e
     function = getattr(module, fn, None)

@@ -81,10 +81,6 @@ class RewardSet:
                 r.bind_tools(schemas)
         return self
 
-    @property
-    def uses_tools(self) -> bool:
-        return any(hasattr(r, "bind_tools") for r in self.rewards)
-
     def localize(self, run_dir: str | Path) -> RewardSet:
         """A copy whose custom files live in run_dir/rewards/; save it with to_list(relative_to=run_dir)."""
         return RewardSet([r.localize(run_dir) for r in self.rewards])

@@ -39,12 +39,9 @@ import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from importlib.machinery import SourceFileLoader
-from importlib.util import module_from_spec, spec_from_loader
 from pathlib import Path
 from typing import Any, Literal
 
@@ -55,6 +52,7 @@ from pydantic import Field, field_validator, model_validator
 from ..commands import run_command
 from ..config.job import ToolsInput
 from ..config.settings import Settings
+from ..source_files import run_file
 from .calls import validate_arguments
 
 TOOL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -329,18 +327,10 @@ def load_file_tools(path: Path) -> list[_Tool]:
 def _load_module(path: Path):
     if not path.is_file():
         raise ToolError(f"tools file {str(path)!r} does not exist")
-    # SourceFileLoader accepts any file name; registering the module lets get_type_hints, dataclasses and pickling
-    # inside it find it.
-    module_name = f"dragon_tools_{abs(hash(str(path.resolve())))}"
-    spec = spec_from_loader(module_name, SourceFileLoader(module_name, str(path)))
-    module = module_from_spec(spec)
-    sys.modules[module_name] = module
     try:
-        spec.loader.exec_module(module)
+        return run_file(path, "dragon_tools")
     except BaseException as e:  # noqa: BLE001 - a SystemExit at import time is the file's error too
-        del sys.modules[module_name]
         raise ToolError(f"loading tools file {path} failed: {type(e).__name__}: {e}") from e
-    return module
 
 
 def _function_tool(function: Callable, where: str) -> _Tool:
