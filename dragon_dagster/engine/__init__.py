@@ -17,5 +17,6 @@ this in `make test`):
     data               tables, dataset stages' base and checks, the feedback store and its rows
     artifacts          artifact directories, typed manifests, checkpoints, progress rows
     config             settings, hardware and speed, the job and result contracts, checks, the kind entry
-    text | commands | source_files    string functions (matching replies) | running an argv, no shell | running a user's Python file
+    text | commands | source_files
+                       string functions (matching replies) | an argv, no shell | a user's Python file, run
 """
