@@ -202,18 +202,31 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
     return _dataset
 
 
+def training_ins(pipeline: Pipeline, stage: TrainerStage) -> dict[str, AssetIn]:
+    """A training asset's inputs by role: its dataset, the reward models that score its samples (scorer__<stage>),
+    and the training stage it continues from."""
+    ins = {"dataset": AssetIn(key=key(pipeline, stage.dataset))}
+    ins.update({f"scorer__{name}": AssetIn(key=key(pipeline, name)) for name in stage.scorers()})
+    previous = pipeline.previous(stage.name)
+    if previous is not None:
+        ins["previous"] = AssetIn(key=key(pipeline, previous))
+    return ins
+
+
 def training_asset(pipeline: Pipeline, stage: TrainerStage):
-    upstream = pipeline.upstream(stage.name)
+    previous = pipeline.previous(stage.name)
+    scorers = stage.scorers()
 
     @asset(
         key=key(pipeline, stage.name),
         group_name=training_group(pipeline),
         kinds={"pytorch", "mlflow"},
-        ins=ins_for(pipeline, stage, "dataset", "previous"),
+        ins=training_ins(pipeline, stage),
         pool=TRAINING_POOL,
         op_tags=POOL_TAGS,
-        description=f"LoRA adapter trained with TRL ({stage.objective().upper()}) on {upstream[0]}"
-        + (f", continuing from {upstream[1]}" if len(upstream) > 1 else "")
+        description=f"LoRA adapter trained with TRL ({stage.objective().upper()}) on {stage.dataset}"
+        + (f", scored by the reward model of {', '.join(scorers)}" if scorers else "")
+        + (f", continuing from {previous}" if previous else "")
         + ".",
     )
     def _train(
@@ -235,6 +248,7 @@ def training_asset(pipeline: Pipeline, stage: TrainerStage):
             store,
             tracking,
             training,
+            scorers={name[len("scorer__") :]: path for name, path in inputs.items() if name.startswith("scorer__")},
         )
 
     return _train

@@ -10,7 +10,7 @@ from dagster import Failure, MetadataValue, Output
 from ..engine import catalog, models
 from ..engine.artifacts.directories import sha256
 from ..engine.artifacts.manifest import AdapterManifest, read_manifest, write_manifest
-from ..engine.config.job import TrainingInputs
+from ..engine.config.job import RewardModelInput, TrainingInputs
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.pipeline import Pipeline, preflight
@@ -41,6 +41,26 @@ def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str) -> Rewa
     rewards = RewardSet.from_list(specs, base_dir=base)
     rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"), load_custom=False)  # e.g. numeric w/o reference
     return rewards
+
+
+def reward_model_inputs(stage: TrainerStage, scorers: dict[str, str]) -> list[RewardModelInput]:
+    """The reward models the stage's learned rewards name, from their artifacts (the asset's scorer inputs)."""
+    out = []
+    for name in stage.scorers():
+        if name not in scorers:
+            raise ValueError(f"the reward model of stage {name!r} was not given to {stage.name!r}")
+        manifest = read_manifest(scorers[name], AdapterManifest)
+        if manifest.method != "reward_model":
+            raise ValueError(f"{name!r} is a {manifest.method} adapter, not a reward model")
+        out.append(
+            RewardModelInput(
+                stage=name,
+                model=manifest.resolved_model,
+                adapter=str(Path(scorers[name]) / "adapter"),
+                mlflow_run_id=manifest.mlflow_run_id,
+            )
+        )
+    return out
 
 
 def reward_files(rewards) -> dict[str, str]:
@@ -94,9 +114,11 @@ def run_training_stage(
     training,
     start_model: str | None = None,
     tags: dict | None = None,
+    scorers: dict[str, str] | None = None,
 ) -> Output[str]:
     """stage: the effective settings (YAML, defaults and this run's config). start_model: a model directory to
-    start from instead of the pipeline's model (feedback retraining)."""
+    start from instead of the pipeline's model (feedback retraining). scorers: the artifacts of the reward_model
+    stages the stage's learned rewards name, by stage name."""
     if start_model is None:  # a pipeline stage: no stage trains while any of the pipeline's data is broken
         found = preflight.problems(pipeline)
         if found:
@@ -114,6 +136,7 @@ def run_training_stage(
             or models.check_loadable(pipeline.model)
         )
         rewards = check_rewards(pipeline, stage, dataset)
+        reward_models = reward_model_inputs(stage, scorers or {})
     except (ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
@@ -140,6 +163,7 @@ def run_training_stage(
         "upstream_mlflow_run_id": previous_manifest.mlflow_run_id if previous_manifest else None,
         "resumed_from": resume_from,
         "started_from": start_model,
+        **{f"reward_model.{m.stage}.mlflow_run_id": m.mlflow_run_id for m in reward_models},
         **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         **(tags or {}),
     }
@@ -195,6 +219,7 @@ def run_training_stage(
                     checkpoint_dir=str(checkpoint_dir),
                     resume_from=resume_from,
                     tools=pipeline.tools.to_input(tmp / "tools") if pipeline.tools else None,
+                    reward_models=reward_models,
                 ),
                 output_dir=str(tmp),
             )

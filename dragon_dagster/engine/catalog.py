@@ -28,6 +28,7 @@ from .stages import (
     preference_pairs,
     prompt_dataset,
     rated_dataset,
+    reward_model,
     sft,
     synthetic_dataset,
 )
@@ -124,6 +125,7 @@ for _module in (
     dpo,
     orpo,
     kto,
+    reward_model,
     grpo,
     merge,
     evaluate,

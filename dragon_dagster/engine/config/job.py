@@ -68,6 +68,16 @@ class ToolsInput(Contract):
     max_calls: int = 4
 
 
+class RewardModelInput(Contract):
+    """A reward_model stage's model as a worker loads it: the base it was trained on, and its adapter with the
+    scalar head (the stage's artifact's adapter/)."""
+
+    stage: str
+    model: JobPath
+    adapter: JobPath
+    mlflow_run_id: str | None = None  # the reward model's own MLflow run: a lineage tag on the runs it scores
+
+
 class TrainingInputs(Contract):
     """What every training stage's worker reads: the starting model, the rows, where checkpoints go."""
 
@@ -78,6 +88,7 @@ class TrainingInputs(Contract):
     checkpoint_dir: JobPath  # survives a cancel; resume reads it
     resume_from: JobPath | None = None
     tools: ToolsInput | None = None  # the pipeline's tools: rendered in every conversation, run by tool stages
+    reward_models: list[RewardModelInput] = []  # the reward_model stages its learned rewards name
 
 
 class ModelInputs(Contract):

@@ -25,6 +25,11 @@ class Stage(Settings):
     """What every stage has: its asset's name and its kind."""
 
     continues: ClassVar[Continues] = "never"
+    # Whether the training stages after this one continue from it and a merge folds it in: a policy's adapter
+    # does; a reward model's does not (it scores replies, it is not the model being trained).
+    in_chain: ClassVar[bool] = True
+    # Whether a reward of type reward_model can name this stage (it trains a model that scores replies).
+    scores_replies: ClassVar[bool] = False
 
     name: str = Field(pattern=NAME_PATTERN, description="The asset's name, unique in the pipeline.")
     kind: str

@@ -75,6 +75,32 @@ def plot_stages(curves: list[tuple[str, str, list[dict]]], out: Path) -> Path | 
     return Path(out)
 
 
+def plot_reward_scores(chosen: list[float], rejected: list[float], out: Path, title: str) -> Path | None:
+    """Histograms of a reward model's scores on held-out chosen and rejected replies: the further apart, the
+    surer it ranks; overlap is where it ranks by chance."""
+    if not chosen and not rejected:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
+    every = chosen + rejected
+    low, high = min(every), max(every)
+    bins = [low + (high - low) * i / 20 for i in range(21)] if high > low else 10
+    ax.hist(chosen, bins=bins, alpha=0.6, color="tab:green", label=f"chosen ({len(chosen)})")
+    ax.hist(rejected, bins=bins, alpha=0.6, color="tab:red", label=f"rejected ({len(rejected)})")
+    ax.set_xlabel("reward model score")
+    ax.set_ylabel("held-out replies")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return Path(out)
+
+
 def _legend(ax, twin=None) -> None:
     """One legend for both axes, so a second-axis line is named too."""
     handles, labels = ax.get_legend_handles_labels()

@@ -86,6 +86,7 @@ class Pipeline(Settings):
     )
 
     _upstream: dict[str, list[str]] = PrivateAttr(default_factory=dict)
+    _previous: dict[str, str | None] = PrivateAttr(default_factory=dict)
     _source_file: str | None = PrivateAttr(None)
 
     @classmethod
@@ -129,7 +130,8 @@ class Pipeline(Settings):
                 )
             if stage.continues != "never" and last_training is not None:
                 upstream = upstream + [last_training]
-            if role == "training":
+            self._previous[stage.name] = last_training if stage.continues != "never" else None
+            if role == "training" and stage.in_chain:
                 last_training = stage.name
             elif role == "merge":
                 if last_training is None:
@@ -278,7 +280,7 @@ class Pipeline(Settings):
         None when that dataset has none, or fills it per row from a template such as '{persona}'."""
         names = [st.name for st in self.stages]
         stages = self.stages[: names.index(before)] if before else self.stages
-        training = [st for st in stages if self.role_of(st) == "training"]
+        training = [st for st in stages if self.role_of(st) == "training" and st.in_chain]
         if not training or training[0].dataset not in names:
             return None
         dataset = self.stage(training[0].dataset)
@@ -288,6 +290,10 @@ class Pipeline(Settings):
     def upstream(self, name: str) -> list[str]:
         """Asset names the stage reads, in the order its asset takes them."""
         return self._upstream[name]
+
+    def previous(self, name: str) -> str | None:
+        """The training stage a stage continues from (its adapter chain), or None when it starts afresh."""
+        return self._previous.get(name)
 
     def profile(self, name: str) -> dict[str, dict]:
         if name not in self.profiles:

@@ -5,7 +5,8 @@ a length, a test that passes) rather than asking a model's opinion. A `RewardSet
 each reward has a name, which labels its progress column (`reward_<name>`) and its evaluation score.
 
 Types: exact, contains, numeric (compare with the row's reference), regex, json, length, keyword, command (runs
-an argv, never a shell), tool_call (the completion's calls of the pipeline's tools) and custom (a Python file
+an argv, never a shell), tool_call (the completion's calls of the pipeline's tools), reward_model (a learned
+reward: the score of a reward_model stage's model, not a verifiable check) and custom (a Python file
 defining `reward(prompt, completion, reference, row)`, which returns a number; it is imported and run only in the
 worker process, with the user's rights, each call limited to `timeout` seconds). Each type is a pydantic model
 taking only its own options, and `RewardSpec` is their union on `type`, so a config model with
@@ -20,6 +21,7 @@ Modules:
 - command: the command reward (accuracy); `run_command` (engine/commands.py) runs its argv.
 - custom: the custom reward (accuracy) and `call_with_timeout`.
 - tool_call: the tool_call reward (format): the completion's tool calls against the pipeline's tools.
+- learned: the reward_model reward (learned): a reward_model stage's model scores the reply, normalized per group.
 - set: `RewardSet`, `RewardScores`, `score_rows` and the TRL adapter `trl_reward_funcs`.
 
 Framework-free: pydantic and the stdlib, plus the text matchers of the evaluation, so scoring matches it exactly.
@@ -37,6 +39,7 @@ from .base import Reward, RewardError
 from .command import COMPLETION_FILE, CommandReward
 from .custom import CustomReward, call_with_timeout
 from .format import JsonReward, KeywordReward, LengthReward, RegexReward
+from .learned import RewardModelReward
 from .reference import ContainsReward, ExactReward, NumericReward
 from .set import RewardScores, RewardSet, score_rows, trl_reward_funcs
 from .tool_call import ToolCallReward
@@ -52,7 +55,8 @@ RewardSpec = Annotated[
     | KeywordReward
     | CommandReward
     | CustomReward
-    | ToolCallReward,
+    | ToolCallReward
+    | RewardModelReward,
     Field(discriminator="type"),
 ]
 
@@ -69,6 +73,7 @@ REWARD_TYPES: dict[str, type[Reward]] = {
         CommandReward,
         CustomReward,
         ToolCallReward,
+        RewardModelReward,
     )
 }
 # The options each type takes; a spec with another key is refused, so a YAML typo fails instead of being ignored.
@@ -78,6 +83,8 @@ NEEDS_REFERENCE = tuple(kind for kind, model in REWARD_TYPES.items() if model.ne
 # format-like ones shape the reply, and rising while accuracy falls is the mark of reward hacking.
 ACCURACY_TYPES = tuple(kind for kind, model in REWARD_TYPES.items() if model.family == "accuracy")
 FORMAT_TYPES = tuple(kind for kind, model in REWARD_TYPES.items() if model.family == "format")
+# Learned rewards (a model's opinion) are what a policy can exploit: a stage optimizing one watches a guard.
+LEARNED_TYPES = tuple(kind for kind, model in REWARD_TYPES.items() if model.family == "learned")
 
 
 def parse_reward(spec: Any, base_dir: str | Path | None = None) -> Reward:
@@ -111,6 +118,7 @@ __all__ = [
     "ACCURACY_TYPES",
     "COMPLETION_FILE",
     "FORMAT_TYPES",
+    "LEARNED_TYPES",
     "NEEDS_REFERENCE",
     "OPTIONS",
     "REWARD_TYPES",
@@ -125,6 +133,7 @@ __all__ = [
     "RegexReward",
     "Reward",
     "RewardError",
+    "RewardModelReward",
     "RewardScores",
     "RewardSet",
     "RewardSpec",

@@ -9,7 +9,7 @@ YAML mistake reads the same whether it is found by `Reward.from_dict` or inside 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -55,7 +55,9 @@ class Reward(BaseModel):
     # rewards score right or wrong (their mean is a share); format-like ones shape the reply, and rising while
     # accuracy falls is the mark of reward hacking.
     needs_reference: ClassVar[bool] = False
-    family: ClassVar[Literal["accuracy", "format"]]
+    family: ClassVar[Literal["accuracy", "format", "learned"]]
+    # Whether the type scores a batch at once (score_many): a model's forward pass over many replies.
+    batched: ClassVar[bool] = False
 
     # -- validation (mirrors dragon_reward() in R) --
 
@@ -149,6 +151,11 @@ class Reward(BaseModel):
         """Score one completion between 0 and 1. Raises on a broken row; RewardSet.score decides whether that
         stops the run."""
         raise NotImplementedError(f"{type(self).__name__} does not score")
+
+    def score_many(self, replies: Sequence[str], rows: Sequence[Mapping], grouped: bool = False) -> list[float]:
+        """Score a batch (types with batched = True): replies[i] against rows[i]. grouped: the rows are a GRPO
+        step's completions, each prompt's group side by side."""
+        raise NotImplementedError(f"{type(self).__name__} scores one reply at a time")
 
 
 def _reward_error(error: ValidationError, spec: Mapping[str, Any], kind: str) -> RewardError:

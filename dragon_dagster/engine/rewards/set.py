@@ -81,6 +81,19 @@ class RewardSet:
                 r.bind_tools(schemas)
         return self
 
+    def bind_scorers(self, scorers: Mapping[str, Callable]) -> RewardSet:
+        """Give each reward_model reward the scorer of the stage it names (scorers: stage name -> scorer); returns
+        self. A reward whose stage has no scorer fails when it scores, naming the stage."""
+        for r in self.rewards:
+            stage = getattr(r, "stage", None)
+            if stage is not None and stage in scorers:
+                r.bind_scorer(scorers[stage])
+        return self
+
+    def scorer_stages(self) -> list[str]:
+        """The reward_model stages these rewards name, in order, once each."""
+        return list(dict.fromkeys(r.stage for r in self.rewards if getattr(r, "stage", None)))
+
     def localize(self, run_dir: str | Path) -> RewardSet:
         """A copy whose custom files live in run_dir/rewards/; save it with to_list(relative_to=run_dir)."""
         return RewardSet([r.localize(run_dir) for r in self.rewards])
@@ -112,13 +125,16 @@ class RewardSet:
                 if bad:
                     raise r._fail(f"needs a number in each reference; {len(bad)} rows have none (rows {_some(bad)})")
 
-    def score(self, completions: Sequence[Any], rows: Sequence[Mapping], on_error: str = "raise") -> RewardScores:
-        """Score completions[i] against rows[i]. on_error="zero" scores a failing row 0 and counts it."""
+    def score(
+        self, completions: Sequence[Any], rows: Sequence[Mapping], on_error: str = "raise", grouped: bool = False
+    ) -> RewardScores:
+        """Score completions[i] against rows[i]. on_error="zero" scores a failing row 0 and counts it. grouped: the
+        rows are a GRPO step's completions, each prompt's group side by side (a learned reward ranks within it)."""
         if len(completions) != len(rows):
             raise RewardError(f"{len(completions)} completions for {len(rows)} rows")
         scores, errors = {}, {}
         for r in self.rewards:
-            scores[r.name], errors[r.name] = score_rows(r, completions, rows, on_error)
+            scores[r.name], errors[r.name] = score_rows(r, completions, rows, on_error, grouped)
         total = [sum(r.weight * scores[r.name][i] for r in self.rewards) for i in range(len(rows))]
         return RewardScores(scores, total, errors)
 
@@ -130,15 +146,26 @@ def _reward(reward: Reward | Mapping, base_dir: str | Path | None) -> Reward:
 
 
 def score_rows(
-    reward: Reward, completions: Sequence[Any], rows: Sequence[Mapping], on_error: str = "raise"
+    reward: Reward, completions: Sequence[Any], rows: Sequence[Mapping], on_error: str = "raise", grouped: bool = False
 ) -> tuple[list[float], int]:
-    """One reward over aligned completions and rows: the scores and the number of rows that failed."""
+    """One reward over aligned completions and rows: the scores and the number of rows that failed (a batched
+    reward fails or scores the batch as a whole)."""
     if on_error not in ("raise", "zero"):
         raise RewardError(f"on_error must be 'raise' or 'zero', got {on_error!r}")
+    # a conversation (a rollout with tools): the rewards read its final answer, tool_call its calls
+    rows = [
+        {**row, "completion_messages": list(c)} if isinstance(c, (list, tuple)) else row
+        for c, row in zip(completions, rows)
+    ]
+    if reward.batched:
+        try:
+            return reward.score_many([_text(c, "assistant") for c in completions], rows, grouped), 0
+        except Exception as e:
+            if on_error == "raise":
+                raise RewardError(f"reward {reward.name!r} failed on a batch: {type(e).__name__}: {e}") from e
+            return [0.0] * len(rows), len(rows)
     out, failed = [], 0
     for i, (completion, row) in enumerate(zip(completions, rows)):
-        if isinstance(completion, (list, tuple)):  # a conversation (a rollout with tools): the rewards read its
-            row = {**row, "completion_messages": list(completion)}  # final answer, tool_call its calls
         try:
             out.append(
                 reward.score(
@@ -167,7 +194,7 @@ def trl_reward_funcs(rewards: RewardSet | Iterable[Reward | Mapping], on_error: 
 def _trl_func(reward: Reward, on_error: str) -> Callable:
     def func(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
         rows = _trl_rows(prompts, kwargs)
-        scores, failed = score_rows(reward, completions, rows, on_error)
+        scores, failed = score_rows(reward, completions, rows, on_error, grouped=True)
         func.errors += failed
         return scores
 

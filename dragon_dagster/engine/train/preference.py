@@ -76,31 +76,40 @@ class PreferenceStage(TrainerStage):
 
     @model_validator(mode="after")
     def _no_lora_dropout(self):
-        if self.lora.dropout > 0:
-            raise ValueError(
-                f"stage {self.name!r} ({self.kind}): lora.dropout {self.lora.dropout} would be silently 0 in "
-                f"training: {self.trl_config} has disable_dropout=True, which sets every dropout of the model to 0, "
-                f"LoRA's included, when the trainer is built. Remove lora.dropout from the stage (the {self.kind} "
-                "default is 0) or set it to 0"
-            )
+        refuse_lora_dropout(self)
         return self
 
     def check_inputs(self, pipeline) -> None:
-        """The dataset must be a mapped one that holds rows this kind trains on (pipeline: `stage_or_none`,
-        `kinds_making(shape)`, `kinds_training_on(shape)`)."""
-        wanted = " or ".join(k for shape in self.trains_on for k in pipeline.kinds_making(shape))
-        data = pipeline.stage_or_none(self.dataset)
-        if data is None:
-            raise ValueError(f"stage {self.name!r} names {self.dataset!r}, a source file: map it with a {wanted} first")
-        makes = getattr(data, "makes", None)
-        if makes in self.trains_on:
-            return
-        others = [k for k in pipeline.kinds_training_on(makes) if k != self.kind] if makes else []
+        check_trains_on(self, pipeline)
+
+
+def refuse_lora_dropout(stage: TrainerStage) -> None:
+    """A LoRA dropout above 0 would be silently 0: the stage's TRL config disables every dropout (trl_config)."""
+    if stage.lora.dropout > 0:
         raise ValueError(
-            f"stage {self.name!r} ({self.kind}) trains on {ROW_SHAPES[self.trains_on[0]]}: its dataset "
-            f"{self.dataset!r} is a {data.kind}; use a {wanted}"
-            + (f", or kind: {' or '.join(others)} for {ROW_SHAPES.get(makes, makes)}" if others else "")
+            f"stage {stage.name!r} ({stage.kind}): lora.dropout {stage.lora.dropout} would be silently 0 in "
+            f"training: {stage.trl_config} has disable_dropout=True, which sets every dropout of the model to 0, "
+            f"LoRA's included, when the trainer is built. Remove lora.dropout from the stage (the {stage.kind} "
+            "default is 0) or set it to 0"
         )
+
+
+def check_trains_on(stage: TrainerStage, pipeline) -> None:
+    """The stage's dataset must be a mapped one that holds rows the kind trains on (its `trains_on`; pipeline:
+    `stage_or_none`, `kinds_making(shape)`, `kinds_training_on(shape)`)."""
+    wanted = " or ".join(k for shape in stage.trains_on for k in pipeline.kinds_making(shape))
+    data = pipeline.stage_or_none(stage.dataset)
+    if data is None:
+        raise ValueError(f"stage {stage.name!r} names {stage.dataset!r}, a source file: map it with a {wanted} first")
+    makes = getattr(data, "makes", None)
+    if makes in stage.trains_on:
+        return
+    others = [k for k in pipeline.kinds_training_on(makes) if k != stage.kind] if makes else []
+    raise ValueError(
+        f"stage {stage.name!r} ({stage.kind}) trains on {ROW_SHAPES[stage.trains_on[0]]}: its dataset "
+        f"{stage.dataset!r} is a {data.kind}; use a {wanted}"
+        + (f", or kind: {' or '.join(others)} for {ROW_SHAPES.get(makes, makes)}" if others else "")
+    )
 
 
 class PreferenceResult(TrainingResult):

@@ -31,7 +31,11 @@ class TrainerStage(Stage):
         return self.kind
 
     def reads(self) -> list[str]:
-        return [self.dataset]
+        return [self.dataset, *self.scorers()]
+
+    def scorers(self) -> list[str]:
+        """Reward-model stages whose models score this stage's samples (its asset reads them: a lineage edge)."""
+        return []
 
     def rewards_used(self) -> list[dict[str, Any]]:
         """The rewards this stage optimizes (reward specs, custom files relative to the pipeline's folder): the

@@ -10,7 +10,7 @@ from pathlib import Path
 from ...artifacts import progress
 from ...artifacts.manifest import AdapterManifest, read_manifest
 from ...config.checks import CheckOutcome, CheckSpec
-from ...rewards import ACCURACY_TYPES, FORMAT_TYPES
+from ...rewards import ACCURACY_TYPES, FORMAT_TYPES, LEARNED_TYPES
 from .result import GRPOResult
 from .settings import GRPO
 
@@ -53,6 +53,16 @@ def held_out_moves(result: GRPOResult) -> dict[str, tuple[float, float]]:
     return {n: (float(before[n]), float(after[n])) for n in result.reward_kinds if n in before and n in after}
 
 
+def over_optimized(result: GRPOResult, margin: float = HACKING_MARGIN) -> tuple[list[str], list[str]]:
+    """Learned rewards that rose on the held-out prompts and guards (never trained on) that fell: a policy
+    climbing a reward model's mistakes rather than getting better."""
+    held = held_out_moves(result)
+    rising = [n for n, (b, a) in held.items() if result.reward_kinds.get(n) in LEARNED_TYPES and a > b + margin]
+    guards = {n: (result.guard_before[n], v) for n, v in result.guard_after.items() if n in result.guard_before}
+    falling = [n for n, (b, a) in guards.items() if a < b - margin]
+    return rising, falling
+
+
 def read_result(artifact: Path) -> GRPOResult:
     return read_manifest(artifact, AdapterManifest[GRPOResult]).result
 
@@ -65,17 +75,27 @@ def hacking_check(block: bool) -> CheckSpec:
         rising, falling = opposed_moves(kinds, trends)
         held = held_out_moves(result)
         held_rising, held_falling = opposed_moves(kinds, held)
-        hacked = bool(rising and falling) or bool(held_rising and held_falling)
+        learned_rising, guard_falling = over_optimized(result)
+        hacked = (
+            bool(rising and falling) or bool(held_rising and held_falling) or bool(learned_rising and guard_falling)
+        )
         metadata = {
             "format_rising": ", ".join(rising) or "-",
             "accuracy_falling": ", ".join(falling) or "-",
             "held_out_format_rising": ", ".join(held_rising) or "-",
             "held_out_accuracy_falling": ", ".join(held_falling) or "-",
+            "learned_rising": ", ".join(learned_rising) or "-",
+            "guard_falling": ", ".join(guard_falling) or "-",
             "margin": HACKING_MARGIN,
             "blocking": block,
         }
         for name, (before, after) in held.items():
             metadata[f"reward_before/{name}"], metadata[f"reward_after/{name}"] = before, after
+        for name, after in result.guard_after.items():
+            metadata[f"guard_before/{name}"] = result.guard_before.get(name, float("nan"))
+            metadata[f"guard_after/{name}"] = after
+        if result.kl is not None:
+            metadata["kl"] = result.kl
         why = []
         if rising and falling:
             why.append(f"during training {', '.join(rising)} rose while {', '.join(falling)} fell")
@@ -84,9 +104,19 @@ def hacking_check(block: bool) -> CheckSpec:
                 "on the held-out prompts "
                 + ", ".join(f"{n} went {held[n][0]:.3f} -> {held[n][1]:.3f}" for n in held_rising + held_falling)
             )
+        if learned_rising and guard_falling:
+            why.append(
+                "the learned reward(s) "
+                + ", ".join(f"{n} went {held[n][0]:.3f} -> {held[n][1]:.3f}" for n in learned_rising)
+                + " while the guard "
+                + ", ".join(
+                    f"{n} fell {result.guard_before[n]:.3f} -> {result.guard_after[n]:.3f}" for n in guard_falling
+                )
+                + (f" (KL {result.kl:.3g})" if result.kl is not None else "")
+            )
         description = (
-            "Reward hacking suspected: " + "; ".join(why) + ". The adapter is optimizing the format "
-            "reward at the cost of accuracy."
+            "Reward hacking suspected: " + "; ".join(why) + ". The adapter is optimizing a proxy (a format "
+            "reward or a reward model) at the cost of what it stands for."
             if hacked
             else None
         )
@@ -96,7 +126,8 @@ def hacking_check(block: bool) -> CheckSpec:
         "format_not_rising_while_accuracy_falls",
         "Flags a format or length reward that rises while an accuracy reward falls, over the "
         "training steps (first third against last) or on the held-out prompts (before "
-        "training against after)" + ("; blocks the stages after it." if block else "."),
+        "training against after), and a learned reward (reward_model) that rises on the held-out prompts while a "
+        "guard the stage was not trained on falls" + ("; blocks the stages after it." if block else "."),
         judge,
         blocking=block,
     )

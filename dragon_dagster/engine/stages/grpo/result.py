@@ -18,6 +18,12 @@ class GRPOResult(TrainingResult):
     per_reward_before: dict[str, float] = Field(default_factory=dict)
     per_reward_after: dict[str, float] = Field(default_factory=dict)
     reward_errors: dict[str, int] = Field(default_factory=dict)
+    guard_kinds: dict[str, str] = Field(
+        default_factory=dict, description="What the stage watched but never trained on: each guard's type, by name."
+    )
+    guard_before: dict[str, float] = Field(default_factory=dict)  # each guard's mean on the held-out prompts
+    guard_after: dict[str, float] = Field(default_factory=dict)
+    kl: float | None = None  # mean KL to the starting model over the last third of the logged steps
     group_size: int
     beta: float
     temperature: float
@@ -35,6 +41,10 @@ class GRPOResult(TrainingResult):
         figures = {"reward_before": self.reward_before, "reward_after": self.reward_after}
         figures.update({f"reward_before/{n}": v for n, v in self.per_reward_before.items()})
         figures.update({f"reward_after/{n}": v for n, v in self.per_reward_after.items()})
+        figures.update({f"guard_before/{n}": v for n, v in self.guard_before.items()})
+        figures.update({f"guard_after/{n}": v for n, v in self.guard_after.items()})
+        if self.kl is not None:
+            figures["kl"] = self.kl
         return figures
 
     def metadata(self) -> dict[str, Any]:
@@ -62,6 +72,15 @@ class GRPOResult(TrainingResult):
         if per_reward:
             each = "(" + ", ".join(f"{name} {fig(v)}" for name, v in per_reward.items()) + ")"
             parts[-1:] = [f"{parts[-1]} {each}"] if parts else [each]
+        guards = sorted(k[len("eval/guard_") :] for k in metrics if k.startswith("eval/guard_") and "before_" not in k)
+        if guards:
+            parts.append(
+                "guard "
+                + ", ".join(
+                    f"{n} {fig(metrics.get(f'eval/guard_before_{n}'))} -> {fig(metrics[f'eval/guard_{n}'])}"
+                    for n in guards
+                )
+            )
         if "train/reward" in metrics:
             parts.append(f"train reward {fig(metrics['train/reward'])}")
         if "train/kl" in metrics:

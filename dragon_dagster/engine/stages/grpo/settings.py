@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ...config.stage import METRICS_DOC, MetricNames
 from ...config.training import TrainArgs
-from ...rewards import RewardSpec, known_types
+from ...rewards import LEARNED_TYPES, RewardSpec, known_types
 from ...train.stage import TrainerStage
 
 
@@ -61,6 +62,19 @@ class GRPO(TrainerStage):
         "own generation path: the grouped sampler prefills a group's prompt once and samples the group in "
         "lockstep, which a tool call in the middle of one completion breaks.",
     )
+    guard: list[RewardSpec] = Field(
+        default_factory=list,
+        description="Rewards never trained on, scored on the held-out prompts before and after training: what a "
+        "policy exploiting a learned reward (reward_model) would lose while its reward climbs, e.g. a verifiable "
+        "reward or a second reward model. The reward-hacking check compares them with the learned rewards.",
+    )
+    guard_metrics: MetricNames = Field(
+        None,
+        description="Reference metrics of the held-out replies watched the same way (prompts with a reference "
+        "column). Default: token_f1 when the stage optimizes a learned reward and the prompts have references. "
+        + METRICS_DOC.split(". ", 1)[0]
+        + ".",
+    )
     block_on_reward_hacking: bool = Field(
         False,
         description="Make format_not_rising_while_accuracy_falls a blocking check with severity ERROR: when "
@@ -69,15 +83,53 @@ class GRPO(TrainerStage):
     args: GRPOArgs = Field(default_factory=GRPOArgs, description="Trainer arguments.")
 
     _known_reward_types = known_types("rewards", "rewards")
+    _known_guard_types = known_types("guard", "guard")
 
     def rewards_used(self) -> list[dict[str, Any]]:
-        return [reward.model_dump() for reward in self.rewards]
+        """The trained rewards, then the guard's (one list: the step checks and copies them alike)."""
+        return [reward.model_dump() for reward in [*self.rewards, *self.guard]]
 
     def with_rewards(self, specs: list[dict[str, Any]]) -> GRPO:
-        return type(self).model_validate({**self.model_dump(), "rewards": specs})
+        n = len(self.rewards)
+        return type(self).model_validate({**self.model_dump(), "rewards": specs[:n], "guard": specs[n:]})
+
+    def learned_rewards(self) -> list[str]:
+        return [r.name for r in self.rewards if r.type in LEARNED_TYPES]
+
+    def scorers(self) -> list[str]:
+        return list(dict.fromkeys(r.stage for r in [*self.rewards, *self.guard] if r.type in LEARNED_TYPES))
+
+    def watched_metrics(self, has_references: bool) -> list[str]:
+        """The reference metrics scored before and after: guard_metrics, else token_f1 for a learned reward."""
+        if self.guard_metrics is not None:
+            return self.guard_metrics
+        return ["token_f1"] if self.learned_rewards() and has_references else []
 
     def check_inputs(self, pipeline) -> None:
-        """tools: true needs the pipeline's tools; a tool_call reward needs the calls run (tools: true)."""
+        """tools: true needs the pipeline's tools; a tool_call reward needs the calls run (tools: true); a
+        reward_model reward names a reward_model stage; a learned reward has something untrained to watch."""
+        for name in self.scorers():
+            scorer = pipeline.stage_or_none(name)
+            if scorer is None or not scorer.scores_replies:
+                raise ValueError(
+                    f"grpo stage {self.name!r}: a reward_model reward names {name!r}, which is "
+                    f"{'a ' + scorer.kind + ' stage' if scorer else 'not a stage'}; name an earlier reward_model "
+                    "stage"
+                )
+        learned = self.learned_rewards()
+        prompts = pipeline.stage_or_none(self.dataset)
+        references = bool(getattr(prompts, "reference", None))
+        if learned and not self.guard and not references:
+            raise ValueError(
+                f"grpo stage {self.name!r} optimizes the learned reward(s) {learned} and watches nothing it is not "
+                "trained on, so over-optimization would go unseen: add `guard:` (a verifiable reward or another "
+                f"reward model) or map a reference column in {self.dataset!r} (its token_f1 is then watched)"
+            )
+        if self.guard_metrics and not references:
+            raise ValueError(
+                f"grpo stage {self.name!r}: guard_metrics {self.guard_metrics} compare with references, but "
+                f"{self.dataset!r} maps no reference column"
+            )
         if self.tools and getattr(pipeline, "tools", None) is None:
             raise ValueError(
                 f"grpo stage {self.name!r} has tools: true, but the pipeline declares no tools: add "

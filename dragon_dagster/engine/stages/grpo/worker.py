@@ -18,6 +18,7 @@ from ...evaluate.plots import plot_loss
 from ...infer.generation import generate
 from ...infer.tool_loop import converse, transcript
 from ...rewards import RewardSet, trl_reward_funcs
+from ...text.matchers import MATCHERS
 from ...tools import template
 from ...tools.declare import Toolset
 from ...train import distributed, lm_head
@@ -27,7 +28,7 @@ from .result import GRPOResult
 from .trainer import grpo_trainer
 
 
-def validate(job: TrainingJob) -> RewardSet:
+def validate(job: TrainingJob) -> tuple[RewardSet, RewardSet | None]:
     """What the settings model cannot see: the resource's generation batch against the stage's step, and the
     step's completions against the data-parallel workers that share them."""
     generation = job.speed.generation_batch_size if job.speed else None
@@ -39,7 +40,40 @@ def validate(job: TrainingJob) -> RewardSet:
             f"completions, batch_size x group_size = {step}"
         )
     # custom files were copied into the artifact, their paths written relative to it
-    return RewardSet.from_list(job.settings.rewards_used(), base_dir=job.output_dir)
+    base = job.output_dir
+    missing = sorted(set(job.settings.scorers()) - {m.stage for m in job.inputs.reward_models})
+    if missing:
+        raise ValueError(
+            f"grpo stage {job.settings.name!r}: its job carries no model for reward_model stage(s) {missing}"
+        )
+    trained = RewardSet.from_list([r.model_dump() for r in job.settings.rewards], base_dir=base)
+    guard = [r.model_dump() for r in job.settings.guard]
+    return trained, RewardSet.from_list(guard, base_dir=base) if guard else None
+
+
+def load_scorers(job: TrainingJob, reporter: Reporter) -> dict:
+    """The reward models the stage's learned rewards name, loaded once each: stage name -> scorer."""
+    from ...infer.reward_model import load_scorer
+
+    scorers = {}
+    for entry in job.inputs.reward_models:
+        reporter.log(f"loading reward model {entry.stage} ({entry.adapter})")
+        scorer = load_scorer(entry.model, entry.adapter, job.hardware, max_length=job.settings.args.max_seq_len)
+        scorers[entry.stage] = scorer.score
+    return scorers
+
+
+def watched(rows: list[dict], texts: list[str], guard: RewardSet | None, metrics: list[str]) -> dict[str, float]:
+    """The guard: rewards never trained on and reference metrics, each one's mean over the held-out replies."""
+    out = {}
+    if guard is not None:
+        scores = guard.score(texts, rows, on_error="zero")
+        out.update({name: mean(values) for name, values in scores.scores.items()})
+    for name in metrics:
+        pairs = [(t, r["reference"]) for t, r in zip(texts, rows) if r.get("reference") not in (None, "")]
+        if pairs:
+            out[name] = mean(MATCHERS[name](t, str(ref)) for t, ref in pairs)
+    return out
 
 
 def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
@@ -69,6 +103,15 @@ def longest_reference_tokens(tokenizer, rows: list[dict]) -> int | None:
     if not references:
         return None
     return max(len(ids) for ids in tokenizer(references, add_special_tokens=False)["input_ids"])
+
+
+def last_kl(rows: list[dict]) -> float | None:
+    """The KL to the starting model over the last third of the logged steps (TRL logs it when beta > 0)."""
+    values = [r["kl"] for r in rows if isinstance(r.get("kl"), (int, float))]
+    if not values:
+        return None
+    tail = values[-max(1, len(values) // 3) :]
+    return sum(tail) / len(tail)
 
 
 def truncation_warning(summary: GRPOResult, limit: float) -> str | None:
@@ -137,15 +180,21 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
     from datasets import Dataset
     from trl import GRPOConfig
 
-    rewards = validate(job)
+    rewards, guard = validate(job)
     toolset = Toolset.from_input(job.inputs.tools) if job.settings.tools else None
     if job.settings.tools and toolset is None:
         raise ValueError(f"grpo stage {job.settings.name!r} has tools: true, but its job carries no tools")
     rewards.bind_tools(toolset.schemas if toolset else None)
+    scorers = load_scorers(job, reporter)
+    rewards.bind_scorers(scorers)
+    if guard is not None:
+        guard.bind_tools(toolset.schemas if toolset else None).bind_scorers(scorers)
     p = prepare(job)
     # before TRL sees the tokenizer: its tool loop renders the tools and parses calls with this template
     rendering = template.prepare(p.tokenizer, needed=True) if toolset else None
     rewards.check_rows(p.train_rows + p.eval_rows)  # a reward that needs a reference fails here, not mid-run
+    if guard is not None:
+        guard.check_rows(p.eval_rows or p.train_rows)
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked)
@@ -186,18 +235,23 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
         reporter.log(f"tools in the loop: {', '.join(toolset.names)} ({rendering} rendering), rollouts by TRL")
     reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
     held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
+    metrics = job.settings.watched_metrics(any(r.get("reference") not in (None, "") for r in held))
     main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
     if main:
         trainer.model.eval()
         with trainer.model.disable_adapter():  # the model this stage started from
             before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
+        before["guard"] = watched(held, before["completions"], guard, metrics)
         reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
     result = run_trainer(trainer, callback, job, reporter)
     if not main:
         return None
     trainer.model.eval()
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
+    after["guard"] = watched(held, after["completions"], guard, metrics)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
+    for name, value in after["guard"].items():
+        reporter.log(f"guard {name} (not trained on): {before['guard'].get(name, float('nan')):.3f} -> {value:.3f}")
     summary = summarize(
         job,
         trainer,
@@ -212,6 +266,7 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
         speed={**speed, "generation_batch_size": config.generation_batch_size},
         reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows),
         tools={"names": toolset.names, "rendering": rendering, **toolset.counts()} if toolset else None,
+        guard_kinds={r.name: r.type for r in guard or []} | {m: "metric" for m in metrics},
     )
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
@@ -233,6 +288,7 @@ def summarize(
     speed: dict,
     reference_tokens: int | None = None,
     tools: dict | None = None,
+    guard_kinds: dict[str, str] | None = None,
 ) -> GRPOResult:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
@@ -253,6 +309,10 @@ def summarize(
         per_reward_before=before["per_reward"],
         per_reward_after=after["per_reward"],
         reward_errors=after["errors"],
+        guard_kinds=guard_kinds or {},
+        guard_before=before["guard"],
+        guard_after=after["guard"],
+        kl=last_kl(logged),
         group_size=job.settings.group_size,
         beta=job.settings.beta,
         temperature=job.settings.temperature,
@@ -282,5 +342,7 @@ def summarize(
     plot_loss(logged, out / "loss.png", title="GRPO loss and mean reward", extra="reward")
     final = {"eval/reward_before": before["reward"], "eval/reward": after["reward"]}
     final.update({f"eval/reward_{n}": v for n, v in after["per_reward"].items()})
+    final.update({f"eval/guard_{n}": v for n, v in after["guard"].items()})
+    final.update({f"eval/guard_before_{n}": v for n, v in before["guard"].items()})
     reporter.metrics(trainer.state.global_step, final)
     return summary
