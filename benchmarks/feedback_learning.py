@@ -20,6 +20,8 @@ pipeline's objectives reuses round 1.
     .venv/bin/python benchmarks/feedback_learning.py --quick          # smoke run, ~10 min on 2 shared cores
     .venv/bin/python benchmarks/feedback_learning.py                  # 2 rounds x 32 prompts, 48 held out (>1 h)
     .venv/bin/python benchmarks/feedback_learning.py --rounds 3 --variants sft sft,dpo sft,dpo,kto
+    # RLHF against the existing objectives on the same records, paired (vs_main):
+    .venv/bin/python benchmarks/feedback_learning.py --rounds 1 --variants sft,dpo,kto,rlhf
     # the objectives alone, on a round's recorded feedback (<out>/round1_feedback.sqlite) and first model:
     .venv/bin/python benchmarks/feedback_learning.py --from-feedback F.sqlite --first-model M --variants sft sft,dpo
 
@@ -195,6 +197,25 @@ def pipeline_yaml(directory: Path, objectives: list[str], a: argparse.Namespace,
             "kto": {
                 "beta": 0.1,
                 "args": {**common, "batch_size": 2, "epochs": a.dpo_epochs, "learning_rate": a.dpo_lr},
+                "n_samples": 0,
+            },
+            # rlhf (when listed): a reward model on the feedback pairs, then GRPO on the rated prompts against it
+            "reward_model": {
+                "args": {**common, "batch_size": 2, "epochs": 2, "learning_rate": a.rm_lr},
+                "n_samples": 0,
+                "min_accuracy": 0.5,
+            },
+            "rlhf": {
+                "args": {
+                    **{k: v for k, v in common.items() if k != "max_steps"},
+                    "batch_size": 2,
+                    "max_steps": a.rlhf_steps,
+                    "learning_rate": a.rlhf_lr,
+                },
+                "group_size": 4,
+                "temperature": 0.9,
+                "max_new_tokens": 96,
+                "max_eval_prompts": 8,
                 "n_samples": 0,
             },
             "evaluate": {"max_new_tokens": 48, "n_samples": 1, "max_eval_rows": a.eval_rows, "n_judge": 0},
@@ -490,6 +511,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, help="cap on each feedback training stage's steps (-1: epochs decide)")
     p.add_argument("--eval-rows", type=int, help="the pipeline's held-out rows in the reports the gate reads")
     p.add_argument("--objectives", default="sft,dpo,kto", help="the main loop's feedback.objectives")
+    p.add_argument("--rm-lr", type=float, default=1e-4, help="rlhf: the reward model's learning rate")
+    p.add_argument("--rlhf-steps", type=int, default=12, help="rlhf: GRPO steps on the rated prompts")
+    p.add_argument("--rlhf-lr", type=float, default=5e-5, help="rlhf: GRPO's learning rate")
     p.add_argument(
         "--variants",
         nargs="*",
@@ -582,6 +606,7 @@ def main(argv=None) -> dict:
                 "before": _strip(current),
                 "after": _strip(after),
                 "after_is": "champion" if promoted else "rejected challenger",
+                "liked_flags": after["flags"] if after else None,  # per held-out ticket: variants compare paired
                 "mcnemar": mcnemar(current["flags"], after["flags"]) if after else None,
             }
         )
@@ -613,7 +638,12 @@ def main(argv=None) -> dict:
             )
             continue
         try:
-            variants.append(run_variant(objectives, out, a, train_csv, store_copy, first_model, held, start_measure))
+            variant = run_variant(objectives, out, a, train_csv, store_copy, first_model, held, start_measure)
+            if round1 and round1.get("liked_flags") and variant.get("liked_flags"):
+                # paired on the same held-out tickets against the main objectives' retraining on the same records
+                variant["vs_main"] = mcnemar(round1["liked_flags"], variant["liked_flags"])
+                variant["main_objectives"] = main_objectives
+            variants.append(variant)
         except Exception as exc:  # noqa: BLE001 - a variant this build cannot run is reported, not fatal
             log(f"variant {spec} failed: {type(exc).__name__}: {exc}")
             variants.append({"objectives": objectives, "error": f"{type(exc).__name__}: {exc}"[:500]})

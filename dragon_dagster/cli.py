@@ -187,6 +187,29 @@ def generate(
         console.print(f"[bold]> {prompt}[/bold]\n{reply}\n")
 
 
+@main.command()
+@click.argument("target")
+@click.argument("prompt")
+@click.argument("replies", nargs=-1, required=True)
+@click.option("--system", default=None, help="System prompt.")
+def score(target: str, prompt: str, replies: tuple[str, ...], system: str | None):
+    """Score REPLIES to PROMPT with the reward model TARGET: a reward_model stage's artifact dir or its asset, like
+    support/taste_model. Higher is preferred; the scores rank replies, their scale is the model's own."""
+    from .engine.artifacts.manifest import AdapterManifest, read_manifest
+    from .engine.infer.reward_model import load_scorer
+
+    directory = resolve_target(target)
+    manifest = read_manifest(directory, AdapterManifest)
+    if manifest.method != "reward_model":
+        raise click.BadParameter(f"{target!r} is a {manifest.method} adapter, not a reward model")
+    scorer = load_scorer(manifest.resolved_model, directory / "adapter")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    scores = scorer.score([messages] * len(replies), list(replies))
+    console.print(f"[dim]reward model {manifest.stage} on {manifest.resolved_model}[/dim]")
+    for reply, value in sorted(zip(replies, scores), key=lambda pair: -pair[1]):
+        console.print(f"{value:+.3f}  {reply}")
+
+
 def resolve_target(target: str) -> Path:
     """A directory, an asset name like support/merged_model (its latest artifact), or a registered model:
     models:/support@champion, models:/support/3."""

@@ -105,6 +105,7 @@ def run_report_stage(
             feedback_inputs = FeedbackInputs(
                 held_out=held_out,
                 taste=taste.localize(tmp).to_list(relative_to=tmp) if taste else None,
+                reward_models=feedback.get("reward_models", []),
                 liked_at=feedback["liked_at"],
                 objectives=feedback["objectives"],
             )

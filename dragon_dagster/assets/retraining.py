@@ -39,6 +39,7 @@ from ..engine.data import tables as data_lib
 from ..engine.data.feedback_rows import (
     SKIP_REASONS,
     check_record,
+    feedback_prompts,
     objective_records,
     preference_pairs,
     sft_conversations,
@@ -60,7 +61,7 @@ from .metadata import md_table
 from .pool import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
 from .promotion import deployed_model, promote_merged, report_merged_dir
 from .report import run_report_stage
-from .training import run_training_stage
+from .training import reward_model_inputs, run_training_stage
 
 
 def record_range(context, store: FeedbackStore) -> tuple[int, int]:
@@ -85,8 +86,14 @@ def feedback_source(pipeline: Pipeline):
     return _observe
 
 
-DATASETS = {"sft": "feedback_sft_dataset", "dpo": "feedback_pairs", "kto": "feedback_ratings"}
-WHAT = {"sft": "liked or edited replies", "dpo": "pairs", "kto": "ratings without a pair"}
+DATASETS = {
+    "sft": "feedback_sft_dataset",
+    "dpo": "feedback_pairs",
+    "kto": "feedback_ratings",
+    "rlhf": "feedback_prompts",
+}
+WHAT = {"sft": "liked or edited replies", "dpo": "pairs", "kto": "ratings without a pair", "rlhf": "rated prompts"}
+UNITS = {"sft": "conversations", "dpo": "pairs", "kto": "rated replies", "rlhf": "prompts"}
 OBJECTIVE_TAG = "dragon/feedback_{}"  # on the retraining run: what each objective trained on, or why not
 
 
@@ -107,6 +114,7 @@ def feedback_rows(context, store: ArtifactStore, pipeline: Pipeline) -> dict:
             ),
             ("dpo", preference_pairs),
             ("kto", unpaired_ratings),
+            ("rlhf", feedback_prompts),
         )
     }
     return {
@@ -132,6 +140,11 @@ def taste_rewards(pipeline: Pipeline) -> RewardSet | None:
         raise Failure(description=f"{pipeline.name} feedback.gate.taste: {exc}") from exc
 
 
+def taste_model_stages(pipeline: Pipeline) -> list[str]:
+    """The reward-model stages the gate's taste names (rlhf's feedback_reward_model)."""
+    return list(dict.fromkeys(r.stage for r in pipeline.feedback.gate.taste or [] if r.type == "reward_model"))
+
+
 def feedback_dataset(pipeline: Pipeline, objective: str):
     name = DATASETS[objective]
 
@@ -147,6 +160,8 @@ def feedback_dataset(pipeline: Pipeline, objective: str):
             "disliked one to the same turns.",
             "kto": "Thumbs up or down on replies to turns that give no pair (no edit, no opposite "
             "verdict), as rated replies for KTO.",
+            "rlhf": "The turns people rated a reply to, as prompts: GRPO samples fresh replies to them, which the "
+            "feedback reward model scores (rlhf).",
         }[objective]
         + " Whole conversations are held out (gate.held_out_frac) for the promotion gate. Outside a "
         'retraining run ("Materialize all") it is skipped, with the reason in the run\'s log, while '
@@ -275,19 +290,23 @@ def nothing_to_train(pipeline: Pipeline, found: dict) -> str | None:
     )
 
 
-def skip_reason(pipeline: Pipeline, objective: str, train_rows: int) -> str | None:
+def skip_reason(pipeline: Pipeline, objective: str, train_rows: int, what: str | None = None) -> str | None:
     """Why a feedback objective does not train (off, or nothing to train on); None when it does."""
     if objective not in pipeline.feedback.objectives:
         return "off (feedback.objectives)"
-    return None if train_rows else f"no {WHAT[objective]}"
+    return None if train_rows else f"no {what or WHAT[objective]}"
 
 
 def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
     """A feedback objective's adapter: continues from the stage before it (or the deployed model when none ran),
-    and passes the chain on unchanged when its objective is off or it has no training rows."""
+    and passes the chain on unchanged when its objective is off or it has no training rows. A stage scored by a
+    reward model (rlhf's GRPO) reads that model too, and is skipped when it was (no pairs to learn a taste from).
+    A stage out of the chain (the reward model) gives "" when skipped."""
     ins = {"data": AssetIn(key=key(pipeline, stage.dataset))}
     if after:
         ins["previous"] = AssetIn(key=key(pipeline, after))
+    ins.update({f"scorer__{name}": AssetIn(key=key(pipeline, name)) for name in stage.scorers()})
+    what = "pairs to learn a taste from" if not stage.in_chain else None
 
     @asset(
         key=key(pipeline, stage.name),
@@ -296,10 +315,17 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
         ins=ins,
         pool=TRAINING_POOL,
         op_tags=POOL_TAGS,
-        description=f"{objective.upper()} on the feedback's {WHAT[objective]}, continuing from "
-        + (f"{after} (or the deployed model when nothing ran before)" if after else "the deployed model")
-        + ". Passes the chain on unchanged when the objective is off or has no rows; the run's tag "
-        f"{OBJECTIVE_TAG.format(objective)} says which.",
+        description=(
+            f"{stage.kind.upper()} on the feedback's {what or WHAT[objective]}"
+            + (f", scored by {', '.join(stage.scorers())}" if stage.scorers() else "")
+            + ", continuing from "
+            + (f"{after} (or the deployed model when nothing ran before)" if after else "the deployed model")
+            + ". Passes the chain on unchanged when the objective is off or has no rows; the run's tag "
+            f"{OBJECTIVE_TAG.format(objective)} says which."
+            if stage.in_chain
+            else f"The {objective} objective's reward model, trained on the feedback pairs from the deployed model; "
+            "skipped (an empty output) when the objective is off or there are no pairs."
+        ),
     )
     def _train(
         context,
@@ -313,11 +339,19 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
         previous = str(store.local(inputs["previous"])) if inputs.get("previous") else ""  # "": nothing ran yet
         manifest = read_manifest(data, FeedbackDatasetManifest)
         rows, records = manifest.train_rows, len(manifest.records_used)
-        skipped = skip_reason(pipeline, objective, rows)
+        skipped = skip_reason(pipeline, objective, rows, what)
+        scorers = {
+            n[len("scorer__") :]: str(store.local(p)) if p else ""
+            for n, p in inputs.items()
+            if n.startswith("scorer__")
+        }
+        if not skipped and not all(scorers.values()):
+            skipped = f"no reward model ({', '.join(n for n, p in scorers.items() if not p)} was skipped)"
         tag = f"skipped: {skipped}" if skipped else f"{rows} rows from {records} records"
-        context.instance.add_run_tags(context.op_execution_context.run_id, {OBJECTIVE_TAG.format(objective): tag})
+        tag_name = OBJECTIVE_TAG.format(objective if stage.in_chain else stage.name)
+        context.instance.add_run_tags(context.op_execution_context.run_id, {tag_name: tag})
         if skipped:
-            context.log.info(f"{stage.name}: {skipped}; the chain goes on unchanged")
+            context.log.info(f"{stage.name}: {skipped}" + ("; the chain goes on unchanged" if stage.in_chain else ""))
             return Output(
                 previous,
                 metadata={
@@ -348,6 +382,7 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
                 "feedback_rows": rows,
                 "feedback_records": records,
             },
+            scorers=scorers,
         )
 
     return _train
@@ -361,7 +396,10 @@ def objectives_summary(pipeline: Pipeline, data: dict[str, str], chain: list[str
         ("sft", pipeline.feedback.sft),
         ("dpo", pipeline.feedback.dpo),
         ("kto", pipeline.feedback.kto),
+        ("rlhf", pipeline.feedback.rlhf),
     ):
+        if objective not in data:
+            continue
         manifest = read_manifest(data[objective], FeedbackDatasetManifest)
         skipped = skip_reason(pipeline, objective, manifest.train_rows)
         out.append(
@@ -370,7 +408,7 @@ def objectives_summary(pipeline: Pipeline, data: dict[str, str], chain: list[str
                 "stage": stage.name,
                 "ran": stage.name in ran,
                 "rows": manifest.train_rows,
-                "unit": "conversations" if objective == "sft" else "pairs" if objective == "dpo" else "rated replies",
+                "unit": UNITS[objective],
                 "records": len(manifest.records_used),
                 "held_out_rows": manifest.eval_rows,
                 "skipped": skipped,
@@ -380,10 +418,12 @@ def objectives_summary(pipeline: Pipeline, data: dict[str, str], chain: list[str
 
 
 def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
+    learned_taste = taste_model_stages(pipeline)
     ins = {
         "merged": AssetIn(key=key(pipeline, "retrained_model")),
         "dataset": AssetIn(key=key(pipeline, stage.dataset)),
         **{objective: AssetIn(key=key(pipeline, name)) for objective, name in DATASETS.items()},
+        **{f"scorer__{name}": AssetIn(key=key(pipeline, name)) for name in learned_taste},
     }
 
     @asset(
@@ -405,11 +445,10 @@ def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
         training: TrainingResource,
         merged: str,
         dataset: str,
-        sft: str,
-        dpo: str,
-        kto: str,
+        **inputs: str,
     ) -> Output[str]:
-        data = {o: str(store.local(d)) for o, d in (("sft", sft), ("dpo", dpo), ("kto", kto))}
+        data = {o: str(store.local(d)) for o, d in inputs.items() if not o.startswith("scorer__")}
+        scorers = {n[len("scorer__") :]: p for n, p in inputs.items() if n.startswith("scorer__")}
         merged = str(store.local(merged))
         gate = pipeline.feedback.gate
         feedback = {
@@ -419,6 +458,22 @@ def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
         }
         if gate.taste:  # custom taste files travel with the report, so it reproduces
             feedback["taste"] = taste_rewards(pipeline)
+            missing = [n for n, p in scorers.items() if not p]  # a reward model skipped (no pairs): its taste goes
+            if missing:
+                context.log.warning(
+                    f"the taste's reward model {missing} was skipped (no pairs): liked_share without it"
+                )
+                kept = [r for r in feedback["taste"] if getattr(r, "stage", None) not in missing]
+                feedback["taste"] = RewardSet(kept) if kept else None
+            feedback["reward_models"] = (
+                reward_model_inputs(
+                    [n for n, p in scorers.items() if p],
+                    {n: str(store.local(p)) for n, p in scorers.items() if p},
+                    stage.name,
+                )
+                if feedback["taste"] is not None and any(scorers.values())
+                else []
+            )
         return run_report_stage(
             context,
             pipeline,
@@ -555,7 +610,9 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
         retrain_stage(pipeline, settings.sft, "sft", after=None),
         retrain_stage(pipeline, settings.dpo, "dpo", after=settings.sft.name),
         retrain_stage(pipeline, settings.kto, "kto", after=settings.dpo.name),
-        merge_asset(pipeline, merge, upstream=[settings.kto.name], group=retraining_group(pipeline)),
+        retrain_stage(pipeline, settings.reward_model, "rlhf", after=None),
+        retrain_stage(pipeline, settings.rlhf, "rlhf", after=settings.kto.name),
+        merge_asset(pipeline, merge, upstream=[settings.rlhf.name], group=retraining_group(pipeline)),
         retrained_report(pipeline, settings.evaluate),
     ]
     names = [
@@ -563,6 +620,8 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
         settings.sft.name,
         settings.dpo.name,
         settings.kto.name,
+        settings.reward_model.name,
+        settings.rlhf.name,
         merge.name,
         settings.evaluate.name,
     ]

@@ -43,12 +43,13 @@ def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str) -> Rewa
     return rewards
 
 
-def reward_model_inputs(stage: TrainerStage, scorers: dict[str, str]) -> list[RewardModelInput]:
-    """The reward models the stage's learned rewards name, from their artifacts (the asset's scorer inputs)."""
+def reward_model_inputs(names: list[str], scorers: dict[str, str], user: str) -> list[RewardModelInput]:
+    """The reward models of the stages named (the learned rewards of `user`), from their artifacts (the asset's
+    scorer inputs, by stage name)."""
     out = []
-    for name in stage.scorers():
+    for name in names:
         if name not in scorers:
-            raise ValueError(f"the reward model of stage {name!r} was not given to {stage.name!r}")
+            raise ValueError(f"the reward model of stage {name!r} was not given to {user!r}")
         manifest = read_manifest(scorers[name], AdapterManifest)
         if manifest.method != "reward_model":
             raise ValueError(f"{name!r} is a {manifest.method} adapter, not a reward model")
@@ -136,7 +137,7 @@ def run_training_stage(
             or models.check_loadable(pipeline.model)
         )
         rewards = check_rewards(pipeline, stage, dataset)
-        reward_models = reward_model_inputs(stage, scorers or {})
+        reward_models = reward_model_inputs(stage.scorers(), scorers or {}, stage.name)
     except (ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"

@@ -33,9 +33,12 @@ NAMES = [
     "feedback_sft_dataset",
     "feedback_pairs",
     "feedback_ratings",
+    "feedback_prompts",
     "sft_on_feedback",
     "dpo_on_feedback",
     "kto_on_feedback",
+    "feedback_reward_model",
+    "rlhf_on_feedback",
     "retrained_model",
     "retrained_report",
 ]
@@ -452,7 +455,8 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     run = tracking.client().get_run(kto["mlflow_run_id"])
     assert (run.data.tags["objective"], run.data.tags["feedback_records"]) == ("kto", "6")
     by_objective = {o["objective"]: o for o in report["objectives"]}
-    assert [by_objective[o]["ran"] for o in ("sft", "dpo", "kto")] == [True, False, True]
+    assert [by_objective[o]["ran"] for o in ("sft", "dpo", "kto", "rlhf")] == [True, False, True, False]
+    assert by_objective["rlhf"]["skipped"] == "off (feedback.objectives)"
     assert by_objective["dpo"]["skipped"] == "no pairs" and by_objective["kto"]["records"] == 6
     assert report["feedback"]["held_out"]["rated_replies"] == 2 and report["feedback"]["reward"] is not None
     liked_share = report["feedback"]["liked_share"]  # the pipeline's taste: fewer than 3 words
@@ -476,7 +480,7 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
     assert tags["dragon/feedback_dpo"] == "skipped: no pairs" and tags["dragon/feedback_kto"].startswith("6 rows")
     kto = json.loads((Path(events["kto_on_feedback"]["artifact_dir"].value) / "manifest.json").read_text())
     assert kto["resolved_model"] == str(start) and len(kto["chain"]) == 1, "KTO starts from the deployed model"
-    assert [o["ran"] for o in report["objectives"]] == [False, False, True]
+    assert [o["ran"] for o in report["objectives"]] == [False, False, True, False]
 
 
 def test_feedback_from_one_conversation_fails_before_training(materialized, tmp_path):

@@ -5,6 +5,7 @@ GRPO stage scores its rollouts with it and watches a guard it was not trained on
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -111,3 +112,17 @@ def test_pairs_reward_model_grpo_through_dagster(tiny_model, tmp_path, resources
     grpo_run = mlflow.get_run(grpo["mlflow_run_id"])
     assert grpo_run.data.tags["reward_model.taste_model.mlflow_run_id"] == rm["mlflow_run_id"]
     assert "eval/guard_token_f1" in grpo_run.data.metrics
+
+    # `dragon score` loads the same artifact: the reply in the taste it learned ranks first
+    from click.testing import CliRunner
+
+    from dragon_dagster.cli import main
+
+    out = CliRunner().invoke(
+        main, ["score", str(rm_dir), "What is 20 + 3?", "no idea about 20 and 3", "20 plus 3 is 23. Thanks for asking!"]
+    )
+    assert out.exit_code == 0, out.output
+    ranked = [line.split("  ", 1)[1] for line in out.output.splitlines() if re.match(r"[+-]\d", line)]
+    assert ranked == ["20 plus 3 is 23. Thanks for asking!", "no idea about 20 and 3"]
+    refused = CliRunner().invoke(main, ["score", str(grpo_dir), "q", "a"])
+    assert refused.exit_code != 0 and "not a reward model" in refused.output

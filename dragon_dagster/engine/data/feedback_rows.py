@@ -11,6 +11,8 @@ data/feedback_store.py.
 
 - `unpaired_ratings(records)`: thumbs up or down on replies to turns that give no pair (most ratings), as KTO's
   rated replies {"prompt", "completion", "label"}.
+- `feedback_prompts(records)`: the turns people rated replies to, as prompts {"prompt": turns} that a GRPO stage
+  samples fresh replies to and a reward model trained on the pairs scores (the rlhf objective).
 - `objective_records(records)`: which record ids each objective's rows come from (for the run's tags).
 - `split_by_conversation(records, frac)`: whole conversations held out, the same for every objective, so the
   promotion gate measures on feedback no objective trained on.
@@ -205,16 +207,29 @@ def unpaired_ratings(records: Iterable[dict]) -> list[dict]:
     return out
 
 
+def feedback_prompts(records: Iterable[dict]) -> list[dict]:
+    """The turns of every rated reply, once each, as prompt rows {"prompt": turns}: what people asked, for fresh
+    replies the reward model scores (its verdicts trained that model; here only the question is kept)."""
+    out, seen = [], set()
+    for r in _ordered(records):
+        key = _key(r["turns"])
+        if key not in seen:
+            seen.add(key)
+            out.append({"prompt": r["turns"]})
+    return out
+
+
 def objective_records(records: Iterable[dict]) -> dict[str, list[int]]:
     """The ids of the records each objective's rows come from: sft (liked and edited replies), dpo (records in a
-    pair), kto (votes without a pair)."""
-    out = {"sft": [], "dpo": [], "kto": []}
+    pair), kto (votes without a pair), rlhf (every record: its turns are a prompt)."""
+    out = {"sft": [], "dpo": [], "kto": [], "rlhf": []}
     for group in _groups(list(records)):
         paired = _paired(group)
         for r in group["events"]:
             if _good(r) is not None:
                 out["sft"].append(r.get("id"))
             out["dpo" if paired else "kto"].append(r.get("id"))
+            out["rlhf"].append(r.get("id"))
     return {k: sorted(set(v)) for k, v in out.items()}
 
 

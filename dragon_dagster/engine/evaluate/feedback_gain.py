@@ -30,8 +30,10 @@ def held_out_feedback(files: dict[str, str | None]) -> tuple[list[dict], list[di
             pairs += rows
             rated += unpaired(rows)
         else:
-            rated += [
-                {"prompt": r["prompt"], "completion": r["completion"], "label": r.get("label", True)} for r in rows
+            rated += [  # rows without a reply (rlhf's prompts) say nothing about a reply here
+                {"prompt": r["prompt"], "completion": r["completion"], "label": r.get("label", True)}
+                for r in rows
+                if "completion" in r
             ]
     seen, unique = set(), []
     for row in rated:

@@ -14,8 +14,10 @@ from ..config.training import TrainArgs
 from ..rewards import REWARD_TYPES, RewardSpec, known_types
 from ..stages.dpo.settings import DPO
 from ..stages.evaluate.settings import Evaluate
+from ..stages.grpo.settings import GRPO, GRPOArgs
 from ..stages.kto.settings import KTO
 from ..stages.orpo.settings import ORPO
+from ..stages.reward_model.settings import RewardModel, RewardModelArgs
 from ..stages.sft.settings import SFT
 from ..text.matchers import MATCHERS
 from ..train.preference import PreferenceArgs
@@ -98,6 +100,70 @@ class FeedbackKTO(KTO):
     args: FeedbackKTOArgs = Field(default_factory=FeedbackKTOArgs, description="Trainer arguments.")
     n_samples: int = Field(3, ge=0, description="Held-out ratings answered after training.")
     max_new_tokens: int = Field(64, gt=0, description="Length limit of sample replies.")
+
+
+class FeedbackRewardModelArgs(RewardModelArgs):
+    epochs: float = Field(2, gt=0, description="Passes over the feedback pairs.")
+
+
+class FeedbackRewardModel(RewardModel):
+    kind: Literal["reward_model"] = "reward_model"
+    name: Literal["feedback_reward_model"] = Field("feedback_reward_model", description="The asset's name (fixed).")
+    dataset: Literal["feedback_pairs"] = Field("feedback_pairs", description="Pairs from the feedback store (fixed).")
+    args: FeedbackRewardModelArgs = Field(default_factory=FeedbackRewardModelArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out pairs scored after training (samples.jsonl).")
+    min_accuracy: float = Field(
+        0.5, ge=0, le=1, description="The held_out_accuracy check warns below this share of held-out pairs."
+    )
+
+
+class FeedbackGRPOArgs(GRPOArgs):
+    max_steps: int | None = Field(20, gt=0, description="GRPO steps on the feedback prompts.")
+
+
+def _feedback_rewards() -> list[dict[str, Any]]:
+    return [{"type": "reward_model", "stage": "feedback_reward_model", "name": "taste_model"}]
+
+
+def _feedback_guard() -> list[dict[str, Any]]:
+    # A reward model's best-known blind spot: it likes longer replies; a reply that grows past this is the policy
+    # climbing the model rather than the taste it learned.
+    return [{"type": "length", "max_chars": 600, "name": "not_rambling"}]
+
+
+class FeedbackGRPO(GRPO):
+    kind: Literal["grpo"] = "grpo"
+    name: Literal["rlhf_on_feedback"] = Field("rlhf_on_feedback", description="The asset's name (fixed).")
+    dataset: Literal["feedback_prompts"] = Field(
+        "feedback_prompts", description="The prompts people rated replies to (fixed)."
+    )
+    rewards: list[RewardSpec] = Field(
+        default_factory=_feedback_rewards,
+        validate_default=True,
+        min_length=1,
+        description="What the fresh replies are scored by: the feedback reward model (its stage is "
+        "feedback_reward_model), plus any verifiable reward by weight.",
+    )
+    guard: list[RewardSpec] = Field(
+        default_factory=_feedback_guard,
+        validate_default=True,
+        description="Rewards never trained on, scored on held-out feedback prompts before and after: by default a "
+        "length bound (reward models favour longer replies, the best-known way a policy games one).",
+    )
+    args: FeedbackGRPOArgs = Field(default_factory=FeedbackGRPOArgs, description="Trainer arguments.")
+    n_samples: int = Field(3, ge=0, description="Held-out prompts answered before and after training.")
+    max_new_tokens: int = Field(64, gt=0, description="Rollout length and the length limit of sample replies.")
+    max_eval_prompts: int = Field(16, ge=0, description="Held-out feedback prompts scored before and after.")
+
+    @model_validator(mode="after")
+    def _scored_by_the_feedback_model(self):
+        stages = set(self.scorers())
+        if stages - {"feedback_reward_model"}:
+            raise ValueError(
+                f"feedback.rlhf: a reward_model reward can name only feedback_reward_model (the model trained on "
+                f"the feedback pairs), not {sorted(stages - {'feedback_reward_model'})}"
+            )
+        return self
 
 
 class FeedbackEvaluate(Evaluate):
@@ -183,7 +249,8 @@ def _task_metric_names() -> set[str]:
     return set(MATCHERS)
 
 
-OBJECTIVES = ("sft", "dpo", "kto")
+OBJECTIVES = ("sft", "dpo", "kto")  # the default; rlhf is asked for by name (a reward model, then GRPO: slower)
+ALL_OBJECTIVES = ("sft", "dpo", "kto", "rlhf")
 
 
 class Feedback(Settings):
@@ -191,19 +258,44 @@ class Feedback(Settings):
 
     min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
     cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
-    objectives: list[Literal["sft", "dpo", "kto"]] = Field(
+    objectives: list[Literal["sft", "dpo", "kto", "rlhf"]] = Field(
         default_factory=lambda: list(OBJECTIVES),
         min_length=1,
-        description="What the retraining runs, always in the order sft, dpo, kto: sft (liked and edited replies), "
-        "dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
-        "turns), kto (liked or disliked replies without a pair). Each is skipped when it has no records.",
+        description="What the retraining runs, always in the order sft, dpo, kto, rlhf: sft (liked and edited "
+        "replies), dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
+        "turns), kto (liked or disliked replies without a pair), rlhf (a reward model trained on the pairs, then "
+        "GRPO on the rated prompts against it; off unless listed). Each is skipped when it has no records.",
     )
     sft: FeedbackSFT = Field(default_factory=FeedbackSFT, description="SFT on liked and edited replies.")
     dpo: FeedbackPairs = Field(
         default_factory=FeedbackDPO, description="DPO (or kind: orpo) on pairs, after the feedback SFT."
     )
-    kto: FeedbackKTO = Field(default_factory=FeedbackKTO, description="KTO on ratings without a pair, last.")
+    kto: FeedbackKTO = Field(default_factory=FeedbackKTO, description="KTO on ratings without a pair.")
+    reward_model: FeedbackRewardModel = Field(
+        default_factory=FeedbackRewardModel,
+        description="rlhf: the reward model trained on the feedback pairs (from the deployed model).",
+    )
+    rlhf: FeedbackGRPO = Field(
+        default_factory=FeedbackGRPO,
+        description="rlhf: GRPO on the rated prompts against the reward model, last in the chain.",
+    )
     evaluate: FeedbackEvaluate = Field(
         default_factory=FeedbackEvaluate, description="The report the promotion gate reads."
     )
     gate: Gate = Field(default_factory=Gate, description="When a retrained model becomes the champion.")
+
+    @model_validator(mode="after")
+    def _learned_taste_is_rlhfs(self):
+        """A reward_model taste scores with the model the rlhf objective trains: it must be on, and named."""
+        named = {r.stage for r in self.gate.taste or [] if r.type == "reward_model"}
+        if named - {self.reward_model.name}:
+            raise ValueError(
+                f"gate.taste: a reward_model reward can name only {self.reward_model.name} (the model the rlhf "
+                f"objective trains on the feedback pairs), not {sorted(named - {self.reward_model.name})}"
+            )
+        if named and "rlhf" not in self.objectives:
+            raise ValueError(
+                "gate.taste scores with the feedback reward model, which only the rlhf objective trains: add rlhf "
+                "to feedback.objectives"
+            )
+        return self

@@ -37,6 +37,7 @@ stages:
   - {name: rated, kind: rated_dataset, source: tickets, prompt: subject, reply: reply, label: product}
   - {name: orpo, kind: orpo, dataset: pairs_file}
   - {name: kto, kind: kto, dataset: rated}
+  - {name: rm, kind: reward_model, dataset: pairs_file}
 """
 # A bad value per kind: (what to replace in EVERY_KIND, its replacement, the field the error must name)
 BAD = {
@@ -66,6 +67,11 @@ BAD = {
     "rated_dataset": ("label: product}", "label: product, eval_frac: -1}", "stages[11].eval_frac"),
     "orpo": ("dataset: pairs_file}", "dataset: pairs_file, beta: 0}", "stages[12].beta"),
     "kto": ("dataset: rated}", "dataset: rated, args: {batch_size: 1}}", "stages[13]"),
+    "reward_model": (
+        "kind: reward_model, dataset: pairs_file}",
+        "kind: reward_model, dataset: pairs_file, min_accuracy: 2}",
+        "stages[14].min_accuracy",
+    ),
 }
 
 

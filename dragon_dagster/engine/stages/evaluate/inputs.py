@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from ...config.job import Contract, JobPath, ToolsInput
+from ...config.job import Contract, JobPath, RewardModelInput, ToolsInput
 
 
 class ChainStage(Contract):
@@ -26,6 +26,7 @@ class FeedbackInputs(Contract):
 
     held_out: dict[str, JobPath]  # objective -> held-out rows (copied into the report's directory)
     taste: list[dict[str, Any]] | None = None  # rewards; custom files relative to the report's directory
+    reward_models: list[RewardModelInput] = []  # the reward model a reward_model taste names (rlhf's)
     liked_at: float = 1.0
     objectives: list[dict[str, Any]] = Field(default_factory=list)  # what each objective trained on, or why not
 
