@@ -46,11 +46,11 @@ class DPO(PreferenceStage):
         default_factory=lambda: ["sigmoid"],
         json_schema_extra=_one_or_list,
         description="The preference loss (TRL's loss_type), or a list of them added up with loss_weights. sigmoid: "
-        "DPO; sigmoid_norm: DPO on per-token log-ratios (no pull towards long replies); ipo: IPO, a squared loss "
+        "DPO; sigmoid_norm: DPO on length-averaged log-ratios; ipo: IPO, a squared loss "
         "that stops at a margin instead of pushing it on (beta is its τ; less overfitting on near-deterministic "
         "preferences); hinge: SLiC's hinge; robust: for noisy labels, flipped with probability label_smoothing; "
         "exo_pair: EXO (label_smoothing > 0, 1e-3); nca_pair and bco_pair: each reply scored on its own, so the "
-        "chosen reply's likelihood rises too; sppo_hard: SPPO with hard labels; aot and aot_unpaired: margins "
+        "chosen one is pushed up in its own right; sppo_hard: SPPO with hard labels; aot and aot_unpaired: margins "
         "aligned across the batch by sorting; apo_zero: the chosen replies are better than the model's own (raise "
         "them), apo_down: worse (lower both); discopop: DiscoPOP (discopop_tau); sft: the chosen reply's NLL, to "
         "combine, e.g. [sigmoid, sft] (RPO) or [sigmoid, bco_pair, sft] with loss_weights [0.8, 0.2, 1.0] (MPO).",
