@@ -15,7 +15,8 @@ class DPOMethod(PreferenceMethod):
     def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
         from trl import DPOConfig, DPOTrainer
 
-        return DPOTrainer(model=p.model, ref_model=None, args=DPOConfig(**args), **trainer_parts(p, callback))
+        config = DPOConfig(**args, **job.settings.loss_config())
+        return DPOTrainer(model=p.model, ref_model=None, args=config, **trainer_parts(p, callback))
 
     def use_head(self, trainer, speed: dict) -> None:
         # a batch is [chosen; rejected]: with unpad, a pair's common prompt runs once for both replies

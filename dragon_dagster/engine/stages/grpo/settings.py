@@ -9,7 +9,7 @@ from pydantic import Field
 from ...config.stage import METRICS_DOC, MetricNames
 from ...config.training import TrainArgs
 from ...rewards import LEARNED_TYPES, RewardSpec, known_types
-from ...train.stage import TrainerStage
+from .variants import GRPOVariants
 
 
 class GRPOArgs(TrainArgs):
@@ -21,7 +21,7 @@ class GRPOArgs(TrainArgs):
     save_steps: int = Field(20, gt=0, description="Save a resumable checkpoint every this many steps.")
 
 
-class GRPO(TrainerStage):
+class GRPO(GRPOVariants):
     """Reinforcement learning with verifiable rewards: TRL's GRPOTrainer (dragon_reinforce)."""
 
     kind: Literal["grpo"]

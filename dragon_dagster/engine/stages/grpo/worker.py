@@ -212,6 +212,7 @@ def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
         reward_weights=rewards.weights(),
         log_completions=False,
         max_tool_calling_iterations=toolset.max_calls if toolset else None,
+        **job.settings.variant_config(),
     )
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
