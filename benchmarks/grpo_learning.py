@@ -84,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, help="completion budget, in training and held-out scoring")
     p.add_argument("--length-max-chars", type=int, help="length reward: full score up to this many characters")
     p.add_argument("--length-weight", type=float, help="length reward weight (0 drops it)")
+    p.add_argument(
+        "--loss-type", default=None, help="the grpo stage's loss_type (grpo, dr_grpo, dapo, ...; default: TRL's, dapo)"
+    )
     p.add_argument("--lora-r", type=int)
     p.add_argument("--lora-alpha", type=int)
     p.add_argument("--n-eval", type=int, default=64, help="held-out prompts")
@@ -235,6 +238,7 @@ def main(argv=None) -> dict:
         beta=s["beta"],
         temperature=s["temperature"],
         max_eval_prompts=len(held),
+        **({"loss_type": args.loss_type} if args.loss_type else {}),
     )
     job = catalog.get("grpo").job_model()(
         settings=settings,
@@ -276,6 +280,7 @@ def main(argv=None) -> dict:
             "threads": args.threads,
             "speed": args.speed,
             "rewards": rewards,
+            "loss_type": settings.loss_type,
         },
         "reward_before": round(summary["reward_before"], 4),
         "reward_after": round(summary["reward_after"], 4),
@@ -286,6 +291,7 @@ def main(argv=None) -> dict:
         "flips_wrong_to_right": wins,
         "flips_right_to_wrong": losses,
         "sign_test_p": round(sign_test(wins, losses), 4),
+        "after_flags": [bool(x) for x in after],  # per held-out prompt: runs on the same split compare paired
         "mean_chars_before": round(mean(len(x["before"]) for x in samples), 1),
         "mean_chars_after": round(mean(len(x["after"]) for x in samples), 1),
         "steps": summary["global_step"],

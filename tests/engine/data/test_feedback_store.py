@@ -18,6 +18,7 @@ import pytest
 from dragon_dagster.engine.data.feedback_rows import (
     SKIP_REASONS,
     check_record,
+    feedback_prompts,
     objective_records,
     preference_pairs,
     sft_conversations,
@@ -254,7 +255,22 @@ def test_unpaired_ratings_are_the_votes_no_pair_uses():
     assert unpaired_ratings(liked_alone) == [
         {"prompt": P1, "completion": [{"role": "assistant", "content": "Click 'forgot password'."}], "label": True}
     ]
-    assert objective_records(CRAFTED) == {"sft": [1, 3, 5], "dpo": [1, 2, 3, 5], "kto": [4, 7]}
+    assert objective_records(CRAFTED) == {
+        "sft": [1, 3, 5],
+        "dpo": [1, 2, 3, 5],
+        "kto": [4, 7],
+        "rlhf": [1, 2, 3, 4, 5, 7],  # every rated turn is a prompt to sample fresh replies to
+    }
+
+
+def test_feedback_prompts_are_each_rated_turns_once():
+    records = [
+        record(1, "c1", turns("q1"), "a", "up"),
+        record(2, "c1", turns("q1"), "b", "down"),
+        record(3, "c2", turns("q2"), "c", "edit", edited="better"),
+        record(4, "c3", "not json", "d", "up"),  # skipped, as everywhere
+    ]
+    assert feedback_prompts(records) == [{"prompt": turns("q1")}, {"prompt": turns("q2")}]
 
 
 def test_held_out_conversations_are_whole_and_stable():
