@@ -65,7 +65,7 @@ BAD = {
         "stages[10].formats[0]",
     ),
     "rated_dataset": ("label: product}", "label: product, eval_frac: -1}", "stages[11].eval_frac"),
-    "orpo": ("dataset: pairs_file}", "dataset: pairs_file, beta: 0}", "stages[12].beta"),
+    "orpo": ("kind: orpo, dataset: pairs_file}", "kind: orpo, dataset: pairs_file, beta: 0}", "stages[12].beta"),
     "kto": ("dataset: rated}", "dataset: rated, args: {batch_size: 1}}", "stages[13]"),
     "reward_model": (
         "kind: reward_model, dataset: pairs_file}",
