@@ -195,12 +195,13 @@ def generate(
 def score(target: str, prompt: str, replies: tuple[str, ...], system: str | None):
     """Score REPLIES to PROMPT with the reward model TARGET: a reward_model stage's artifact dir or its asset, like
     support/taste_model. Higher is preferred; the scores rank replies, their scale is the model's own."""
+    from .engine import catalog
     from .engine.artifacts.manifest import AdapterManifest, read_manifest
     from .engine.infer.reward_model import load_scorer
 
     directory = resolve_target(target)
     manifest = read_manifest(directory, AdapterManifest)
-    if manifest.method != "reward_model":
+    if not catalog.scores_replies(manifest.settings.get("kind")):
         raise click.BadParameter(f"{target!r} is a {manifest.method} adapter, not a reward model")
     scorer = load_scorer(manifest.resolved_model, directory / "adapter")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

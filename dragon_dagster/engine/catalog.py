@@ -104,6 +104,12 @@ def parse_stage(data: dict[str, Any]) -> Stage:
     return _union()[1].validate_python(upgraded(data))
 
 
+def scores_replies(name: str | None) -> bool:
+    """Whether stages of this kind train a model that scores replies (a reward model): what a learned reward and
+    `dragon score` load."""
+    return name in KINDS and KINDS[name].settings.scores_replies
+
+
 def kinds_making(rows: str) -> list[str]:
     """Kinds whose artifacts hold rows of this shape (chat, pairs, rated, prompts)."""
     return [name for name, kind in KINDS.items() if getattr(kind.settings, "makes", None) == rows]

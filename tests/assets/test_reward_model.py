@@ -58,7 +58,6 @@ def write_rlhf_pipeline(folder: Path, model: Path, guard: str = "") -> Path:
 
 
 def test_pairs_reward_model_grpo_through_dagster(tiny_model, tmp_path, resources_for):
-    import mlflow
     from dagster import AssetKey, DagsterInstance, Definitions
 
     from dragon_dagster.assets.factory import build_pipeline_defs
@@ -90,8 +89,8 @@ def test_pairs_reward_model_grpo_through_dagster(tiny_model, tmp_path, resources
     samples = [json.loads(line) for line in (rm_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and {"score_chosen", "score_rejected"} <= set(samples[0])
 
-    mlflow.set_tracking_uri(f"sqlite:///{runs / 'mlflow.db'}")
-    run = mlflow.get_run(rm["mlflow_run_id"])
+    client = resources_for(runs)["tracking"].client()  # never mlflow's process-wide URI: later tests read theirs
+    run = client.get_run(rm["mlflow_run_id"])
     assert run.data.metrics["eval/rm_accuracy"] == pytest.approx(rm["result"]["accuracy"])
     assert "eval/rm_margin" in run.data.metrics and run.data.tags["method"] == "reward_model"
 
@@ -109,7 +108,7 @@ def test_pairs_reward_model_grpo_through_dagster(tiny_model, tmp_path, resources
     # held-out before and after: raw scores, and the guard the stage never trained on (references: token_f1)
     assert set(result["per_reward_before"]) == {"taste", "numeric"}
     assert set(result["guard_after"]) == {"token_f1"} and set(result["guard_before"]) == {"token_f1"}
-    grpo_run = mlflow.get_run(grpo["mlflow_run_id"])
+    grpo_run = client.get_run(grpo["mlflow_run_id"])
     assert grpo_run.data.tags["reward_model.taste_model.mlflow_run_id"] == rm["mlflow_run_id"]
     assert "eval/guard_token_f1" in grpo_run.data.metrics
 

@@ -475,6 +475,7 @@ def test_json_schema_of_reward_specs_lists_each_types_options():
         "command",
         "custom",
         "tool_call",
+        "reward_model",
     }
 
 
