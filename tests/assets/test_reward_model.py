@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import textwrap
 from pathlib import Path
 
@@ -17,6 +18,17 @@ PAIRS = "".join(
     for b in (3, 7)
 )
 PROMPTS = "".join(f"What is {a} + {b}? Reply with just the number.,{a + b}\n" for a in range(1, 9) for b in (2, 5))
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Something this test runs in-process (the in-process Dagster run or the CLI around it) leaves SIGTERM mapped to
+    KeyboardInterrupt; the later tests that signal this process (the chat's Ctrl-C, the run launcher's terminate)
+    need the handlers as they were."""
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
 
 
 def write_rlhf_pipeline(folder: Path, model: Path, guard: str = "") -> Path:
