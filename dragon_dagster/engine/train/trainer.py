@@ -187,7 +187,9 @@ def trainer_precision(hardware: Hardware) -> dict:
     }
 
 
-def lora_config(lora: Lora):
+def lora_config(lora: Lora, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):
+    """The adapter's PEFT config. A reward model passes SEQ_CLS and its new `score` head, trained in full and saved
+    with the adapter (modules_to_save)."""
     from peft import LoraConfig
 
     return LoraConfig(
@@ -195,7 +197,8 @@ def lora_config(lora: Lora):
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=lora.peft_target_modules(),
-        task_type="CAUSAL_LM",
+        task_type=task_type,
+        modules_to_save=modules_to_save,
     )
 
 

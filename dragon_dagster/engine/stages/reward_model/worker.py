@@ -15,25 +15,10 @@ from ...infer.reward_model import RewardScorer, load_scorer
 from ...models import load_tokenizer, pick_device, pick_dtype
 from ...train import distributed
 from ...train.preference import check_rows
-from ...train.trainer import TrainingError, TrainingJob, common_args, progress_callback, run_trainer
+from ...train.trainer import TrainingError, TrainingJob, common_args, lora_config, progress_callback, run_trainer
 from .result import RewardModelResult
 
 PROGRESS_COLUMNS = {"accuracy": "rm_accuracy", "margin": "rm_margin", "mean_reward": "mean_score"}
-
-
-def seq_cls_lora(lora):
-    """The adapter of a reward model: LoRA on the same modules as a policy's, plus the new `score` head trained
-    in full (modules_to_save) and saved with it."""
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=lora.peft_target_modules(),
-        task_type="SEQ_CLS",
-        modules_to_save=["score"],
-    )
 
 
 def load_classifier(path: str, hardware):
@@ -98,7 +83,7 @@ def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResul
         args=config,
         train_dataset=Dataset.from_list([{k: r[k] for k in columns} for r in train_rows]),
         processing_class=tokenizer,
-        peft_config=seq_cls_lora(settings.lora),
+        peft_config=lora_config(settings.lora, "SEQ_CLS", modules_to_save=["score"]),
         callbacks=[callback],
     )
     result = run_trainer(trainer, callback, job, reporter)
