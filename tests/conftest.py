@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import BUMP_TOOLS, StubServer, closed_port, write_pipeline
+from tests.support import BUMP_TOOLS, StubServer, closed_port, free_port, healthy, wait_until, write_pipeline
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches the hub; fail fast instead of retrying
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -337,3 +337,45 @@ def chromium() -> Path:
                 f"{done.stderr[-2000:]}"
             )
     return CHROMIUM
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on loopback with its own sqlite store and proxied artifact store, shared by the
+    tests that claim remote tracking (registry, tracing, assessments, prompts, evaluations)."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    port = free_port()
+    log = (root / "server.log").open("w")
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("mlflow")),
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'server.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def exited() -> str | None:
+        code = process.poll()
+        return None if code is None else f"exited with {code}:\n{(root / 'server.log').read_text()[-3000:]}"
+
+    try:
+        wait_until(lambda: healthy(f"{url}/health"), 90, "the mlflow server to answer", alive=exited, every=0.5)
+    except BaseException:  # pytest.fail included: the server does not outlive a failed start
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    yield {"url": url, "root": root}
+    os.killpg(process.pid, signal.SIGTERM)
+    process.wait(timeout=30)

@@ -2,10 +2,6 @@
 training runs, and MLflow's own conventions (MLFLOW_TRACKING_URI, a real `mlflow server` on loopback)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +21,7 @@ from dragon_dagster.engine.release.model_registry import (
     version_for,
 )
 from dragon_dagster.resources import MLflowTracking
-from tests.support import free_port, healthy, wait_until, write_pipeline
+from tests.support import free_port, write_pipeline
 
 
 def runs_of(client, experiment: str) -> dict:
@@ -135,47 +131,6 @@ def test_tracking_uri_follows_mlflow_s_variable_when_the_resource_leaves_it_empt
     assert MLflowTracking(runs_dir=str(tmp_path)).uri == "http://127.0.0.1:1"
     assert MLflowTracking(runs_dir=str(tmp_path)).artifact_location("p") is None  # the server decides
     assert MLflowTracking(runs_dir=str(tmp_path), tracking_uri="sqlite:///x.db").uri == "sqlite:///x.db"
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    """A real `mlflow server` on loopback with its own sqlite store and proxied artifact store."""
-    root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    log = (root / "server.log").open("w")
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'server.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def exited() -> str | None:
-        code = process.poll()
-        return None if code is None else f"exited with {code}:\n{(root / 'server.log').read_text()[-3000:]}"
-
-    try:
-        wait_until(lambda: healthy(f"{url}/health"), 90, "the mlflow server to answer", alive=exited, every=0.5)
-    except BaseException:  # pytest.fail included: the server does not outlive a failed start
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
-    yield {"url": url, "root": root}
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=30)
 
 
 @pytest.mark.slow  # a server start and a tiny chain: about 100 s on 2 cores
