@@ -357,6 +357,31 @@ def chat_system(pipeline: str, system: str | None, model: str | None, found=None
         ) from exc
 
 
+def chat_prompt(pipeline: str, system: str | None, model: str | None, found=None) -> tuple[str | None, str | None]:
+    """(system prompt, its prompts:/ URI): --system as given (unregistered), else the live version of the
+    pipeline's system prompt in MLflow's Prompt Registry, else the pipeline's own text (chat_system) while it is
+    not registered yet. A registry that cannot be read leaves the chat on the pipeline's text, and says so."""
+    text = chat_system(pipeline, system, model, found)
+    if system is not None or text is None:
+        return text, None
+    from .engine.release.model_registry import RegistryError
+    from .engine.release.prompt_registry import system_of
+    from .resources.tracking import MLflowTracking
+
+    tracking = MLflowTracking()
+    try:
+        return system_of(tracking.client(), pipeline, text)
+    except RegistryError as exc:
+        console.print(
+            f"the Prompt Registry at {tracking.uri} cannot be read ({one_line(exc)}): chatting with the pipeline's "
+            "own system prompt",
+            style="bold yellow",
+            soft_wrap=True,
+            markup=False,
+        )
+        return text, None
+
+
 def chat_tools(found, spec: dict):
     """The pipeline's tools for the chat (a Toolset), or None: the pipeline declares none or was not found, or
     the model is a server's. Tools run only with a local model (engine/infer/backends.py says why), so a server
@@ -385,8 +410,10 @@ def chat_tools(found, spec: dict):
     return toolset
 
 
-def system_note(system: str | None) -> str:
-    return f"system prompt: {system!r}" if system else "no system prompt"
+def system_note(system: str | None, uri: str | None = None) -> str:
+    return (
+        (f"system prompt {uri}: {system!r}" if uri else f"system prompt: {system!r}") if system else "no system prompt"
+    )
 
 
 @main.command()
@@ -398,9 +425,9 @@ def chat(pipeline, model, server_model, system, context_turns):
 
     spec, label, store_path = chat_target(pipeline, model, server_model)
     found = chat_pipeline(pipeline)
-    system = chat_system(pipeline, system, model, found)
+    system, prompt_uri = chat_prompt(pipeline, system, model, found)
     console.print(
-        f"chatting with {label}; feedback goes to {store_path}; {system_note(system)}; context: "
+        f"chatting with {label}; feedback goes to {store_path}; {system_note(system, prompt_uri)}; context: "
         + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
         + ". /help lists commands.",
         style="dim",
@@ -447,7 +474,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
             raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
     spec, label, store_path, name = chat_target_named(pipeline, model, server_model)
     found = chat_pipeline(pipeline)
-    system = chat_system(pipeline, system, model, found)
+    system, prompt_uri = chat_prompt(pipeline, system, model, found)
     toolset = chat_tools(found, spec)
     warning = exposure_warning(host, password)
     if warning:
@@ -455,7 +482,8 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
     login = f"login {username!r}, password from ${password_env}" if password else "no password"
     described = name if label in name else f"{name} at {label}"
     console.print(
-        f"chat page on http://{host}:{port}  (model {described}; feedback to {store_path}; {system_note(system)}; "
+        f"chat page on http://{host}:{port}  (model {described}; feedback to {store_path}; "
+        f"{system_note(system, prompt_uri)}; "
         f"{login})",
         soft_wrap=True,
         markup=False,
@@ -780,6 +808,42 @@ def prune_artifacts(pipeline: str | None, yes: bool) -> None:
         for directory in removable:
             remove_tree(directory)
         click.echo(f"removed {len(removable)} artifact directories ({total:.1f} MB); {len(kept)} kept")
+
+
+@main.command()
+@click.argument("pipeline", default="support")
+@click.option("--register", "text", default=None, metavar="TEXT", help="Register TEXT as a new version (not live).")
+@click.option("--set-live", "version", type=int, default=None, metavar="VERSION", help="Make VERSION the live one.")
+def prompt(pipeline: str, text: str | None, version: int | None):
+    """PIPELINE's system prompt in MLflow's Prompt Registry: its versions, which one is live (chat, export and
+    evaluation send it); --register a new text, --set-live a version."""
+    from .engine.release.model_registry import RegistryError
+    from .engine.release.prompt_registry import LIVE, live_prompt, prompt_name, register_prompt, set_live, versions_of
+    from .resources.tracking import MLflowTracking
+
+    tracking = MLflowTracking()
+    client = tracking.client()
+    try:
+        if text is not None:
+            if not text.strip():
+                raise click.ClickException("--register: the system prompt is empty")
+            made, new = register_prompt(client, pipeline, text, "dragon prompt --register", alias=None)
+            click.echo(f"{'registered' if new else 'already registered as'} {made.uri}")
+        if version is not None:
+            click.echo(f"{set_live(client, pipeline, version).uri} is now {LIVE}")
+        live = live_prompt(client, pipeline)
+        versions = versions_of(client, pipeline)
+    except RegistryError as exc:
+        raise click.ClickException(f"{exc} (tracking URI {tracking.uri})") from exc
+    if not versions:
+        click.echo(
+            f"{prompt_name(pipeline)} is not registered yet: building the pipeline's chat dataset registers its "
+            "system prompt (or dragon prompt --register TEXT)"
+        )
+        return
+    for v in versions:
+        mark = f"  <- {LIVE}" if live and v.version == live.version else ""
+        click.echo(f"{v.uri}{mark}\n    {v.text!r}")
 
 
 @main.command()

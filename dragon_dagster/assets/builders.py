@@ -38,6 +38,7 @@ from .metadata import as_metadata, length_stats, md_table
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 from .pool import POOL_TAGS, TRAINING_POOL
 from .promotion import register_merged_model
+from .prompts import register_dataset_prompt
 from .report import run_report_stage
 from .training import run_training_stage
 
@@ -144,7 +145,9 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
         description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {stage.source or stage.path} "
         f"({mapped}), split into train and held-out files.",
     )
-    def _dataset(context, config: launchpad_config(stage), store: ArtifactStore, **inputs) -> Output[str]:
+    def _dataset(
+        context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking, **inputs
+    ) -> Output[str]:
         settings = effective(stage, config)
         with named_failure(f"{pipeline.name}/{stage.name}"):
             inputs = local_inputs(store, inputs)
@@ -163,6 +166,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         lengths = [chat_tokens(tokenizer, r) for r in rows]
         quality = data_lib.quality(rows)
+        prompt_uri = register_dataset_prompt(pipeline, stage.name, getattr(settings, "system", None), tracking)
         with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)
             data_lib.write_jsonl(tmp / "eval.jsonl", held)
@@ -181,6 +185,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                     duplicates_dropped=duplicates,
                     **leakage,
                     group_by=settings.group_by or "the user prompt",
+                    system_prompt_uri=prompt_uri,
                     dagster_run_id=context.op_execution_context.run_id,
                 ),
             )
@@ -196,6 +201,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                 "tokens": MetadataValue.json(length_stats(lengths)),
                 "duplicate_share": quality["duplicate_share"],
                 **{f"dropped_{k}": v for k, v in dropped.items()},
+                **({"system_prompt": MetadataValue.text(prompt_uri)} if prompt_uri else {}),
             },
         )
 
@@ -444,12 +450,24 @@ def export_asset(pipeline: Pipeline, stage: Export, upstream: list[str] | None =
         + ".",
     )
     def _export(
-        context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource, **inputs
+        context,
+        config: launchpad_config(stage),
+        store: ArtifactStore,
+        training: TrainingResource,
+        tracking: MLflowTracking,
+        **inputs,
     ) -> Output[str]:
         inputs = local_inputs(store, inputs)
         with named_failure(f"{pipeline.name}/{stage.name}"):
             return run_export_stage(
-                context, pipeline, effective(stage, config), inputs["merged"], inputs.get("report"), store, training
+                context,
+                pipeline,
+                effective(stage, config),
+                inputs["merged"],
+                inputs.get("report"),
+                store,
+                training,
+                tracking,
             )
 
     return _export

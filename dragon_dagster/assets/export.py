@@ -17,20 +17,24 @@ from ..engine.stages.evaluate.checks import read_report
 from ..engine.stages.export.inputs import ExportInputs
 from ..engine.stages.export.settings import Export
 from .metadata import md_table
+from .prompts import live_system
 
 
-def default_system(pipeline: Pipeline, stage: Export) -> str | None:
-    """The stage's system prompt, else the fixed system prompt of the chat dataset the exported merge's first
-    training stage trained on (what the model learned to answer after), else none."""
-    return stage.system or pipeline.system_prompt(before=pipeline.upstream(stage.name)[0])
+def default_system(pipeline: Pipeline, stage: Export, tracking) -> tuple[str | None, str | None]:
+    """(system prompt, its prompts:/ URI): the stage's own (unregistered), else the live version of the
+    pipeline's system prompt in the Prompt Registry, else the fixed system prompt of the chat dataset the exported
+    merge's first training stage trained on (what the model learned to answer after), else none."""
+    if stage.system:
+        return stage.system, None
+    return live_system(pipeline, tracking, pipeline.system_prompt(before=pipeline.upstream(stage.name)[0]))
 
 
 def run_export_stage(
-    context, pipeline: Pipeline, stage: Export, merged: str, report: str | None, store, training
+    context, pipeline: Pipeline, stage: Export, merged: str, report: str | None, store, training, tracking
 ) -> Output[str]:
     """stage: the effective settings. merged, report: local artifact directories (report: None without one)."""
     evaluation = read_report(report).card_table() if report and (Path(report) / "report.json").exists() else None
-    system = default_system(pipeline, stage)
+    system, prompt_uri = default_system(pipeline, stage, tracking)
     with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
         job = catalog.kind_of(stage).job_model()(
             settings=stage,
@@ -58,6 +62,7 @@ def run_export_stage(
                 architecture=info.architecture,
                 files=files,
                 system=system,
+                system_prompt_uri=prompt_uri,
                 stop=info.stop,
                 ollama_create=command,
                 seconds=info.seconds,
@@ -79,6 +84,7 @@ def run_export_stage(
         "export_seconds": info.seconds,
         "architecture": info.architecture,
         "system_prompt": MetadataValue.text(system or "(none)"),
+        "system_prompt_version": MetadataValue.text(prompt_uri or "(not registered)"),
     }
     if info.tools:  # the card lists them; the Modelfile renders them when the chat template allows
         metadata["tools"] = MetadataValue.text(", ".join(t["name"] for t in info.tools))

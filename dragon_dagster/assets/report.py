@@ -18,6 +18,7 @@ from ..engine.stages.evaluate.result import ReportResult
 from ..engine.stages.evaluate.settings import Evaluate
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
+from .prompts import PROMPT_TAG, link_prompt, live_system, rows_with_system
 from .sweep_tags import sweep_tags_of
 
 
@@ -109,12 +110,18 @@ def run_report_stage(
                 liked_at=feedback["liked_at"],
                 objectives=feedback["objectives"],
             )
+        # the live version of the system prompt, as chat sends it (a copy of the rows when it is not the YAML's)
+        yaml_system = pipeline.system_prompt()
+        system, prompt_uri = live_system(pipeline, tracking, yaml_system)
+        eval_file, resystemed = rows_with_system(Path(dataset) / "eval.jsonl", yaml_system, system, tmp / "eval.jsonl")
+        if resystemed:
+            context.log.info(f"{resystemed} held-out row(s) evaluated with the live system prompt {prompt_uri}")
         job = catalog.kind_of(stage).job_model()(
             settings=stage,
             inputs=ReportInputs(
                 base_model=merged_manifest.resolved_model,
                 merged_model=merged_manifest.info.model_dir,
-                eval_file=str(Path(dataset) / "eval.jsonl"),
+                eval_file=str(eval_file),
                 train_file=str(Path(dataset) / "train.jsonl"),
                 chain=chain_of(merged_manifest),
                 first_stage_adapters=first_stage,
@@ -129,6 +136,7 @@ def run_report_stage(
             "asset_key": context.asset_key.to_user_string(),
             "dagster_run_id": context.op_execution_context.run_id,
             "base_model": pipeline.model,
+            **({PROMPT_TAG: prompt_uri} if prompt_uri else {}),
             **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         }
         common = {"parent": parent, "source": stage_source(context), "start_time": started}
@@ -159,6 +167,7 @@ def run_report_stage(
             **common,
         )
         tracking.log_metrics(report_run, report.run_metrics())
+        link_prompt(tracking, report_run, prompt_uri)
         tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
         tracking.end_run(report_run)
         log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent)
@@ -181,6 +190,7 @@ def run_report_stage(
         "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, report_run)),
         "mlflow_runs": MetadataValue.url(tracking.runs_url(pipeline.name)),
         "profile": context.run.tags.get(PROFILE_TAG) or "none",
+        **({"system_prompt_version": MetadataValue.text(prompt_uri)} if prompt_uri else {}),
         **image_markdown("stage_curves", final / "loss.png", "each stage's training curve"),
         **as_metadata(report.metadata()),
     }

@@ -60,6 +60,7 @@ from .launchpad import effective, launchpad_config
 from .metadata import md_table
 from .pool import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
 from .promotion import deployed_model, promote_merged, report_merged_dir
+from .prompts import PROMPT_TAG, live_system
 from .report import run_report_stage
 from .training import reward_model_inputs, run_training_stage
 
@@ -377,6 +378,8 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
             training,
             start_model=start,
             tags={
+                # the version chat sent when this retraining ran (each conversation holds the text it was sent)
+                PROMPT_TAG: live_system(pipeline, tracking, pipeline.system_prompt())[1],
                 "feedback_range": context.run.tags.get(RANGE_TAG),
                 "objective": objective,
                 "feedback_rows": rows,

@@ -19,6 +19,7 @@ from ..engine.train.stage import TrainerStage
 from ..resources.launchers.base import ENDED
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
+from .prompts import PROMPT_TAG, dataset_prompt_uri, link_prompt
 from .sweep_tags import sweep_tags_of
 
 ARTIFACTS_TO_MLFLOW = (
@@ -169,6 +170,9 @@ def run_training_stage(
         **(tags or {}),
     }
     tags.update({f"reward_file.{name}.sha256": digest for name, digest in reward_files(rewards).items()})
+    prompt_uri = dataset_prompt_uri(dataset)
+    if prompt_uri:
+        tags[PROMPT_TAG] = prompt_uri
     # what killed runs left: staging dirs, checkpoints no resume would pick, Pipes folders
     store.clean_leftovers(run_is_live(context.instance), log=context.log.warning)
     for dead in close_dead_runs(tracking, context.instance, pipeline.name, stage.name):
@@ -196,6 +200,7 @@ def run_training_stage(
         source=stage_source(context),
     )
     context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
+    link_prompt(tracking, run_id, tags.get(PROMPT_TAG))  # the dataset's, or the live one a retraining names
     status = "FAILED"
     try:
         tracking.log_datasets(

@@ -65,6 +65,7 @@ class DatasetManifest(ArtifactManifest):
     prompt_overlap: float = 0.0
     answer_overlap: float = 0.0
     group_by: str | None = None
+    system_prompt_uri: str | None = None  # the pipeline's system prompt in the Prompt Registry, if this is its dataset
 
 
 class DataResult(StageResult):
@@ -172,6 +173,7 @@ class ExportManifest(ArtifactManifest):
     architecture: str
     files: list[ExportedFile]
     system: str | None = None
+    system_prompt_uri: str | None = None  # the registered version `system` is (prompts:/<pipeline>-system/N)
     stop: list[str] = Field(default_factory=list)
     ollama_create: str | None = None
     seconds: float

@@ -278,6 +278,12 @@ class Pipeline(Settings):
         """The fixed system prompt of the chat dataset the first training stage (before stage `before`, default
         anywhere) trained on: what the model learned to answer after, so chat and feedback should send it too.
         None when that dataset has none, or fills it per row from a template such as '{persona}'."""
+        name = self.system_prompt_dataset(before)
+        return getattr(self.stage(name), "system", None) if name else None
+
+    def system_prompt_dataset(self, before: str | None = None) -> str | None:
+        """The chat dataset whose fixed `system:` is the pipeline's system prompt (see system_prompt), or None. Its
+        build registers that text in MLflow's Prompt Registry (engine/release/prompt_registry.py)."""
         names = [st.name for st in self.stages]
         stages = self.stages[: names.index(before)] if before else self.stages
         training = [st for st in stages if self.role_of(st) == "training" and st.in_chain]
@@ -285,7 +291,7 @@ class Pipeline(Settings):
             return None
         dataset = self.stage(training[0].dataset)
         system = getattr(dataset, "system", None) if getattr(dataset, "makes", None) == "chat" else None
-        return system if system and not TEMPLATED.search(system) else None
+        return dataset.name if system and not TEMPLATED.search(system) else None
 
     def upstream(self, name: str) -> list[str]:
         """Asset names the stage reads, in the order its asset takes them."""
