@@ -127,12 +127,16 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
     from .resources.tracking import MLflowTracking
 
     console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")
-    console.print(
-        f"Compare the runs in MLflow (each pipeline run, its stages nested under it): "
-        f"{MLflowTracking().runs_url(found.name)}",
-        soft_wrap=True,
-        markup=False,
-    )
+    tracking = MLflowTracking()
+    evaluates = any(found.role_of(s) == "evaluate" for s in found.stages)
+    for what, url in (
+        ("Compare the runs (each pipeline run, its stages nested under it)", tracking.runs_url(found.name)),
+        ("Base and merged side by side, row by row", evaluates and tracking.ui_page(found.name, "evaluation-runs")),
+        ("The system prompt's versions and which is live", found.system_prompt() and tracking.prompt_url(found.name)),
+        ("Every chat turn (`dragon chat`) as a trace, ratings on it", tracking.ui_page(found.name, "traces")),
+    ):
+        if url:
+            console.print(f"{what} in MLflow: {url}", soft_wrap=True, markup=False)
     if not outcome["success"]:
         raise SystemExit(1)
 

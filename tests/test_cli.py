@@ -205,6 +205,8 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     )
     assert "profile none" in demo.stdout and "plain/sft_dataset" in demo.stdout
     assert "models:/plain@champion: none yet" in demo.stdout  # no merge in this pipeline: nothing registered
+    assert "/#/experiments/" in demo.stdout and "/traces" in demo.stdout  # where chat turns will show
+    assert "evaluation-runs" not in demo.stdout and "/#/prompts/" not in demo.stdout  # it evaluates nothing, has none
     assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))
     missing = subprocess.run(
         [str(BIN / "dragon"), "demo", "--pipeline", "nope"],

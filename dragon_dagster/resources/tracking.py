@@ -324,6 +324,17 @@ class MLflowTracking(ConfigurableResource):
         view = "&compareRunsMode=CHART" if charts else ""
         return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs?{TRAINING_VIEW}{view}"
 
+    def ui_page(self, pipeline: str, page: str) -> str:
+        """One of the experiment's pages in the MLflow UI: traces (every chat turn), chat-sessions (the turns by
+        conversation), evaluation-runs (base and merged row by row), prompts."""
+        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/{page}"
+
+    def prompt_url(self, pipeline: str) -> str:
+        """The pipeline's system prompt in the Prompt Registry: its versions, their diff, the live alias."""
+        from ..engine.release.prompt_registry import prompt_name
+
+        return f"{self.ui_url.rstrip('/')}/#/prompts/{prompt_name(pipeline)}"
+
     # --- the model registry: which model is live (engine/model_registry.py) ---
 
     def register_model(
