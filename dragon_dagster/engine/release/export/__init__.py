@@ -20,8 +20,8 @@ back with transformers' GGUF loader and records how often its greedy replies are
 
 Modules, one job each: gguf_file.py (weights and model metadata), vocab.py (tokenizer metadata),
 chat_template.py (a Jinja chat template as per-role segments), tool_template.py (its tool parts, when it renders
-tools as fixed text), ollama.py (Modelfile, `ollama create`),
-verify.py (each file reloaded against the model), model.py (the export itself), errors.py (ExportError); the cards are ../card.py, the `export` stage kind's
+tools as fixed text), ollama.py (Modelfile, `ollama create`), verify.py (each file reloaded against the model),
+model.py (the export itself), errors.py (ExportError); the cards are ../card.py, the `export` stage kind's
 worker is stages/export/.
 """
 
