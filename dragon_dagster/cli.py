@@ -548,6 +548,24 @@ def serve(target: str, host: str, port: int, device: str):
     raise SystemExit(subprocess.call(command))
 
 
+class GGUFFormat(click.Choice):
+    """A choice of the export's GGUF formats (gguf_file.FORMATS), read when the option is parsed or shown:
+    importing the export when the CLI starts would add about a second to every command."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self):
+        from .engine.release.export.gguf_file import FORMATS
+
+        return FORMATS
+
+    @choices.setter
+    def choices(self, value) -> None:  # click.Choice.__init__ sets it; the choices are always FORMATS
+        pass
+
+
 @main.command()
 @click.argument("target")
 @click.option("--ollama", is_flag=True, help="Print the `ollama create` line for the Modelfile.")
@@ -561,8 +579,9 @@ def serve(target: str, host: str, port: int, device: str):
     "--format",
     "formats",
     multiple=True,
-    type=click.Choice(["f16", "q8_0"]),
-    help="GGUF format(s) to write for a model (default: f16 and q8_0).",
+    type=GGUFFormat(),
+    help="GGUF format(s) to write for a model, each loaded back and its replies compared with the model's "
+    "(default: f16 and q8_0).",
 )
 @click.option("--system", default=None, help="The Modelfile's system prompt, for a model.")
 @click.option("--name", default=None, help="Model and file name, for a model (default: its pipeline).")
@@ -591,10 +610,17 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
         out_dir = (
             Path(out) if out else runs_dir() / "exports" / f"{name or source.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         )
-        info = export_model(source, out_dir, formats=formats or ("f16", "q8_0"), system=system, name=name)
+        formats = {"formats": formats} if formats else {}  # none given: the export's DEFAULT_FORMATS
+        info = export_model(source, out_dir, system=system, name=name, **formats)
         files, command, export_dir = info["files"], info["ollama_create"], Path(info["export_dir"])
     for f in files:
-        console.print(f"{f['format']:>5}  {f['size_mb']:>8.1f} MB  {f['path']}", soft_wrap=True, markup=False)
+        a = f.get("agreement")  # the file loaded back against the model (None: exported before verification)
+        agreement = (
+            f"{a['token_agreement']:>6.1%} tokens, {a['identical_replies']}/{a['prompts']} replies same" if a else ""
+        )
+        console.print(
+            f"{f['format']:>5}  {f['size_mb']:>8.1f} MB  {agreement}  {f['path']}", soft_wrap=True, markup=False
+        )
     console.print(f"model card: {export_dir / 'README.md'}", soft_wrap=True, markup=False)
     if ollama:
         if not command:

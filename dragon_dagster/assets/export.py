@@ -74,12 +74,24 @@ def run_export_stage(
         "artifact_dir": MetadataValue.path(str(final)),
         "export_dir": MetadataValue.path(str(export_dir)),
         "files": md_table(
-            [f.model_dump(include={"file", "format", "size_mb", "sha256"}) for f in files],
-            ["file", "format", "size_mb", "sha256"],
+            [
+                {
+                    **f.model_dump(include={"file", "format", "size_mb", "sha256"}),
+                    "identical_replies": f"{f.agreement.identical_replies}/{f.agreement.prompts}"
+                    if f.agreement
+                    else "-",
+                    "token_agreement": f.agreement.token_agreement if f.agreement else "-",
+                }
+                for f in files
+            ],
+            ["file", "format", "size_mb", "identical_replies", "token_agreement", "sha256"],
         ),
         **{f"{f.format}_path": MetadataValue.path(f.path) for f in files},
         **{f"{f.format}_size_mb": f.size_mb for f in files},
         **{f"{f.format}_sha256": MetadataValue.text(f.sha256) for f in files},
+        # each file loaded back against the merged model (release/export/verify.py); the check judges them
+        **{f"{f.format}_token_agreement": f.agreement.token_agreement for f in files if f.agreement},
+        **{f"{f.format}_reply_agreement": f.agreement.reply_agreement for f in files if f.agreement},
         "model_card": MetadataValue.path(str(export_dir / "README.md")),
         "export_seconds": info.seconds,
         "architecture": info.architecture,

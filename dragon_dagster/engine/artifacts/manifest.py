@@ -152,6 +152,18 @@ class ReportManifest(ArtifactManifest):
     base_mlflow_run_id: str | None = None
 
 
+class ReplyAgreement(BaseModel):
+    """How a GGUF file loaded back replies against the model it was made from (release/export/verify.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompts: int
+    identical_replies: int
+    reply_agreement: float  # share of the prompts whose whole greedy reply is the model's
+    tokens: int
+    token_agreement: float  # share of the model's reply tokens the file picks too (teacher-forced)
+
+
 class ExportedFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -162,6 +174,7 @@ class ExportedFile(BaseModel):
     size_mb: float
     sha256: str
     seconds: float
+    agreement: ReplyAgreement | None = None  # None: not verified (exports written before verification)
 
 
 class ExportManifest(ArtifactManifest):

@@ -214,6 +214,14 @@ def tools_section(tools: list[dict] | None, modelfile_tools: bool | str | None) 
     return lines
 
 
+def agreement_cells(agreement) -> str:
+    """Two table cells: identical replies (n/N) and token agreement (%), or "not verified"."""
+    if not agreement:
+        return "not verified | not verified"
+    a = agreement if isinstance(agreement, dict) else agreement.model_dump()
+    return f"{a['identical_replies']}/{a['prompts']} | {a['token_agreement']:.1%}"
+
+
 def export_card(
     facts: dict,
     title: str,
@@ -224,11 +232,18 @@ def export_card(
     tools: list[dict] | None = None,
     modelfile_tools: bool | str | None = None,
 ) -> str:
-    """files: [{"file", "format", "size_mb", "sha256"}]. tools, modelfile_tools: see tools_section."""
+    """files: [{"file", "format", "size_mb", "sha256", "agreement"}] (agreement: verify.py's figures, or None).
+    tools, modelfile_tools: see tools_section."""
+    # norms and biases stay 32-bit in every format; below 8 bits the output matrix is 8-bit (gguf_file.tensor_type)
     quant = {
-        "f16": "16-bit floats (norms and biases 32-bit): the merged weights, rounded",
-        "q8_0": "8-bit blocks of 32 weights with a 16-bit scale (norms and biases 32-bit): about half the size, "
-        "replies nearly always the same",
+        "f16": "16-bit floats: the merged weights, rounded",
+        "bf16": "bfloat16: the merged weights with float32's range and fewer digits, as most models are trained",
+        "q8_0": "8-bit blocks of 32 weights with a 16-bit scale: about half the size of f16",
+        "q5_1": "5-bit blocks of 32 weights with a scale and an offset (the output matrix 8-bit)",
+        "q5_0": "5-bit blocks of 32 weights with a scale (the output matrix 8-bit)",
+        "q4_1": "4-bit blocks of 32 weights with a scale and an offset (the output matrix 8-bit)",
+        "q4_0": "4-bit blocks of 32 weights with a scale (the output matrix 8-bit): the smallest, the furthest from "
+        "the model's replies",
     }
     lines = [
         front_matter(facts, ["dragon-dagster", "gguf", "lora", "ollama"]),
@@ -238,11 +253,21 @@ def export_card(
         "",
         "## Files",
         "",
-        "| file | format | size (MB) | sha256 |",
-        "|---|---|---|---|",
+        "| file | format | size (MB) | same greedy replies | same reply tokens | sha256 |",
+        "|---|---|---|---|---|---|",
     ]
-    lines += [f"| {f['file']} | {f['format']} | {f['size_mb']} | `{f['sha256']}` |" for f in files]
+    lines += [
+        f"| {f['file']} | {f['format']} | {f['size_mb']} | {agreement_cells(f.get('agreement'))} | `{f['sha256']}` |"
+        for f in files
+    ]
     lines += [""] + [f"- {f['format']}: {quant[f['format']]}" for f in files] + [""]
+    if any(f.get("agreement") for f in files):
+        lines += [
+            "Each file was loaded back with transformers and asked the export's fixed prompts greedily: the share "
+            "of whole replies identical to the merged model's, and of its reply tokens the file picks too "
+            "(fed the model's reply so far).",
+            "",
+        ]
     lines += ["## Run it", ""]
     if ollama_name:
         lines += [

@@ -116,11 +116,11 @@ def test_export_of_a_model_with_the_fallback_template(tiny_model, fallback, tmp_
     shutil.copytree(tiny_model, model)
     fallback.save_pretrained(model)
     tools = [{"name": "order_status", "description": "Look up the status of a customer's order."}]
-    info = export_model(model, tmp_path / "out", formats=["q8_0"], name="orders", tools=tools)
+    info = export_model(model, tmp_path / "out", formats=["q8_0"], name="orders", tools=tools, verify=False)
     assert info["modelfile_tools"] is True and info["modelfile_tools_note"] is None and info["tools"] == tools
     assert "{{ range $j, $_ := .ToolCalls }}" in Path(info["modelfile"]).read_text()
     assert "- `order_status`: Look up the status" in Path(info["card"]).read_text()
-    plain = export_model(tiny_model, tmp_path / "plain", formats=["q8_0"], name="plain")
+    plain = export_model(tiny_model, tmp_path / "plain", formats=["q8_0"], name="plain", verify=False)
     assert plain["modelfile_tools"] is False and ".Tools" not in Path(plain["modelfile"]).read_text()
 
 

@@ -1,4 +1,5 @@
-"""Release a merged model: GGUF files (f16, q8_0) with the tokenizer and chat template inside, an Ollama
+"""Release a merged model: GGUF files (f16 and q8_0 by default; bf16 and 5- and 4-bit ones on request) with the
+tokenizer and chat template inside, each loaded back and its replies compared with the model's, an Ollama
 Modelfile beside them, and a model card. No Dagster here; usable from a notebook or the CLI:
 
     from dragon_dagster.engine.release.export import export_model, ollama
@@ -14,12 +15,12 @@ package the converter writes with, maintained in llama.cpp's tree) is a pure-Pyt
 on through transformers' GGUF loader. The cost is doing the converter's per-architecture work ourselves, for
 the architectures our presets use: llama (SmolLM2, Llama 3.2; the q/k weights permuted for llama.cpp's rope)
 and qwen2 (Qwen2.5; q/k/v biases, no permutation). The metadata keys mirror what the converter writes
-(checked against the embedded SmolLM2 GGUF, which llama.cpp's converter made), and the tests load every file
-back with transformers' GGUF loader and compare the replies with the merged model's.
+(checked against the embedded SmolLM2 GGUF, which llama.cpp's converter made), and the export loads every file
+back with transformers' GGUF loader and records how often its greedy replies are the merged model's.
 
 Modules, one job each: gguf_file.py (weights and model metadata), vocab.py (tokenizer metadata),
 chat_template.py (a Jinja chat template as per-role segments), tool_template.py (its tool parts, when it renders
-tools as fixed text), ollama.py (Modelfile, `ollama create`),
+tools as fixed text), ollama.py (Modelfile, `ollama create`), verify.py (each file reloaded against the model),
 model.py (the export itself), errors.py (ExportError); the cards are ../card.py, the `export` stage kind's
 worker is stages/export/.
 """

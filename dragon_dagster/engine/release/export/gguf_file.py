@@ -1,13 +1,13 @@
-"""One GGUF file from a transformers model directory: the weights under llama.cpp's tensor names, in f16 or
-q8_0, with the model metadata llama.cpp's converter writes for the architecture (vocab.py adds the tokenizer).
+"""One GGUF file from a transformers model directory: the weights under llama.cpp's tensor names, in one of
+FORMATS, with the model metadata llama.cpp's converter writes for the architecture (vocab.py adds the tokenizer).
 
 What the converter does per architecture, and we do the same:
 - llama: q_proj and k_proj rows are permuted (llama.cpp applies rope to interleaved pairs, transformers to
   halves); transformers' GGUF loader permutes them back. `rope.dimension_count` and `vocab_size` are written.
 - qwen2: q/k/v carry biases; no permutation.
 - tied input and output embeddings (SmolLM2, small Qwen2.5): no `output.weight`, llama.cpp reuses token_embd.
-Tensor types follow the converter's `--outtype`: 1-D tensors (norms, biases) stay F32; 2-D ones become F16, or
-Q8_0 when their rows split into 32-value blocks (else F16).
+Tensor types follow llama.cpp (tensor_type below): 1-D tensors (norms, biases) stay F32; 2-D ones take the
+format's type, or F16 when their rows do not split into its blocks; below 8 bits the output matrix is Q8_0.
 """
 
 from __future__ import annotations
@@ -20,7 +20,19 @@ import numpy as np
 
 from .errors import ExportError
 
-FORMATS = ("f16", "q8_0")
+# The formats this export writes, largest first: every type the `gguf` package quantizes in Python (gguf.quants:
+# a quantize_blocks of its own) that llama.cpp runs as a whole-model file type, each named as llama.cpp's
+# --outtype / llama-quantize name it. transformers' GGUF loader reads them all back (it dequantizes with the same
+# package), which the export's verification needs. The `export` kind's `formats` and `dragon export --format`
+# take their choices from here.
+FORMATS = ("f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
+DEFAULT_FORMATS = ("f16", "q8_0")  # the rest are smaller and reply less like the model: asked for by name
+# What the package also quantizes and we do not write, and why (a test holds FORMATS and this to the package).
+NOT_OFFERED = {
+    "tq1_0": "ternary weights (-1, 0, 1): only for models trained ternary (BitNet); any other model loses its weights",
+    "tq2_0": "ternary weights (-1, 0, 1): only for models trained ternary (BitNet); any other model loses its weights",
+    "mxfp4": "llama.cpp writes it for mixture-of-experts expert tensors only (MOSTLY_MXFP4_MOE), not a dense model",
+}
 
 
 @dataclass(frozen=True)
@@ -128,17 +140,44 @@ def gguf_tensors(config: dict, weights: dict[str, np.ndarray]) -> dict[str, np.n
     return out
 
 
-def tensor_payload(data: np.ndarray, fmt: str):
-    """(array, raw_dtype) for GGUFWriter.add_tensor, as the converter's --outtype would store the tensor."""
+def quant_type(fmt: str):
+    """The gguf.GGMLQuantizationType of a format name (they share llama.cpp's names)."""
+    import gguf
+
+    return gguf.GGMLQuantizationType[fmt.upper()]
+
+
+def tensor_type(name: str, data: np.ndarray, fmt: str, tied: bool):
+    """The type a tensor is stored in, as llama.cpp would store it in a file of this format:
+    - 1-D tensors (norms, biases) stay F32, as the converter keeps them: they are tiny and quantizing them
+      costs accuracy for nothing;
+    - a matrix whose rows do not split into the type's blocks (32 values for q*_0/q*_1) falls back to F16, as
+      the converter does when gguf raises QuantError;
+    - below 8 bits the output matrix (output.weight, or token_embd when the output reuses it) is Q8_0:
+      llama-quantize keeps it at Q6_K (Q8_0 when its rows are not a multiple of 256, as SmolLM2's 576 are),
+      since every reply token comes out of it; the gguf package cannot write Q6_K, so Q8_0 is its nearest."""
     import gguf
 
     if data.ndim <= 1:
+        return gguf.GGMLQuantizationType.F32
+    qtype = quant_type(fmt)
+    bits = gguf.GGML_QUANT_SIZES[qtype][1] * 8 / gguf.GGML_QUANT_SIZES[qtype][0]
+    if bits < 8 and (name == "output.weight" or (tied and name == "token_embd.weight")):
+        qtype = gguf.GGMLQuantizationType.Q8_0
+    if data.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] != 0:
+        return gguf.GGMLQuantizationType.F16
+    return qtype
+
+
+def tensor_payload(data: np.ndarray, qtype):
+    """(array, raw_dtype) for GGUFWriter.add_tensor: F32 and F16 as numpy floats, the rest as quantized bytes."""
+    import gguf
+
+    if qtype == gguf.GGMLQuantizationType.F32:
         return data.astype(np.float32), None
-    if fmt == "q8_0" and data.shape[-1] % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.Q8_0][0] == 0:
-        return gguf.quants.quantize(
-            data.astype(np.float32), gguf.GGMLQuantizationType.Q8_0
-        ), gguf.GGMLQuantizationType.Q8_0
-    return data.astype(np.float16), None
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return data.astype(np.float16), None
+    return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
 
 
 def add_model_metadata(
@@ -173,8 +212,7 @@ def add_model_metadata(
     if arch.writes_vocab_size:
         writer.add_vocab_size(n_vocab)
         writer.add_rope_dimension_count(head_dim)
-    file_type = {"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[fmt]
-    writer.add_file_type(file_type)
+    writer.add_file_type(gguf.LlamaFileType[f"MOSTLY_{fmt.upper()}"])
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
 
 
@@ -198,8 +236,9 @@ def write_gguf(model_dir: str | Path, path: str | Path, fmt: str, general: dict)
     writer = gguf.GGUFWriter(str(path), arch.gguf_arch)
     n_vocab = add_tokenizer(writer, model_dir, config["vocab_size"])
     add_model_metadata(writer, config, arch, fmt, n_vocab, n_params, general)
+    tied = config.get("tie_word_embeddings", False)
     for name, data in tensors.items():
-        array, raw_dtype = tensor_payload(data, fmt)
+        array, raw_dtype = tensor_payload(data, tensor_type(name, data, fmt, tied))
         writer.add_tensor(name, array, raw_dtype=raw_dtype)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -16,7 +16,7 @@ from ...config.reporter import Reporter
 from .. import card
 from . import chat_template, ollama, tool_template
 from .errors import ExportError
-from .gguf_file import FORMATS, architecture_of, read_config, write_gguf
+from .gguf_file import DEFAULT_FORMATS, FORMATS, architecture_of, read_config, write_gguf
 
 EXPORT_SUBDIR = "gguf"  # in an export stage's artifact, beside its manifest and job file
 
@@ -55,13 +55,14 @@ def slug(name: str) -> str:
 def export_model(
     model_dir: str | Path,
     out_dir: str | Path,
-    formats: tuple[str, ...] | list[str] = FORMATS,
+    formats: tuple[str, ...] | list[str] = DEFAULT_FORMATS,
     system: str | None = None,
     name: str | None = None,
     ollama_files: bool = True,
     evaluation: str | None = None,
     reporter: Reporter | None = None,
     tools: list[dict] | None = None,
+    verify: bool = True,
 ) -> dict:
     """Write <name>-<format>.gguf for each format, a Modelfile (ollama_files) and README.md into out_dir.
 
@@ -70,9 +71,10 @@ def export_model(
     Ollama model name (default: the pipeline of the artifact, or the directory's name). evaluation: a markdown
     table for the card (the evaluate kind's ReportResult.card_table()). tools: the tools the model was trained
     with, [{"name", "description"}], for the card; the Modelfile renders tools whenever the chat template does
-    in a form it can say (tool_template.py), and the card says whether it does.
+    in a form it can say (tool_template.py), and the card says whether it does. verify: load each file back
+    and record how often its greedy replies are the model's (verify.py; its "agreement", else None).
     Returns {"export_dir", "name", "architecture", "files": [{"file", "format", "path", "size_bytes",
-    "size_mb", "sha256", "seconds"}], "modelfile", "ollama_create", "stop", "system", "tools",
+    "size_mb", "sha256", "seconds", "agreement"}], "modelfile", "ollama_create", "stop", "system", "tools",
     "modelfile_tools", "modelfile_tools_note", "card", "seconds"}.
     """
     started = time.perf_counter()
@@ -100,6 +102,11 @@ def export_model(
         "base_model": facts.get("base_model"),
         "base_model_repo": facts.get("base_model_id"),
     }
+    verifier = None
+    if verify:
+        from .verify import Verifier
+
+        verifier = Verifier(weights_dir)  # the model's own replies, once for all the files
     files = []
     for fmt in formats:
         t0 = time.perf_counter()
@@ -115,10 +122,18 @@ def export_model(
                 "size_mb": round(size / 1e6, 1),
                 "sha256": sha256(path),
                 "seconds": round(time.perf_counter() - t0, 2),
+                "agreement": None,
             }
         )
         if reporter:
             reporter.log(f"wrote {path.name}: {size / 1e6:.1f} MB in {files[-1]['seconds']} s")
+        if verifier is not None:
+            agreement = files[-1]["agreement"] = verifier.agreement(path)
+            if reporter:
+                reporter.log(
+                    f"{path.name} reloaded: {agreement['identical_replies']}/{agreement['prompts']} greedy replies "
+                    f"identical to the model's, {agreement['token_agreement']:.1%} of its reply tokens the same"
+                )
     modelfile = command = None
     if ollama_files:
         # q8_0 when there is one: half the size of f16, and the same replies nearly always
