@@ -562,7 +562,7 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
 
 
 def skill_figures(skills: dict | None) -> dict:
-    """The gate's metadata on general skills: each task's score, starting against retrained, and which fell."""
+    """The gate's metadata on general skills: each task's score, starting against retrained."""
     if not skills:
         return {}
     out = {}

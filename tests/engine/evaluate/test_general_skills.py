@@ -68,15 +68,15 @@ def test_the_gate_names_each_task_that_fell_beyond_its_tolerance():
     base = {n: {"metric": "acc", "score": 0.5, "items": 16} for n in ("skills_copy", "skills_order")}
     merged = {
         "skills_copy": {"metric": "acc", "score": 0.125, "items": 16},
-        "skills_order": {"metric": "acc", "score": 0.4375, "items": 16},  # fell 0.0625: beyond 0.05
+        "skills_order": {"metric": "acc", "score": 0.4375, "items": 16},  # fell 0.0625: within the default 0.1
     }
     changes = skill_changes(base, merged)
     assert [c["task"] for c in changes] == ["skills_copy", "skills_order"]
     assert changes[0]["change"] == -0.375
     skills = {"changes": changes}
-    assert skill_falls(skills, Gate().skills_tolerance) == {
+    assert Gate().skills_tolerance == 0.1 and list(skill_falls(skills, Gate().skills_tolerance)) == ["skills_copy"]
+    assert skill_falls(skills, 0.05) == {
         "skills_copy": "general skill skills_copy fell 0.50 -> 0.12 (acc), beyond skills_tolerance 0.05",
         "skills_order": "general skill skills_order fell 0.50 -> 0.44 (acc), beyond skills_tolerance 0.05",
     }
-    assert list(skill_falls(skills, 0.1)) == ["skills_copy"]
     assert skill_falls(skills, 0.5) == {} and skill_falls(None, 0.0) == {}
