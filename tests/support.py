@@ -90,7 +90,7 @@ def write_pipeline(
           sft: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           dpo: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
           kto: {{args: {args}, n_samples: 1, max_new_tokens: 4}}
-          evaluate: {{max_new_tokens: 4, n_samples: 1}}
+          evaluate: {{max_new_tokens: 4, n_samples: 1, skills: []}}  # the general-skills guard: its own tests
           gate: {{taste: [{{type: custom, file: taste.py, name: short}}]}}  # liked_share reported; reward decides
         """)
         )

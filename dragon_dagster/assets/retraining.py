@@ -49,7 +49,7 @@ from ..engine.data.feedback_rows import (
 )
 from ..engine.data.feedback_store import FeedbackStore
 from ..engine.pipeline import Pipeline
-from ..engine.pipeline.retraining import TASK_TOLERANCE, FeedbackEvaluate, Gate
+from ..engine.pipeline.retraining import TASK_TOLERANCE, FeedbackEvaluate, Gate, skill_falls
 from ..engine.rewards import RewardError, RewardSet
 from ..engine.stages.evaluate.checks import read_report
 from ..engine.stages.merge.settings import Merge
@@ -505,7 +505,8 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
             if gate.min_gain is not None
             else "The retrained model is not worse than the model it started from"
         )
-        + " and not worse on the pipeline's held-out task loss and metrics, and that model is "
+        + " and not worse on the pipeline's held-out task loss and metrics, has lost no more than "
+        f"{gate.skills_tolerance:g} on a general-skill task (feedback.evaluate.skills), and that model is "
         "still the champion; passing makes it the champion in the MLflow Model Registry (the "
         "model chat and the next retraining use).",
     )
@@ -521,10 +522,17 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
         if started_from and Path(started_from) != live:
             # compared with a model that is no longer live (a rollback or a new pipeline model meanwhile)
             worse.append(f"champion moved during the retraining (started from {started_from}, now {live})")
-        problems = [
-            f"{name} worse than the starting model beyond its task_tolerance" if name in gate.task_tolerance else name
-            for name in worse
-        ] + short
+        fell = skill_falls(report.skills, gate.skills_tolerance)
+        problems = (
+            [
+                f"{name} worse than the starting model beyond its task_tolerance"
+                if name in gate.task_tolerance
+                else name
+                for name in worse
+            ]
+            + list(fell.values())
+            + short
+        )
         promoted = {}
         if not problems:
             promoted = promote_merged(
@@ -539,6 +547,7 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
                     or "promoted: "
                     + (f"{gate.metric} gain above {gate.min_gain}" if gate.min_gain is not None else "not worse")
                     + " and no task regression"
+                    + (" nor general-skill loss" if report.skills else "")
                 ),
                 "regressions": ", ".join(worse) or "none",
                 **deciding,
@@ -546,11 +555,24 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
                 "retrained_eval_loss": report.merged["eval_loss"],
                 **{f"start/{k}": v for k, v in report.base.get("metrics", {}).items()},
                 **{f"retrained/{k}": v for k, v in report.merged.get("metrics", {}).items()},
+                **skill_figures(report.skills),
+                **({"skills_fell": ", ".join(fell) or "none"} if report.skills else {}),
                 **promoted,
             },
         )
 
     return _gate
+
+
+def skill_figures(skills: dict | None) -> dict:
+    """The gate's metadata on general skills: each task's score, starting against retrained."""
+    if not skills:
+        return {}
+    out = {}
+    for c in skills["changes"]:
+        out[f"start/skills/{c['task']}"] = c["base"]
+        out[f"retrained/skills/{c['task']}"] = c["merged"]
+    return out
 
 
 def gain_decision(feedback: dict | None, gate: Gate) -> tuple[list[str], dict]:

@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from ..config.settings import Settings
 from ..config.training import TrainArgs
+from ..evaluate.general_skills import local_tasks
 from ..rewards import REWARD_TYPES, RewardSpec, known_types
 from ..stages.dpo.settings import DPO
 from ..stages.evaluate.settings import Evaluate
@@ -173,6 +174,18 @@ class FeedbackEvaluate(Evaluate):
         "", description="Held-out rows to compare on; default: the pipeline's first dataset of chat rows."
     )
     n_judge: int = Field(0, ge=0, description="Held-out prompts judged pairwise (0: none).")
+    skills: list[str] = Field(
+        default_factory=local_tasks,
+        description="General-skill tasks (lm-evaluation-harness) run on the starting and the retrained model; the "
+        "promotion gate refuses a retraining that loses more than gate.skills_tolerance on one. Default: the "
+        "bundled suite (local data, no hub); any lm-eval task name where its data is reachable; empty: none.",
+    )
+    skills_limit: int | None = Field(
+        None,
+        gt=0,
+        description="At most this many items of each skills task (null: all of them; the bundled tasks have 32 "
+        "each, so one item is 0.03 of a score).",
+    )
 
 
 # the most a task metric may fall (eval_loss: rise) before the gate calls the retrained model worse
@@ -213,6 +226,15 @@ class Gate(Settings):
     held_out_frac: float = Field(
         0.2, ge=0, lt=1, description="Share of feedback conversations held out of training, to measure the gain on."
     )
+    # 0.1 is three items of a bundled task's 32: one or two flip between a model and a lightly retrained one on
+    # tasks a small model half knows, which is not forgetting
+    skills_tolerance: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="How far the retrained model's score on a general-skill task (feedback.evaluate.skills) may "
+        "fall below the starting model's before the gate refuses it, naming the task.",
+    )
 
     _known_taste_types = known_types("taste", "gate.taste")
 
@@ -243,6 +265,17 @@ class Gate(Settings):
                 "out, or set min_gain: null"
             )
         return self
+
+
+def skill_falls(skills: dict | None, tolerance: float) -> dict[str, str]:
+    """The general-skill tasks a retraining lost more than `tolerance` on: {task: why, with its figures}; {} when
+    the report ran none."""
+    return {
+        c["task"]: f"general skill {c['task']} fell {c['base']:.2f} -> {c['merged']:.2f} ({c['metric']}), beyond "
+        f"skills_tolerance {tolerance:g}"
+        for c in (skills or {}).get("changes", [])
+        if c["change"] < -tolerance - 1e-9  # a float's last bit is not a fall
+    }
 
 
 def _task_metric_names() -> set[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .skills import markdown as skills_markdown
+
 
 def _fmt(value) -> str:
     return f"{value:.4f}" if isinstance(value, float) else str(value)
@@ -68,6 +70,7 @@ def markdown(report: dict) -> str:
         lines += _feedback_markdown(report)
     if report.get("tool_use"):
         lines += tool_markdown(report)
+    lines += skills_markdown(report)
     if report.get("judge"):
         lines += [
             "## Pairwise judge (merged model as A, each prompt judged in both orders)",

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field
 from ...config.results import Markdown, StageResult, finite
 from ...evaluate.replies import eval_metrics
 from ...release.card import cell
+from . import skills
 from .markdown import tool_markdown
 
 
@@ -35,6 +36,7 @@ class ReportResult(StageResult):
     feedback: dict[str, Any] | None = None  # a retraining: the figures on held-out feedback
     objectives: list[dict[str, Any]] = Field(default_factory=list)
     tool_use: dict[str, Any] | None = None  # the tools, the paired test, samples (figures: base/merged["tools"])
+    skills: dict[str, Any] | None = None  # general skills, base against merged (skills.py)
 
     def card_table(self) -> str:
         """The base-against-merged table a model card shows."""
@@ -57,7 +59,7 @@ class ReportResult(StageResult):
 
     def base_metrics(self) -> dict[str, float]:
         """What the `base` MLflow run logs: the base model's held-out figures."""
-        return eval_metrics(self.base)
+        return {**eval_metrics(self.base), **skills.run_metrics(self.skills, "base")}
 
     def run_metrics(self) -> dict[str, float]:
         """What the report's MLflow run logs: the merged model's figures, the judge's win rates, a retraining's
@@ -70,7 +72,13 @@ class ReportResult(StageResult):
             }
         )
         stage_nll = finite({f"stage_nll/{s['stage']}": s["eval_loss"] for s in self.stage_nll if s.get("stage")})
-        return {**eval_metrics(self.merged), **judged, **self.feedback_metrics(), **stage_nll}
+        return {
+            **eval_metrics(self.merged),
+            **judged,
+            **self.feedback_metrics(),
+            **stage_nll,
+            **skills.run_metrics(self.skills, "merged"),
+        }
 
     def held_out_figures(self) -> list[dict[str, Any]]:
         """Every model's figures on the report's held-out rows under one set of names, in the order the chain
@@ -113,6 +121,8 @@ class ReportResult(StageResult):
         out.update(self.feedback_metrics())
         if self.tool_use:
             out["tool_use"] = Markdown("\n".join(tool_markdown(self.model_dump())))
+        if self.skills:
+            out["skills"] = Markdown("\n".join(skills.markdown(self.model_dump())))
         if self.objectives:
             out["objectives"] = [
                 {k: o.get(k) for k in ("objective", "ran", "rows", "unit", "records", "skipped")}

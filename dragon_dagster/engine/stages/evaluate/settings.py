@@ -8,6 +8,7 @@ from pydantic import Field
 
 from ...config.settings import Backend
 from ...config.stage import METRICS_DOC, MetricNames, Stage
+from ...evaluate.general_skills import SUITE_TAG, local_tasks
 
 
 class Evaluate(Stage):
@@ -24,6 +25,16 @@ class Evaluate(Stage):
         description="The pairwise judge: a model or a server {url, model}; default: the base model (weak, offline).",
     )
     metrics: MetricNames = Field(None, description=METRICS_DOC)
+    skills: list[str] = Field(
+        default_factory=list,
+        description="General-skill tasks run on base and merged through lm-evaluation-harness, to see what the "
+        "training cost apart from the pipeline's data: the bundled suite's "
+        f"{', '.join(local_tasks())} (or {SUITE_TAG} for all of them; local data, no hub), or any lm-eval task "
+        "name where its data is reachable. Empty: none.",
+    )
+    skills_limit: int | None = Field(
+        None, gt=0, description="At most this many items of each skills task (null: all of them)."
+    )
 
     def reads(self) -> list[str]:
         return [self.dataset]

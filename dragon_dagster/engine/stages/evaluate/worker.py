@@ -20,6 +20,7 @@ from ...models import load_model, load_tokenizer
 from ...rewards import ACCURACY_TYPES, Reward, RewardSet
 from ...tools import template
 from ...tools.declare import Toolset, with_tools
+from . import skills
 from .inputs import ChainStage, ReportInputs
 from .markdown import markdown
 from .result import ReportResult
@@ -47,7 +48,7 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
     if rewards is not None:
         rewards.bind_tools(toolset.schemas if toolset else None)
     split = "held-out" if held_out else "training"
-    results, feedback_raw = {}, {}
+    results, feedback_raw, skill_scores = {}, {}, {}
     rated, pairs, taste = held_out_feedback_of(job)
     for name, path in (("base", inputs.base_model), ("merged", inputs.merged_model)):
         reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
@@ -89,6 +90,7 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
                 max_len=inputs.max_len,
                 max_new_tokens=job.settings.max_new_tokens,
             )
+        skill_scores[name] = skills.measure(job.settings, name, model, tokenizer, reporter)
         del model
     out = Path(job.output_dir)
     judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
@@ -146,6 +148,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
                 {"prompt": b["prompt"], "start": b["reply"], "retrained": m["reply"]}
                 for b, m in zip(feedback_raw["base"]["taste_samples"], feedback_raw["merged"]["taste_samples"])
             ][:n_samples]
+    if job.settings.skills:
+        report["skills"] = skills.section(job.settings, skill_scores["base"], skill_scores["merged"])
     report.update(
         {
             "base": {k: v for k, v in results["base"].items() if k != "samples"},
