@@ -35,6 +35,8 @@ class ReportResult(StageResult):
     feedback: dict[str, Any] | None = None  # a retraining: the figures on held-out feedback
     objectives: list[dict[str, Any]] = Field(default_factory=list)
     tool_use: dict[str, Any] | None = None  # the tools, the paired test, samples (figures: base/merged["tools"])
+    # the held-out rows as an MLflow evaluation: dataset, base and merged runs, the UI link (or the error)
+    mlflow_evaluation: dict[str, Any] | None = None
 
     def card_table(self) -> str:
         """The base-against-merged table a model card shows."""
