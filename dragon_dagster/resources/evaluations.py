@@ -22,6 +22,7 @@ logger = logging.getLogger(__name__)
 
 _MLFLOW_GLOBALS = threading.Lock()  # mlflow's fluent state is one per process
 RUN_KIND_TAG = "evaluation"  # base | merged, on each evaluation run
+REPORT_RUN_TAG = "report_mlflow_run_id"  # the report's run, on each evaluation run
 REFERENCE = "expected_response"  # MLflow's name for a reference answer in expectations
 
 
@@ -86,12 +87,16 @@ def lookup_scorer(name: str, values: dict[tuple[str, str], object], description:
     return scorer(score, name=name, description=description)
 
 
-JUDGE_SIDE = {"base": {"a": "loss", "b": "win", "tie": "tie"}, "merged": {"a": "win", "b": "loss", "tie": "tie"}}
+# the judge's verdict (merged as A) from each model's side; unparsed: the judge's answers could not be read
+JUDGE_SIDE = {
+    "base": {"a": "loss", "b": "win", "tie": "tie", "unparsed": "unparsed"},
+    "merged": {"a": "win", "b": "loss", "tie": "tie", "unparsed": "unparsed"},
+}
 
 
 def scorers_for(model: str, records: list[dict], metric_names: list[str]) -> list:
     """The report's measures of model's replies as scorers: each task metric, the judge's verdict against the
-    other model from this model's side (win, loss, tie; only the rows judged), and a prompt row's reward."""
+    other model from this model's side (win, loss, tie, unparsed; only the rows judged), and a prompt row's reward."""
     out = [metric_scorer(n) for n in metric_names]
     verdicts, rewards = {}, {}
     for r in records:
@@ -196,10 +201,11 @@ def log_evaluation(
 ) -> dict:
     """The report in report_dir (its replies.jsonl) as an MLflow evaluation in the pipeline's experiment: the
     dataset `<pipeline>.<stage>.<name>` (name: the report's artifact directory, unique per report) and the runs
-    `<stage>: base` and `<stage>: merged` nested under parent. Returns what the report records: {"tracking_uri",
-    "experiment", "dataset_id", "dataset_name", "rows", "runs": {model: run id}, "url"}; on a failure (a server
-    down, a store without evaluation datasets) {"tracking_uri", "error"} and the runs it made end FAILED: the
-    report's own outputs stand either way."""
+    `<stage>: base` and `<stage>: merged`, tagged with the report's run (parent). Not nested under it: MLflow's
+    Evaluations tab lists no run whose parent is not an evaluation run itself. Returns what the report records:
+    {"tracking_uri", "experiment", "dataset_id", "dataset_name", "rows", "runs": {model: run id}, "url"}; on a
+    failure (a server down, a store without evaluation datasets) {"tracking_uri", "error"} and the runs it made
+    end FAILED: the report's own outputs stand either way."""
     from ..engine.evaluate.per_row import REPLIES_FILE
 
     uri, runs = tracking.uri, {}
@@ -212,9 +218,8 @@ def log_evaluation(
             runs[model] = tracking.start_run(
                 pipeline,
                 f"{stage}: {model}",
-                {**tags, RUN_KIND_TAG: model, "evaluation_of": stage, "level": "evaluation"},
+                {**tags, RUN_KIND_TAG: model, "evaluation_of": stage, "level": "evaluation", REPORT_RUN_TAG: parent},
                 {"model": model},
-                parent=parent,
                 description=f"The {model} model's replies to the held-out rows of {stage}, scored row by row "
                 "(the Evaluations tab; compare with the other model's run).",
                 source=source,
