@@ -16,6 +16,7 @@ from ..engine.rewards import RewardSet
 from ..engine.stages.evaluate.inputs import ChainStage, FeedbackInputs, ReportInputs
 from ..engine.stages.evaluate.result import ReportResult
 from ..engine.stages.evaluate.settings import Evaluate
+from ..resources.evaluations import log_evaluation, record_evaluation
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 from .prompts import PROMPT_TAG, link_prompt, live_system, rows_with_system
@@ -74,6 +75,19 @@ def log_held_out(
         if runs.get(name):
             tracking.log_metrics(runs[name], figures[name], step=step, model_id=model_id if name == "merged" else None)
     context.log.info("held-out figures logged on " + ", ".join(f"{n} ({r or 'no run'})" for n, r in runs.items()))
+
+
+def evaluation_metadata(evaluation: dict | None) -> dict:
+    """The MLflow evaluation on the asset: the link to both models' rows, the dataset and the runs, or why not."""
+    if not evaluation:
+        return {}
+    if "error" in evaluation:
+        return {"mlflow_evaluation_error": MetadataValue.text(evaluation["error"])}
+    return {
+        "mlflow_evaluation": MetadataValue.url(evaluation["url"]),
+        "mlflow_evaluation_dataset": f"{evaluation['dataset_name']} ({evaluation['dataset_id']})",
+        "mlflow_evaluation_runs": MetadataValue.json(evaluation["runs"]),
+    }
 
 
 def run_report_stage(
@@ -168,6 +182,14 @@ def run_report_stage(
         )
         tracking.log_metrics(report_run, report.run_metrics())
         link_prompt(tracking, report_run, prompt_uri)
+        # before report.md is logged: it links the evaluation (or says why there is none)
+        evaluation = log_evaluation(
+            tracking, pipeline.name, stage.name, tmp, final.name, report.metrics, tags, report_run, common["source"]
+        )
+        if "error" in evaluation:  # the report's own outputs stand: the failure is recorded in it, not raised
+            context.log.warning(f"no MLflow evaluation of the report's rows: {evaluation['error']}")
+        record_evaluation(tmp, evaluation)
+        report = report.model_copy(update={"mlflow_evaluation": evaluation})
         tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
         tracking.end_run(report_run)
         log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent)
@@ -189,6 +211,7 @@ def run_report_stage(
         "report": MetadataValue.md((final / "report.md").read_text()),
         "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, report_run)),
         "mlflow_runs": MetadataValue.url(tracking.runs_url(pipeline.name)),
+        **evaluation_metadata(report.mlflow_evaluation),
         "profile": context.run.tags.get(PROFILE_TAG) or "none",
         **({"system_prompt_version": MetadataValue.text(prompt_uri)} if prompt_uri else {}),
         **image_markdown("stage_curves", final / "loss.png", "each stage's training curve"),

@@ -115,6 +115,12 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     [parent] = [r for r in runs.values() if r.data.tags.get("level") == "pipeline"]  # the Dagster run's own run
     assert parent.info.run_name.startswith("tiny_pipeline")
     runs = {name: run for name, run in runs.items() if run is not parent}
+    # the report's MLflow evaluation: a run per model, tagged with the report's run (test_mlflow_evaluation.py)
+    evaluations = {name: runs.pop(name) for name in list(runs) if runs[name].data.tags.get("level") == "evaluation"}
+    assert set(evaluations) == {"evaluation_report: base", "evaluation_report: merged"}
+    assert {r.data.tags["report_mlflow_run_id"] for r in evaluations.values()} == {
+        runs["evaluation_report"].info.run_id
+    }
     assert set(runs) == {"sft_adapter", "merged_model", "base", "evaluation_report"}
     assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}
     sft = runs["sft_adapter"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .skills import markdown as skills_markdown
+from ...evaluate.per_row import mlflow_markdown
 
 
 def _fmt(value) -> str:
@@ -88,6 +89,8 @@ def markdown(report: dict) -> str:
                     f"{j['disagreements']} | {_fmt(j['win_rate'])} |"
                 )
         lines.append("")
+    if report.get("mlflow_evaluation"):  # added by the Dagster side once MLflow has the evaluation
+        lines += mlflow_markdown(report["mlflow_evaluation"])
     lines += ["## Samples", ""]
     for i, s in enumerate(report["samples"], 1):
         lines += [

@@ -37,6 +37,8 @@ class ReportResult(StageResult):
     objectives: list[dict[str, Any]] = Field(default_factory=list)
     tool_use: dict[str, Any] | None = None  # the tools, the paired test, samples (figures: base/merged["tools"])
     skills: dict[str, Any] | None = None  # general skills, base against merged (skills.py)
+    # the held-out rows as an MLflow evaluation: dataset, base and merged runs, the UI link (or the error)
+    mlflow_evaluation: dict[str, Any] | None = None
 
     def card_table(self) -> str:
         """The base-against-merged table a model card shows."""

@@ -12,6 +12,7 @@ from ...config.job import Job
 from ...config.reporter import Reporter
 from ...data.tables import read_jsonl
 from ...evaluate.feedback_gain import gain, held_out_feedback, model_figures
+from ...evaluate.per_row import REPLIES_FILE, per_row, write_replies
 from ...evaluate.plots import plot_stages
 from ...evaluate.replies import evaluate_rows, has_replies, score_prompt_rows
 from ...evaluate.tool_use import mcnemar, measure, tool_cases
@@ -93,7 +94,9 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         skill_scores[name] = skills.measure(job.settings, name, model, tokenizer, reporter)
         del model
     out = Path(job.output_dir)
-    judged = pairwise(job, rows, results, hardware, reporter) if job.settings.n_judge > 0 else {}
+    judged_rows: dict = {}  # the judge's verdict on each row it saw, for replies.jsonl
+    judged = pairwise(job, rows, results, hardware, reporter, judged_rows) if job.settings.n_judge > 0 else {}
+    write_replies(out / REPLIES_FILE, per_row(results, list(results["base"]["metrics"]), judged_rows))
     curves = [(s.name, s.loss_label, progress.read(s.dir)) for s in inputs.chain]
     plot = plot_stages(curves, out / "loss.png")  # one panel per stage: each objective on its own axis
     n_samples = min(job.settings.n_samples, len(rows))
@@ -241,8 +244,11 @@ def _prompts_not_worse(base: dict, merged: dict, tolerance: float = 1e-6) -> tup
     return None, None
 
 
-def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware, reporter: Reporter) -> dict:
-    """The merged model judged against the base and against the first stage, each prompt in both orders."""
+def pairwise(
+    job: ReportJob, rows: list[dict], results: dict, hardware, reporter: Reporter, rows_out: dict | None = None
+) -> dict:
+    """The merged model judged against the base and against the first stage, each prompt in both orders.
+    rows_out: filled with each comparison's per-row verdicts ({"vs_base": [PairwiseRow, ...]})."""
     from ...evaluate.judge import Judge
     from ...infer.backends import LocalBackend, as_backend
     from ...infer.generation import generate
@@ -261,12 +267,18 @@ def pairwise(job: ReportJob, rows: list[dict], results: dict, hardware, reporter
     merged = [s["generated"] for s in results["merged"]["samples"][:n]]
     base = [s["generated"] for s in results["base"]["samples"][:n]]
     reporter.log(f"judging merged against base on {n} prompts (both orders) with {backend!r}")
-    out = {"judge": repr(backend), "vs_base": judge.compare(prompts, merged, base, references).summary()}
+    vs_base = judge.compare(prompts, merged, base, references)
+    out = {"judge": repr(backend), "vs_base": vs_base.summary()}
+    if rows_out is not None:
+        rows_out["vs_base"] = vs_base.rows
     if inputs.first_stage_adapters:
         tokenizer = load_tokenizer(inputs.base_model)
         model = load_model(inputs.base_model, hardware, adapters=inputs.first_stage_adapters)
         first = generate(model, tokenizer, prompts, max_new_tokens=job.settings.max_new_tokens)
-        out["vs_first_stage"] = judge.compare(prompts, merged, first, references).summary()
+        vs_first = judge.compare(prompts, merged, first, references)
+        out["vs_first_stage"] = vs_first.summary()
+        if rows_out is not None:
+            rows_out["vs_first_stage"] = vs_first.rows
     return out
 
 
