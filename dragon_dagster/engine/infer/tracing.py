@@ -30,10 +30,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..data.trace_feedback import EDITED, THUMBS  # what a traces feedback source reads back
+
 logger = logging.getLogger(__name__)
 
-THUMBS = "thumbs"  # the feedback assessment a rating writes: True (up) or False (down)
-EDITED = "edited_reply"  # the expectation an edit writes: the better reply's text
+__all__ = ["EDITED", "THUMBS", "ChatTracer", "TracingError", "exporting_to"]
 FEEDBACK_ID = "dragon.feedback_id"  # an assessment's metadata: the store record it mirrors
 SPAN_NAME = "chat_turn"
 _GLOBAL_URI = threading.Lock()  # one tracer at a time swaps the process's tracking URI

@@ -119,8 +119,8 @@ def test_an_unreachable_tracking_server_loses_no_feedback_and_says_so(stub, trac
     trace_id = chat.messages[-1]["trace_id"]
     reachable = tracer.tracking_uri
     tracer.tracking_uri = f"http://127.0.0.1:{closed_port()}"  # the server went away
-    said = []
-    run_terminal(chat, input_fn=iter(["/up"]).__next__, print_fn=said.append)
+    said, lines = [], iter(["/up", "/quit"])
+    run_terminal(chat, input_fn=lambda prompt: next(lines), print_fn=said.append)
     [record] = store.records()
     assert record["verdict"] == "up" and record["trace_id"] == trace_id
     problem = chat.feedback[-1]["assessment_error"]
