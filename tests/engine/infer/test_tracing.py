@@ -39,6 +39,7 @@ def _trace(client: MlflowClient, trace_id: str):
     return trace
 
 
+@pytest.mark.slow  # a real mlflow server: its start alone is about a minute on 2 cores
 def test_local_chat_turns_are_traces_and_ratings_and_edits_their_assessments(chatty_model, traced):
     tracer, client, store = traced
     before = tracking_utils._tracking_uri
@@ -95,6 +96,7 @@ def test_local_chat_turns_are_traces_and_ratings_and_edits_their_assessments(cha
     assert chat.messages[-1]["trace_id"] == second  # the edited reply still answers that traced turn
 
 
+@pytest.mark.slow  # a real mlflow server: its start alone is about a minute on 2 cores
 def test_a_server_backend_chat_is_traced_streamed_or_not(stub, traced):
     tracer, client, store = traced
     server = stub(lambda n, body: (200, completion(f"reply {n}")))
@@ -107,6 +109,7 @@ def test_a_server_backend_chat_is_traced_streamed_or_not(stub, traced):
         assert trace.info.trace_metadata["dragon.model"] == f"server:{server.url}/chat/completions#stub"
 
 
+@pytest.mark.slow  # a real mlflow server: its start alone is about a minute on 2 cores
 def test_an_unreachable_tracking_server_loses_no_feedback_and_says_so(stub, traced, monkeypatch):
     """The store record is written first: with MLflow gone at rating time it stands (with its trace id), the
     failure names the tracking URI, and the assessment is retried with the next rating."""
