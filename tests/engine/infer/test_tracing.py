@@ -147,3 +147,25 @@ def test_an_untraced_chat_keeps_no_trace_id(stub, tmp_path):
     chat.rate(True)
     assert "trace_id" not in chat.messages[-1] and store.records()[0]["trace_id"] is None
     assert json.loads(json.dumps(chat.history()))[-1] == {"role": "assistant", "content": "ok"}
+
+
+@pytest.mark.slow  # a real mlflow server
+def test_the_chat_page_traces_its_turns_and_its_thumbs(stub, traced):
+    import gradio as gr
+
+    from dragon_dagster import chat_ui
+
+    tracer, client, store = traced
+    server = stub(lambda n, body: (200, completion(f"reply {n}")))
+    h = chat_ui.ChatHandlers(ServerBackend(server.url, "stub"), store, "stub-model", stream_delay=0, tracer=tracer)
+    *_, (_, shown, chat, _) = h.send("hi", None, "Be brief.", None, 0.7, 64)
+    assert shown[-1]["content"] == "reply 1"
+    trace_id = chat.messages[-1]["trace_id"]
+    chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["reply 1"], "liked": True}))
+    assert "thumbs up on reply 1" in status and "not yet on MLflow" not in status
+    trace = _trace(client, trace_id)
+    assert trace.info.trace_metadata["mlflow.trace.session"] == chat.conversation_id
+    assert trace.data.spans[0].inputs["messages"][0] == {"role": "system", "content": "Be brief."}
+    [thumbs] = [a for a in trace.info.assessments if a.name == THUMBS]
+    assert thumbs.feedback.value is True and thumbs.source.source_id == "ana"
+    assert store.records()[0]["trace_id"] == trace_id
