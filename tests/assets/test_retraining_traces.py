@@ -5,6 +5,7 @@ makes its traces the records the retraining reads, with the same record-range ac
 from __future__ import annotations
 
 import json
+import shutil
 import uuid
 from pathlib import Path
 
@@ -152,7 +153,7 @@ def test_an_experiment_s_traces_are_the_records_retraining_reads(tracing_to, tin
     assert new["trace_id"] == ids["unrated"] and new["id"] > records[-1]["id"] and source.count(records[-1]["id"]) == 1
 
 
-def test_retraining_from_an_experiment_s_traces_runs_end_to_end(tracing_to, materialized):
+def test_retraining_from_an_experiment_s_traces_runs_end_to_end(tracing_to, materialized, tmp_path):
     """The whole retraining (datasets, SFT, DPO, KTO, merge, report, gate) from the deployed tiny model, on records
     that are only traces: its SFT rows and pairs are the traces' liked replies, edit and pairs."""
     from tests.assets.test_retraining import parts_and_resources, retrain_every_step
@@ -165,10 +166,11 @@ def test_retraining_from_an_experiment_s_traces_runs_end_to_end(tracing_to, mate
         update={"source": FeedbackSource(mlflow_experiment=experiment, tracking_uri=tracing_to)}
     )
     parts = build_pipeline_defs(loaded.model_copy(update={"feedback": feedback}))
-    # its own instance: the session's records-used accounting (store ids) is not mixed with trace ids
-    _, events = retrain_every_step(
-        parts, DagsterInstance.ephemeral(), resources, {RANGE_TAG: f"1-{last}", PIPELINE_TAG: "tiny"}
-    )
+    # an instance of its own, so the session's records-used accounting (store ids) is not mixed with trace
+    # ids, holding the chain's stored outputs (the report reads the pipeline's dataset through the IO manager)
+    shutil.copytree(Path(materialized["instance"].root_directory) / "storage", tmp_path / "home" / "storage")
+    instance = DagsterInstance.local_temp(str(tmp_path / "home"))
+    _, events = retrain_every_step(parts, instance, resources, {RANGE_TAG: f"1-{last}", PIPELINE_TAG: "tiny"})
     assert events["feedback_sft_dataset"]["rows"].value == 3  # two liked replies and the edit
     assert events["feedback_pairs"]["rows"].value == 2  # liked vs disliked, edited vs original
     assert "skipped" not in events["sft_on_feedback"] and "skipped" not in events["dpo_on_feedback"]
