@@ -49,6 +49,7 @@ from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E4
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
 from .engine.infer.tool_loop import turn_lines  # noqa: E402
+from .engine.infer.tracing import ChatTracer  # noqa: E402
 from .engine.tools.declare import Toolset  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
@@ -187,8 +188,10 @@ class ChatHandlers:
         model_label: str = "",
         stream_delay: float = 0.05,
         toolset: Toolset | None = None,
+        tracer: ChatTracer | None = None,
     ):
         self.backend, self.store, self.toolset = backend, store, toolset
+        self.tracer = tracer  # every session's turns traced to MLflow with it (None: not traced)
         self.model_label = model_label or backend.identity
         self.stream_delay = stream_delay
 
@@ -205,7 +208,9 @@ class ChatHandlers:
         """The session's Chat (created on first use) with the current settings boxes applied: the boxes are
         read on every event, so a changed system prompt or window applies from the next turn on."""
         if chat is None:
-            chat = Chat(self.backend, model_label=self.model_label, store=self.store, toolset=self.toolset)
+            chat = Chat(
+                self.backend, model_label=self.model_label, store=self.store, toolset=self.toolset, tracer=self.tracer
+            )
         turns = window_turns(context_turns)
         chat.system, chat.context_turns = (system or "").strip() or None, turns
         chat.temperature, chat.max_new_tokens = float(temperature), int(max_new_tokens)
@@ -359,7 +364,8 @@ class ChatHandlers:
 
     def _saved(self, chat: Chat, what: str, feedback_id: int | None) -> str:
         where = f"feedback #{feedback_id}" if feedback_id is not None else "no feedback store: not saved"
-        return f"Recorded {what} ({where}, model `{chat.model_label}`)."
+        problem = chat.feedback[-1].get("assessment_error") if chat.feedback else None
+        return f"Recorded {what} ({where}, model `{chat.model_label}`)." + (f" {problem}" if problem else "")
 
     def like(self, chat: Chat | None, data: gr.LikeData) -> tuple:
         """Outputs (chat, status): a thumbs up or down on a reply goes to the feedback store."""
@@ -447,15 +453,17 @@ def build_app(
     max_new_tokens: int = 256,
     stream_delay: float = 0.05,
     toolset: Toolset | None = None,
+    tracer: ChatTracer | None = None,
 ) -> gr.Blocks:
     """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None).
     `model_label` is recorded with each rating and edit (default: the backend's identity); `model_name` is what
     the header calls the model (default: the label), e.g. `models:/support@champion (version 3)`. `toolset`: the
-    pipeline's tools, run when a reply calls them (a local model only)."""
+    pipeline's tools, run when a reply calls them (a local model only). `tracer`: every turn an MLflow trace,
+    every rating and edit an assessment on it (engine/infer/tracing.py)."""
     backend = as_backend(backend)
     if store is not None and not isinstance(store, FeedbackStore):
         store = FeedbackStore(store)
-    h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay, toolset=toolset)
+    h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay, toolset=toolset, tracer=tracer)
     name = model_name or h.model_label
     where = f"`{shown(str(store.path))}`" if store is not None else "nowhere (no feedback store)"
     tools = (
@@ -706,7 +714,7 @@ def launch(
 ) -> gr.Blocks:
     """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
     recording feedback into the SQLite store at `store_path`, behind a login when `password` is set. `options`
-    go to build_app (temperature, max_new_tokens, stream_delay, toolset). Returns the app (serving in the
+    go to build_app (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app (serving in the
     background when block=False)."""
     backend = as_backend(model)
     store = FeedbackStore(store_path) if store_path else None

@@ -414,6 +414,47 @@ def chat_tools(found, spec: dict):
     return toolset
 
 
+def chat_tracer(pipeline: str, name: str, user: str | None = None, system_prompt_uri: str | None = None):
+    """The ChatTracer of a chat: its turns as traces in the pipeline's MLflow experiment, at the tracking URI the
+    pipeline's runs use. The process's global tracking URI is left alone (the tracer points MLflow's exporter
+    there only while it writes a trace: tests run these commands in-process). None, said, when that store
+    cannot be used: the chat goes on untraced, its feedback still stored."""
+    import getpass
+    import re
+
+    from .engine.infer.tracing import ChatTracer
+    from .resources.tracking import MLflowTracking
+
+    tracking = MLflowTracking()
+    try:
+        experiment_id = tracking.experiment_id(pipeline)
+    except Exception as exc:  # noqa: BLE001 - any client failure: chat untraced, and say why
+        console.print(
+            f"warning: not tracing this chat: MLflow at {tracking.uri} cannot be used ({type(exc).__name__}: "
+            f"{str(exc)[:300]})",
+            style="bold yellow",
+            soft_wrap=True,
+            markup=False,
+        )
+        return None
+    console.print(
+        f"each turn is an MLflow trace in experiment {pipeline!r} ({experiment_id}) at {tracking.uri}; ratings and "
+        "edits are assessments on it",
+        style="dim",
+        soft_wrap=True,
+        markup=False,
+    )
+    found = re.match(r"(models:/\S+)(?: \(version (\d+)\))?", name or "")
+    return ChatTracer(
+        tracking.uri,
+        experiment_id,
+        user=user or getpass.getuser(),
+        model_uri=found.group(1) if found else None,
+        model_version=found.group(2) if found else None,
+        system_prompt_uri=system_prompt_uri,
+    )
+
+
 def system_note(system: str | None, uri: str | None = None) -> str:
     return (
         (f"system prompt {uri}: {system!r}" if uri else f"system prompt: {system!r}") if system else "no system prompt"
@@ -427,9 +468,10 @@ def chat(pipeline, model, server_model, system, context_turns):
     from .engine.data.feedback_store import FeedbackStore
     from .engine.infer.chat import Chat, run_terminal
 
-    spec, label, store_path = chat_target(pipeline, model, server_model)
+    spec, label, store_path, name = chat_target_named(pipeline, model, server_model)
     found = chat_pipeline(pipeline)
     system, prompt_uri = chat_prompt(pipeline, system, model, found)
+    tracer = chat_tracer(pipeline, name, system_prompt_uri=prompt_uri)
     console.print(
         f"chatting with {label}; feedback goes to {store_path}; {system_note(system, prompt_uri)}; context: "
         + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
@@ -447,6 +489,7 @@ def chat(pipeline, model, server_model, system, context_turns):
             model_label=label,
             store=FeedbackStore(store_path),
             toolset=toolset,
+            tracer=tracer,
         )
     )
 
@@ -480,6 +523,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
     found = chat_pipeline(pipeline)
     system, prompt_uri = chat_prompt(pipeline, system, model, found)
     toolset = chat_tools(found, spec)
+    tracer = chat_tracer(pipeline, name, user=username if password else None, system_prompt_uri=prompt_uri)
     warning = exposure_warning(host, password)
     if warning:
         console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
@@ -505,6 +549,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
         username=username,
         warn=False,
         toolset=toolset,
+        tracer=tracer,
     )
 
 

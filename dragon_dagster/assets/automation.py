@@ -29,8 +29,9 @@ from dagster import (
 )
 
 from ..engine.data.feedback_store import FeedbackStore
+from ..engine.data.trace_feedback import TraceFeedback
 from ..engine.pipeline import Pipeline
-from ..resources import ArtifactStore
+from ..resources import ArtifactStore, MLflowTracking
 
 RANGE_TAG = "dragon/feedback_range"  # "first_id-last_id": the records a retraining run used
 PIPELINE_TAG = "dragon/feedback_pipeline"  # whose feedback a retraining run used
@@ -58,6 +59,20 @@ def parse_range(value: str | None) -> tuple[int, int] | None:
     except (TypeError, ValueError):
         return None
     return first, last
+
+
+def feedback_records(pipeline: Pipeline, store: ArtifactStore, tracking: MLflowTracking | None = None):
+    """Where the pipeline's feedback records come from (feedback.source): the chat's feedback store, or the human
+    assessments on an MLflow experiment's traces. Both read alike (max_id, count, records), with ids that grow
+    as feedback arrives, so record ranges and data versions mean the same for either."""
+    source = pipeline.feedback.source if pipeline.feedback is not None else None
+    if source is not None and source.mlflow_experiment:
+        # the sensor, the schedule and the observation take the store alone: its runs dir gives the tracking
+        # resource's default (the source's own tracking_uri, or $MLFLOW_TRACKING_URI, wins over it)
+        tracking = tracking if tracking is not None else MLflowTracking(runs_dir=store.runs_dir)
+        uri = source.tracking_uri or tracking.uri
+        return TraceFeedback(uri, source.mlflow_experiment, thumbs=source.thumbs, edited=source.edited)
+    return FeedbackStore(store.feedback_path(pipeline.name))
 
 
 def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
@@ -123,11 +138,14 @@ def feedback_sensor(pipeline: Pipeline, min_new: int, job):
     )
     def _sensor(context, store: ArtifactStore):
         instance = context.instance
-        newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
+        source = feedback_records(pipeline, store)
+        newest = source.max_id()
         used = last_used_id(instance, pipeline.name)
-        if newest - used < min_new:
+        # counted, not subtracted: a traces source's ids are times, not consecutive (trace_feedback.py)
+        new = source.count(after_id=used) if newest > used else 0
+        if new < min_new:
             return SkipReason(
-                f"{newest - used} new feedback records since the last successful retraining "
+                f"{new} new feedback records since the last successful retraining "
                 f"(records up to {used}); waiting for {min_new}"
             )
         busy = _running(instance, pipeline)
@@ -140,7 +158,7 @@ def feedback_sensor(pipeline: Pipeline, min_new: int, job):
         ]
         if len(failed) >= MAX_FAILED_ATTEMPTS:
             reached = max(parse_range(r.tags[RANGE_TAG])[1] for r in failed)
-            if newest - reached < min_new:
+            if (source.count(after_id=reached) if newest > reached else 0) < min_new:
                 return SkipReason(
                     f"{len(failed)} retraining runs on the records after {used} failed (the last "
                     f"covered up to {reached}); waiting for {min_new} records beyond {reached} "
@@ -161,7 +179,7 @@ def feedback_schedule(pipeline: Pipeline, cron: str, job):
     )
     def _schedule(context, store: ArtifactStore):
         instance = context.instance
-        newest = FeedbackStore(store.feedback_path(pipeline.name)).max_id()
+        newest = feedback_records(pipeline, store).max_id()
         used = last_used_id(instance, pipeline.name)
         if newest <= used:
             return SkipReason(f"no new feedback since the last retraining (records up to {used})")

@@ -48,13 +48,14 @@ from ..engine.data.feedback_rows import (
     usable_records,
 )
 from ..engine.data.feedback_store import FeedbackStore
+from ..engine.data.trace_feedback import TraceFeedback
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.retraining import TASK_TOLERANCE, FeedbackEvaluate, Gate, skill_falls
 from ..engine.rewards import RewardError, RewardSet
 from ..engine.stages.evaluate.checks import read_report
 from ..engine.stages.merge.settings import Merge
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
-from .automation import PIPELINE_TAG, RANGE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
+from .automation import PIPELINE_TAG, RANGE_TAG, feedback_records, feedback_schedule, feedback_sensor, retrain_job_name
 from .builders import key, merge_asset, retraining_group
 from .launchpad import effective, launchpad_config
 from .metadata import md_table
@@ -65,7 +66,7 @@ from .report import run_report_stage
 from .training import reward_model_inputs, run_training_stage
 
 
-def record_range(context, store: FeedbackStore) -> tuple[int, int]:
+def record_range(context, store: FeedbackStore | TraceFeedback) -> tuple[int, int]:
     """(first id, last id) of the records this run uses: from the run's tag, else everything so far."""
     tag = context.run.tags.get(RANGE_TAG) if context.run else None
     if tag:
@@ -78,11 +79,12 @@ def feedback_source(pipeline: Pipeline):
     @observable_source_asset(
         key=key(pipeline, "chat_feedback"),
         group_name=retraining_group(pipeline),
-        description="Ratings and edits collected while chatting (append-only SQLite). Its "
-        "data version is the newest record id, so it changes with new feedback.",
+        description="Ratings and edits collected while chatting (append-only SQLite), or the human assessments "
+        "on an MLflow experiment's traces (feedback.source.mlflow_experiment). Its data version is the newest "
+        "record id, so it changes with new feedback.",
     )
     def _observe(store: ArtifactStore) -> DataVersion:
-        return DataVersion(str(FeedbackStore(store.feedback_path(pipeline.name)).max_id()))
+        return DataVersion(str(feedback_records(pipeline, store).max_id()))
 
     return _observe
 
@@ -98,10 +100,11 @@ UNITS = {"sft": "conversations", "dpo": "pairs", "kto": "rated replies", "rlhf":
 OBJECTIVE_TAG = "dragon/feedback_{}"  # on the retraining run: what each objective trained on, or why not
 
 
-def feedback_rows(context, store: ArtifactStore, pipeline: Pipeline) -> dict:
-    """The records of this run's range, made into each objective's train and held-out rows. Whole conversations
-    are held out (the gate measures on them), the same ones for every objective."""
-    feedback = FeedbackStore(store.feedback_path(pipeline.name))
+def feedback_rows(context, store: ArtifactStore, pipeline: Pipeline, tracking: MLflowTracking | None = None) -> dict:
+    """The records of this run's range (from feedback.source: the store or an experiment's traces), made into
+    each objective's train and held-out rows. Whole conversations are held out (the gate measures on them), the
+    same ones for every objective."""
+    feedback = feedback_records(pipeline, store, tracking)
     first, last = record_range(context, feedback)
     records = feedback.records(after_id=first - 1, up_to_id=last)
     usable, skipped = usable_records(records)
@@ -168,9 +171,9 @@ def feedback_dataset(pipeline: Pipeline, objective: str):
         'retraining run ("Materialize all") it is skipped, with the reason in the run\'s log, while '
         "there is no feedback to retrain on: the retraining after it is skipped too.",
     )
-    def _dataset(context, store: ArtifactStore) -> Iterator[Output[str]]:
+    def _dataset(context, store: ArtifactStore, tracking: MLflowTracking) -> Iterator[Output[str]]:
         taste_rewards(pipeline)  # a broken taste fails here, before anything trains
-        found = feedback_rows(context, store, pipeline)
+        found = feedback_rows(context, store, pipeline, tracking)
         first, last, records, skipped = found["first"], found["last"], found["records"], found["skipped"]
         n_skipped = sum(skipped.values())
         if n_skipped:
@@ -213,6 +216,7 @@ def feedback_dataset(pipeline: Pipeline, objective: str):
                                     "edited",
                                     "model",
                                     "created",
+                                    "trace_id",
                                 )
                             },
                             "skipped": check_record(r),

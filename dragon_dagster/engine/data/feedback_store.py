@@ -21,7 +21,9 @@ Schema versions (PRAGMA user_version): 0/absent is the first layout (each row he
 opening such a store migrates it in place, in one transaction, to the current version: ids are kept, each row's
 turns go into `messages`, and turns that cannot be converted (not JSON, not a list of role/content messages) are
 kept verbatim in `legacy_turns`, so that the datasets skip and count them. Version 2 (messages without `extra`)
-gets the column on first use, its rows unchanged. A store cannot be read by code older than its version.
+gets the column on first use, its rows unchanged. Version 3 gets feedback's `trace_id` column (version 4: the
+MLflow trace of the rated reply, when the chat was traced), its rows without one. A store cannot be read by code
+older than its version.
 
 Framework-free: nothing here imports Dagster.
 """
@@ -42,7 +44,7 @@ from .feedback_turns import FeedbackError, check_turns, extras, with_extras
 
 VERDICTS = ("up", "down", "edit")
 MAX_MESSAGE_CHARS = 32_000  # the longest single message (a turn, a reply, an edit) the store accepts
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 MESSAGES_TABLE = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -65,10 +67,22 @@ CREATE TABLE IF NOT EXISTS {name} (
     verdict TEXT NOT NULL CHECK (verdict IN ('up', 'down', 'edit')),
     edited TEXT,
     model TEXT NOT NULL DEFAULT '',
-    created TEXT NOT NULL
+    created TEXT NOT NULL,
+    trace_id TEXT                                -- the MLflow trace of the rated reply (version 4)
 )
 """
-COLUMNS = ("id", "conversation_id", "turns_id", "legacy_turns", "reply", "verdict", "edited", "model", "created")
+COLUMNS = (
+    "id",
+    "conversation_id",
+    "turns_id",
+    "legacy_turns",
+    "reply",
+    "verdict",
+    "edited",
+    "model",
+    "created",
+    "trace_id",
+)
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -216,7 +230,7 @@ class FeedbackStore:
                 raise sqlite3.OperationalError(f"database is locked (journal_mode is {mode}, wanted wal)")
             if conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION:
                 return
-            conn.execute("BEGIN IMMEDIATE")  # one process creates or migrates; the others then see version 2
+            conn.execute("BEGIN IMMEDIATE")  # one process creates or migrates; the others then see the current version
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]
                 if version > SCHEMA_VERSION:
@@ -232,6 +246,8 @@ class FeedbackStore:
                         conn.execute(FEEDBACK_TABLE.format(name="feedback"))
                     if "extra" not in {row[1] for row in conn.execute("PRAGMA table_info(messages)")}:
                         conn.execute("ALTER TABLE messages ADD COLUMN extra TEXT")  # version 2: plain turns only
+                    if "trace_id" not in {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}:
+                        conn.execute("ALTER TABLE feedback ADD COLUMN trace_id TEXT")  # version 3: untraced rows
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -261,8 +277,10 @@ class FeedbackStore:
         verdict: str,
         edited: str | None = None,
         model: str = "",
+        trace_id: str | None = None,
     ) -> int:
-        """Append one feedback event and return its id once it is durably committed."""
+        """Append one feedback event and return its id once it is durably committed. `trace_id` names the
+        MLflow trace of the rated reply, when the chat was traced."""
         if verdict not in VERDICTS:
             raise FeedbackError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
         if verdict == "edit":
@@ -284,6 +302,7 @@ class FeedbackStore:
             edited,
             str(model or ""),
             datetime.now(UTC).isoformat(timespec="microseconds"),
+            None if trace_id is None else str(trace_id),
         )
         self._ensure()
 
@@ -293,7 +312,7 @@ class FeedbackStore:
                 turns_id = _insert_turns(conn, messages)
                 cursor = conn.execute(
                     "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, "
-                    "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "created, trace_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                     (row[0], turns_id, *row[1:]),
                 )
                 conn.execute("COMMIT")

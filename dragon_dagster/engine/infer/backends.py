@@ -180,6 +180,11 @@ class Backend:
             )
         return {"tools": list(tools)}
 
+    def usage(self, conversation: list[dict], reply: str, tools: list[dict] | None = None) -> dict | None:
+        """A turn's token counts ({"input_tokens", "output_tokens", "total_tokens"}: the conversation as the
+        model got it, the reply), or None when this backend cannot count them (a trace then has none)."""
+        return None
+
     def generate(self, prompts: list[str], **kwargs) -> list[str]:
         """Replies to plain user prompts: chat() with one user message each."""
         return self.chat([[{"role": "user", "content": p}] for p in prompts], **kwargs)
@@ -318,6 +323,19 @@ class LocalBackend(Backend):
                 except TemplateError as exc:
                     raise BackendError(f"{self.model}: {exc}") from exc
             return entry["rendering"]
+
+    def usage(self, conversation: list[dict], reply: str, tools: list[dict] | None = None) -> dict | None:
+        """Counted with the model's own tokenizer and chat template (the prompt as generation rendered it)."""
+        try:
+            tokenizer = self.loaded()["tokenizer"]
+            text = tokenizer.apply_chat_template(
+                as_conversation(conversation), tools=tools or None, add_generation_prompt=True, tokenize=False
+            )
+            prompt = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            answer = len(tokenizer(reply, add_special_tokens=False)["input_ids"])
+        except Exception:  # noqa: BLE001 - counts are for the trace; a template that fails here gives none
+            return None
+        return {"input_tokens": prompt, "output_tokens": answer, "total_tokens": prompt + answer}
 
     def _chat(self, conversations, *, max_new_tokens, temperature, top_p, tools=None):
         from .generation import generate

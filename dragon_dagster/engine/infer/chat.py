@@ -22,6 +22,11 @@ tool turn per result join the history, and the model replies again, until a repl
 answer, the one rated or edited. The tool turns go with the turns of every feedback record after them, so
 retraining shows the model the calls and results it answered after. A streamed turn yields each tool turn
 (a dict) as it is made, between the text chunks; `regenerate` asks again from the user turn, calls included.
+
+Tracing: a Chat given a `tracer` (engine/infer/tracing.ChatTracer) makes every answered turn (said, streamed,
+regenerated, stopped) an MLflow trace, and keeps its id on the reply (`trace_id`, as `stopped` is kept: not part
+of the conversation); a rating or an edit of that reply is written to the store with the trace id, then as an
+assessment on the trace (see `_record` for why in that order). Without a tracer nothing of MLflow is imported.
 Framework-free: nothing here imports Dagster.
 """
 
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,6 +47,7 @@ from ..tools.declare import Toolset
 from .backends import Backend, BackendError, as_backend
 from .chat_tools import HeldCalls, calls_to_run
 from .tool_loop import call_turn, run_call, turn_lines
+from .tracing import ChatTracer, TracingError
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -63,10 +70,13 @@ def _messages(items: Any, where: str = "transcript") -> list[dict]:
         raise ChatError(f"{where}: {exc}") from None
 
 
+MARKS = ("stopped", "trace_id")  # what Chat.messages keeps on a reply that is not part of the conversation
+
+
 def _plain(message: dict) -> dict:
-    """A message as a chat message: role, content and its tool keys (a stopped reply carries a "stopped" mark
-    in Chat.messages, which is not part of the conversation)."""
-    return {k: v for k, v in message.items() if k != "stopped"}
+    """A message as a chat message: role, content and its tool keys (a reply may carry a "stopped" mark and
+    its "trace_id" in Chat.messages, which are not part of the conversation)."""
+    return {k: v for k, v in message.items() if k not in MARKS}
 
 
 def is_answer(message: dict) -> bool:
@@ -101,6 +111,7 @@ class ReplyStream:
         self.text, self.stopped, self.done = "", False, False
         self.turns: list[dict] = []  # tool-call turns and tool turns before the answer
         self._stop = threading.Event()
+        self._started = time.time_ns()  # the trace's start: when the turn was asked for
         self._chunks = self._run()
 
     def __iter__(self) -> ReplyStream:
@@ -121,6 +132,7 @@ class ReplyStream:
     def _run(self) -> Iterator[str | dict]:
         chat = self.chat
         chat._begin(self)
+        self._started = time.time_ns()
         sent, dropped = [], 0
         try:
             sent, dropped = chat._context(chat.messages[: chat.reply_start()] if self.regenerate else chat.messages)
@@ -179,6 +191,10 @@ class ReplyStream:
             chat._abort(self)
             return
         reply = {"role": "assistant", "content": self.text, **({"stopped": True} if self.stopped else {})}
+        if chat.active is self:  # traced only when the reply joins the history (it is what gets rated)
+            trace_id = chat._trace(sent + self.turns, self.text, self._started, stopped=self.stopped)
+            if trace_id:
+                reply["trace_id"] = trace_id
         chat._commit(self, [*self.turns, reply], sent, dropped)
 
 
@@ -199,6 +215,7 @@ class Chat:
         top_p: float = 0.9,
         max_message_chars: int | None = MAX_MESSAGE_CHARS,
         toolset: Toolset | None = None,
+        tracer: ChatTracer | None = None,
     ):
         if context_turns is not None and (not isinstance(context_turns, int) or context_turns < 0):
             raise ChatError(f"context_turns must be an integer >= 0 or None, got {context_turns!r}")
@@ -208,6 +225,7 @@ class Chat:
                 f"{self.backend.identity} does not run tools: the pipeline's tools run only with a local model"
             )
         self.toolset = toolset
+        self.tracer = tracer  # None: no tracing
         self.system = system or None
         self.context_turns = context_turns
         self.model_label = str(model_label or self.backend.identity)
@@ -251,6 +269,30 @@ class Chat:
             pass
         return reply.text
 
+    def _trace(self, sent: list[dict], reply: str, started_ns: int, stopped: bool = False) -> str | None:
+        """The trace id of an answered turn (sent: what the model got, without the system prompt), or None
+        without a tracer or when tracing failed (the tracer's last_error says why; the chat goes on)."""
+        if self.tracer is None:
+            return None
+        ended = time.time_ns()
+        conversation = [{"role": "system", "content": self.system}] if self.system else []
+        conversation += [_plain(m) for m in sent]
+        return self.tracer.turn(
+            conversation_id=self.conversation_id,
+            messages=conversation,
+            reply=reply,
+            model=self.model_label,
+            started_ns=started_ns,
+            ended_ns=ended,
+            usage=self.backend.usage(conversation, reply, self.toolset.schemas if self.toolset else None),
+            stopped=stopped,
+        )
+
+    def _answer(self, sent: list[dict], reply: str, started_ns: int) -> dict:
+        """The reply message of a turn, with its trace id when it was traced."""
+        trace_id = self._trace(sent, reply, started_ns)
+        return {"role": "assistant", "content": reply, **({"trace_id": trace_id} if trace_id else {})}
+
     def _ask(self, messages: list[dict]) -> str:
         sent, dropped = self._context(messages)
         (reply,) = self.backend.chat(
@@ -286,12 +328,13 @@ class Chat:
         if self.toolset is not None:
             return self._streamed(self.stream(text))
         self.messages.append({"role": "user", "content": text})
+        started = time.time_ns()
         try:
             reply = self._ask(self.messages)
         except BaseException:
             self.messages.pop()  # a failed turn leaves the history as it was
             raise
-        self.messages.append({"role": "assistant", "content": reply})
+        self.messages.append(self._answer(self.last_sent, reply, started))
         return reply
 
     def regenerate(self) -> str:
@@ -299,8 +342,9 @@ class Chat:
         self._check_regenerate()
         if self.toolset is not None:
             return self._streamed(self.stream_regenerate())
+        started = time.time_ns()
         reply = self._ask(self.messages[:-1])
-        self.messages[-1] = {"role": "assistant", "content": reply}
+        self.messages[-1] = self._answer(self.last_sent, reply, started)
         return reply
 
     def _check_regenerate(self) -> None:
@@ -406,8 +450,14 @@ class Chat:
             raise ChatError(f"no reply {index!r}: the conversation has {len(replies)} reply(ies)") from None
 
     def _record(self, position: int, verdict: str, edited: str | None = None) -> int | None:
+        """Store the event, then (traced) its assessment. The store is what retraining reads, so it is written
+        first, with the trace id: a failed store write leaves MLflow untouched (nothing to disagree with), and a
+        failed assessment leaves a store record that names its trace, kept pending on the tracer (retried with
+        the next rating) and said in the event's `assessment_error`, never silently dropped. The other order
+        could leave an assessment that no store record has, which retraining from the store would not see."""
         system = [{"role": "system", "content": self.system}] if self.system else []
         turns = system + [_plain(m) for m in self.messages[:position]]
+        trace_id = self.messages[position].get("trace_id")
         event = {
             "conversation_id": self.conversation_id,
             "turns": turns,
@@ -418,8 +468,14 @@ class Chat:
         }
         if not any(m["role"] == "user" for m in event["turns"]):
             raise ChatError("that reply has no user turn before it; there is nothing to learn from it")
-        event["id"] = self.store.record(**event) if self.store is not None else None
+        event["id"] = self.store.record(**event, trace_id=trace_id) if self.store is not None else None
+        event["trace_id"], event["assessment_error"] = trace_id, None
         self.feedback.append(event)
+        if self.tracer is not None and trace_id:
+            try:
+                self.tracer.assess(trace_id, verdict, edited, event["id"])
+            except TracingError as exc:
+                event["assessment_error"] = str(exc)
         return event["id"]
 
     def rate(self, up: bool | str, index: int = -1) -> int | None:
@@ -439,7 +495,8 @@ class Chat:
         self._check_length(text, "the edited reply")
         position = self._reply_position(index)
         feedback_id = self._record(position, "edit", edited=text)
-        self.messages[position] = {"role": "assistant", "content": text}
+        trace_id = self.messages[position].get("trace_id")  # the better reply still answers that traced turn
+        self.messages[position] = {"role": "assistant", "content": text, **({"trace_id": trace_id} if trace_id else {})}
         return feedback_id
 
     # ---------------------------------------------------------------------------------- transcripts
@@ -523,11 +580,13 @@ pipeline's tools, each call the model makes prints as `-> tool({...})` and its r
 
 
 def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
-    return (
+    said = (
         f"recorded {verdict} (feedback #{feedback_id})"
         if feedback_id is not None
         else f"noted {verdict} (no feedback store: not saved)"
     )
+    problem = chat.feedback[-1].get("assessment_error") if chat.feedback else None
+    return f"{said}; {problem}" if problem else said
 
 
 def _print_stream(reply: ReplyStream, print_fn: Callable[..., Any], write_fn: Callable[[str], Any] | None) -> None:

@@ -286,9 +286,37 @@ OBJECTIVES = ("sft", "dpo", "kto")  # the default; rlhf is asked for by name (a 
 ALL_OBJECTIVES = ("sft", "dpo", "kto", "rlhf")
 
 
+class FeedbackSource(Settings):
+    """Where the feedback records come from: the chat's feedback store (the default), or the human assessments
+    on an MLflow experiment's traces (an assistant that is not this project's chat, traced by MLflow)."""
+
+    mlflow_experiment: str | None = Field(
+        None,
+        min_length=1,
+        description="Read the records from this MLflow experiment's traces instead of the feedback store: a "
+        "feedback assessment named `thumbs` (True/False) is an up/down on the trace's reply, an expectation named "
+        "`edited_reply` an edit, HUMAN sources only (engine/data/trace_feedback.py).",
+    )
+    tracking_uri: str | None = Field(
+        None, description="The MLflow server holding that experiment; default the pipeline's tracking URI."
+    )
+    thumbs: str = Field("thumbs", min_length=1, description="The name of the rating feedback assessment.")
+    edited: str = Field("edited_reply", min_length=1, description="The name of the edit expectation.")
+
+    @model_validator(mode="after")
+    def _experiment_for_uri(self):
+        if self.tracking_uri and not self.mlflow_experiment:
+            raise ValueError("feedback.source.tracking_uri goes with mlflow_experiment (the store needs none)")
+        return self
+
+
 class Feedback(Settings):
     """Retraining from chat feedback (`dragon chat`, `dragon chat-ui`), continuing from the deployed model."""
 
+    source: FeedbackSource = Field(
+        default_factory=FeedbackSource,
+        description="Where the records come from: the feedback store (default) or {mlflow_experiment: NAME}.",
+    )
     min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
     cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
     objectives: list[Literal["sft", "dpo", "kto", "rlhf"]] = Field(

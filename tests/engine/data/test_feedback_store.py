@@ -50,7 +50,7 @@ def test_schema_wal_and_round_trip(tmp_path):
     with sqlite3.connect(store.path) as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
     assert columns == {
         "id",
@@ -62,6 +62,7 @@ def test_schema_wal_and_round_trip(tmp_path):
         "edited",
         "model",
         "created",
+        "trace_id",
     }
     assert message_columns == {"id", "parent", "role", "content", "digest", "extra"}
     conn = store._connect()
@@ -534,3 +535,18 @@ def test_a_version_2_store_gets_the_extra_column_and_keeps_its_messages(tmp_path
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("SELECT COUNT(*) FROM messages").fetchone()[0] == 3 + 4
     assert [r["turns"] for r in store.records()] == [turns("q", "a", "q2")] * 2 + [TOOL_TURNS]
+
+
+def test_a_version_3_store_gets_the_trace_id_column_and_keeps_its_records(tmp_path):
+    path = tmp_path / "f.sqlite"
+    FeedbackStore(path).record("c", turns("q"), "r", "up")
+    with sqlite3.connect(path) as conn:  # what version 3 wrote: feedback without the trace_id column
+        conn.execute("ALTER TABLE feedback DROP COLUMN trace_id")
+        conn.execute("PRAGMA user_version = 3")
+    store = FeedbackStore(path)
+    [old] = store.records()
+    assert old["trace_id"] is None and old["reply"] == "r"
+    new = store.record("c", turns("q"), "r2", "down", trace_id="tr-123")
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert [(r["id"], r["trace_id"]) for r in store.records()] == [(old["id"], None), (new, "tr-123")]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .skills import markdown as skills_markdown
 from ...evaluate.per_row import mlflow_markdown
+from .skills import markdown as skills_markdown
 
 
 def _fmt(value) -> str:
