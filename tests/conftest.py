@@ -379,3 +379,14 @@ def mlflow_server(tmp_path_factory):
     yield {"url": url, "root": root}
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server on loopback (a throwaway cluster, tests/postgres.py), shared by the session; each
+    test takes its own database with `postgres.create_database()`."""
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.remove()
