@@ -45,6 +45,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+from .engine.data.feedback_postgres import PostgresFeedbackStore  # noqa: E402
 from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E402
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
@@ -444,7 +445,7 @@ class ChatHandlers:
 
 def build_app(
     backend: Backend | dict | str,
-    store: FeedbackStore | str | Path | None,
+    store: FeedbackStore | PostgresFeedbackStore | str | Path | None,
     model_label: str = "",
     model_name: str = "",
     system: str | None = None,
@@ -455,17 +456,17 @@ def build_app(
     toolset: Toolset | None = None,
     tracer: ChatTracer | None = None,
 ) -> gr.Blocks:
-    """The chat page for `backend`, recording feedback into `store` (a FeedbackStore, a path, or None).
+    """The chat page for `backend`, recording feedback into `store` (a feedback store, a SQLite file's path, or None).
     `model_label` is recorded with each rating and edit (default: the backend's identity); `model_name` is what
     the header calls the model (default: the label), e.g. `models:/support@champion (version 3)`. `toolset`: the
     pipeline's tools, run when a reply calls them (a local model only). `tracer`: every turn an MLflow trace,
     every rating and edit an assessment on it (engine/infer/tracing.py)."""
     backend = as_backend(backend)
-    if store is not None and not isinstance(store, FeedbackStore):
+    if isinstance(store, str | Path):
         store = FeedbackStore(store)
     h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay, toolset=toolset, tracer=tracer)
     name = model_name or h.model_label
-    where = f"`{shown(str(store.path))}`" if store is not None else "nowhere (no feedback store)"
+    where = f"`{shown(store.where)}`" if store is not None else "nowhere (no feedback store)"
     tools = (
         f"\nTools: {shown(', '.join(toolset.names))}; each call and its result show as blocks before the answer."
         if toolset is not None
@@ -697,7 +698,7 @@ def start(
 
 def launch(
     model: Backend | dict | str,
-    store_path: str | Path | None,
+    store_path: FeedbackStore | PostgresFeedbackStore | str | Path | None,
     host: str = "127.0.0.1",
     port: int = 7860,
     system: str | None = None,
@@ -713,11 +714,11 @@ def launch(
     **options,
 ) -> gr.Blocks:
     """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
-    recording feedback into the SQLite store at `store_path`, behind a login when `password` is set. `options`
-    go to build_app (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app (serving in the
-    background when block=False)."""
+    recording feedback into `store_path` (a store, or a SQLite file's path), behind a login when `password` is set.
+    `options` go to build_app (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app
+    (serving in the background when block=False)."""
     backend = as_backend(model)
-    store = FeedbackStore(store_path) if store_path else None
+    store = FeedbackStore(store_path) if isinstance(store_path, str | Path) else store_path
     app = build_app(backend, store, model_label, model_name, system=system, context_turns=context_turns, **options)
     start(
         app,

@@ -287,19 +287,32 @@ def chat_options(f):
     return f
 
 
+def feedback_store(store, pipeline: str):
+    """The pipeline's feedback store, reached now: a store URL that is wrong or a server that is down is one
+    clear error (naming the setting, never the password) before any chat starts."""
+    from .engine.data.feedback_turns import FeedbackError
+
+    try:
+        found = store.feedback_store(pipeline)
+        found.check()
+    except (FeedbackError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    return found
+
+
 def chat_target(pipeline: str, model: str | None, server_model: str | None):
-    """(backend spec, label recorded with feedback, feedback store path)."""
+    """(backend spec, label recorded with feedback, feedback store)."""
     return chat_target_named(pipeline, model, server_model)[:3]
 
 
 def chat_target_named(pipeline: str, model: str | None, server_model: str | None):
-    """(backend spec, label recorded with feedback, feedback store path, the model's name for people). The
+    """(backend spec, label recorded with feedback, feedback store, the model's name for people). The
     label is what identifies the model exactly (its directory, or the server's URL); the name is what the chat
     page's header shows: the registry's name for the deployed model or a models:/ URI (`models:/support@champion
     (version 3)`), else what was asked for."""
     from .resources.storage import ArtifactStore
 
-    store_path = ArtifactStore().feedback_path(pipeline)
+    store_path = feedback_store(ArtifactStore(), pipeline)
     if model and model.startswith(("http://", "https://")):
         spec = {"type": "server", "base_url": model, "model": server_model or "default"}
         return spec, model, store_path, f"{server_model} at {model}" if server_model else model
@@ -465,7 +478,6 @@ def system_note(system: str | None, uri: str | None = None) -> str:
 @chat_options
 def chat(pipeline, model, server_model, system, context_turns):
     """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
-    from .engine.data.feedback_store import FeedbackStore
     from .engine.infer.chat import Chat, run_terminal
 
     spec, label, store_path, name = chat_target_named(pipeline, model, server_model)
@@ -473,7 +485,7 @@ def chat(pipeline, model, server_model, system, context_turns):
     system, prompt_uri = chat_prompt(pipeline, system, model, found)
     tracer = chat_tracer(pipeline, name, system_prompt_uri=prompt_uri)
     console.print(
-        f"chatting with {label}; feedback goes to {store_path}; {system_note(system, prompt_uri)}; context: "
+        f"chatting with {label}; feedback goes to {store_path.where}; {system_note(system, prompt_uri)}; context: "
         + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
         + ". /help lists commands.",
         style="dim",
@@ -487,7 +499,7 @@ def chat(pipeline, model, server_model, system, context_turns):
             system=system,
             context_turns=context_turns,
             model_label=label,
-            store=FeedbackStore(store_path),
+            store=store_path,
             toolset=toolset,
             tracer=tracer,
         )
@@ -530,7 +542,7 @@ def chat_ui(pipeline, model, server_model, system, context_turns, host, port, pa
     login = f"login {username!r}, password from ${password_env}" if password else "no password"
     described = name if label in name else f"{name} at {label}"
     console.print(
-        f"chat page on http://{host}:{port}  (model {described}; feedback to {store_path}; "
+        f"chat page on http://{host}:{port}  (model {described}; feedback to {store_path.where}; "
         f"{system_note(system, prompt_uri)}; "
         f"{login})",
         soft_wrap=True,

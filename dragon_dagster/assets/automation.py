@@ -28,7 +28,6 @@ from dagster import (
     sensor,
 )
 
-from ..engine.data.feedback_store import FeedbackStore
 from ..engine.data.trace_feedback import TraceFeedback
 from ..engine.pipeline import Pipeline
 from ..resources import ArtifactStore, MLflowTracking
@@ -72,7 +71,7 @@ def feedback_records(pipeline: Pipeline, store: ArtifactStore, tracking: MLflowT
         tracking = tracking if tracking is not None else MLflowTracking(runs_dir=store.runs_dir)
         uri = source.tracking_uri or tracking.uri
         return TraceFeedback(uri, source.mlflow_experiment, thumbs=source.thumbs, edited=source.edited)
-    return FeedbackStore(store.feedback_path(pipeline.name))
+    return store.feedback_store(pipeline.name)
 
 
 def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:

@@ -36,6 +36,7 @@ from ..engine.artifacts.manifest import (
     write_manifest,
 )
 from ..engine.data import tables as data_lib
+from ..engine.data.feedback_postgres import PostgresFeedbackStore
 from ..engine.data.feedback_rows import (
     SKIP_REASONS,
     check_record,
@@ -66,7 +67,7 @@ from .report import run_report_stage
 from .training import reward_model_inputs, run_training_stage
 
 
-def record_range(context, store: FeedbackStore | TraceFeedback) -> tuple[int, int]:
+def record_range(context, store: FeedbackStore | PostgresFeedbackStore | TraceFeedback) -> tuple[int, int]:
     """(first id, last id) of the records this run uses: from the run's tag, else everything so far."""
     tag = context.run.tags.get(RANGE_TAG) if context.run else None
     if tag:

@@ -23,12 +23,16 @@ from ..engine.artifacts.directories import (
     staged_dir,
     staging_owner,
 )
+from ..engine.data.feedback_postgres import URL_SCHEMES, PostgresFeedbackStore, redacted
+from ..engine.data.feedback_store import FeedbackStore
 from ..engine.runtime import remote
 
 logger = logging.getLogger(__name__)
 
 # Under the runs directory: the Dagster Pipes files of subprocess workers, .pipes/<run_id>/<step>-<nonce>/.
 PIPES_DIR = ".pipes"
+# The feedback store's URL when ArtifactStore.feedback_url is empty: what chat servers and Dagster both read
+FEEDBACK_URL_ENV = "DRAGON_FEEDBACK_URL"
 
 
 def default_runs_dir() -> Path:
@@ -103,6 +107,14 @@ class ArtifactStore(ConfigurableResource):
         "<name>/ (files, then a .complete marker) and runs_dir/artifacts is its local cache. "
         "Credentials and endpoints come from the environment only (AWS_ACCESS_KEY_ID, "
         "AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL, ...). Empty: local artifacts only.",
+    )
+    feedback_url: str = Field(
+        default="",
+        description="Where chat feedback is kept. Empty: $DRAGON_FEEDBACK_URL when set, else one SQLite file "
+        "per pipeline under runs_dir/feedback/. A postgresql://user@host:port/database URL keeps it in "
+        "PostgreSQL (a schema per pipeline), shared by chat servers on several machines. Keep the password "
+        "out of files: leave it out of the URL and set PGPASSWORD or ~/.pgpass, or give the whole URL as "
+        "EnvVar('DRAGON_FEEDBACK_URL').",
     )
 
     @property
@@ -274,8 +286,24 @@ class ArtifactStore(ConfigurableResource):
         return removed
 
     def feedback_path(self, pipeline: str) -> Path:
-        """The pipeline's chat feedback store (append-only SQLite, WAL)."""
+        """The pipeline's SQLite chat feedback store (append-only, WAL), used when no feedback URL is set."""
         return self.root / "feedback" / f"{pipeline}.sqlite"
+
+    def feedback_store(self, pipeline: str):
+        """The pipeline's chat feedback store: in PostgreSQL when feedback_url (or $DRAGON_FEEDBACK_URL) is a
+        postgresql:// URL, else the SQLite file at feedback_path."""
+        if self.feedback_url:
+            url, setting = self.feedback_url, "ArtifactStore.feedback_url"
+        else:
+            url, setting = os.environ.get(FEEDBACK_URL_ENV, ""), f"${FEEDBACK_URL_ENV}"
+        if not url:
+            return FeedbackStore(self.feedback_path(pipeline))
+        if not url.startswith(URL_SCHEMES):
+            raise ValueError(
+                f"{setting} must be a postgresql://user@host:port/database URL (empty: SQLite under the runs "
+                f"directory), got {redacted(url)!r}"
+            )
+        return PostgresFeedbackStore(url, pipeline, setting=setting)
 
     def checkpoints_root(self, pipeline: str, stage: str) -> Path:
         """checkpoints/<pipeline>/<stage>: one directory per Dagster run below it."""

@@ -97,7 +97,52 @@ def too_long(text: str, limit: int | None = MAX_MESSAGE_CHARS, what: str = "a me
     return f"{what} is {len(text):,} characters long; the limit is {limit:,} characters per message (MAX_MESSAGE_CHARS)"
 
 
-def _digest(role: str, content: str, extra: str | None = None) -> str:
+def checked_record(
+    max_message_chars: int | None,
+    conversation_id: str,
+    turns: list[dict],
+    reply: str,
+    verdict: str,
+    edited: str | None,
+    model: str,
+    trace_id: str | None,
+) -> tuple[list[dict], tuple]:
+    """(the turns as messages, the feedback row's values after turns_id: conversation_id, reply, verdict, edited,
+    model, created, trace_id), or FeedbackError naming what is wrong: every backend refuses the same records with
+    the same words."""
+
+    def check_length(text: str, what: str) -> None:
+        problem = too_long(text, max_message_chars, what)
+        if problem:
+            raise FeedbackError(problem)
+
+    if verdict not in VERDICTS:
+        raise FeedbackError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    if verdict == "edit":
+        if not isinstance(edited, str) or not edited.strip():
+            raise FeedbackError("an 'edit' needs the improved reply text (non-empty)")
+        check_length(edited, "the edited reply")
+    elif edited is not None:
+        raise FeedbackError(f"edited text goes with verdict 'edit' only, not {verdict!r}")
+    if not isinstance(reply, str):
+        raise FeedbackError(f"reply must be text, got {reply!r:.200}")
+    check_length(reply, "the reply")
+    messages = check_turns(turns)
+    for i, m in enumerate(messages):
+        check_length(m["content"], f"turn {i} ({m['role']})")
+    row = (
+        str(conversation_id),
+        reply,
+        verdict,
+        edited,
+        str(model or ""),
+        datetime.now(UTC).isoformat(timespec="microseconds"),
+        None if trace_id is None else str(trace_id),
+    )
+    return messages, row
+
+
+def message_digest(role: str, content: str, extra: str | None = None) -> str:
     """A plain message's digest is what version 2 wrote, so its stored messages are found again."""
     text = f"{role}\0{content}" if extra is None else f"{role}\0{content}\0{extra}"
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
@@ -109,7 +154,7 @@ def _insert_turns(conn: sqlite3.Connection, messages: list[dict]) -> int:
     parent = 0
     for m in messages:
         extra = extras(m)
-        digest = _digest(m["role"], m["content"], extra)
+        digest = message_digest(m["role"], m["content"], extra)
         row = conn.execute("SELECT id FROM messages WHERE parent = ? AND digest = ?", (parent, digest)).fetchone()
         if row is None:
             row = (
@@ -191,6 +236,16 @@ class FeedbackStore:
     def __repr__(self) -> str:
         return f"FeedbackStore({str(self.path)!r})"
 
+    @property
+    def where(self) -> str:
+        """Where the records are, for people."""
+        return str(self.path)
+
+    def check(self) -> str:
+        """Create or migrate the store now; where the records are."""
+        self._ensure()
+        return self.where
+
     def __reduce__(self):  # picklable for worker processes: the lock and readiness are per process
         return (type(self), (self.path, self.timeout, self.max_message_chars))
 
@@ -264,11 +319,6 @@ class FeedbackStore:
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _check_length(self, text: str, what: str) -> None:
-        problem = too_long(text, self.max_message_chars, what)
-        if problem:
-            raise FeedbackError(problem)
-
     def record(
         self,
         conversation_id: str,
@@ -281,28 +331,8 @@ class FeedbackStore:
     ) -> int:
         """Append one feedback event and return its id once it is durably committed. `trace_id` names the
         MLflow trace of the rated reply, when the chat was traced."""
-        if verdict not in VERDICTS:
-            raise FeedbackError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
-        if verdict == "edit":
-            if not isinstance(edited, str) or not edited.strip():
-                raise FeedbackError("an 'edit' needs the improved reply text (non-empty)")
-            self._check_length(edited, "the edited reply")
-        elif edited is not None:
-            raise FeedbackError(f"edited text goes with verdict 'edit' only, not {verdict!r}")
-        if not isinstance(reply, str):
-            raise FeedbackError(f"reply must be text, got {reply!r:.200}")
-        self._check_length(reply, "the reply")
-        messages = check_turns(turns)
-        for i, m in enumerate(messages):
-            self._check_length(m["content"], f"turn {i} ({m['role']})")
-        row = (
-            str(conversation_id),
-            reply,
-            verdict,
-            edited,
-            str(model or ""),
-            datetime.now(UTC).isoformat(timespec="microseconds"),
-            None if trace_id is None else str(trace_id),
+        messages, row = checked_record(
+            self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
         )
         self._ensure()
 
@@ -364,34 +394,50 @@ class FeedbackStore:
                 conn.execute("COMMIT")
             return rows, nodes
 
-        rows, nodes = self._retry(read)
-        by_id = {n[0]: n[1:] for n in nodes}
-        memo: dict[int, tuple] = {0: ()}
+        return assemble(*self._retry(read))
 
-        def chain(node: int) -> tuple | None:
-            path = []
-            while node not in memo:
-                if node not in by_id:
-                    return None
-                path.append(node)
-                node = by_id[node][0]
-            prefix = memo[node]
-            for n in reversed(path):
-                prefix = prefix + (by_id[n][1:],)
-                memo[n] = prefix
-            return prefix
 
-        out = []
-        for values in rows:
-            record = dict(zip(COLUMNS, values))
-            legacy = record.pop("legacy_turns")
-            if record["turns_id"] is not None:
-                messages = chain(record["turns_id"])
-                record["turns"] = None if messages is None else [with_extras(*m) for m in messages]
-            else:
-                try:
-                    record["turns"] = json.loads(legacy)
-                except (TypeError, ValueError):
-                    record["turns"] = legacy
-            out.append(record)
-        return out
+def assemble(rows: list[tuple], nodes: list[tuple]) -> list[dict]:
+    """Records from feedback rows (COLUMNS) and the messages of their chains (id, parent, role, content, extra):
+    each record's turns as messages. Turns that could not be converted from the first layout come back as stored
+    (parsed when they are JSON, else the text)."""
+    by_id = {n[0]: n[1:] for n in nodes}
+    memo: dict[int, tuple] = {0: ()}
+
+    def chain(node: int) -> tuple | None:
+        path = []
+        while node not in memo:
+            if node not in by_id:
+                return None
+            path.append(node)
+            node = by_id[node][0]
+        prefix = memo[node]
+        for n in reversed(path):
+            prefix = prefix + (by_id[n][1:],)
+            memo[n] = prefix
+        return prefix
+
+    out = []
+    for values in rows:
+        record = dict(zip(COLUMNS, values))
+        legacy = record.pop("legacy_turns")
+        if record["turns_id"] is not None:
+            messages = chain(record["turns_id"])
+            record["turns"] = None if messages is None else [with_extras(*m) for m in messages]
+        else:
+            try:
+                record["turns"] = json.loads(legacy)
+            except (TypeError, ValueError):
+                record["turns"] = legacy
+        out.append(record)
+    return out
+
+
+def open_feedback_store(where: str | Path, name: str = "", setting: str = "the feedback store"):
+    """The store at `where`: a postgresql:// URL (the pipeline `name`'s schema in that database,
+    feedback_postgres.py) or a SQLite file's path. `setting` names where the user gave it, for errors."""
+    if str(where).startswith(("postgresql://", "postgres://")):
+        from .feedback_postgres import PostgresFeedbackStore
+
+        return PostgresFeedbackStore(str(where), name, setting=setting)
+    return FeedbackStore(where)

@@ -1,0 +1,300 @@
+"""Chat feedback in PostgreSQL: the store of feedback_store.py (the same records, the same refusals, the same
+schema version, ids that only grow) in a database that chat servers on several machines share.
+
+Each pipeline's feedback is a schema of the database (`feedback_<pipeline>`) with the SQLite store's two tables,
+`messages` and `feedback`, and a `schema_version` row. Creating or upgrading it happens once, under an advisory
+lock, whichever process comes first. Version 4 is the first layout kept here: there is nothing older to migrate.
+
+Why each write holds the store's advisory lock until it commits: retraining reads records by id range, up to the
+highest id it saw. With concurrent transactions a sequence hands out ids in the order writers ask, not the order
+they commit, so a reader could see id 11 committed while 10 is still open, move its watermark to 11 and never read
+10. Writers that take the lock before their id commit in id order, as SQLite's BEGIN IMMEDIATE makes them there.
+Records are small, so one writer at a time costs little (docs/guides/deployment.md has the figures).
+
+Why each record carries a random `record_key`: over a network a COMMIT can succeed and its reply be lost (the
+server restarted, the connection dropped). The write is then retried, and the key makes the retry find the first
+write instead of adding a second, so an acknowledged record is stored exactly once.
+
+Connections: one short-lived connection per operation, as in SQLite. A store that has never reached its server
+fails at once with one message naming the setting (password never shown); once it has, a lost connection
+(server restarting, failover) is retried with backoff for up to `timeout` seconds before the error. A killed
+writer's open transaction is rolled back by the server: no half record.
+
+Framework-free: nothing here imports Dagster.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import threading
+import time
+import uuid
+import zlib
+from urllib.parse import urlsplit, urlunsplit
+
+from .feedback_store import COLUMNS, MAX_MESSAGE_CHARS, SCHEMA_VERSION, assemble, checked_record, message_digest
+from .feedback_turns import FeedbackError, extras
+
+try:  # the `postgres` extra; the error below says so when it is missing
+    import psycopg
+    from psycopg import sql
+except ImportError:  # pragma: no cover - depends on the installation
+    psycopg = None
+
+URL_SCHEMES = ("postgresql://", "postgres://")
+# libpq failures that retrying cannot fix: a wrong password or user, a database that does not exist
+_FATAL_SQLSTATES = {"28P01", "28000", "3D000", "42501"}
+
+MESSAGES_TABLE = """
+CREATE TABLE IF NOT EXISTS messages (
+    id BIGSERIAL PRIMARY KEY,
+    parent BIGINT NOT NULL,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    extra TEXT,
+    UNIQUE (parent, digest)
+)
+"""
+FEEDBACK_TABLE = """
+CREATE TABLE IF NOT EXISTS feedback (
+    id BIGSERIAL PRIMARY KEY,
+    conversation_id TEXT NOT NULL,
+    turns_id BIGINT REFERENCES messages (id),
+    legacy_turns TEXT,
+    reply TEXT NOT NULL,
+    verdict TEXT NOT NULL CHECK (verdict IN ('up', 'down', 'edit')),
+    edited TEXT,
+    model TEXT NOT NULL DEFAULT '',
+    created TEXT NOT NULL,
+    trace_id TEXT,
+    record_key TEXT UNIQUE
+)
+"""
+VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+
+
+def redacted(url: str) -> str:
+    """The URL with its password (if any) replaced by ***: what messages and logs may show."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
+
+
+def schema_name(name: str) -> str:
+    """The PostgreSQL schema that holds one pipeline's feedback."""
+    if not name or not re.fullmatch(r"[A-Za-z0-9_.-]{1,50}", name):
+        raise FeedbackError(f"a feedback store name must be 1-50 letters, digits, '_', '-' or '.', got {name!r}")
+    return f"feedback_{name}"
+
+
+class StoreUnreachable(FeedbackError):
+    """The PostgreSQL server cannot be reached or refuses the connection (the message names the setting)."""
+
+
+class PostgresFeedbackStore:
+    """Append-only feedback of the pipeline `name` in the PostgreSQL database at `url`; `setting` is what the
+    user set the URL through (named in errors)."""
+
+    def __init__(
+        self,
+        url: str,
+        name: str,
+        timeout: float = 60.0,
+        max_message_chars: int | None = MAX_MESSAGE_CHARS,
+        setting: str = "the feedback store URL",
+        connect_timeout: float = 5.0,
+    ):
+        if psycopg is None:
+            raise FeedbackError(
+                f"{setting} is a PostgreSQL URL, which needs psycopg 3: pip install 'dragon-dagster[postgres]'"
+            )
+        if not str(url).startswith(URL_SCHEMES):
+            raise FeedbackError(f"{setting} must be a postgresql:// URL, got {redacted(str(url))!r}")
+        self.url = str(url)
+        self.name = name
+        self.schema = schema_name(name)
+        self.timeout = float(timeout)
+        self.max_message_chars = max_message_chars
+        self.setting = setting
+        self.connect_timeout = connect_timeout
+        self._ready = False
+        self._lock = threading.Lock()
+        # one advisory lock per pipeline store, the same number in every process
+        self._lock_key = zlib.crc32(f"dragon-feedback:{self.schema}".encode()) - 2**31
+
+    @property
+    def where(self) -> str:
+        """Where the records are, for people (no password)."""
+        return f"{redacted(self.url)} (schema {self.schema})"
+
+    def __repr__(self) -> str:
+        return f"PostgresFeedbackStore({redacted(self.url)!r}, {self.name!r})"
+
+    def __reduce__(self):  # picklable for worker processes
+        return (
+            type(self),
+            (self.url, self.name, self.timeout, self.max_message_chars, self.setting, self.connect_timeout),
+        )
+
+    # ----------------------------------------------------------------------------------- connections
+
+    def _problem(self, exc: BaseException) -> str:
+        text = " ".join(str(exc).split())
+        password = urlsplit(self.url).password
+        if password:
+            text = text.replace(password, "***")
+        return f"feedback store {redacted(self.url)} ({self.setting}): {text}"
+
+    def _connect(self):
+        conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        return conn
+
+    def _retry(self, work):
+        """Run work(conn) on a fresh connection. A lost connection is retried until `timeout` once this store has
+        reached its server; refusals (password, missing database) and a server never reached fail at once."""
+        deadline = time.monotonic() + self.timeout
+        attempt = 0
+        while True:
+            conn = None
+            try:
+                conn = self._connect()
+                return work(conn)
+            except psycopg.OperationalError as exc:
+                fatal = getattr(exc, "sqlstate", None) in _FATAL_SQLSTATES
+                if fatal or not self._ready or time.monotonic() > deadline:
+                    raise StoreUnreachable(self._problem(exc)) from None
+            finally:
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:
+                        pass
+            attempt += 1
+            time.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * (0.5 + random.random()))
+
+    def _ensure(self) -> None:
+        if self._ready:
+            return
+
+        def init(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+                conn.execute(VERSION_TABLE)
+                found = conn.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+                if found is not None and found > SCHEMA_VERSION:
+                    raise FeedbackError(
+                        f"{self.where} has feedback schema version {found}; this code reads up to {SCHEMA_VERSION}"
+                    )
+                if found is None:  # new: the current layout (later versions add their upgrades here)
+                    conn.execute(MESSAGES_TABLE)
+                    conn.execute(FEEDBACK_TABLE)
+                    conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+
+        self._retry(init)
+        self._ready = True
+
+    def check(self) -> str:
+        """Reach the server and create or check the layout now; where the records are. Raises the clear error
+        (StoreUnreachable, naming the setting) when it cannot."""
+        self._ensure()
+        return self.where
+
+    # ---------------------------------------------------------------------------------------- writes
+
+    def record(
+        self,
+        conversation_id: str,
+        turns: list[dict],
+        reply: str,
+        verdict: str,
+        edited: str | None = None,
+        model: str = "",
+        trace_id: str | None = None,
+    ) -> int:
+        """Append one feedback event and return its id once it is committed (see FeedbackStore.record)."""
+        messages, row = checked_record(
+            self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
+        )
+        key = uuid.uuid4().hex
+        self._ensure()
+
+        def insert(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
+                done = conn.execute("SELECT id FROM feedback WHERE record_key = %s", (key,)).fetchone()
+                if done is not None:  # an earlier attempt committed; its reply was lost
+                    return int(done[0])
+                turns_id = _insert_turns(conn, messages)
+                return int(
+                    conn.execute(
+                        "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, created, "
+                        "trace_id, record_key) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                        (row[0], turns_id, *row[1:], key),
+                    ).fetchone()[0]
+                )
+
+        with self._lock:
+            return self._retry(insert)
+
+    # ----------------------------------------------------------------------------------------- reads
+
+    def count(self, after_id: int = 0) -> int:
+        """How many records have an id above after_id."""
+        self._ensure()
+        return self._retry(
+            lambda conn: conn.execute("SELECT COUNT(*) FROM feedback WHERE id > %s", (int(after_id),)).fetchone()[0]
+        )
+
+    def max_id(self) -> int:
+        """The highest id committed (0 when empty): a watermark for incremental reads."""
+        self._ensure()
+        return int(self._retry(lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0]))
+
+    def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[dict]:
+        """Records with after_id < id <= up_to_id, in id order, with their turns as messages (one snapshot)."""
+        self._ensure()
+        where, args = "id > %s", [int(after_id)]
+        if up_to_id is not None:
+            where += " AND id <= %s"
+            args.append(int(up_to_id))
+
+        def read(conn):
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                rows = conn.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
+                ).fetchall()
+                nodes = conn.execute(
+                    f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
+                    f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
+                    f"SELECT id, parent, role, content, extra FROM messages WHERE id IN (SELECT id FROM chain)",
+                    args,
+                ).fetchall()
+            return rows, nodes
+
+        return assemble(*self._retry(read))
+
+
+def _insert_turns(conn, messages: list[dict]) -> int:
+    """The id of the last of `messages` stored as a chain (inside the caller's transaction, which holds the
+    store's lock: no other writer adds messages meanwhile), earlier turns shared with conversations already
+    stored."""
+    parent = 0
+    for m in messages:
+        extra = extras(m)
+        digest = message_digest(m["role"], m["content"], extra)
+        row = conn.execute("SELECT id FROM messages WHERE parent = %s AND digest = %s", (parent, digest)).fetchone()
+        if row is None:
+            row = conn.execute(
+                "INSERT INTO messages (parent, role, content, digest, extra) VALUES (%s, %s, %s, %s, %s) RETURNING id",
+                (parent, m["role"], m["content"], digest, extra),
+            ).fetchone()
+        parent = int(row[0])
+    return parent
