@@ -15,7 +15,8 @@ Why each record carries a random `record_key`: over a network a COMMIT can succe
 server restarted, the connection dropped). The write is then retried, and the key makes the retry find the first
 write instead of adding a second, so an acknowledged record is stored exactly once.
 
-Connections: one short-lived connection per operation, as in SQLite. A store that has never reached its server
+Connections: one per store object and process, kept between operations (a connection costs a password
+exchange) and used by one thread at a time; a broken one is replaced. A store that has never reached its server
 fails at once with one message naming the setting (password never shown); once it has, a lost connection
 (server restarting, failover) is retried with backoff for up to `timeout` seconds before the error. A killed
 writer's open transaction is rolled back by the server: no half record.
@@ -25,6 +26,7 @@ Framework-free: nothing here imports Dagster.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import threading
@@ -123,7 +125,10 @@ class PostgresFeedbackStore:
         self.setting = setting
         self.connect_timeout = connect_timeout
         self._ready = False
+        # one connection per store object and process, kept between operations and used by one thread at a
+        # time: a chat server's many request threads hold one connection, not one each
         self._lock = threading.Lock()
+        self._conn, self._pid = None, None
         # one advisory lock per pipeline store, the same number in every process
         self._lock_key = zlib.crc32(f"dragon-feedback:{self.schema}".encode()) - 2**31
 
@@ -155,26 +160,36 @@ class PostgresFeedbackStore:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
         return conn
 
+    def _connection(self):
+        """The store's connection, opened on first use (and again in a forked child, never sharing the parent's
+        socket). Called under self._lock."""
+        if self._conn is None or self._conn.closed or self._pid != os.getpid():
+            self._conn, self._pid = self._connect(), os.getpid()
+        return self._conn
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a broken connection may not close cleanly; it is gone either way
+                pass
+
     def _retry(self, work):
-        """Run work(conn) on a fresh connection. A lost connection is retried until `timeout` once this store has
-        reached its server; refusals (password, missing database) and a server never reached fail at once."""
+        """Run work(conn) on the store's connection, one operation at a time. A lost connection is retried on a
+        new one until `timeout` once this store has reached its server; refusals (password, missing database)
+        and a server never reached fail at once."""
         deadline = time.monotonic() + self.timeout
         attempt = 0
         while True:
-            conn = None
-            try:
-                conn = self._connect()
-                return work(conn)
-            except psycopg.OperationalError as exc:
-                fatal = getattr(exc, "sqlstate", None) in _FATAL_SQLSTATES
-                if fatal or not self._ready or time.monotonic() > deadline:
-                    raise StoreUnreachable(self._problem(exc)) from None
-            finally:
-                if conn is not None:
-                    try:
-                        conn.close()
-                    except Exception:
-                        pass
+            with self._lock:
+                try:
+                    return work(self._connection())
+                except psycopg.OperationalError as exc:
+                    self._drop_connection()
+                    fatal = getattr(exc, "sqlstate", None) in _FATAL_SQLSTATES
+                    if fatal or not self._ready or time.monotonic() > deadline:
+                        raise StoreUnreachable(self._problem(exc)) from None
             attempt += 1
             time.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * (0.5 + random.random()))
 
@@ -240,8 +255,7 @@ class PostgresFeedbackStore:
                     ).fetchone()[0]
                 )
 
-        with self._lock:
-            return self._retry(insert)
+        return self._retry(insert)
 
     # ----------------------------------------------------------------------------------------- reads
 
