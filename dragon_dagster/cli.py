@@ -390,8 +390,8 @@ def chat_prompt(pipeline: str, system: str | None, model: str | None, found=None
         return system_of(tracking.client(), pipeline, text)
     except RegistryError as exc:
         console.print(
-            f"the Prompt Registry at {tracking.uri} cannot be read ({one_line(exc)}): chatting with the pipeline's "
-            "own system prompt",
+            f"the Prompt Registry at {tracking.shown_uri} cannot be read ({one_line(exc)}): chatting with the "
+            "pipeline's own system prompt",
             style="bold yellow",
             soft_wrap=True,
             markup=False,
@@ -443,7 +443,7 @@ def chat_tracer(pipeline: str, name: str, user: str | None = None, system_prompt
         experiment_id = tracking.experiment_id(pipeline)
     except Exception as exc:  # noqa: BLE001 - any client failure: chat untraced, and say why
         console.print(
-            f"warning: not tracing this chat: MLflow at {tracking.uri} cannot be used ({type(exc).__name__}: "
+            f"warning: not tracing this chat: MLflow at {tracking.shown_uri} cannot be used ({type(exc).__name__}: "
             f"{str(exc)[:300]})",
             style="bold yellow",
             soft_wrap=True,
@@ -451,8 +451,8 @@ def chat_tracer(pipeline: str, name: str, user: str | None = None, system_prompt
         )
         return None
     console.print(
-        f"each turn is an MLflow trace in experiment {pipeline!r} ({experiment_id}) at {tracking.uri}; ratings and "
-        "edits are assessments on it",
+        f"each turn is an MLflow trace in experiment {pipeline!r} ({experiment_id}) at {tracking.shown_uri}; ratings "
+        "and edits are assessments on it",
         style="dim",
         soft_wrap=True,
         markup=False,
@@ -921,7 +921,7 @@ def prompt(pipeline: str, text: str | None, version: int | None):
         live = live_prompt(client, pipeline)
         versions = versions_of(client, pipeline)
     except RegistryError as exc:
-        raise click.ClickException(f"{exc} (tracking URI {tracking.uri})") from exc
+        raise click.ClickException(f"{exc} (tracking URI {tracking.shown_uri})") from exc
     if not versions:
         click.echo(
             f"{prompt_name(pipeline)} is not registered yet: building the pipeline's chat dataset registers its "
@@ -957,9 +957,11 @@ def models(pipeline: str, version: str | None):
         click.echo(f"models:/{pipeline}@{CHAMPION} is now version {version} (was {before or 'none'})")
     versions = sorted(client.search_model_versions(f"name = '{pipeline}'"), key=lambda v: -int(v.version))
     if not versions:
-        raise click.ClickException(f"no registered model {pipeline!r} in {tracking.uri}: materialize a merge first")
+        raise click.ClickException(
+            f"no registered model {pipeline!r} in {tracking.shown_uri}: materialize a merge first"
+        )
     aliases = client.get_registered_model(pipeline).aliases
-    table = Table(title=f"models:/{pipeline} in {tracking.uri}")
+    table = Table(title=f"models:/{pipeline} in {tracking.shown_uri}")
     for column in ("version", "aliases", "asset", "dagster run", "mlflow run", "created", "artifact"):
         table.add_column(column)
     for v in versions:

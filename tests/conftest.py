@@ -9,11 +9,22 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.support import BUMP_TOOLS, StubServer, closed_port, free_port, healthy, wait_until, write_pipeline
+from tests.support import (
+    BUMP_TOOLS,
+    StubServer,
+    closed_port,
+    free_port,
+    healthy,
+    new_bucket,
+    s3_env,
+    wait_until,
+    write_pipeline,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here reaches the hub; fail fast instead of retrying
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -339,46 +350,98 @@ def chromium() -> Path:
     return CHROMIUM
 
 
+@contextmanager
+def running_mlflow_server(root: Path, backend_store_uri: str, artifacts_destination: str, env: dict | None = None):
+    """A real `mlflow server` on a free loopback port, serving (proxying) artifacts: yields its URL, killed after.
+    env: added to this process's environment for the server (an object store's endpoint and keys)."""
+    port = free_port()
+    log_path = root / "server.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                str(Path(sys.executable).with_name("mlflow")),
+                "server",
+                "--backend-store-uri",
+                backend_store_uri,
+                "--artifacts-destination",
+                artifacts_destination,
+                "--serve-artifacts",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+
+    def exited() -> str | None:
+        code = process.poll()
+        return None if code is None else f"exited with {code}:\n{log_path.read_text()[-3000:]}"
+
+    try:  # about a minute on 2 idle cores (imports, then its tables created or migrated); more on a busy machine
+        wait_until(lambda: healthy(f"{url}/health"), 180, "the mlflow server to answer", alive=exited, every=0.5)
+        yield url
+    finally:  # pytest.fail included: the server does not outlive a failed start
+        os.killpg(process.pid, signal.SIGTERM)
+        try:  # its job runner and consumers can take half a minute to stop on their own: a test server need not
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on loopback with its own sqlite store and proxied artifact store, shared by the
     tests that claim remote tracking (registry, tracing, assessments, prompts, evaluations)."""
     root = tmp_path_factory.mktemp("mlflow_server")
-    port = free_port()
-    log = (root / "server.log").open("w")
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).with_name("mlflow")),
-            "server",
-            "--backend-store-uri",
-            f"sqlite:///{root / 'server.db'}",
-            "--artifacts-destination",
-            str(root / "artifacts"),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    with running_mlflow_server(root, f"sqlite:///{root / 'server.db'}", str(root / "artifacts")) as url:
+        yield {"url": url, "root": root}
 
-    def exited() -> str | None:
-        code = process.poll()
-        return None if code is None else f"exited with {code}:\n{(root / 'server.log').read_text()[-3000:]}"
 
-    try:
-        wait_until(lambda: healthy(f"{url}/health"), 90, "the mlflow server to answer", alive=exited, every=0.5)
-    except BaseException:  # pytest.fail included: the server does not outlive a failed start
-        os.killpg(process.pid, signal.SIGKILL)
-        raise
-    yield {"url": url, "root": root}
-    os.killpg(process.pid, signal.SIGTERM)
-    process.wait(timeout=30)
+@pytest.fixture()
+def start_mlflow_server(tmp_path_factory):
+    """Starts a real `mlflow server` of the test's own: start(backend_store_uri, artifacts_destination, env)
+    returns its URL; stopped when the test ends."""
+    with ExitStack() as servers:
+
+        def start(backend_store_uri: str, artifacts_destination: str, env: dict | None = None) -> str:
+            root = tmp_path_factory.mktemp("mlflow_server")
+            return servers.enter_context(running_mlflow_server(root, backend_store_uri, artifacts_destination, env))
+
+        yield start
+
+
+# ---------------------------------------------------------------------------- an S3-compatible server on loopback
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """moto's S3 server (moto[server], `ThreadedMotoServer`: pure Python, from the package index with the dev
+    extra; MinIO would need a binary download) on 127.0.0.1, shared by the session; any keys are accepted."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=closed_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture()
+def bucket(moto_endpoint, monkeypatch) -> str:
+    """A fresh bucket on the loopback server; the AWS_* environment s3fs and botocore read points at it."""
+    for name, value in s3_env(moto_endpoint).items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    return new_bucket(moto_endpoint)
 
 
 @pytest.fixture(scope="session")

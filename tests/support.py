@@ -1,6 +1,6 @@
 """What the tests share that is not a fixture (fixtures are in conftest.py): the pipeline-YAML builder, a user's
 Dagster project, stub OpenAI-compatible servers, free ports, one wait-until helper for anything that comes up
-or goes away, and the browser's settings."""
+or goes away, the loopback S3 server's buckets, and the browser's settings."""
 
 from __future__ import annotations
 
@@ -204,6 +204,51 @@ def closed_port() -> int:
 
 def free_port() -> int:
     return closed_port()
+
+
+# ------------------------------------------------------------------- the loopback S3 server (conftest's moto_endpoint)
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The AWS_* environment that points botocore and s3fs at the loopback S3 server (moto takes any keys)."""
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def s3_client(endpoint: str):
+    """A boto3 S3 client on the loopback server, its settings given here, not read from the environment."""
+    import boto3
+
+    env = s3_env(endpoint)
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+
+
+def new_bucket(endpoint: str) -> str:
+    """A fresh bucket on the loopback server; its name."""
+    import uuid
+
+    name = f"art-{uuid.uuid4().hex[:10]}"
+    s3_client(endpoint).create_bucket(Bucket=name)
+    return name
+
+
+def bucket_keys(bucket: str, prefix: str = "", endpoint: str | None = None) -> list[str]:
+    """The keys under prefix in bucket, sorted; on endpoint, else where the AWS_* environment points."""
+    import boto3
+
+    client = s3_client(endpoint) if endpoint else boto3.client("s3")
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
+    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
 
 
 CHROMIUM_ARGS = [

@@ -46,7 +46,7 @@ def register_merged_model(context, pipeline: Pipeline, tracking, final: Path) ->
     except Exception as exc:
         raise Failure(
             description=f"the merged model is saved at {final}, but registering it in the MLflow "
-            f"registry at {tracking.uri} failed: {exc}. Materialize the merge again once "
+            f"registry at {tracking.shown_uri} failed: {exc}. Materialize the merge again once "
             "MLflow is reachable."
         ) from exc
     context.log.info(f"registered models:/{pipeline.name}/{version} (alias challenger)")
@@ -65,9 +65,9 @@ def promote_merged(
     version = version_for(client, pipeline, merged_dir)
     if version is None:
         context.log.warning(
-            f"{merged_dir} is not a registered version of {pipeline!r} in {tracking.uri}: nothing promoted"
+            f"{merged_dir} is not a registered version of {pipeline!r} in {tracking.shown_uri}: nothing promoted"
         )
-        return {"promoted": f"none: {merged_dir} is not registered in {tracking.uri}"}
+        return {"promoted": f"none: {merged_dir} is not registered in {tracking.shown_uri}"}
     current = alias_version(client, pipeline, CHAMPION)
     if only_over is not None and current is not None and current != version:
         owner = client.get_model_version(pipeline, current).tags.get("asset_key", "")

@@ -28,7 +28,7 @@ def register_dataset_prompt(pipeline: Pipeline, stage_name: str, system: str | N
     try:
         return register_pipeline_prompt(tracking.client(), pipeline.name, system, f"{pipeline.name}/{stage_name}").uri
     except RegistryError as exc:
-        raise Failure(description=f"{stage_name}: {exc} (tracking URI {tracking.uri})") from exc
+        raise Failure(description=f"{stage_name}: {exc} (tracking URI {tracking.shown_uri})") from exc
 
 
 def live_system(pipeline: Pipeline, tracking, fallback: str | None) -> tuple[str | None, str | None]:
@@ -38,7 +38,7 @@ def live_system(pipeline: Pipeline, tracking, fallback: str | None) -> tuple[str
     try:
         return system_of(tracking.client(), pipeline.name, fallback)
     except RegistryError as exc:
-        raise Failure(description=f"{exc} (tracking URI {tracking.uri})") from exc
+        raise Failure(description=f"{exc} (tracking URI {tracking.shown_uri})") from exc
 
 
 def dataset_prompt_uri(dataset_dir: str | Path) -> str | None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..engine.evaluate import metrics as task_metrics
 from ..engine.evaluate.per_row import MODELS, read_replies
+from ..engine.text.uris import without_password
 
 logger = logging.getLogger(__name__)
 
@@ -174,7 +175,8 @@ def evaluate_replies(
         raise
     except Exception as e:
         raise MLflowEvaluationError(
-            f"the MLflow evaluation of {replies} on the tracking server {uri} failed: {type(e).__name__}: {e}"
+            f"the MLflow evaluation of {replies} on the tracking server {without_password(uri)} failed: "
+            f"{type(e).__name__}: {e}"
         ) from e
     return done
 
@@ -208,7 +210,7 @@ def log_evaluation(
     end FAILED: the report's own outputs stand either way."""
     from ..engine.evaluate.per_row import REPLIES_FILE
 
-    uri, runs = tracking.uri, {}
+    uri, shown, runs = tracking.uri, tracking.shown_uri, {}
     try:
         experiment = tracking.experiment_id(pipeline)
         replies = Path(report_dir) / REPLIES_FILE
@@ -242,12 +244,12 @@ def log_evaluation(
         error = (
             str(e)
             if isinstance(e, MLflowEvaluationError)
-            else f"the MLflow evaluation of {report_dir} on the tracking server {uri} failed: {type(e).__name__}: {e}"
+            else f"the MLflow evaluation of {report_dir} on the tracking server {shown} failed: {type(e).__name__}: {e}"
         )
         logger.warning(error)
-        return {"tracking_uri": uri, "error": error[:2000]}
+        return {"tracking_uri": shown, "error": error[:2000]}
     return {
-        "tracking_uri": uri,
+        "tracking_uri": shown,
         "experiment": pipeline,
         **done,
         "runs": runs,

@@ -6,16 +6,19 @@ import getpass
 import logging
 import math
 import os
+import re
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from dagster import ConfigurableResource
 from pydantic import BaseModel, Field
 
 from ..engine.release import model_registry as registry
-from ..engine.release.model_registry import local_path
+from ..engine.release.model_registry import RegistryError, local_path
+from ..engine.text.uris import scrub, without_password
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
@@ -23,6 +26,86 @@ logger = logging.getLogger(__name__)
 
 class RelocatedStoreError(RuntimeError):
     """The MLflow store points its artifacts outside the runs directory, at a place that is not ours."""
+
+
+class TrackingStoreError(RegistryError):
+    """The tracking URI names a database or a tracking server that cannot be reached or refuses the connection
+    (a RegistryError: the registry lives there too, and whoever handles a registry that does not answer handles
+    this)."""
+
+
+CHECK_TIMEOUT_S = 10  # for a store to take a connection: MLflow's own retries would take minutes
+DATABASES = {"postgresql", "mysql", "mssql"}  # MLflow's SQLAlchemy stores besides sqlite (a local file)
+_CHECKED: set[str] = set()  # stores this process has connected to
+
+
+def _where(uri: str) -> str:
+    """host:port of a URI, for a message."""
+    parts = urlsplit(uri)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{parts.hostname or 'localhost'}{f':{port}' if port else ''}"
+
+
+def _database_problem(uri: str, timeout_s: float) -> str | None:
+    """Why one connection to the database uri fails within timeout_s; None when it does not."""
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    try:
+        url = sqlalchemy.engine.make_url(uri)
+        connect_args = {}
+        if url.get_backend_name() in ("postgresql", "mysql") and "connect_timeout" not in url.query:
+            connect_args["connect_timeout"] = max(2, int(timeout_s))  # libpq's and MySQL's, in whole seconds
+        engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=connect_args)
+    except ImportError as exc:
+        return f"its driver is not installed ({exc})"
+    except Exception as exc:  # noqa: BLE001 - a URL SQLAlchemy cannot read
+        return f"{type(exc).__name__}: {exc}"
+    try:
+        with engine.connect():
+            return None
+    except Exception as exc:  # noqa: BLE001 - the DBAPI's error, whatever the driver
+        return " ".join(str(getattr(exc, "orig", None) or exc).split())
+    finally:
+        engine.dispose()
+
+
+def _server_problem(uri: str, timeout_s: float) -> str | None:
+    """Why a tracking server at uri does not answer within timeout_s; None when it answers at all (any status,
+    a TLS handshake included: what MLflow then makes of the answer is MLflow's to say)."""
+    import requests
+
+    try:
+        requests.head(uri, timeout=timeout_s, allow_redirects=False)
+    except requests.exceptions.SSLError:
+        return None
+    except requests.exceptions.ConnectTimeout:
+        return f"no connection within {timeout_s:g} s"
+    except requests.exceptions.Timeout:
+        return f"connected, but no answer within {timeout_s:g} s"
+    except requests.RequestException as exc:
+        errno = re.search(r"\[Errno -?\d+\] ([^\"')]+)", str(exc))  # urllib3 wraps the socket's reason deep inside
+        return errno.group(1).strip() if errno else type(exc).__name__
+    return None
+
+
+def check_store(uri: str, setting: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Connect once to the database or tracking server uri names, within timeout_s. MLflow itself retries a store
+    that does not answer for minutes (about 100 s for a database, 4 min for a server), then fails with a traceback;
+    this raises one TrackingStoreError naming the setting the URI came from, the URI without its password, the
+    host and the reason. Other URIs (sqlite, a file store, databricks) are not checked."""
+    scheme = urlsplit(uri).scheme.lower()
+    if scheme.split("+")[0] in DATABASES:
+        problem, what = _database_problem(uri, timeout_s), "cannot connect to MLflow's database"
+    elif scheme in ("http", "https"):
+        problem, what = _server_problem(uri, timeout_s), "the MLflow tracking server did not answer"
+    else:
+        return
+    if problem is not None:
+        raise TrackingStoreError(f"{setting} ({without_password(uri)}): {what} on {_where(uri)}: {scrub(problem, uri)}")
 
 
 def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
@@ -104,7 +187,10 @@ class MLflowTracking(ConfigurableResource):
 
     tracking_uri: str = Field(
         default="",
-        description="MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI when set, else a sqlite store in the runs dir.",
+        description="MLflow tracking URI: a tracking server (http[s]://host:port) or a database "
+        "(postgresql://user:password@host/db); either is connected to once on first use and refused in seconds, "
+        "naming this setting, when it does not answer. Empty: $MLFLOW_TRACKING_URI when set, else a sqlite store "
+        "in the runs dir.",
     )
     ui_url: str = Field(default="http://127.0.0.1:5000", description="Where `make ui` serves MLflow, for links.")
     runs_dir: str = Field(default="", description="Runs directory for the default sqlite store and artifacts.")
@@ -124,12 +210,30 @@ class MLflowTracking(ConfigurableResource):
     def default_uri(self) -> str:
         return f"sqlite:///{self.root / 'mlflow.db'}"
 
+    @property
+    def setting(self) -> str:
+        """Where uri comes from, as a message names it."""
+        if self.tracking_uri:
+            return "MLflowTracking.tracking_uri"
+        return "$MLFLOW_TRACKING_URI" if os.environ.get("MLFLOW_TRACKING_URI") else "MLflowTracking.runs_dir"
+
+    @property
+    def shown_uri(self) -> str:
+        """uri as messages, logs and records show it: without its password."""
+        return without_password(self.uri)
+
     def client(self):
+        """A client on the store; the first use of a database or a server in this process checks that it takes a
+        connection (check_store), so a wrong host, port or password is one clear error within seconds."""
         from mlflow import MlflowClient
 
-        if self.uri.startswith("sqlite:") and self.uri not in _READY:
-            _create_store_once(self.uri, self.root / ".mlflow.db.lock")
-        return MlflowClient(self.uri)
+        uri = self.uri
+        if uri.startswith("sqlite:") and uri not in _READY:
+            _create_store_once(uri, self.root / ".mlflow.db.lock")
+        elif uri not in _CHECKED:
+            check_store(uri, self.setting)
+            _CHECKED.add(uri)
+        return MlflowClient(uri)
 
     def artifact_location(self, pipeline: str) -> str | None:
         """Where a pipeline's experiment keeps artifacts: beside the default sqlite store in the runs dir, not
@@ -176,7 +280,7 @@ class MLflowTracking(ConfigurableResource):
             )
             return
         raise RelocatedStoreError(
-            f"MLflow experiment {experiment.name!r} in {self.uri} keeps its artifacts at {stored}, outside the "
+            f"MLflow experiment {experiment.name!r} in {self.shown_uri} keeps its artifacts at {stored}, outside the "
             f"runs directory {self.root}: logging would write there, not into {expected}. Fix: delete or rename "
             f"that experiment (mlflow experiments delete/rename), or set the tracking resource's tracking_uri to "
             f"the store that owns {stored}."

@@ -29,6 +29,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..text.uris import without_password
+
 THUMBS = "thumbs"  # the feedback assessment of a rating: True (up) or False (down)
 EDITED = "edited_reply"  # the expectation of an edit: the better reply's text
 UP = {True, "up", "thumbs_up", "yes", "good"}  # True == 1: a 1 counts too
@@ -93,7 +95,7 @@ class TraceFeedback:
         self.thumbs, self.edited = thumbs, edited
 
     def __repr__(self) -> str:
-        return f"TraceFeedback({self.tracking_uri!r}, {self.experiment!r})"
+        return f"TraceFeedback({without_password(self.tracking_uri)!r}, {self.experiment!r})"
 
     def _client(self):
         from mlflow import MlflowClient
@@ -105,12 +107,13 @@ class TraceFeedback:
             found = self._client().get_experiment_by_name(self.experiment)
         except Exception as exc:  # noqa: BLE001 - any client failure, said with where
             raise TraceSourceError(
-                f"cannot read MLflow experiment {self.experiment!r} at {self.tracking_uri}: "
+                f"cannot read MLflow experiment {self.experiment!r} at {without_password(self.tracking_uri)}: "
                 f"{type(exc).__name__}: {str(exc)[:300]}"
             ) from exc
         if found is None:
             raise TraceSourceError(
-                f"feedback.source names MLflow experiment {self.experiment!r}, which {self.tracking_uri} does not have"
+                f"feedback.source names MLflow experiment {self.experiment!r}, which "
+                f"{without_password(self.tracking_uri)} does not have"
             )
         return found.experiment_id
 
@@ -129,8 +132,8 @@ class TraceFeedback:
             raise
         except Exception as exc:  # noqa: BLE001 - any client failure, said with where
             raise TraceSourceError(
-                f"cannot read the traces of MLflow experiment {self.experiment!r} at {self.tracking_uri}: "
-                f"{type(exc).__name__}: {str(exc)[:300]}"
+                f"cannot read the traces of MLflow experiment {self.experiment!r} at "
+                f"{without_password(self.tracking_uri)}: {type(exc).__name__}: {str(exc)[:300]}"
             ) from exc
 
     def _rated(self, spans: bool) -> list[tuple[int, Any, Any, tuple]]:

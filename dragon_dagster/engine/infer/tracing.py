@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.trace_feedback import EDITED, THUMBS  # what a traces feedback source reads back
+from ..text.uris import without_password
 
 logger = logging.getLogger(__name__)
 
@@ -144,11 +145,15 @@ class ChatTracer:
                 span.end(outputs=openai_reply(reply), end_time_ns=ended_ns)
             trace_id = span.trace_id
         except Exception as exc:  # noqa: BLE001 - tracing never breaks a chat: said, not raised
-            self.last_error = f"no MLflow trace for this turn ({self.tracking_uri}): {type(exc).__name__}: {exc}"
+            self.last_error = (
+                f"no MLflow trace for this turn ({without_password(self.tracking_uri)}): {type(exc).__name__}: {exc}"
+            )
             logger.warning(self.last_error)
             return None
         if not trace_id or trace_id == "MLFLOW_NO_OP_SPAN_TRACE_ID":
-            self.last_error = f"MLflow tracing is disabled in this process: no trace sent to {self.tracking_uri}"
+            self.last_error = (
+                f"MLflow tracing is disabled in this process: no trace sent to {without_password(self.tracking_uri)}"
+            )
             return None
         self.last_error = None
         return trace_id
@@ -181,8 +186,8 @@ class ChatTracer:
             self.pending.append((trace_id, assessment))
             raise TracingError(
                 f"the {verdict} is saved in the feedback store (#{feedback_id}) but not yet on MLflow trace "
-                f"{trace_id}: {self.tracking_uri} did not take it ({type(exc).__name__}: {str(exc)[:300]}); it is "
-                "retried with the next rating"
+                f"{trace_id}: {without_password(self.tracking_uri)} did not take it ({type(exc).__name__}: "
+                f"{str(exc)[:300]}); it is retried with the next rating"
             ) from exc
 
     def retry_pending(self) -> int:

@@ -23,6 +23,8 @@ from urllib.parse import unquote, urlparse
 
 import mlflow.pyfunc
 
+from ..text.uris import without_password
+
 CHAMPION, CHALLENGER = "champion", "challenger"
 MODEL_SUBDIR = "model"  # where the transformers directory sits inside the MLflow model's artifacts
 _URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[\w-]+)|/(?P<version>\d+))$")
@@ -171,11 +173,12 @@ def version_of(client, ref: ModelRef):
         return client.get_model_version(ref.name, ref.version)
     except MlflowException as exc:
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        where = without_password(client.tracking_uri)
         if _not_found(exc):
             raise NotRegistered(
-                f"{ref}: no such registered model version in the MLflow registry at {client.tracking_uri} ({first})"
+                f"{ref}: no such registered model version in the MLflow registry at {where} ({first})"
             ) from exc
-        raise RegistryError(f"{ref}: the MLflow registry at {client.tracking_uri} did not answer: {first}") from exc
+        raise RegistryError(f"{ref}: the MLflow registry at {where} did not answer: {first}") from exc
 
 
 def alias_version(client, name: str, alias: str) -> str | None:

@@ -1,8 +1,7 @@
 """Artifacts on shared storage (ArtifactStore.artifact_uri, engine/remote.py) against a real S3-compatible server.
 
-The server is moto's (moto[server], `ThreadedMotoServer`): pure Python, installed from the package index with
-the dev extra, started here on 127.0.0.1 on a free port. MinIO would need a binary download. Every test gets
-a bucket of its own; credentials and the endpoint reach s3fs through the environment only, as in production.
+The server is moto's (conftest's `moto_endpoint`, on 127.0.0.1 on a free port). Every test gets a bucket of its
+own (conftest's `bucket`); credentials and the endpoint reach s3fs through the environment only, as in production.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,44 +20,7 @@ from dragon_dagster.engine.runtime import remote
 from dragon_dagster.engine.runtime.remote import MARKER, RemoteStoreError
 from dragon_dagster.engine.stages.sft.settings import SFT
 from dragon_dagster.resources import ArtifactStore
-from tests.support import closed_port, write_pipeline
-
-
-@pytest.fixture(scope="module")
-def moto_endpoint():
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=closed_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
-
-
-@pytest.fixture()
-def bucket(moto_endpoint, monkeypatch) -> str:
-    """A fresh bucket on the loopback server; the AWS_* environment s3fs and botocore read points at it."""
-    import boto3
-
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(name, raising=False)
-    name = f"art-{uuid.uuid4().hex[:10]}"
-    boto3.client("s3").create_bucket(Bucket=name)
-    return name
-
-
-def keys(bucket: str, prefix: str = "") -> list[str]:
-    import boto3
-
-    pages = boto3.client("s3").get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
-    return sorted(obj["Key"] for page in pages for obj in page.get("Contents", []))
+from tests.support import bucket_keys, closed_port, write_pipeline
 
 
 def write_artifact(store: ArtifactStore, stage: str = "sft_dataset", run_id: str = "run1") -> Path:
@@ -80,7 +41,7 @@ def test_publish_uploads_every_file_before_the_marker(bucket, tmp_path, monkeypa
     upload = remote._upload
 
     def watched(fs, local_file, remote_path):
-        seen.append((remote_path, keys(bucket)))  # what the bucket held before each file went up
+        seen.append((remote_path, bucket_keys(bucket)))  # what the bucket held before each file went up
         upload(fs, local_file, remote_path)
 
     monkeypatch.setattr(remote, "_upload", watched)
@@ -90,7 +51,7 @@ def test_publish_uploads_every_file_before_the_marker(bucket, tmp_path, monkeypa
     rel = final.relative_to(store.root / "artifacts").as_posix()
     assert uri == f"s3://{bucket}/team/{rel}"
     assert len(seen) == 3 and not any(k.endswith(MARKER) for _, before in seen for k in before)
-    assert keys(bucket) == sorted(
+    assert bucket_keys(bucket) == sorted(
         f"team/{rel}/{name}" for name in ("train.jsonl", "sub/weights.bin", "manifest.json", MARKER)
     )
     marker = remote.read_marker(uri)
@@ -121,7 +82,7 @@ def test_an_upload_cut_off_midway_leaves_no_artifact_anywhere(bucket, tmp_path, 
         write_artifact(store)
     uri = calls[0].rsplit("/", 1)[0]
     assert not remote.is_complete(f"s3://{uri}")
-    assert not [k for k in keys(bucket) if k.endswith(MARKER)]
+    assert not [k for k in bucket_keys(bucket) if k.endswith(MARKER)]
     assert not list((store.root / "artifacts" / "tiny" / "sft_dataset").iterdir())  # no local one, no staging
     with pytest.raises(RemoteStoreError, match="no complete artifact at s3://"):
         store.local(f"s3://{uri}")
@@ -271,7 +232,7 @@ def test_a_job_runs_on_another_node_through_the_store(bucket, tmp_path, monkeypa
         remote.collect(output_uri, tmp)
         assert (tmp / ".job-run.json").read_text() == "{}"  # the worker never had it
         (tmp / ".job-run.json").unlink()  # as the launcher does after the run
-        assert not keys(bucket, output_uri.split(f"{bucket}/", 1)[1])  # staging prefix gone
+        assert not bucket_keys(bucket, output_uri.split(f"{bucket}/", 1)[1])  # staging prefix gone
     assert (final / "adapter" / "adapter_model.safetensors").read_bytes() == b"trained on 2 rows"
     assert (final / "data" / "eval.jsonl").read_text() == "held out\n"
     published = remote.read_marker(store.uri_for(final))["files"]
@@ -348,7 +309,7 @@ def test_a_failed_job_uploads_nothing(bucket, tmp_path):
         with remote.localized(job, tmp_path / "cache") as local_job:
             (Path(local_job.output_dir) / "half.bin").write_bytes(b"x")
             raise ValueError("loss diverged")
-    assert not remote.is_complete(output_uri) and not keys(bucket, "team/.staging/")
+    assert not remote.is_complete(output_uri) and not bucket_keys(bucket, "team/.staging/")
     with pytest.raises(RemoteStoreError, match=f"no complete output at {output_uri}"):
         remote.collect(output_uri, tmp_path / "w")
     assert not list((tmp_path / "cache").glob("output-*"))  # the temporary output dir is gone too
@@ -404,7 +365,7 @@ def test_a_pipeline_trains_and_merges_through_the_bucket(bucket, tiny_model, tmp
         selection=AssetSelection.assets(*[["tiny", n] for n in names]),
     )
     assert result.success
-    published = keys(bucket, "shared/")
+    published = bucket_keys(bucket, "shared/")
     for name in names:
         local = Path(result.output_for_node(f"tiny__{name}"))
         rel = local.relative_to(runs / "artifacts").as_posix()
