@@ -23,9 +23,10 @@ from ..engine.artifacts.directories import (
     staged_dir,
     staging_owner,
 )
-from ..engine.data.feedback_postgres import URL_SCHEMES, PostgresFeedbackStore, redacted
+from ..engine.data.feedback_postgres import URL_SCHEMES, PostgresFeedbackStore
 from ..engine.data.feedback_store import FeedbackStore
 from ..engine.runtime import remote
+from ..engine.text.uris import without_password
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +302,7 @@ class ArtifactStore(ConfigurableResource):
         if not url.startswith(URL_SCHEMES):
             raise ValueError(
                 f"{setting} must be a postgresql://user@host:port/database URL (empty: SQLite under the runs "
-                f"directory), got {redacted(url)!r}"
+                f"directory), got {without_password(url)!r}"
             )
         return PostgresFeedbackStore(url, pipeline, setting=setting)
 

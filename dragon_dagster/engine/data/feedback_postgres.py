@@ -33,8 +33,8 @@ import threading
 import time
 import uuid
 import zlib
-from urllib.parse import urlsplit, urlunsplit
 
+from ..text.uris import scrub, without_password
 from .feedback_store import COLUMNS, MAX_MESSAGE_CHARS, SCHEMA_VERSION, assemble, checked_record, message_digest
 from .feedback_turns import FeedbackError, extras
 
@@ -77,16 +77,6 @@ CREATE TABLE IF NOT EXISTS feedback (
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
 
 
-def redacted(url: str) -> str:
-    """The URL with its password (if any) replaced by ***: what messages and logs may show."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-
-
 def schema_name(name: str) -> str:
     """The PostgreSQL schema that holds one pipeline's feedback."""
     if not name or not re.fullmatch(r"[A-Za-z0-9_.-]{1,50}", name):
@@ -116,7 +106,7 @@ class PostgresFeedbackStore:
                 f"{setting} is a PostgreSQL URL, which needs psycopg 3: pip install 'dragon-dagster[postgres]'"
             )
         if not str(url).startswith(URL_SCHEMES):
-            raise FeedbackError(f"{setting} must be a postgresql:// URL, got {redacted(str(url))!r}")
+            raise FeedbackError(f"{setting} must be a postgresql:// URL, got {without_password(str(url))!r}")
         self.url = str(url)
         self.name = name
         self.schema = schema_name(name)
@@ -135,10 +125,10 @@ class PostgresFeedbackStore:
     @property
     def where(self) -> str:
         """Where the records are, for people (no password)."""
-        return f"{redacted(self.url)} (schema {self.schema})"
+        return f"{without_password(self.url)} (schema {self.schema})"
 
     def __repr__(self) -> str:
-        return f"PostgresFeedbackStore({redacted(self.url)!r}, {self.name!r})"
+        return f"PostgresFeedbackStore({without_password(self.url)!r}, {self.name!r})"
 
     def __reduce__(self):  # picklable for worker processes
         return (
@@ -149,11 +139,8 @@ class PostgresFeedbackStore:
     # ----------------------------------------------------------------------------------- connections
 
     def _problem(self, exc: BaseException) -> str:
-        text = " ".join(str(exc).split())
-        password = urlsplit(self.url).password
-        if password:
-            text = text.replace(password, "***")
-        return f"feedback store {redacted(self.url)} ({self.setting}): {text}"
+        text = scrub(" ".join(str(exc).split()), self.url)
+        return f"feedback store {without_password(self.url)} ({self.setting}): {text}"
 
     def _connect(self):
         conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))

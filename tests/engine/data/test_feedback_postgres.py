@@ -14,9 +14,10 @@ import time
 
 import pytest
 
-from dragon_dagster.engine.data.feedback_postgres import PostgresFeedbackStore, StoreUnreachable, redacted
+from dragon_dagster.engine.data.feedback_postgres import PostgresFeedbackStore, StoreUnreachable
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations, usable_records
 from dragon_dagster.engine.data.feedback_store import SCHEMA_VERSION, FeedbackError, FeedbackStore
+from dragon_dagster.engine.text.uris import without_password
 from dragon_dagster.resources import ArtifactStore
 from tests.engine.data.test_feedback_store import CRAFTED, ROOT, TOOL_TURNS, turns
 from tests.support import closed_port
@@ -215,7 +216,7 @@ def test_writers_ride_out_a_server_restart_and_give_up_clearly(url, postgres):
         postgres.start()
     message = str(caught.value)
     assert "ArtifactStore.feedback_url" in message and postgres.password not in message
-    assert message.startswith(f"feedback store {redacted(url)}") and "***" in message
+    assert message.startswith(f"feedback store {without_password(url)}") and "***" in message
     assert store.record("up again", turns("q"), "r", "up") == len(rows) + 1
 
 
