@@ -11,6 +11,11 @@ they commit, so a reader could see id 11 committed while 10 is still open, move 
 10. Writers that take the lock before their id commit in id order, as SQLite's BEGIN IMMEDIATE makes them there.
 Records are small, so one writer at a time costs little (docs/guides/deployment.md has the figures).
 
+Why ids have no gaps: each record's id is the highest committed id plus one, taken under that same lock, as the
+SQLite store's are. A sequence would skip the id of every write that rolls back (a chat server killed mid-write,
+a dropped connection) and jump by up to 32 after a server crash, so "records 1..max" would not be how many there
+are.
+
 Why each record carries a random `record_key`: over a network a COMMIT can succeed and its reply be lost (the
 server restarted, the connection dropped). The write is then retried, and the key makes the retry find the first
 write instead of adding a second, so an acknowledged record is stored exactly once.
@@ -234,10 +239,12 @@ class PostgresFeedbackStore:
                 if done is not None:  # an earlier attempt committed; its reply was lost
                     return int(done[0])
                 turns_id = _insert_turns(conn, messages)
+                # the next id under the lock, not the column's sequence: see "Why ids have no gaps" above
                 return int(
                     conn.execute(
-                        "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, created, "
-                        "trace_id, record_key) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                        "INSERT INTO feedback (id, conversation_id, turns_id, reply, verdict, edited, model, created, "
+                        "trace_id, record_key) VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM feedback), "
+                        "%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                         (row[0], turns_id, *row[1:], key),
                     ).fetchone()[0]
                 )

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 
+import psycopg
 import pytest
 
 from dragon_dagster.engine.data.feedback_postgres import PostgresFeedbackStore, StoreUnreachable
@@ -77,6 +78,31 @@ def test_a_newer_schema_is_refused_by_name(url, postgres):
     postgres.sql("UPDATE feedback_support.schema_version SET version = 99", url.rsplit("/", 1)[1])
     with pytest.raises(FeedbackError, match="schema version 99; this code reads up to 4"):
         PostgresFeedbackStore(url, "support").max_id()
+
+
+def test_a_write_rolled_back_or_a_server_crash_leaves_no_gap_in_the_ids(url, postgres):
+    """Ids are 1..max, as in SQLite: a write that rolls back (here a trigger refuses it after its row got an id;
+    a chat server killed mid-write is the same) and a server crash (a sequence jumps by up to 32 after one) leave
+    no hole, so the highest id is how many records there are."""
+    store = PostgresFeedbackStore(url, "support")
+    assert store.record("c", turns("q"), "first", "up") == 1
+    db = url.rsplit("/", 1)[1]
+    postgres.sql(
+        "CREATE FUNCTION feedback_support.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN IF NEW.reply = 'boom' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$",
+        db,
+    )
+    postgres.sql(
+        "CREATE TRIGGER refuse AFTER INSERT ON feedback_support.feedback FOR EACH ROW "
+        "EXECUTE FUNCTION feedback_support.refuse()",
+        db,
+    )
+    with pytest.raises(psycopg.Error, match="refused"):
+        store.record("c", turns("q"), "boom", "up")
+    assert store.record("c", turns("q"), "second", "up") == 2
+    postgres.restart(mode="immediate")  # a crash: no shutdown checkpoint, recovery from the WAL
+    assert store.record("c", turns("q"), "third", "up") == 3
+    assert [(r["id"], r["reply"]) for r in store.records()] == [(1, "first"), (2, "second"), (3, "third")]
 
 
 def _writer(url, worker, n, start):
