@@ -9,7 +9,7 @@ Why each write holds the store's advisory lock until it commits: retraining read
 highest id it saw. With concurrent transactions a sequence hands out ids in the order writers ask, not the order
 they commit, so a reader could see id 11 committed while 10 is still open, move its watermark to 11 and never read
 10. Writers that take the lock before their id commit in id order, as SQLite's BEGIN IMMEDIATE makes them there.
-Records are small, so one writer at a time costs little (docs/guides/deployment.md has the figures).
+Records are small, so one writer at a time costs little (docs/operations/deployment.md has the figures).
 
 Why ids have no gaps: each record's id is the highest committed id plus one, taken under that same lock, as the
 SQLite store's are. A sequence would skip the id of every write that rolls back (a chat server killed mid-write,
