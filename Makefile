@@ -7,10 +7,19 @@ STAMP := $(VENV)/.installed
 # run e.g. `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`; on a GPU machine leave it empty.
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+# Dagster's records (runs, event log, schedules) in SQLite files in .dagster_home; `make ui DAGSTER_INSTANCE=postgres`
+# (and demo, install) keeps them on PostgreSQL instead (instance/dagster-postgres.yaml), in a home of its own: set
+# DAGSTER_POSTGRES_URL=postgresql+psycopg2://user:password@host:5432/db first (psycopg2 named: see that file)
+DAGSTER_INSTANCE ?= sqlite
+ifeq ($(DAGSTER_INSTANCE),postgres)
+export DAGSTER_HOME := $(CURDIR)/.dagster_home_postgres
+INSTANCE_YAML := dragon_dagster/instance/dagster-postgres.yaml
+else
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
+INSTANCE_YAML := dragon_dagster/instance/dagster.yaml
+endif
 export DRAGON_RUNS_DIR := $(CURDIR)/runs
 export PYTHONUNBUFFERED := 1
-INSTANCE_YAML := dragon_dagster/instance/dagster.yaml
 # the UIs' ports: `make ui DAGSTER_PORT=3001 MLFLOW_PORT=5001` beside another project's
 DAGSTER_PORT ?= 3000
 MLFLOW_PORT ?= 5000
@@ -32,6 +41,7 @@ $(STAMP): pyproject.toml
 # in the folder Dagster starts in, beside a DAGSTER_HOME elsewhere, makes it warn that the file "will not be used"
 $(DAGSTER_HOME)/dagster.yaml: $(INSTANCE_YAML) $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
+	@$(if $(filter postgres,$(DAGSTER_INSTANCE)),test -n "$$DAGSTER_POSTGRES_URL" || { echo "DAGSTER_INSTANCE=postgres: set DAGSTER_POSTGRES_URL (postgresql+psycopg2://user:password@host:5432/db)" >&2; exit 1; })
 	cp $(INSTANCE_YAML) $@
 	# the pool's limit now, not when the daemon first meets a run that needs it (two first runs could both start)
 	$(VENV)/bin/dagster instance concurrency set training 1 >/dev/null

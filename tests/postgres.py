@@ -134,6 +134,12 @@ class PostgresServer:
         )
         return done.stdout.strip()
 
+    def dump(self, database: str) -> str:
+        """The database's rows as pg_dump writes them (SQL text), to search for what must not be stored."""
+        return self._run(
+            "pg_dump", "-h", str(self.sockets), "-p", str(self.port), "-U", USER, "--data-only", database
+        ).stdout
+
     def create_database(self, name: str | None = None) -> str:
         """A new empty database (a unique name unless given); its URL."""
         name = name or f"db_{secrets.token_hex(4)}"

@@ -43,8 +43,12 @@ class Webserver:
         module: str = "trainlab.definitions",
         location: str = "trainlab",
         dagster_yaml: str = SHIPPED_DAGSTER_YAML,
+        program: tuple[str, ...] = ("dagster", "dev"),
+        env: dict[str, str] | None = None,
     ):
-        """A `dagster dev` on root/dagster_home (again, if an earlier one used it: its runs are still there)."""
+        """A `dagster dev` on root/dagster_home (again, if an earlier one used it: its runs are still there);
+        program=("dagster-webserver",) starts the webserver alone (a daemon of its own then dequeues the runs). env:
+        more environment variables for it."""
         self.port = free_port()
         self.home = home = root / "dagster_home"
         home.mkdir(exist_ok=True)
@@ -55,17 +59,20 @@ class Webserver:
             "PYTHONPATH": str(project),
             "DRAGON_RUNS_DIR": str(root / "runs"),
             "HF_HUB_OFFLINE": "1",
+            **(env or {}),
         }
+        self.env = env
         (project / "workspace.yaml").write_text(  # the location named as the project's pyproject names it
             f"load_from:\n  - python_module: {{module_name: {module}, working_directory: ., "
             f"location_name: {location}}}\n"
         )
         self.log = open(root / "webserver.log", "a")
         # dagster dev = webserver + daemon; the daemon dequeues launched runs (QueuedRunCoordinator)
+        self.program = " ".join(program)
         self.proc = subprocess.Popen(
             [
-                str(Path(sys.executable).parent / "dagster"),
-                "dev",
+                str(Path(sys.executable).parent / program[0]),
+                *program[1:],
                 "-h",
                 "127.0.0.1",
                 "-p",
@@ -98,7 +105,7 @@ class Webserver:
     def gone(self) -> str | None:
         """Why waiting on this server is pointless: its process exited (with the log's tail), else None."""
         code = self.proc.poll()
-        return None if code is None else f"dagster dev exited with {code}:\n{self.tail()}"
+        return None if code is None else f"{self.program} exited with {code}:\n{self.tail()}"
 
     def gql(self, query: str, **variables) -> dict:
         response = requests.post(self.url, json={"query": query, "variables": variables}, timeout=60)
@@ -107,7 +114,8 @@ class Webserver:
         assert "errors" not in body, body
         return body["data"]
 
-    def launch(self, job: str, assets: list[list[str]] | None, run_config: dict) -> str:
+    def launch(self, job: str, assets: list[list[str]] | None, run_config: dict, checks: list | None = None) -> str:
+        """Launch job's run (of assets, with their checks unless checks names which: [] for none); its id."""
         repo = next(n for n in self.gql(LOCATIONS)["repositoriesOrError"]["nodes"])
         selector = {
             "repositoryLocationName": repo["location"]["name"],
@@ -116,6 +124,8 @@ class Webserver:
         }
         if assets:
             selector["assetSelection"] = [{"path": a} for a in assets]
+        if checks is not None:
+            selector["assetCheckSelection"] = checks
         result = self.gql(LAUNCH, params={"selector": selector, "runConfigData": run_config})["launchRun"]
         assert result["__typename"] == "LaunchRunSuccess", result
         return result["run"]["runId"]
