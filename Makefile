@@ -8,16 +8,18 @@ STAMP := $(VENV)/.installed
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 # Dagster's records (runs, event log, schedules) in SQLite files in .dagster_home; `make ui DAGSTER_INSTANCE=postgres`
-# (and demo, install) keeps them on PostgreSQL instead (instance/dagster-postgres.yaml), in a home of its own: set
+# (and demo, install) keeps them on PostgreSQL instead (instance/postgres-storage.yaml after dagster.yaml's
+# settings), in a home of its own: set
 # DAGSTER_POSTGRES_URL=postgresql+psycopg2://user:password@host:5432/db first (psycopg2 named: see that file)
 DAGSTER_INSTANCE ?= sqlite
 ifeq ($(DAGSTER_INSTANCE),postgres)
 export DAGSTER_HOME := $(CURDIR)/.dagster_home_postgres
-INSTANCE_YAML := dragon_dagster/instance/dagster-postgres.yaml
+STORAGE_YAML := dragon_dagster/instance/postgres-storage.yaml
 else
 export DAGSTER_HOME := $(CURDIR)/.dagster_home
-INSTANCE_YAML := dragon_dagster/instance/dagster.yaml
+STORAGE_YAML :=
 endif
+INSTANCE_YAML := dragon_dagster/instance/dagster.yaml
 export DRAGON_RUNS_DIR := $(CURDIR)/runs
 export PYTHONUNBUFFERED := 1
 # the UIs' ports: `make ui DAGSTER_PORT=3001 MLFLOW_PORT=5001` beside another project's
@@ -39,10 +41,10 @@ $(STAMP): pyproject.toml
 
 # The instance settings live in the package (dragon_dagster/instance/), not in the repository root: a dagster.yaml
 # in the folder Dagster starts in, beside a DAGSTER_HOME elsewhere, makes it warn that the file "will not be used"
-$(DAGSTER_HOME)/dagster.yaml: $(INSTANCE_YAML) $(STAMP)
+$(DAGSTER_HOME)/dagster.yaml: $(INSTANCE_YAML) $(STORAGE_YAML) $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
 	@$(if $(filter postgres,$(DAGSTER_INSTANCE)),test -n "$$DAGSTER_POSTGRES_URL" || { echo "DAGSTER_INSTANCE=postgres: set DAGSTER_POSTGRES_URL (postgresql+psycopg2://user:password@host:5432/db)" >&2; exit 1; })
-	cp $(INSTANCE_YAML) $@
+	cat $(INSTANCE_YAML) $(STORAGE_YAML) > $@
 	# the pool's limit now, not when the daemon first meets a run that needs it (two first runs could both start)
 	$(VENV)/bin/dagster instance concurrency set training 1 >/dev/null
 

@@ -353,7 +353,9 @@ def chromium() -> Path:
 @contextmanager
 def running_mlflow_server(root: Path, backend_store_uri: str, artifacts_destination: str, env: dict | None = None):
     """A real `mlflow server` on a free loopback port, serving (proxying) artifacts: yields its URL, killed after.
-    env: added to this process's environment for the server (an object store's endpoint and keys)."""
+    env: added to this process's environment for the server (an object store's endpoint and keys). The backend
+    store's URI goes in MLFLOW_BACKEND_STORE_URI, as a deployment passes it: a command line is visible to every
+    user of the machine (ps), and a database URI holds a password."""
     port = free_port()
     log_path = root / "server.log"
     with log_path.open("w") as log:
@@ -361,8 +363,6 @@ def running_mlflow_server(root: Path, backend_store_uri: str, artifacts_destinat
             [
                 str(Path(sys.executable).with_name("mlflow")),
                 "server",
-                "--backend-store-uri",
-                backend_store_uri,
                 "--artifacts-destination",
                 artifacts_destination,
                 "--serve-artifacts",
@@ -375,7 +375,7 @@ def running_mlflow_server(root: Path, backend_store_uri: str, artifacts_destinat
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {}), "MLFLOW_BACKEND_STORE_URI": backend_store_uri},
             start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"

@@ -1,5 +1,5 @@
-"""Dagster on PostgreSQL (issue 31): the shipped instance/dagster-postgres.yaml keeps runs, the event log and
-schedule storage in a real PostgreSQL server (tests/postgres.py, on loopback), with its password only in
+"""Dagster on PostgreSQL (issue 31): the shipped settings with instance/postgres-storage.yaml keep runs, the event
+log and schedule storage in a real PostgreSQL server (tests/postgres.py, on loopback), with its password only in
 DAGSTER_POSTGRES_URL. A real `dagster-webserver` and `dagster-daemon`, as a deployment runs them, materialize the
 tiny pipeline through GraphQL; then the server restarts while a run trains."""
 
@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,9 +20,11 @@ import yaml
 
 from dragon_dagster.cli import PROJECT_DAGSTER_YAML
 from tests.assets.test_webserver import Webserver
-from tests.support import user_project, wait_until, workers, write_pipeline
+from tests.support import on_a_command_line, user_project, wait_until, workers, write_pipeline
 
-POSTGRES_YAML = PROJECT_DAGSTER_YAML.with_name("dagster-postgres.yaml")
+STORAGE_YAML = PROJECT_DAGSTER_YAML.with_name("postgres-storage.yaml")
+# what `make ui DAGSTER_INSTANCE=postgres` writes into its Dagster home, and the deployment page tells people to
+POSTGRES_INSTANCE = PROJECT_DAGSTER_YAML.read_text() + STORAGE_YAML.read_text()
 # long enough that PostgreSQL can stop while the worker trains: one step takes about 0.1-0.3 s on the tiny model
 TRAIN_ARGS = (
     "{max_steps: 150, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, max_seq_len: 64, "
@@ -49,12 +50,12 @@ def test_the_postgres_instance_is_the_shipped_one_with_its_records_on_postgres(t
     from dagster._core.instance.ref import InstanceRef
     from dagster._serdes import serialize_value
 
-    shipped = yaml.safe_load(PROJECT_DAGSTER_YAML.read_text())
-    postgres = yaml.safe_load(POSTGRES_YAML.read_text())
-    assert postgres.pop("storage") == {"postgres": {"postgres_url": {"env": "DAGSTER_POSTGRES_URL"}}}
-    assert postgres == shipped
+    assert yaml.safe_load(STORAGE_YAML.read_text()) == {
+        "storage": {"postgres": {"postgres_url": {"env": "DAGSTER_POSTGRES_URL"}}}
+    }
+    assert "storage" not in yaml.safe_load(PROJECT_DAGSTER_YAML.read_text())  # appending it overrides nothing
 
-    shutil.copy(POSTGRES_YAML, tmp_path / "dagster.yaml")
+    (tmp_path / "dagster.yaml").write_text(POSTGRES_INSTANCE)
     monkeypatch.setenv("DAGSTER_POSTGRES_URL", "postgresql://dagster:s3cret-Pa55@db.example:5432/dagster")
     ref = InstanceRef.from_dir(str(tmp_path))  # checks the file against Dagster's schema; connects to nothing
     assert ref.storage_data.module_name == "dagster_postgres"
@@ -73,7 +74,7 @@ class Deployment:
         self.server = Webserver(
             root,
             project,
-            dagster_yaml=POSTGRES_YAML.read_text(),
+            dagster_yaml=POSTGRES_INSTANCE,
             program=("dagster-webserver",),
             env={"DAGSTER_POSTGRES_URL": url},
         )
@@ -218,13 +219,7 @@ def assert_no_password(deployment, postgres) -> None:
     assert secret in deployment.url
     files = [p for p in deployment.root.rglob("*") if p.is_file() and not p.is_symlink()]
     assert not [str(p) for p in files if secret.encode() in p.read_bytes()]
-    cmdlines = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-        except OSError:
-            pass
-    assert not [c for c in cmdlines if secret.encode() in c]
+    assert not on_a_command_line(secret)
     assert secret not in postgres.dump(db(deployment))
 
 
@@ -237,8 +232,8 @@ def events_of(postgres, deployment, run_id: str | None = None) -> list[list[str]
 def test_postgres_restarting_while_a_run_trains(deployment, dataset_run, postgres):
     """Two outages while one run trains: a quick restart (as `pg_ctl restart` does, within dagster-postgres's
     ~6 s of retries), after which the run goes on recording; then a crash (stop -m immediate) that lasts past
-    the retries. Every event stored before either is still there after, and the run ends, SUCCESS or FAILURE
-    with its reason in the event log, instead of hanging STARTED."""
+    the retries. Every event stored before either is still there after, and the run finishes: SUCCESS, its
+    training kept."""
     server, runs = deployment.server, deployment.root / "runs"
     run_id = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], {}, checks=[])
     progress = f"artifacts/tiny/sft_adapter/.tmp-*.run-{run_id}.*/progress.jsonl"
@@ -290,13 +285,8 @@ def test_postgres_restarting_while_a_run_trains(deployment, dataset_run, postgre
     events = server.gql(RUN_EVENTS, runId=run_id)["logsForRun"]["events"]
     print(f"run {status}; {failed_queries} webserver queries failed just after the restart; its last events:")
     print("\n".join(f"  {e['__typename']}: {e.get('message', '')} {e.get('error') or ''}"[:400] for e in events[-12:]))
-    assert status in ("SUCCESS", "FAILURE")
-    if status == "FAILURE":
-        [failure] = [e for e in events if e["__typename"] == "RunFailureEvent"]
-        reasons = [
-            e["error"]["message"]
-            for e in events
-            if e["__typename"] in ("RunFailureEvent", "ExecutionStepFailureEvent") and e.get("error")
-        ]
-        assert any(reasons) or "Dagster stopped with it" in failure["message"], failure  # or run monitoring's
+    # the step's checks of its run's status cannot reach the database during the outage: that is "unknown", not a
+    # reason to stop the training (launchers/base.py run_gone), so the run records its result once the server is
+    # back. Before that, every crash failed the run, its finished training thrown away.
+    assert status == "SUCCESS", "\n".join(str(e) for e in events[-12:])
     assert_no_password(deployment, postgres)

@@ -17,7 +17,7 @@ from dragon_dagster.engine.release.model_registry import RegistryError
 from dragon_dagster.engine.text.uris import without_password
 from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 from dragon_dagster.resources.tracking import TrackingStoreError
-from tests.support import bucket_keys, closed_port, new_bucket, s3_env, write_pipeline
+from tests.support import bucket_keys, closed_port, new_bucket, on_a_command_line, s3_env, write_pipeline
 
 WRONG = "not-the-Password-7x"  # distinctive, so finding it anywhere is meaningful
 
@@ -150,9 +150,10 @@ def stage_runs(client, experiment_id: str) -> dict:
 def test_a_pipeline_tracks_and_registers_on_a_server_backed_by_postgres_and_s3(
     postgres, moto_endpoint, start_mlflow_server, tiny_model, tmp_path, monkeypatch
 ):
-    """`mlflow server --backend-store-uri postgresql://... --artifacts-destination s3://...`: the server alone
-    holds the database password and the bucket's keys; the pipeline (and its training worker) knows only the
-    server's URL, and its artifacts go through the server's proxy into the bucket."""
+    """`MLFLOW_BACKEND_STORE_URI=postgresql://... mlflow server --artifacts-destination s3://...`: the server alone
+    holds the database password (in its environment, never on a command line) and the bucket's keys; the pipeline
+    (and its training worker) knows only the server's URL, and its artifacts go through the server's proxy into
+    the bucket."""
     for name in ("MLFLOW_TRACKING_URI", "MLFLOW_S3_ENDPOINT_URL", "AWS_PROFILE", "AWS_SESSION_TOKEN", *s3_env("")):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.chdir(tmp_path)
@@ -162,6 +163,8 @@ def test_a_pipeline_tracks_and_registers_on_a_server_backed_by_postgres_and_s3(
     url = start_mlflow_server(
         store, f"s3://{bucket}/mlflow", env={**s3_env(moto_endpoint), "MLFLOW_S3_ENDPOINT_URL": moto_endpoint}
     )
+
+    assert not on_a_command_line(postgres.password)
 
     runs = tmp_path / "runs"
     tracking = MLflowTracking(tracking_uri=url, ui_url=url, runs_dir=str(runs))

@@ -9,6 +9,7 @@ returns its exit code. The training resource picks one by name (launchers/__init
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import warnings
@@ -18,6 +19,8 @@ from typing import ClassVar, Literal, Protocol
 
 import psutil
 from dagster import DagsterRunStatus, PipesMessageReader, PreviewWarning
+
+logger = logging.getLogger(__name__)
 
 ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
 # A run tag per step, "dragon/worker.<step key>": where that step's worker runs, as its launcher describes it
@@ -100,13 +103,28 @@ def local_process_state(host: str | None, pid: int, started: float | None, slack
     return "running"
 
 
+def _run_record(context):
+    """The step's run as Dagster's storage has it; None when the storage does not answer (a database restarting):
+    a status check that cannot be made is not a reason to stop the work it watches."""
+    try:
+        return context.instance.get_run_by_id(context.op_execution_context.run_id)
+    except Exception as exc:  # noqa: BLE001 - any storage error means "unknown"; the next check asks again
+        logger.warning("could not read run %s's status (%s); going on", context.op_execution_context.run_id, exc)
+        return None
+
+
 def run_gone(context, parent_pid: int) -> str | None:
-    """Why the step's Dagster run can no longer record this work, or None while it can."""
-    run = context.instance.get_run_by_id(context.op_execution_context.run_id)
+    """Why the step's Dagster run can no longer record this work, or None while it can (or while Dagster's
+    storage cannot say: a database outage does not stop a training)."""
     if os.getppid() != parent_pid:  # the run process was killed: nothing will mark the run, so do it here
+        run = _run_record(context)
         if run is not None and run.status not in ENDED:
-            context.instance.report_run_failed(run, "the run's process died while a worker was running")
+            try:
+                context.instance.report_run_failed(run, "the run's process died while a worker was running")
+            except Exception as exc:  # noqa: BLE001 - the worker is stopped either way; run monitoring marks it
+                logger.warning("could not mark run %s failed: %s", context.op_execution_context.run_id, exc)
         return f"the process of Dagster run {context.op_execution_context.run_id} died"
+    run = _run_record(context)
     if run is not None and run.status in ENDED:
         return f"Dagster run {context.op_execution_context.run_id} has ended ({run.status.value})"
     return None
