@@ -51,8 +51,9 @@ $(DAGSTER_HOME)/dagster.yaml: $(INSTANCE_YAML) $(STORAGE_YAML) $(STAMP)
 demo: install
 	$(VENV)/bin/dragon demo
 
-# test: everything but the end-to-end tests marked slow (a real webserver, Ray head, browser, mlflow server and
-# the full-size model), which test-slow runs; CI runs both
+# test: everything but the end-to-end tests marked slow (a real webserver, Ray head, browser, mlflow server,
+# PostgreSQL and the full-size model), which test-slow runs, two test files at a time (pytest-xdist: most of their
+# time is spent waiting on servers and processes); CI runs both
 test: install lint
 	$(PY) -m pytest -q -ra --durations=15 -m "not slow"
 
@@ -69,7 +70,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test-slow: install
-	$(PY) -m pytest -q -ra --durations=15 -m slow
+	$(PY) -m pytest -q -ra --durations=15 -m slow -n 2 --dist loadfile
 
 # `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)
