@@ -38,10 +38,11 @@ import threading
 import time
 import uuid
 import zlib
+from contextlib import contextmanager
 
 from ..text.uris import scrub, without_password
-from .feedback_store import COLUMNS, MAX_MESSAGE_CHARS, SCHEMA_VERSION, assemble, checked_record, message_digest
-from .feedback_turns import FeedbackError, extras
+from .feedback_store import MAX_MESSAGE_CHARS, SCHEMA_VERSION, RecordReads, checked_record, insert_turns
+from .feedback_turns import FeedbackError
 
 try:  # the `postgres` extra; the error below says so when it is missing
     import psycopg
@@ -93,9 +94,11 @@ class StoreUnreachable(FeedbackError):
     """The PostgreSQL server cannot be reached or refuses the connection (the message names the setting)."""
 
 
-class PostgresFeedbackStore:
+class PostgresFeedbackStore(RecordReads):
     """Append-only feedback of the pipeline `name` in the PostgreSQL database at `url`; `setting` is what the
     user set the URL through (named in errors)."""
+
+    MARK = "%s"
 
     def __init__(
         self,
@@ -238,7 +241,7 @@ class PostgresFeedbackStore:
                 done = conn.execute("SELECT id FROM feedback WHERE record_key = %s", (key,)).fetchone()
                 if done is not None:  # an earlier attempt committed; its reply was lost
                     return int(done[0])
-                turns_id = _insert_turns(conn, messages)
+                turns_id = insert_turns(conn, messages, self.MARK)
                 # the next id under the lock, not the column's sequence: see "Why ids have no gaps" above
                 return int(
                     conn.execute(
@@ -253,56 +256,9 @@ class PostgresFeedbackStore:
 
     # ----------------------------------------------------------------------------------------- reads
 
-    def count(self, after_id: int = 0) -> int:
-        """How many records have an id above after_id."""
-        self._ensure()
-        return self._retry(
-            lambda conn: conn.execute("SELECT COUNT(*) FROM feedback WHERE id > %s", (int(after_id),)).fetchone()[0]
-        )
-
-    def max_id(self) -> int:
-        """The highest id committed (0 when empty): a watermark for incremental reads."""
-        self._ensure()
-        return int(self._retry(lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0]))
-
-    def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[dict]:
-        """Records with after_id < id <= up_to_id, in id order, with their turns as messages (one snapshot)."""
-        self._ensure()
-        where, args = "id > %s", [int(after_id)]
-        if up_to_id is not None:
-            where += " AND id <= %s"
-            args.append(int(up_to_id))
-
-        def read(conn):
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                rows = conn.execute(
-                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
-                ).fetchall()
-                nodes = conn.execute(
-                    f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
-                    f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
-                    f"SELECT id, parent, role, content, extra FROM messages WHERE id IN (SELECT id FROM chain)",
-                    args,
-                ).fetchall()
-            return rows, nodes
-
-        return assemble(*self._retry(read))
-
-
-def _insert_turns(conn, messages: list[dict]) -> int:
-    """The id of the last of `messages` stored as a chain (inside the caller's transaction, which holds the
-    store's lock: no other writer adds messages meanwhile), earlier turns shared with conversations already
-    stored."""
-    parent = 0
-    for m in messages:
-        extra = extras(m)
-        digest = message_digest(m["role"], m["content"], extra)
-        row = conn.execute("SELECT id FROM messages WHERE parent = %s AND digest = %s", (parent, digest)).fetchone()
-        if row is None:
-            row = conn.execute(
-                "INSERT INTO messages (parent, role, content, digest, extra) VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                (parent, m["role"], m["content"], digest, extra),
-            ).fetchone()
-        parent = int(row[0])
-    return parent
+    @staticmethod
+    @contextmanager
+    def _snapshot(conn):
+        with conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            yield

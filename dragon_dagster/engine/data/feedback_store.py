@@ -36,6 +36,7 @@ import random
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -148,23 +149,65 @@ def message_digest(role: str, content: str, extra: str | None = None) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _insert_turns(conn: sqlite3.Connection, messages: list[dict]) -> int:
-    """The id of the last of `messages` stored as a chain (inside the caller's write transaction): messages
-    already stored with the same predecessors are reused, so a conversation's earlier turns are stored once."""
+def insert_turns(conn, messages: list[dict], mark: str = "?") -> int:
+    """The id of the last of `messages` stored as a chain (inside the caller's write transaction, the only writer
+    meanwhile): messages already stored with the same predecessors are reused, so a conversation's earlier turns
+    are stored once. `mark`: the driver's parameter mark (sqlite3 '?', psycopg '%s')."""
+    find = f"SELECT id FROM messages WHERE parent = {mark} AND digest = {mark}"
+    add = f"INSERT INTO messages (parent, role, content, digest, extra) VALUES ({', '.join([mark] * 5)})"
     parent = 0
     for m in messages:
         extra = extras(m)
         digest = message_digest(m["role"], m["content"], extra)
-        row = conn.execute("SELECT id FROM messages WHERE parent = ? AND digest = ?", (parent, digest)).fetchone()
-        if row is None:
-            row = (
-                conn.execute(
-                    "INSERT INTO messages (parent, role, content, digest, extra) VALUES (?, ?, ?, ?, ?)",
-                    (parent, m["role"], m["content"], digest, extra),
-                ).lastrowid,
-            )
+        row = conn.execute(find, (parent, digest)).fetchone()
+        if row is None:  # read back rather than the driver's last-row id, which not every driver has
+            conn.execute(add, (parent, m["role"], m["content"], digest, extra))
+            row = conn.execute(find, (parent, digest)).fetchone()
         parent = int(row[0])
     return parent
+
+
+class RecordReads:
+    """The reads every backend shares (count, max_id, records): the same SQL in the driver's parameter mark
+    (MARK), each inside the backend's `_snapshot` (one consistent view) and its `_retry`."""
+
+    MARK = "?"
+
+    def count(self, after_id: int = 0) -> int:
+        """How many records have an id above after_id."""
+        self._ensure()
+        query = f"SELECT COUNT(*) FROM feedback WHERE id > {self.MARK}"
+        return int(self._retry(lambda conn: conn.execute(query, (int(after_id),)).fetchone()[0]))
+
+    def max_id(self) -> int:
+        """The highest id committed (0 when empty): a watermark for incremental reads."""
+        self._ensure()
+        return int(self._retry(lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0]))
+
+    def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[dict]:
+        """Records with after_id < id <= up_to_id, in id order, with their turns as messages. Turns that could
+        not be converted from the first layout come back as stored (parsed when they are JSON, else the
+        text), for `usable_records` to skip and count."""
+        self._ensure()
+        where, args = f"id > {self.MARK}", [int(after_id)]
+        if up_to_id is not None:
+            where += f" AND id <= {self.MARK}"
+            args.append(int(up_to_id))
+
+        def read(conn):
+            with self._snapshot(conn):  # the records and their messages as of one moment
+                rows = conn.execute(
+                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
+                ).fetchall()
+                nodes = conn.execute(
+                    f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
+                    f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
+                    f"SELECT id, parent, role, content, extra FROM messages WHERE id IN (SELECT id FROM chain)",
+                    args,
+                ).fetchall()
+            return rows, nodes
+
+        return assemble(*self._retry(read))
 
 
 def _convertible(text: Any) -> list[dict] | None:
@@ -198,7 +241,7 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
             break
         for fid, conversation_id, turns, reply, verdict, edited, model, created in rows:
             messages = _convertible(turns)
-            turns_id = _insert_turns(conn, messages) if messages is not None else None
+            turns_id = insert_turns(conn, messages) if messages is not None else None
             conn.execute(
                 "INSERT INTO feedback_v2 (id, conversation_id, turns_id, legacy_turns, reply, verdict, "
                 "edited, model, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -222,7 +265,7 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('feedback', ?)", seq)
 
 
-class FeedbackStore:
+class FeedbackStore(RecordReads):
     """Append-only feedback in a SQLite file (created, with its parent directory, on first use; a store of the
     first layout is migrated on first use)."""
 
@@ -339,7 +382,7 @@ class FeedbackStore:
         def insert(conn):
             conn.execute("BEGIN IMMEDIATE")
             try:
-                turns_id = _insert_turns(conn, messages)
+                turns_id = insert_turns(conn, messages)
                 cursor = conn.execute(
                     "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, "
                     "created, trace_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -356,45 +399,14 @@ class FeedbackStore:
 
     # ----------------------------------------------------------------------------------------- reads
 
-    def count(self, after_id: int = 0) -> int:
-        """How many records have an id above after_id."""
-        self._ensure()
-        return self._retry(
-            lambda conn: conn.execute("SELECT COUNT(*) FROM feedback WHERE id > ?", (int(after_id),)).fetchone()[0]
-        )
-
-    def max_id(self) -> int:
-        """The highest id recorded (0 when empty): a watermark for incremental reads."""
-        self._ensure()
-        return self._retry(lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0])
-
-    def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[dict]:
-        """Records with after_id < id <= up_to_id, in id order, with their turns as messages. Turns that could
-        not be converted from the first layout come back as stored (parsed when they are JSON, else the
-        text), for `usable_records` to skip and count."""
-        self._ensure()
-        where, args = "id > ?", [int(after_id)]
-        if up_to_id is not None:
-            where += " AND id <= ?"
-            args.append(int(up_to_id))
-
-        def read(conn):
-            conn.execute("BEGIN")  # one snapshot for the records and their messages
-            try:
-                rows = conn.execute(
-                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
-                ).fetchall()
-                nodes = conn.execute(
-                    f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
-                    f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
-                    f"SELECT id, parent, role, content, extra FROM messages WHERE id IN (SELECT id FROM chain)",
-                    args,
-                ).fetchall()
-            finally:
-                conn.execute("COMMIT")
-            return rows, nodes
-
-        return assemble(*self._retry(read))
+    @staticmethod
+    @contextmanager
+    def _snapshot(conn):
+        conn.execute("BEGIN")  # a read transaction: one snapshot of the WAL database
+        try:
+            yield
+        finally:
+            conn.execute("COMMIT")
 
 
 def assemble(rows: list[tuple], nodes: list[tuple]) -> list[dict]:
