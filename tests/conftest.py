@@ -17,6 +17,7 @@ import pytest
 from tests.support import (
     BUMP_TOOLS,
     StubServer,
+    apt_install,
     closed_port,
     free_port,
     healthy,
@@ -336,17 +337,9 @@ CHROMIUM = Path("/usr/bin/chromium")
 def chromium() -> Path:
     """Debian's Chromium (Playwright's own browser download cannot work here), installed when missing."""
     if not CHROMIUM.exists():
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-        done = subprocess.run(install, capture_output=True, text=True, env=env)
-        if done.returncode != 0:  # stale or missing package lists: refresh once and retry
-            subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
-            done = subprocess.run(install, capture_output=True, text=True, env=env)
-        if done.returncode != 0 or not CHROMIUM.exists():
-            pytest.fail(
-                f"cannot install chromium with apt-get (rc {done.returncode}):\n{done.stdout[-2000:]}\n"
-                f"{done.stderr[-2000:]}"
-            )
+        problem = apt_install("chromium")
+        if not CHROMIUM.exists():
+            pytest.fail(f"cannot install chromium: {problem or 'installed, but no /usr/bin/chromium'}")
     return CHROMIUM
 
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from tests.support import free_port
+from tests.support import apt_install, free_port
 
 USER = "dragon"
 
@@ -32,17 +32,11 @@ def install() -> Path:
     """The directory of initdb and pg_ctl, installing Debian's postgresql package when it is missing."""
     found = _bin_dir()
     if found is None:
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        command = ["apt-get", "install", "-y", "--no-install-recommends", "postgresql"]
-        done = subprocess.run(command, capture_output=True, text=True, env=env)
-        if done.returncode != 0:  # stale or missing package lists: refresh once and retry
-            subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
-            done = subprocess.run(command, capture_output=True, text=True, env=env)
+        problem = apt_install("postgresql")
         found = _bin_dir()
         if found is None:
             raise RuntimeError(
-                f"cannot install postgresql with apt-get (rc {done.returncode}):\n{done.stdout[-2000:]}\n"
-                f"{done.stderr[-2000:]}"
+                f"cannot install postgresql: {problem or 'installed, but no pg_ctl in /usr/lib/postgresql'}"
             )
     return found
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import textwrap
 import threading
 import time
@@ -381,3 +382,17 @@ def on_a_command_line(secret: str) -> list[str]:
         if secret.encode() in line:
             found.append(line.replace(b"\0", b" ").decode(errors="replace"))
     return found
+
+
+def apt_install(package: str) -> str:
+    """Install a Debian package with apt-get (refreshing stale package lists once); "" when it went in, else what
+    apt-get said (the caller checks for the files it needs either way)."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    command = ["apt-get", "install", "-y", "--no-install-recommends", package]
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:  # stale or missing package lists: refresh once and retry
+        subprocess.run(["apt-get", "update"], capture_output=True, text=True, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode == 0:
+        return ""
+    return f"apt-get install {package} failed (rc {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
