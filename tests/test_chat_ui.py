@@ -842,7 +842,7 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
     port = free_port()
     out = CliRunner().invoke(main, ["chat-ui", "--model", server.url, "--port", str(port)], catch_exceptions=False)
     assert out.exit_code == 0, out.output
-    (_, store_path), app = served[0]
+    (_, store), app = served[0]  # what the CLI hands the page: the pipeline's feedback store, reached
     try:
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
@@ -875,6 +875,7 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
         {"role": "user", "content": "What is my name?"},
     ]
     assert sent[2] == [system, {"role": "user", "content": "And now?"}]
-    rows = FeedbackStore(store_path).records()
+    assert store.where == str(tmp_path / "feedback" / "support.sqlite")  # no feedback URL set: SQLite, as before
+    rows = store.records()
     assert [(r["verdict"], r["reply"]) for r in rows] == [("up", "Nice to meet you.")]
     assert rows[0]["turns"] == [system, {"role": "user", "content": "My name is Ada."}]
