@@ -41,7 +41,7 @@ import zlib
 from contextlib import contextmanager
 
 from ..text.uris import scrub, without_password
-from .feedback_store import MAX_MESSAGE_CHARS, SCHEMA_VERSION, RecordReads, checked_record, insert_turns
+from .feedback_store import MAX_MESSAGE_CHARS, SCHEMA_VERSION, FeedbackRecords, insert_turns
 from .feedback_turns import FeedbackError
 
 try:  # the `postgres` extra; the error below says so when it is missing
@@ -94,7 +94,7 @@ class StoreUnreachable(FeedbackError):
     """The PostgreSQL server cannot be reached or refuses the connection (the message names the setting)."""
 
 
-class PostgresFeedbackStore(RecordReads):
+class PostgresFeedbackStore(FeedbackRecords):
     """Append-only feedback of the pipeline `name` in the PostgreSQL database at `url`; `setting` is what the
     user set the URL through (named in errors)."""
 
@@ -218,22 +218,9 @@ class PostgresFeedbackStore(RecordReads):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def record(
-        self,
-        conversation_id: str,
-        turns: list[dict],
-        reply: str,
-        verdict: str,
-        edited: str | None = None,
-        model: str = "",
-        trace_id: str | None = None,
-    ) -> int:
-        """Append one feedback event and return its id once it is committed (see FeedbackStore.record)."""
-        messages, row = checked_record(
-            self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
-        )
+    def _append(self, messages: list[dict], row: tuple) -> int:
+        """One checked record, under the store's lock until it commits, found again by its key when retried."""
         key = uuid.uuid4().hex
-        self._ensure()
 
         def insert(conn):
             with conn.transaction():

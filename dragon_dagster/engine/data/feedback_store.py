@@ -167,11 +167,31 @@ def insert_turns(conn, messages: list[dict], mark: str = "?") -> int:
     return parent
 
 
-class RecordReads:
-    """The reads every backend shares (count, max_id, records): the same SQL in the driver's parameter mark
-    (MARK), each inside the backend's `_snapshot` (one consistent view) and its `_retry`."""
+class FeedbackRecords:
+    """What every backend shares: record() (the same checks, then the backend's `_append` of one checked
+    record), and the reads (count, max_id, records) as the same SQL in the driver's parameter mark (MARK), each
+    inside the backend's `_snapshot` (one consistent view) and its `_retry`."""
 
     MARK = "?"
+    max_message_chars: int | None = MAX_MESSAGE_CHARS
+
+    def record(
+        self,
+        conversation_id: str,
+        turns: list[dict],
+        reply: str,
+        verdict: str,
+        edited: str | None = None,
+        model: str = "",
+        trace_id: str | None = None,
+    ) -> int:
+        """Append one feedback event and return its id once it is durably committed. `trace_id` names the
+        MLflow trace of the rated reply, when the chat was traced."""
+        messages, row = checked_record(
+            self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
+        )
+        self._ensure()
+        return self._append(messages, row)
 
     def count(self, after_id: int = 0) -> int:
         """How many records have an id above after_id."""
@@ -265,7 +285,7 @@ def _migrate_v1(conn: sqlite3.Connection) -> None:
             conn.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('feedback', ?)", seq)
 
 
-class FeedbackStore(RecordReads):
+class FeedbackStore(FeedbackRecords):
     """Append-only feedback in a SQLite file (created, with its parent directory, on first use; a store of the
     first layout is migrated on first use)."""
 
@@ -362,22 +382,8 @@ class FeedbackStore(RecordReads):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def record(
-        self,
-        conversation_id: str,
-        turns: list[dict],
-        reply: str,
-        verdict: str,
-        edited: str | None = None,
-        model: str = "",
-        trace_id: str | None = None,
-    ) -> int:
-        """Append one feedback event and return its id once it is durably committed. `trace_id` names the
-        MLflow trace of the rated reply, when the chat was traced."""
-        messages, row = checked_record(
-            self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
-        )
-        self._ensure()
+    def _append(self, messages: list[dict], row: tuple) -> int:
+        """One checked record, in one write transaction (BEGIN IMMEDIATE: one writer at a time)."""
 
         def insert(conn):
             conn.execute("BEGIN IMMEDIATE")
