@@ -319,6 +319,15 @@ def workers(marker: str) -> list[int]:
     return found
 
 
+def launcher_of(worker: int) -> int:
+    """The process that launched a worker (the Dagster step): its parent, or the pid a worker forked by the warm
+    worker names in its title."""
+    title = Path(f"/proc/{worker}/cmdline").read_bytes().decode(errors="replace")
+    if "[warm, for pid " in title:
+        return int(title.split("[warm, for pid ", 1)[1].split("]", 1)[0])
+    return int(Path(f"/proc/{worker}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _alive(pid: int) -> bool:
     from dragon_dagster.engine.runtime.worker import alive
 

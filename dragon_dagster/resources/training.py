@@ -74,6 +74,13 @@ class TrainingResource(HardwareAndSpeed):
         description="Python interpreter for the worker. Empty: this one for "
         "subprocess, `python` on the PATH of a Ray node or pod.",
     )
+    warm_start: bool = Field(
+        default=True,
+        description="subprocess launcher: fork each single-process worker from a warm process that has imported "
+        "torch, transformers, TRL and PEFT once (seconds less per job). A job whose environment differs from "
+        "that process's (thread counts, HF_* settings), torchrun and another interpreter start cold, and the "
+        "step's log says which. False: a fresh interpreter for every job.",
+    )
     termination_timeout_s: float = Field(
         default=600, description="How long a cancelled trainer may take to save its checkpoint before it is killed."
     )

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from dragon_dagster.cli import PROJECT_DAGSTER_YAML
-from tests.support import free_port, healthy, user_project, wait_until, workers, write_pipeline
+from tests.support import free_port, healthy, launcher_of, user_project, wait_until, workers, write_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -279,7 +279,7 @@ def mlflow_statuses(runs: Path) -> list[str]:
 def test_a_killed_step_process_leaves_no_worker_and_gives_the_pool_slot_back(training_server):
     server, runs = training_server, training_server.root / "runs"
     run_id, worker = start_training(server)
-    step = parent_of(worker)
+    step = launcher_of(worker)
     os.kill(step, signal.SIGKILL)
     wait_for(lambda: not alive(worker), 30, "the worker to stop with its step process", server)
     assert server.wait(run_id, timeout=120) == "FAILURE"
@@ -294,7 +294,7 @@ def test_a_killed_step_process_leaves_no_worker_and_gives_the_pool_slot_back(tra
 def test_a_killed_run_process_stops_its_step_and_worker_and_records_nothing(training_server):
     server, runs = training_server, training_server.root / "runs"
     run_id, worker = start_training(server)
-    step = parent_of(worker)
+    step = launcher_of(worker)
     run_process = parent_of(step)
     os.kill(run_process, signal.SIGKILL)
     wait_for(lambda: not alive(worker), 60, "the worker to stop after the run process died", server)

@@ -27,24 +27,30 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 from ..config.job import Parallel
 from ..train import distributed
 from . import remote, system_metrics
 from .execution import EXIT_CANCELLED, PipesReporter, execute, handle_stop_signals, is_trainer, open_pipes
 from .system_metrics import INTERVAL_S
+from .warm.protocol import WARM_PARENT
 
 PARENT_PID = "DRAGON_WORKER_PARENT_PID"  # set by the launcher: the watchdog compares os.getppid() with it
 
 
 def alive(pid: int) -> bool:
+    """Whether pid runs: a zombie (dead, not yet reaped by its parent) does not."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc here, or it ended meanwhile
+        return True
 
 
 def watch_parent(expected: int, interval_s: float = 1.0, grandparent: bool = False) -> None:
@@ -69,8 +75,11 @@ def watch_parent(expected: int, interval_s: float = 1.0, grandparent: bool = Fal
 
 
 def watch_launcher() -> None:
+    """Follow the launcher: this process's parent, or its grandparent-like launcher under torchrun and for a worker
+    forked by the warm worker (whose parent is the warm process)."""
     if os.environ.get(PARENT_PID):
-        watch_parent(int(os.environ[PARENT_PID]), grandparent=distributed.under_torchrun())
+        forked = bool(os.environ.get(WARM_PARENT))
+        watch_parent(int(os.environ[PARENT_PID]), grandparent=distributed.under_torchrun() or forked)
 
 
 def read_job(source: str) -> tuple[dict, Path | None]:
@@ -106,10 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-if __name__ == "__main__":
-    code = main()
+def finish(code: int) -> NoReturn:
+    """Leave the worker process with code (a fresh interpreter's and a forked one's way out alike)."""
     if code == EXIT_CANCELLED:  # do not wait for threads a stopped job left blocked (a call to a hung server)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    finish(main())

@@ -4,7 +4,9 @@ stopping it stops everything it started (a reward command, say):
   a worker still running after termination_timeout_s is killed, group and all;
 - a step whose Dagster run has ended or whose run process died stops its worker the same way, and the worker
   itself stops when the step process is gone (runtime/worker.py's watchdog), so none trains on under PID 1.
-With workers > 1 the command is torchrun's, which starts the ranks.
+With workers > 1 the command is torchrun's, which starts the ranks. A single worker is forked by the warm worker
+(engine/runtime/warm/) where the job fits it (TrainingResource.warm_start), else started as a fresh interpreter;
+the step's log says which.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import ClassVar
 
 from dagster import Failure, open_pipes_session
 
+from ...engine.runtime.warm import client as warm
 from ...engine.runtime.worker import PARENT_PID
 from .base import PipesTap, WorkerState, local_process_state, process_started, record_worker, run_gone, this_host
 from .pipes_files import StepPipesFiles
@@ -43,11 +46,12 @@ class SubprocessLauncher:
             # a Dagster process inside a distributed job of its own (a PyTorchJob pod, say) has RANK and the
             # like set: a worker that read them would think itself a rank; torchrun sets its ranks' own
             inherited = {k: v for k, v in os.environ.items() if k not in RANK_VARIABLES}
-            proc = subprocess.Popen(
+            proc, how = warm.start(  # its own process group either way: see the module's docstring
                 command,
-                start_new_session=True,  # its own process group: see the module's docstring
-                env={**inherited, **env, **session.get_bootstrap_env_vars(), PARENT_PID: str(os.getpid())},
+                {**inherited, **env, **session.get_bootstrap_env_vars(), PARENT_PID: str(os.getpid())},
+                warm=resource.warm_start and not parallel,
             )
+            context.log.info(f"worker {proc.pid}: {how}")
             record_worker(context, self.name, host=this_host(), pid=proc.pid, started=process_started(proc.pid))
             try:
                 return self.wait(context, proc)
@@ -68,7 +72,7 @@ class SubprocessLauncher:
         _signal_group(int(where["pid"]), signal.SIGTERM)
         return f"sent SIGTERM to worker {where['pid']} and its process group"
 
-    def wait(self, context, proc: subprocess.Popen, poll_s: float = 2.0) -> int:
+    def wait(self, context, proc: subprocess.Popen | warm.WarmProcess, poll_s: float = 2.0) -> int:
         """The worker's exit code; raises if the Dagster run ends or its process dies while the worker runs."""
         parent = os.getppid()
         while True:
@@ -81,7 +85,7 @@ class SubprocessLauncher:
                 raise Failure(description=f"{gone}: stopped the worker (pid {proc.pid}) and its process group")
 
 
-def stop_process_group(proc: subprocess.Popen, timeout_s: float, log) -> None:
+def stop_process_group(proc: subprocess.Popen | warm.WarmProcess, timeout_s: float, log) -> None:
     """SIGTERM to the worker's group (a trainer saves a checkpoint), SIGKILL to all of it after timeout_s."""
     if proc.poll() is not None:
         return

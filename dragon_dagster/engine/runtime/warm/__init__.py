@@ -1,0 +1,12 @@
+"""The warm worker: one process per interpreter and library set that has imported torch, transformers, TRL and
+PEFT once, and forks a child per job, so a job starts in well under a second instead of the seven or so that a
+fresh interpreter spends importing them on a 2-core machine.
+
+- protocol.py: where a warm worker listens, what makes a job's environment fit it, the messages on its socket;
+- server.py: the warm process itself (imports, listens, forks a child per job, reaps it, sends its exit status);
+- client.py: what a launcher calls: start a job in a forked child where it fits, a fresh interpreter where not.
+
+A forked child is what a fresh worker process is: a session and process group of its own, the job's environment,
+working directory, stdin/stdout/stderr (passed over the socket), default signal handlers, its exit status, and
+the same command line in `ps`. Its parent is the warm process, so its watchdog follows the launcher instead.
+"""

@@ -1,0 +1,180 @@
+"""Starting a worker: forked from the warm worker where the job fits it, a fresh interpreter where not.
+
+start(argv, env) returns a process object with what a launcher uses of subprocess.Popen (pid, poll, wait,
+returncode) and a line saying how it started, for the step's log. The first job of an interpreter starts the warm
+worker (one at a time: a lock file) and waits for its imports; a job that does not fit it starts cold, saying why.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .protocol import WORKER_MODULE, Lines, home, key, send, socket_path
+
+READY_S = 180  # the warm worker's imports on a busy 2-core machine; past this a job starts cold
+LOST = 1  # the exit status of a forked worker whose warm worker died before it could say
+
+
+class WarmProcess:
+    """A worker forked by the warm worker, as a launcher sees a Popen: its exit status comes over the socket."""
+
+    def __init__(self, conn: socket.socket, lines: Lines, pid: int, args: list[str]):
+        self.conn, self.lines, self.pid, self.args = conn, lines, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._read(left) and deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def _read(self, timeout: float | None) -> bool:
+        """Take the exit status if it came within timeout; whether the process has ended."""
+        if not self.lines.buffer:
+            readable, _, _ = select.select([self.conn], [], [], timeout)
+            if not readable:
+                return False
+        try:
+            message = self.lines.read()
+        except OSError:
+            message = None
+        if message is None:  # the warm worker died: the child's watchdog stops it (its parent changed)
+            while _alive(self.pid):
+                time.sleep(0.2)
+            self.returncode = LOST
+        else:
+            self.returncode = int(message["exit"])
+        self.conn.close()
+        return True
+
+
+def start(argv: list[str], env: dict[str, str], warm: bool = True) -> tuple[subprocess.Popen | WarmProcess, str]:
+    """The worker for argv with env, and how it started ("warm: ..." or "cold: <why>")."""
+    why = "warm start is off" if not warm else eligible(argv)
+    if not why:
+        try:
+            proc, why = fork(argv, env)
+        except OSError as exc:
+            proc, why = None, f"the warm worker could not be reached ({exc})"
+        if proc is not None:
+            return proc, why
+    cold = subprocess.Popen(argv, start_new_session=True, env=env)  # a process group of its own, as a fork's
+    return cold, f"cold start: {why}"
+
+
+def eligible(argv: list[str]) -> str:
+    """ "" when argv is this interpreter's worker command, else why it cannot be forked."""
+    if argv[:3] == [sys.executable, "-m", WORKER_MODULE] and len(argv) == 4:
+        return ""
+    if WORKER_MODULE in argv and "torch.distributed.run" in argv:
+        return "torchrun starts its ranks itself"
+    return "the worker runs in another interpreter"
+
+
+def fork(argv: list[str], env: dict[str, str]) -> tuple[WarmProcess | None, str]:
+    conn = connect(env)
+    if isinstance(conn, str):
+        return None, conn
+    lines = Lines(conn)
+    request = {"argv": argv, "env": env, "cwd": os.getcwd(), "launcher": os.getpid()}
+    send(conn, request, fds=[0, 1, 2])
+    conn.settimeout(60)
+    answer = lines.read()
+    conn.settimeout(None)
+    if answer is None or "pid" not in answer:
+        conn.close()
+        return None, (answer or {}).get("cold") or "the warm worker closed the connection"
+    return WarmProcess(conn, lines, int(answer["pid"]), argv), f"warm start (forked by warm worker {answer['server']})"
+
+
+def connect(env: dict[str, str]) -> socket.socket | str:
+    """A connection to this interpreter's warm worker, started first if none runs; else why not."""
+    path = socket_path()
+    conn = _connect(path)
+    if conn is not None:
+        return conn
+    with open(home() / f"{key()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one starts it; the others wait for it, then connect
+        conn = _connect(path)
+        if conn is not None:
+            return conn
+        server = launch_server(path, env)
+        deadline = time.monotonic() + READY_S
+        while time.monotonic() < deadline:
+            conn = _connect(path)
+            if conn is not None:
+                return conn
+            if server.poll() is not None:
+                return f"the warm worker exited with {server.returncode} (see {log_path()})"
+            time.sleep(0.1)
+        return f"the warm worker was not ready within {READY_S} s (see {log_path()})"
+
+
+def launch_server(path: Path, env: dict[str, str]) -> subprocess.Popen:
+    """The warm worker, detached: a session of its own, no terminal, its output in a log beside its socket.
+    Its import environment is the job's; nothing of a Dagster step's own (the Pipes channel) goes with it."""
+    env = {k: v for k, v in env.items() if not k.startswith(("DAGSTER_PIPES_", "DRAGON_WORKER_"))}
+    with open(log_path(), "a") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dragon_dagster.engine.runtime.warm.server", "--socket", str(path)],
+            env=env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def log_path() -> Path:
+    return home() / f"{key()}.log"
+
+
+def _connect(path: Path) -> socket.socket | None:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError:
+        conn.close()
+        return None
+    return conn
+
+
+def status() -> dict | None:
+    """The running warm worker's pid, its jobs and its import environment; None when none runs."""
+    return _ask("ping")
+
+
+def stop() -> dict | None:
+    """Ask the warm worker to exit (its running jobs go on); what it said, None when none ran."""
+    return _ask("stop")
+
+
+def _ask(op: str) -> dict | None:
+    conn = _connect(socket_path())
+    if conn is None:
+        return None
+    with conn:
+        conn.settimeout(10)
+        send(conn, {"op": op})
+        return Lines(conn).read()
+
+
+def _alive(pid: int) -> bool:
+    from ..worker import alive
+
+    return alive(pid)
