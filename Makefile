@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED := 1
 DAGSTER_PORT ?= 3000
 MLFLOW_PORT ?= 5000
 
-.PHONY: install demo test test-slow lint check-lock lock docs ui clean
+.PHONY: install demo test test-slow test-random lint check-lock lock docs ui clean
 
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
@@ -75,10 +75,17 @@ demo: install
 	$(VENV)/bin/dragon demo
 
 # test: everything but the end-to-end tests marked slow (a real webserver, Ray head, browser, mlflow server,
-# PostgreSQL and the full-size model), which test-slow runs, two test files at a time (pytest-xdist: most of their
-# time is spent waiting on servers and processes); CI runs both
+# PostgreSQL and the full-size model), which test-slow runs. Both run two test files at a time (pytest-xdist, one
+# process per core; what the processes share is built once: conftest's built_once); CI runs both.
+# Workers start from the warm worker (engine/runtime/warm/): the suites share one, which the first job starts.
+XDIST := -n 2 --dist loadfile
 test: install lint
-	$(PY) -m pytest -q -ra --durations=25 -m "not slow"
+	$(PY) -m pytest -q -ra --durations=25 -m "not slow" $(XDIST)
+
+# the fast suite in a random order (pytest-random-order, each file's tests and the files shuffled): no test may
+# depend on another's leftovers; the seed it prints replays an order (--random-order-seed=N)
+test-random: install
+	$(PY) -m pytest -q -ra -m "not slow" $(XDIST) --random-order-bucket=global
 
 # the house rules: ruff's lint and format, the import layers (pyproject's [tool.importlinter]), and the docs site
 # built strictly (a broken link or a reference page that no longer generates fails)
@@ -105,7 +112,7 @@ docs: install
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8000
 
 test-slow: install
-	$(PY) -m pytest -q -ra --durations=25 -m slow -n 2 --dist loadfile
+	$(PY) -m pytest -q -ra --durations=25 -m slow $(XDIST)
 
 # `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)

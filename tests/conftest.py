@@ -3,11 +3,13 @@ materialized chain that several tests read (real Dagster instance, real MLflow s
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -33,6 +35,48 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the test process and a worker share the machine (measured on 2 cores: 81 s -> 58 s for the training-kind tests).
 # Workers inherit it; set OMP_NUM_THREADS to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
+
+
+@pytest.fixture(autouse=True)
+def process_state_as_found():
+    """Each test leaves the process as it found it, so the order never matters: Dagster's in-process execution
+    installs its own interrupt handlers (capture_interrupts) and can leave SIGTERM remapped; a test's Dagster
+    project, written under a temp folder and imported, stays in sys.modules under a name the next test reuses."""
+    handlers = {number: signal.getsignal(number) for number in GUARDED_SIGNALS}
+    path, modules = list(sys.path), set(sys.modules)
+    yield
+    for number, handler in handlers.items():
+        if signal.getsignal(number) is not handler and handler is not None:
+            signal.signal(number, handler)
+    sys.path[:] = path
+    temp = tempfile.gettempdir()
+    for name in set(sys.modules) - modules:
+        module = sys.modules.get(name)
+        origin = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), "")
+        if str(origin).startswith(temp):
+            del sys.modules[name]
+
+
+@contextmanager
+def built_once(tmp_path_factory, name: str):
+    """A folder that one pytest-xdist worker builds and the others wait for and share read-only (the temp root
+    above each worker's own); yields (folder, whether this caller builds it). A failed build leaves no marker."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    folder, done = root / name, root / f"{name}.built"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if done.exists():
+            yield folder, False
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.mkdir(parents=True)
+        yield folder, True
+        done.touch()
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +139,15 @@ def materialized(tiny_model, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tool_caller(tiny_model, tmp_path_factory) -> Path:
     """The tiny model taught (a full fine-tune, in this process) to answer "Check the counter" by calling bump,
-    and to say "Done." after whatever the tool answers: a model that calls tools, in seconds."""
+    and to say "Done." after whatever the tool answers: a model that calls tools. Built once for all the test
+    processes (about two minutes of a 2-core machine); its tools file stays beside it."""
+    with built_once(tmp_path_factory, "tool_caller") as (root, build):
+        if build:
+            teach_the_bump_tool(tiny_model, root)
+    return root / "tool_caller"
+
+
+def teach_the_bump_tool(tiny_model: Path, root: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -104,7 +156,6 @@ def tool_caller(tiny_model, tmp_path_factory) -> Path:
     from dragon_dagster.engine.tools import template
     from dragon_dagster.engine.tools.declare import Tools, Toolset
 
-    root = tmp_path_factory.mktemp("models")
     (root / "tools.py").write_text(BUMP_TOOLS.format(counter=str(root / "counter.txt")))
     toolset = Toolset.from_settings(Tools(file=str(root / "tools.py"), timeout=1))
     tokenizer = models.load_tokenizer(str(tiny_model))
@@ -129,7 +180,7 @@ def tool_caller(tiny_model, tmp_path_factory) -> Path:
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-2)
     model.train()
-    for _ in range(200):
+    for _ in range(200):  # it first answers right at about 120 steps: the rest makes it answer so in every test
         model(**batch, labels=labels).loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -139,7 +190,6 @@ def tool_caller(tiny_model, tmp_path_factory) -> Path:
     out = root / "tool_caller"
     model.save_pretrained(out)
     models.load_tokenizer(str(tiny_model)).save_pretrained(out)  # the model's own template: stages ready theirs
-    return out
 
 
 # ---------------------------------------------------------------- OpenAI-compatible servers on loopback
