@@ -98,8 +98,10 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
     A pipeline without the asked profile runs without one (and says so)."""
     ensure_dagster_home()
     from .assets.launch import find_pipeline, load_definitions, materialize_pipeline
+    from .engine.runtime.warm import client as warm
 
     started = time.time()
+    warm.prestart(dict(os.environ))  # its imports overlap the dataset steps; the first training job forks from it
     found = find_pipeline(pipeline, load_definitions(defs_module))
     if profile and profile not in found.profiles:
         having = f"its profiles are {', '.join(sorted(found.profiles))}" if found.profiles else "it has none"

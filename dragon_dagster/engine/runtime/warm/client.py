@@ -107,21 +107,38 @@ def connect(env: dict[str, str]) -> socket.socket | str:
     conn = _connect(path)
     if conn is not None:
         return conn
-    with open(home() / f"{key()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one starts it; the others wait for it, then connect
+    starting = begin(env)
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
         conn = _connect(path)
         if conn is not None:
             return conn
-        server = launch_server(path, env)
-        deadline = time.monotonic() + READY_S
-        while time.monotonic() < deadline:
-            conn = _connect(path)
-            if conn is not None:
-                return conn
-            if server.poll() is not None:
-                return f"the warm worker exited with {server.returncode} (see {log_path()})"
-            time.sleep(0.1)
-        return f"the warm worker was not ready within {READY_S} s (see {log_path()})"
+        if not _alive(starting):
+            return f"the warm worker exited before it listened (see {log_path()})"
+        time.sleep(0.1)
+    return f"the warm worker was not ready within {READY_S} s (see {log_path()})"
+
+
+def prestart(env: dict[str, str]) -> int:
+    """Start the warm worker if none runs or is starting, without waiting for its imports (a pipeline's first
+    steps run meanwhile); its pid."""
+    return begin(env)
+
+
+def begin(env: dict[str, str]) -> int:
+    """The pid of the warm worker that runs or is starting; one is started if none is (one at a time: a lock)."""
+    with open(home() / f"{key()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        pid_file = home() / f"{key()}.pid"
+        try:
+            pid = int(pid_file.read_text())
+        except (OSError, ValueError):
+            pid = 0
+        if pid and _alive(pid):
+            return pid
+        pid = launch_server(socket_path(), env).pid
+        pid_file.write_text(str(pid))
+        return pid
 
 
 def launch_server(path: Path, env: dict[str, str]) -> subprocess.Popen:
