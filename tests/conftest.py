@@ -136,6 +136,26 @@ def materialized(tiny_model, tmp_path_factory):
     }
 
 
+@pytest.fixture()
+def chain_copy(materialized, tmp_path):
+    """The materialized chain for a test that writes to it (retrains, promotes, records feedback): its own copy of
+    the MLflow store and the Dagster instance, so the shared chain stays as built whatever runs first. The
+    chain's artifact directories (immutable, named by absolute paths in both stores) stay shared, read only."""
+    from dagster import DagsterInstance
+
+    from dragon_dagster.resources import MLflowTracking
+
+    runs, home = tmp_path / "chain_runs", tmp_path / "chain_dagster_home"
+    shutil.copytree(materialized["runs"], runs, ignore=shutil.ignore_patterns("artifacts", "checkpoints"))
+    shutil.copytree(materialized["instance"].root_directory, home)
+    return {
+        **materialized,
+        "runs": runs,
+        "instance": DagsterInstance.local_temp(str(home)),
+        "tracking": MLflowTracking(runs_dir=str(runs)),
+    }
+
+
 @pytest.fixture(scope="session")
 def tool_caller(tiny_model, tmp_path_factory) -> Path:
     """The tiny model taught (a full fine-tune, in this process) to answer "Check the counter" by calling bump,

@@ -81,7 +81,8 @@ def turns(text):
     return [{"role": "user", "content": text}]
 
 
-def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(materialized):
+def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(chain_copy):
+    materialized = chain_copy  # it records feedback, retrains and may promote: on a copy of the chain's stores
     parts, resources = parts_and_resources(materialized)
     instance = materialized["instance"]
     [sensor_def], [schedule_def] = parts["sensors"], parts["schedules"]

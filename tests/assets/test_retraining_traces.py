@@ -153,11 +153,12 @@ def test_an_experiment_s_traces_are_the_records_retraining_reads(tracing_to, tin
     assert new["trace_id"] == ids["unrated"] and new["id"] > records[-1]["id"] and source.count(records[-1]["id"]) == 1
 
 
-def test_retraining_from_an_experiment_s_traces_runs_end_to_end(tracing_to, materialized, tmp_path):
+def test_retraining_from_an_experiment_s_traces_runs_end_to_end(tracing_to, chain_copy, tmp_path):
     """The whole retraining (datasets, SFT, DPO, KTO, merge, report, gate) from the deployed tiny model, on records
     that are only traces: its SFT rows and pairs are the traces' liked replies, edit and pairs."""
     from tests.assets.test_retraining import parts_and_resources, retrain_every_step
 
+    materialized = chain_copy  # it retrains and may promote: on a copy of the chain's stores
     experiment, ids = traced_assistant(tracing_to)
     last = TraceFeedback(tracing_to, experiment).max_id()
     _, resources = parts_and_resources(materialized)

@@ -93,7 +93,8 @@ def test_training_runs_show_their_data_system_metrics_and_the_experiment_kind(ma
     } <= set(sft.data.metrics)
 
 
-def test_models_uris_name_registered_versions_in_generate_and_chat(materialized, monkeypatch):
+def test_models_uris_name_registered_versions_in_generate_and_chat(chain_copy, monkeypatch):
+    materialized = chain_copy  # it promotes by hand (a tag and the champion alias change): on a copy of the stores
     from dragon_dagster import cli
 
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(materialized["runs"]))
