@@ -35,6 +35,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # the test process and a worker share the machine (measured on 2 cores: 81 s -> 58 s for the training-kind tests).
 # Workers inherit it; set OMP_NUM_THREADS to override.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The suites' warm worker (engine/runtime/warm/) apart from a developer's own (`make ui`, `dragon demo`), whose
+# environment differs: every test process and the servers they start share this one.
+os.environ.setdefault("DRAGON_WARM_DIR", f"/tmp/dragon-warm-{os.getuid()}-tests")
 
 
 GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)

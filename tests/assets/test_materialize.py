@@ -35,6 +35,33 @@ def test_chain_materializes_every_asset_and_passes_its_checks(materialized):
         "losses_finite_and_falling": True,
         "merged_not_worse_than_base": True,
     }
+    # each worker was forked by the warm worker (the default), and the step's log says so
+    assert len(worker_starts(materialized["instance"], outcome["run_id"], "warm start (forked by warm worker")) == 3
+
+
+def worker_starts(instance, run_id: str, how: str) -> list[str]:
+    """The run's log lines that say how a worker started (the subprocess launcher writes one per job)."""
+    return [e.message for e in instance.all_logs(run_id) if e.message and ": " + how in e.message]
+
+
+def test_a_resource_pinned_cold_starts_each_worker_as_a_fresh_interpreter(tiny_model, tmp_path):
+    """The cold path through Dagster: TrainingResource(warm_start=False) runs every job in a fresh interpreter,
+    and the chain ends as a warm one does."""
+    from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
+
+    path = write_pipeline(tmp_path / "p", tiny_model, args="{max_steps: 2, batch_size: 2, max_seq_len: 128}")
+    resources = {
+        "store": ArtifactStore(runs_dir=str(tmp_path / "runs")),
+        "tracking": MLflowTracking(runs_dir=str(tmp_path / "runs")),
+        "training": TrainingResource(device="cpu", warm_start=False),
+    }
+    instance = DagsterInstance.ephemeral()
+    outcome = materialize_pipeline(
+        load(path), resources=resources, instance=instance, only=["tickets", "sft_dataset", "sft_adapter"]
+    )
+    assert outcome["success"], failed_message(instance, outcome["run_id"])
+    assert len(worker_starts(instance, outcome["run_id"], "cold start: warm start is off")) == 1
+    assert not worker_starts(instance, outcome["run_id"], "warm start (forked")
 
 
 def test_artifact_dirs_are_immutable_and_hold_what_reproduces_them(materialized):
