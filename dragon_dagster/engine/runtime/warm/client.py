@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .protocol import WORKER_MODULE, Lines, home, key, send, socket_path
@@ -91,7 +93,8 @@ def fork(argv: list[str], env: dict[str, str]) -> tuple[WarmProcess | None, str]
         return None, conn
     lines = Lines(conn)
     request = {"argv": argv, "env": env, "cwd": os.getcwd(), "launcher": os.getpid()}
-    send(conn, request, fds=[0, 1, 2])
+    with standard_streams() as fds:
+        send(conn, request, fds=fds)
     conn.settimeout(60)
     answer = lines.read()
     conn.settimeout(None)
@@ -99,6 +102,26 @@ def fork(argv: list[str], env: dict[str, str]) -> tuple[WarmProcess | None, str]
         conn.close()
         return None, (answer or {}).get("cold") or "the warm worker closed the connection"
     return WarmProcess(conn, lines, int(answer["pid"]), argv), f"warm start (forked by warm worker {answer['server']})"
+
+
+@contextmanager
+def standard_streams() -> Iterator[list[int]]:
+    """This process's stdin, stdout and stderr as the worker gets them; /dev/null for any that is closed (a
+    launcher run without a terminal or with no stdin), as a fresh child would find it."""
+    opened = []
+    fds = []
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+            fds.append(fd)
+        except OSError:
+            opened.append(os.open(os.devnull, os.O_RDWR))
+            fds.append(opened[-1])
+    try:
+        yield fds
+    finally:
+        for fd in opened:
+            os.close(fd)
 
 
 def connect(env: dict[str, str]) -> socket.socket | str:
