@@ -166,3 +166,21 @@ def test_the_warm_worker_says_what_runs_and_stops_when_asked(tmp_path):
     assert client.stop()["pid"] == running["pid"]
     wait_until(lambda: not alive(running["pid"]), 30, "the warm worker to exit")
     assert client.status() is None and time.monotonic() - started < 30
+
+
+def test_a_launcher_without_stdin_still_forks_its_worker(tmp_path):
+    """A launcher run with its stdin closed (a daemon, a CI runner): the forked worker gets /dev/null there, as a
+    fresh child would, instead of the job falling back to a cold start."""
+    job = tmp_path / "job.json"
+    job.write_text("{}")
+    launcher = subprocess.run(
+        [sys.executable, "-c", LAUNCHER.replace("time.sleep(600)", "sys.exit(proc.wait())"), "warm", *WORKER, str(job)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).parents[3],
+        preexec_fn=lambda: os.close(0),
+        timeout=300,
+    )
+    pid, how = launcher.stdout.splitlines()[0].split(" ", 1)
+    assert how.startswith("warm start"), how
+    assert launcher.returncode != 0  # the worker ran and refused the empty job
