@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .protocol import WORKER_MODULE, Lines, home, key, send, socket_path
+from .protocol import WORKER_MODULE, Lines, home, key, pid_path, send, socket_path
 
 READY_S = 180  # the warm worker's imports on a busy 2-core machine; past this a job starts cold
 LOST = 1  # the exit status of a forked worker whose warm worker died before it could say
@@ -152,7 +152,7 @@ def begin(env: dict[str, str]) -> int:
     """The pid of the warm worker that runs or is starting; one is started if none is (one at a time: a lock)."""
     with open(home() / f"{key()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        pid_file = home() / f"{key()}.pid"
+        pid_file = pid_path(socket_path())
         try:
             pid = int(pid_file.read_text())
         except (OSError, ValueError):
@@ -200,7 +200,8 @@ def status() -> dict | None:
 
 
 def stop() -> dict | None:
-    """Ask the warm worker to exit (its running jobs go on); what it said, None when none ran."""
+    """Ask the warm worker to take no new job and exit once its running jobs have ended (the next job starts a
+    new one); what it said, None when none ran."""
     return _ask("stop")
 
 

@@ -101,6 +101,11 @@ def socket_path() -> Path:
     return home() / f"{key()}.sock"
 
 
+def pid_path(socket: Path) -> Path:
+    """The pid of the warm worker that listens, or is starting to listen, on socket."""
+    return socket.with_suffix(".pid")
+
+
 def send(conn: socket.socket, message: dict, fds: list[int] | None = None) -> None:
     data = (json.dumps(message) + "\n").encode()
     if fds:

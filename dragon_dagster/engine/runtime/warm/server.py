@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from .protocol import IDLE_S, WARM_PARENT, WORKER_MODULE, Lines, import_environment, python_path, send
+from .protocol import IDLE_S, WARM_PARENT, WORKER_MODULE, Lines, import_environment, pid_path, python_path, send
 
 # What a worker imports on its way to its first training step, beyond this package: importing these here is
 # what the warm worker saves each job (transformers and TRL import their submodules lazily: named one by one).
@@ -178,6 +178,7 @@ class Server:
         self.listener.listen(64)
         os.replace(staging, path)  # whole: a client never connects to a half-set-up socket
         self.inode = path.stat().st_ino
+        self.listening = True
 
     def owns_socket(self) -> bool:
         try:
@@ -186,29 +187,47 @@ class Server:
             return False
 
     def serve(self) -> None:
-        while True:
-            readable, _, _ = select.select([self.listener], [], [], 0.2)
-            if readable:
-                conn, _ = self.listener.accept()
-                self.last = time.monotonic()
-                try:
-                    if not self.handle(conn):
-                        break
-                except Exception:  # noqa: BLE001 - one bad request never takes the server down
-                    traceback.print_exc()
-                    conn.close()
+        """Serve until asked to stop, idle, or replaced; then take no new job but stay until every forked
+        worker has ended and been told its status (their watchdogs would stop them if this process went first)."""
+        while self.listening or self.children:
+            if self.listening:
+                readable, _, _ = select.select([self.listener], [], [], 0.2)
+                if readable:
+                    self.accept()
+            else:
+                time.sleep(0.2)
             self.reap()
+            if not self.listening:
+                continue
             if not self.children and time.monotonic() - self.last > self.idle_s:
-                print(f"warm worker {os.getpid()}: idle for {self.idle_s:.0f} s, exiting", flush=True)
-                break
-            if not self.owns_socket():
-                print(f"warm worker {os.getpid()}: socket {self.path} removed or replaced, exiting", flush=True)
-                break
+                self.stop_listening(f"idle for {self.idle_s:.0f} s")
+            elif not self.owns_socket():
+                self.stop_listening(f"socket {self.path} removed or replaced")
+        print(f"warm worker {os.getpid()}: exiting", flush=True)
+
+    def accept(self) -> None:
+        conn, _ = self.listener.accept()
+        self.last = time.monotonic()
+        try:
+            if not self.handle(conn):
+                self.stop_listening("asked to stop")
+        except Exception:  # noqa: BLE001 - one bad request never takes the server down
+            traceback.print_exc()
+            conn.close()
+
+    def stop_listening(self, why: str) -> None:
+        """No new jobs: the socket and the pid file go (the next job starts another warm worker at once)."""
+        print(f"warm worker {os.getpid()}: {why}; {len(self.children)} job(s) still running", flush=True)
+        self.listening = False
         self.listener.close()
         if self.owns_socket():
             self.path.unlink(missing_ok=True)
-        for pid in list(self.children):  # stopping: the children run on, their launchers lose only the status
-            self.children.pop(pid).close()
+        pid_file = pid_path(self.path)
+        try:
+            if int(pid_file.read_text()) == os.getpid():
+                pid_file.unlink()
+        except (OSError, ValueError):
+            pass
 
     def handle(self, conn: socket.socket) -> bool:
         """Serve one request; False when asked to stop."""
