@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -44,22 +43,24 @@ GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
 
 
 @pytest.fixture(autouse=True)
-def process_state_as_found():
+def process_state_as_found(tmp_path_factory):
     """Each test leaves the process as it found it, so the order never matters: Dagster's in-process execution
     installs its own interrupt handlers (capture_interrupts) and can leave SIGTERM remapped; a test's Dagster
-    project, written under a temp folder and imported, stays in sys.modules under a name the next test reuses."""
+    project, written under the session's temp folder and imported, stays in sys.modules under a name the next
+    test reuses. Only modules from that folder go: the checkout and its .venv may themselves lie under /tmp."""
     handlers = {number: signal.getsignal(number) for number in GUARDED_SIGNALS}
     path, modules = list(sys.path), set(sys.modules)
+    temp = tmp_path_factory.getbasetemp()
+    temp = str(temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else temp)
     yield
     for number, handler in handlers.items():
         if signal.getsignal(number) is not handler and handler is not None:
             signal.signal(number, handler)
     sys.path[:] = path
-    temp = tempfile.gettempdir()
     for name in set(sys.modules) - modules:
         module = sys.modules.get(name)
         origin = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), "")
-        if str(origin).startswith(temp):
+        if str(origin).startswith(temp + os.sep):
             del sys.modules[name]
 
 
