@@ -158,8 +158,10 @@ class Webserver:
 
 
 def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
+    # long enough that the terminate lands mid-training: a warm-started worker trains the tiny model at several
+    # steps a second, and the terminate takes seconds to travel (webserver, run process, step, worker)
     long_args = (
-        "{max_steps: 120, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
+        "{max_steps: 400, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, "
         "max_seq_len: 128, learning_rate: 1.0e-3}"
     )
     defs = user_project(tmp_path / "project")
@@ -194,19 +196,19 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
         checkpoints = list((runs / "checkpoints" / "tiny" / "sft_adapter").glob("*/checkpoint-*"))
         assert len(checkpoints) == 1, "the cancelled trainer saved one checkpoint where it stopped"
         stopped_at = int(checkpoints[0].name.split("-")[1])
-        assert 3 <= stopped_at < 120
+        assert 3 <= stopped_at < 400
         assert not list(runs.glob("artifacts/tiny/sft_adapter/*")), "no artifact for a cancelled stage"
 
-        resume_config = {"ops": {"tiny__sft_adapter": {"config": {"resume": True}}}}  # same schedule, 120 steps
+        resume_config = {"ops": {"tiny__sft_adapter": {"config": {"resume": True}}}}  # same schedule, 400 steps
         run_id = server.launch("tiny_pipeline", [["tiny", "sft_adapter"]], resume_config)
         assert server.wait(run_id, timeout=400) == "SUCCESS"
         [adapter] = list(runs.glob("artifacts/tiny/sft_adapter/*"))
         rows = [json.loads(line) for line in (adapter / "progress.jsonl").read_text().splitlines()]
         trained = [r["step"] for r in rows if r["elapsed_s"] is not None]
-        assert min(trained) > stopped_at and max(trained) == 120  # it continued where it stopped
+        assert min(trained) > stopped_at and max(trained) == 400  # it continued where it stopped
         assert rows[0]["step"] == 1  # and the adapter's progress keeps the steps before the checkpoint
         manifest = json.loads((adapter / "manifest.json").read_text())
-        assert manifest["result"]["global_step"] == 120
+        assert manifest["result"]["global_step"] == 400
 
         from mlflow import MlflowClient
 
