@@ -130,7 +130,7 @@ def connect(env: dict[str, str]) -> socket.socket | str:
     conn = _connect(path)
     if conn is not None:
         return conn
-    starting = begin(env)
+    starting = prestart(env)
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         conn = _connect(path)
@@ -143,13 +143,8 @@ def connect(env: dict[str, str]) -> socket.socket | str:
 
 
 def prestart(env: dict[str, str]) -> int:
-    """Start the warm worker if none runs or is starting, without waiting for its imports (a pipeline's first
-    steps run meanwhile); its pid."""
-    return begin(env)
-
-
-def begin(env: dict[str, str]) -> int:
-    """The pid of the warm worker that runs or is starting; one is started if none is (one at a time: a lock)."""
+    """The pid of the warm worker that runs or is starting; one is started if none is (one at a time: a lock),
+    without waiting for its imports (a pipeline's first steps run meanwhile)."""
     with open(home() / f"{key()}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         pid_file = pid_path(socket_path())

@@ -25,7 +25,17 @@ import time
 import traceback
 from pathlib import Path
 
-from .protocol import IDLE_S, WARM_PARENT, WORKER_MODULE, Lines, import_environment, pid_path, python_path, send
+from .protocol import (
+    IDLE_S,
+    WARM_PARENT,
+    WORKER_MODULE,
+    Lines,
+    difference,
+    import_environment,
+    pid_path,
+    python_path,
+    send,
+)
 
 # What a worker imports on its way to its first training step, beyond this package: importing these here is
 # what the warm worker saves each job (transformers and TRL import their submodules lazily: named one by one).
@@ -74,8 +84,6 @@ def preload() -> list[str]:
 
 def refusal(request: dict, own_env: dict[str, str]) -> str:
     """Why a job must start cold instead ("" when it may be forked from here)."""
-    from .protocol import difference
-
     argv = request.get("argv") or []
     if argv[:3] != [sys.executable, "-m", WORKER_MODULE]:
         return "its command is not this interpreter's worker"
