@@ -68,10 +68,12 @@ def start(argv: list[str], env: dict[str, str], warm: bool = True) -> tuple[subp
     """The worker for argv with env, and how it started ("warm: ..." or "cold: <why>")."""
     why = "warm start is off" if not warm else eligible(argv)
     if not why:
-        try:
-            proc, why = fork(argv, env)
-        except OSError as exc:
-            proc, why = None, f"the warm worker could not be reached ({exc})"
+        for _ in range(2):  # once more after a connection the warm worker reset as it stopped listening
+            try:
+                proc, why = fork(argv, env)
+                break
+            except OSError as exc:
+                proc, why = None, f"the warm worker could not be reached ({exc})"
         if proc is not None:
             return proc, why
     cold = subprocess.Popen(argv, start_new_session=True, env=env)  # a process group of its own, as a fork's

@@ -217,8 +217,7 @@ class Server:
         conn, _ = self.listener.accept()
         self.last = time.monotonic()
         try:
-            if not self.handle(conn):
-                self.stop_listening("asked to stop")
+            self.handle(conn)
         except Exception:  # noqa: BLE001 - one bad request never takes the server down
             traceback.print_exc()
             conn.close()
@@ -237,26 +236,28 @@ class Server:
         except (OSError, ValueError):
             pass
 
-    def handle(self, conn: socket.socket) -> bool:
-        """Serve one request; False when asked to stop."""
+    def handle(self, conn: socket.socket) -> None:
+        """Serve one request."""
         conn.settimeout(30)
         lines = Lines(conn)
         request = lines.read(want_fds=3)
         if request is None:
             conn.close()
-            return True
+            return
         op = request.get("op")
         if op in ("ping", "stop"):
+            if op == "stop":  # off the socket before the answer: a job that follows goes to a new warm worker
+                self.stop_listening("asked to stop")
             send(conn, {"pid": os.getpid(), "jobs": len(self.children), "env": self.env})
             conn.close()
-            return op == "ping"
+            return
         why = refusal(request, self.env) or (len(lines.fds) != 3 and "no stdin, stdout and stderr came with it")
         if why:
             send(conn, {"cold": why})
             for fd in lines.fds:
                 os.close(fd)
             conn.close()
-            return True
+            return
         pid = os.fork()
         if pid == 0:
             become_worker(request, lines.fds, [self.listener, conn, *self.children.values()])
@@ -264,7 +265,6 @@ class Server:
             os.close(fd)
         send(conn, {"pid": pid, "server": os.getpid()})
         self.children[pid] = conn
-        return True
 
     def reap(self) -> None:
         while self.children:
