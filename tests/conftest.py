@@ -20,6 +20,7 @@ from tests.support import (
     StubServer,
     apt_install,
     closed_port,
+    forget_modules,
     free_port,
     healthy,
     new_bucket,
@@ -57,11 +58,7 @@ def process_state_as_found(tmp_path_factory):
         if signal.getsignal(number) is not handler and handler is not None:
             signal.signal(number, handler)
     sys.path[:] = path
-    for name in set(sys.modules) - modules:
-        module = sys.modules.get(name)
-        origin = getattr(module, "__file__", None) or next(iter(getattr(module, "__path__", None) or []), "")
-        if str(origin).startswith(temp + os.sep):
-            del sys.modules[name]
+    forget_modules(sorted(set(sys.modules) - modules), temp)
 
 
 @contextmanager

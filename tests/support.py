@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -405,3 +406,20 @@ def apt_install(package: str) -> str:
     if done.returncode == 0:
         return ""
     return f"apt-get install {package} failed (rc {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+
+
+def forget_modules(names, folder) -> None:
+    """Drops from sys.modules those of `names` imported from under `folder`. All are picked before any goes: a
+    namespace package's __path__ is recomputed from its parent's entry in sys.modules, so reading it after the
+    parent went raises KeyError."""
+    folder = str(folder) + os.sep
+
+    def imported_from_folder(module) -> bool:
+        origin = getattr(module, "__file__", None)
+        if origin is None:
+            spec = getattr(module, "__spec__", None)
+            origin = next(iter((spec and spec.submodule_search_locations) or []), "")
+        return str(origin).startswith(folder)
+
+    for name in [name for name in names if imported_from_folder(sys.modules.get(name))]:
+        sys.modules.pop(name, None)
