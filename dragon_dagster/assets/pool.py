@@ -7,6 +7,14 @@ TRAINING_POOL = "training"
 # The pool is held per run (dagster.yaml: a waiting run stays queued, no process); inside one run, the same tag
 # keeps two pooled steps (the main chain and the feedback branch, say) from running at once.
 POOL_TAGS = {"dragon/pool": TRAINING_POOL}
+# Each step runs in a process forked from one that imported these once per run (Dagster's forkserver start method),
+# not in a fresh interpreter that imports Dagster, MLflow and the component again (~2 s a step on 2 cores; a
+# pipeline has a dozen steps with its checks). The code location's own module is small and still imported per step.
+STEP_PRELOAD = ["dagster", "dragon_dagster.assets.component", "dragon_dagster.resources"]
 POOL_EXECUTOR = multiprocess_executor.configured(
-    {"tag_concurrency_limits": [{"key": "dragon/pool", "value": TRAINING_POOL, "limit": 1}]}, name="pool_executor"
+    {
+        "tag_concurrency_limits": [{"key": "dragon/pool", "value": TRAINING_POOL, "limit": 1}],
+        "start_method": {"forkserver": {"preload_modules": STEP_PRELOAD}},
+    },
+    name="pool_executor",
 )

@@ -25,9 +25,10 @@ from tests.support import on_a_command_line, user_project, wait_until, workers, 
 STORAGE_YAML = PROJECT_DAGSTER_YAML.with_name("postgres-storage.yaml")
 # what `make ui DAGSTER_INSTANCE=postgres` writes into its Dagster home, and the deployment page tells people to
 POSTGRES_INSTANCE = PROJECT_DAGSTER_YAML.read_text() + STORAGE_YAML.read_text()
-# long enough that PostgreSQL can stop while the worker trains: one step takes about 0.1-0.3 s on the tiny model
+# long enough that PostgreSQL can stop, restart and crash for OUTAGE_S while the worker trains: a warm-started worker
+# takes about 0.05 s a step here on an idle machine (batches of 8 rows), so about 30 s in all
 TRAIN_ARGS = (
-    "{max_steps: 150, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 1000, max_seq_len: 64, "
+    "{max_steps: 600, batch_size: 8, grad_accum: 1, logging_steps: 1, save_steps: 1000, max_seq_len: 64, "
     "learning_rate: 1.0e-3}"
 )
 DATASET = [["tiny", "tickets"], ["tiny", "sft_dataset"]]

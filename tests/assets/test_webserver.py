@@ -242,6 +242,18 @@ def parent_of(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+def recorded_run_process(server, run_id: str) -> int:
+    """The run worker's pid as Dagster recorded it (the run launcher's health check reads the same event)."""
+    from dagster import DagsterInstance
+
+    from dragon_dagster.resources.run_launcher import run_process
+
+    with DagsterInstance.from_config(str(server.home)) as instance:
+        pid, _ = run_process(instance, instance.get_run_by_id(run_id))
+    assert pid is not None, server.tail()
+    return pid
+
+
 def wait_for(predicate, timeout: float, what: str, server):
     """wait_until, failing at once (with the log's tail) if the server died meanwhile."""
     return wait_until(predicate, timeout, what, alive=server.gone, every=0.5)
@@ -297,10 +309,14 @@ def test_a_killed_run_process_stops_its_step_and_worker_and_records_nothing(trai
     server, runs = training_server, training_server.root / "runs"
     run_id, worker = start_training(server)
     step = launcher_of(worker)
-    run_process = parent_of(step)
+    run_process = recorded_run_process(server, run_id)
+    # steps are forked by the run's forkserver (the pool executor's start method), which ends with the run process
+    forkserver = parent_of(step)
+    assert forkserver != run_process and parent_of(forkserver) == run_process
     os.kill(run_process, signal.SIGKILL)
     wait_for(lambda: not alive(worker), 60, "the worker to stop after the run process died", server)
     wait_for(lambda: not alive(step), 60, "the step process to end", server)
+    wait_for(lambda: not alive(forkserver), 30, "the run's forkserver to end after its last step", server)
     assert server.status(run_id) == "FAILURE"  # marked by the step that saw its run process die
     assert not [p for p in (runs / "artifacts" / "tiny" / "sft_adapter").iterdir() if not p.name.startswith(".tmp-")]
     assert mlflow_statuses(runs) == ["FAILED"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import socket
 import warnings
@@ -113,10 +114,30 @@ def _run_record(context):
         return None
 
 
-def run_gone(context, parent_pid: int) -> str | None:
+class RunProcess:
+    """The process that runs this step's Dagster run, watched from the step.
+
+    A step of the multiprocess executor is a multiprocessing child of the run process, whichever start method
+    made it: multiprocessing's own parent sentinel ends when the run process does. The step's parent pid is not
+    that sign under the pool executor's forkserver, whose steps are the forkserver's children and which lives on
+    while any step holds its pipe. A step run in the run process itself (the in-process executor) watches its
+    parent pid instead.
+    """
+
+    def __init__(self):
+        self._parent = multiprocessing.parent_process()
+        self._ppid = os.getppid()
+
+    def died(self) -> bool:
+        if self._parent is not None and not self._parent.is_alive():
+            return True
+        return os.getppid() != self._ppid
+
+
+def run_gone(context, run_process: RunProcess) -> str | None:
     """Why the step's Dagster run can no longer record this work, or None while it can (or while Dagster's
     storage cannot say: a database outage does not stop a training)."""
-    if os.getppid() != parent_pid:  # the run process was killed: nothing will mark the run, so do it here
+    if run_process.died():  # nothing will mark the run, so do it here
         run = _run_record(context)
         if run is not None and run.status not in ENDED:
             try:

@@ -23,7 +23,7 @@ from typing import ClassVar
 
 from dagster import Failure
 
-from .base import WorkerState, record_worker, run_gone
+from .base import RunProcess, WorkerState, record_worker, run_gone
 from .credentials import public_env
 
 
@@ -220,7 +220,7 @@ class RayLauncher:
         return f"stopped Ray job {where['job_id']} at {where['address']}"
 
     def launch(self, context, resource, command: list[str], env: dict[str, str], tap, parallel: bool) -> int:
-        parent = os.getppid()
+        run_process = RunProcess()
         return run_ray_job(
             context,
             address=resource.ray_address,
@@ -233,5 +233,5 @@ class RayLauncher:
             cpus=0 if parallel else resource.cpus_per_worker,
             gpus=0 if parallel else resource.gpus(),
             memory_gb=0 if parallel else resource.memory_gb_per_worker,
-            gone=lambda: run_gone(context, parent),
+            gone=lambda: run_gone(context, run_process),
         )

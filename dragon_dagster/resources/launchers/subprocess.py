@@ -20,7 +20,16 @@ from dagster import Failure, open_pipes_session
 
 from ...engine.runtime.warm import client as warm
 from ...engine.runtime.worker import PARENT_PID
-from .base import PipesTap, WorkerState, local_process_state, process_started, record_worker, run_gone, this_host
+from .base import (
+    PipesTap,
+    RunProcess,
+    WorkerState,
+    local_process_state,
+    process_started,
+    record_worker,
+    run_gone,
+    this_host,
+)
 from .pipes_files import StepPipesFiles
 
 RANK_VARIABLES = (
@@ -74,13 +83,13 @@ class SubprocessLauncher:
 
     def wait(self, context, proc: subprocess.Popen | warm.WarmProcess, poll_s: float = 2.0) -> int:
         """The worker's exit code; raises if the Dagster run ends or its process dies while the worker runs."""
-        parent = os.getppid()
+        run_process = RunProcess()
         while True:
             try:
                 return proc.wait(timeout=poll_s)
             except subprocess.TimeoutExpired:
                 pass
-            gone = run_gone(context, parent)
+            gone = run_gone(context, run_process)
             if gone:
                 raise Failure(description=f"{gone}: stopped the worker (pid {proc.pid}) and its process group")
 
