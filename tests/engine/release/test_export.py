@@ -257,7 +257,9 @@ def test_smollm2_real_weights(embedded_dir, tmp_path):
 
     from dragon_dagster.engine.models import embedded_gguf
 
-    info = export_model(embedded_dir, tmp_path, name="smollm2")
+    # verify=False: compare() below loads each file back itself and checks more (logits, teacher-forced agreement)
+    # than the export's own check, which test_q4_0_is_written_reloaded_and_its_agreement_recorded covers
+    info = export_model(embedded_dir, tmp_path, name="smollm2", verify=False)
     files = {f["format"]: f["file"] for f in info["files"]}
     ours, theirs = gguf.GGUFReader(tmp_path / files["q8_0"]), gguf.GGUFReader(embedded_gguf())
     for key in (
