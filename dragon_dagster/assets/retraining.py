@@ -9,6 +9,7 @@ counted in the dataset's metadata and manifest; it never fails the range it is i
 """
 
 import json
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from dagster import (
     AssetIn,
     AssetKey,
     AssetSelection,
+    BetaWarning,
     DataVersion,
     Failure,
     MetadataValue,
@@ -77,17 +79,20 @@ def record_range(context, store: FeedbackStore | PostgresFeedbackStore | TraceFe
 
 
 def feedback_source(pipeline: Pipeline):
-    @observable_source_asset(
-        key=key(pipeline, "chat_feedback"),
-        group_name=retraining_group(pipeline),
-        description="Ratings and edits collected while chatting (append-only SQLite), or the human assessments "
-        "on an MLflow experiment's traces (feedback.source.mlflow_experiment). Its data version is the newest "
-        "record id, so it changes with new feedback.",
-    )
     def _observe(store: ArtifactStore) -> DataVersion:
         return DataVersion(str(feedback_records(pipeline, store).max_id()))
 
-    return _observe
+    # An observable source is how Dagster gives a source a data version (what makes "unsynced" follow new
+    # feedback); its beta notice is for whoever writes definitions, and would print on every load of ours.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)
+        return observable_source_asset(
+            key=key(pipeline, "chat_feedback"),
+            group_name=retraining_group(pipeline),
+            description="Ratings and edits collected while chatting (append-only SQLite), or the human assessments "
+            "on an MLflow experiment's traces (feedback.source.mlflow_experiment). Its data version is the newest "
+            "record id, so it changes with new feedback.",
+        )(_observe)
 
 
 DATASETS = {

@@ -8,6 +8,8 @@ lm-eval is imported only when a suite runs: it is heavy, and most reports do not
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +53,30 @@ def run_skills(
             f"unknown skill task(s) {unknown}: the bundled ones are {', '.join(local_tasks())} (or {SUITE_TAG} for "
             "all of them); any other must be an lm-eval task name, and its data must be reachable"
         )
-    lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
-    out = simple_evaluate(
-        lm,
-        tasks=list(tasks),
-        task_manager=manager,
-        limit=limit,
-        bootstrap_iters=0,  # no stderr: the gate compares two scores on the same items
-        log_samples=False,
-    )
+    with lm_eval_warnings_off():
+        lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=batch_size, device=str(model.device))
+        out = simple_evaluate(
+            lm,
+            tasks=list(tasks),
+            task_manager=manager,
+            limit=limit,
+            bootstrap_iters=0,  # no stderr: the gate compares two scores on the same items
+            log_samples=False,
+        )
     return {name: _figures(name, out) for name in out["results"] if name not in out.get("group_subtasks", {})}
+
+
+@contextmanager
+def lm_eval_warnings_off() -> Iterator[None]:
+    """lm-eval's own warnings, while a suite runs, are addressed to its command line's users: that a loaded model
+    was passed (as here, on purpose, in one process) and that a task takes `--metadata`. Its errors still show."""
+    lm_eval_log = logging.getLogger("lm_eval")
+    level = lm_eval_log.level
+    lm_eval_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lm_eval_log.setLevel(level)
 
 
 def _figures(name: str, out: dict) -> dict[str, Any]:

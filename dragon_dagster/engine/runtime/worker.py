@@ -31,7 +31,7 @@ from typing import NoReturn
 
 from ..config.job import Parallel
 from ..train import distributed
-from . import remote, system_metrics
+from . import library_noise, remote, system_metrics
 from .execution import EXIT_CANCELLED, PipesReporter, execute, handle_stop_signals, is_trainer, open_pipes
 from .system_metrics import INTERVAL_S
 from .warm.protocol import WARM_PARENT
@@ -94,6 +94,7 @@ def read_job(source: str) -> tuple[dict, Path | None]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = argv if argv is not None else sys.argv[1:]
+    library_noise.quiet()
     job, status_file = read_job(argv[0])
     parallel = Parallel.model_validate(job["parallel"]) if isinstance(job, dict) and job.get("parallel") else None
     if parallel is not None and parallel.backend == "ray":  # the driver; the ranks run ray_driver.rank_loop

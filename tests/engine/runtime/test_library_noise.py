@@ -1,0 +1,43 @@
+"""Library warnings silenced by name (engine/runtime/library_noise.py, the registry's save): the listed ones go,
+every other still shows."""
+
+import logging
+import warnings
+
+from dragon_dagster.engine.runtime import library_noise
+
+
+def test_only_the_listed_library_warnings_are_silenced():
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        library_noise.quiet()
+        warnings.warn("`is_gradient_checkpointing` is deprecated (v6).", FutureWarning, stacklevel=1)
+        warnings.warn("something else is deprecated", FutureWarning, stacklevel=1)
+        warnings.warn("`is_gradient_checkpointing` is deprecated, said as a UserWarning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in seen] == [
+        "something else is deprecated",
+        "`is_gradient_checkpointing` is deprecated, said as a UserWarning",
+    ]
+    assert all(reason for _, _, reason in library_noise.KNOWN)
+
+
+def test_saving_a_chat_model_does_not_warn_about_cloudpickle_and_keeps_other_records(tiny_model, tmp_path):
+    from dragon_dagster.engine.release.model_registry import save_chat_model
+
+    class Kept(logging.Handler):  # on the logger itself: MLflow's loggers do not propagate to the root
+        def __init__(self):
+            super().__init__(logging.WARNING)
+            self.messages = []
+
+        def emit(self, record):
+            self.messages.append(record.getMessage())
+
+    pyfunc_log, kept = logging.getLogger("mlflow.pyfunc"), Kept()
+    pyfunc_log.addHandler(kept)
+    try:
+        save_chat_model(tiny_model, tmp_path / "chat_model")
+        pyfunc_log.warning("a later warning of mlflow.pyfunc")
+    finally:
+        pyfunc_log.removeHandler(kept)
+    assert (tmp_path / "chat_model" / "MLmodel").exists()
+    assert kept.messages == ["a later warning of mlflow.pyfunc"]  # the CloudPickle notice went, the filter too
