@@ -1,5 +1,6 @@
-"""Library warnings a worker's user can do nothing about, silenced by name, each with its reason. Every other
-warning still shows: one printed to a user is either ours to fix or listed here."""
+"""Library warnings (the warnings module) a worker's user can do nothing about, silenced by name, each with its
+reason; every other warning still shows. A library's log records are filtered where they are emitted, with the
+reason there: lm-eval's hints (evaluate/general_skills.py), MLflow's CloudPickle notice (release/model_registry.py)."""
 
 from __future__ import annotations
 
