@@ -44,8 +44,10 @@ UV ?= uv==0.13.9
 pip_conf = $${PIP_$(1):-$$($(PY) -m pip config get global.$(2) 2>/dev/null)}
 UV_SOURCES = export UV_INDEX_STRATEGY=unsafe-best-match UV_INDEX_URL="$(call pip_conf,INDEX_URL,index-url)" \
 	UV_EXTRA_INDEX_URL="$(call pip_conf,EXTRA_INDEX_URL,extra-index-url)" UV_FIND_LINKS="$(call pip_conf,FIND_LINKS,find-links)"
+# uv writes no bytecode unless told: where PYTHONDONTWRITEBYTECODE is set (CI's machines set it) every process
+# would then compile torch's and transformers' sources again as it imports them (the suites took 1.5x as long)
 ifeq ($(INSTALLER),uv)
-INSTALL = $(VENV)/bin/uv pip install -q --python $(PY)
+INSTALL = $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY)
 else
 INSTALL = $(PY) -m pip install -q
 endif
