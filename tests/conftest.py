@@ -41,16 +41,29 @@ os.environ.setdefault("DRAGON_WARM_DIR", f"/tmp/dragon-warm-{os.getuid()}-tests"
 
 
 GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
+# A suite started in the background of a non-interactive shell (`make test &`, nohup) inherits SIGINT ignored. Tests
+# that interrupt themselves need Python's own handler, and Dagster's in-process runs map SIGTERM to SIGINT's handler,
+# so every child a test starts after one would ignore SIGTERM too: the suite runs as from a terminal, whoever starts it.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+SIGNALS_AS_STARTED = {number: signal.getsignal(number) for number in GUARDED_SIGNALS}
 
 
 @pytest.fixture(autouse=True)
 def process_state_as_found(tmp_path_factory):
     """Each test leaves the process as it found it, so the order never matters: Dagster's in-process execution
-    installs its own interrupt handlers (capture_interrupts) and can leave SIGTERM remapped; a test's Dagster
+    installs its own interrupt handlers (capture_interrupts) and can leave SIGTERM remapped; a library may set an
+    environment variable that a later job's warm start compares (Gradio's telemetry switch); a test's Dagster
     project, written under the session's temp folder and imported, stays in sys.modules under a name the next
     test reuses. Only modules from that folder go: the checkout and its .venv may themselves lie under /tmp."""
     handlers = {number: signal.getsignal(number) for number in GUARDED_SIGNALS}
-    path, modules = list(sys.path), set(sys.modules)
+    for number in (signal.SIGINT, signal.SIGTERM):  # as the suite started, whatever a session fixture's run left
+        if handlers[number] is not SIGNALS_AS_STARTED[number]:
+            handlers[number] = SIGNALS_AS_STARTED[number]
+            signal.signal(number, handlers[number])
+    path, modules, environment = list(sys.path), set(sys.modules), dict(os.environ)
     temp = tmp_path_factory.getbasetemp()
     temp = str(temp.parent if os.environ.get("PYTEST_XDIST_WORKER") else temp)
     yield
@@ -58,6 +71,9 @@ def process_state_as_found(tmp_path_factory):
         if signal.getsignal(number) is not handler and handler is not None:
             signal.signal(number, handler)
     sys.path[:] = path
+    if os.environ != environment:  # Gradio's Blocks sets HF_HUB_DISABLE_TELEMETRY: later jobs would then start cold
+        os.environ.clear()
+        os.environ.update(environment)
     forget_modules(sorted(set(sys.modules) - modules), temp)
 
 

@@ -22,3 +22,27 @@ def test_a_projects_namespace_packages_go_whatever_order_they_are_met_in(tmp_pat
 
     assert not [name for name in sys.modules if name.startswith("lab_ns_guard")]
     assert sys.modules["json"] is outside
+
+
+def test_a_suite_started_in_the_background_runs_as_from_a_terminal():
+    """`make test &` starts pytest with SIGINT ignored: conftest gives it Python's handler back, or a test that
+    interrupts itself, and every child started after a Dagster run (SIGTERM mapped to SIGINT's handler), would
+    not stop."""
+    import signal
+
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN
+
+
+def test_a_variable_a_test_sets_is_gone_after_it_part_one():
+    """A library may set a variable in the process (Gradio's Blocks sets HF_HUB_DISABLE_TELEMETRY): a job started
+    after it would differ from the warm worker and start cold (three cold starts after the chat page's tests)."""
+    import os
+
+    os.environ["DRAGON_TEST_LEFT_BEHIND"] = "1"  # as a library does: not through monkeypatch
+
+
+def test_a_variable_a_test_sets_is_gone_after_it_part_two():
+    import os
+
+    assert "DRAGON_TEST_LEFT_BEHIND" not in os.environ
