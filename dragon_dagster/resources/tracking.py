@@ -22,6 +22,9 @@ from ..engine.text.uris import scrub, without_password
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
+# MLflow says at INFO each time it creates or upgrades a store's tables ("Creating initial MLflow database
+# tables..."): a fresh sqlite store is made here on first use, as intended, and there is nothing for a user to do.
+logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
 
 class RelocatedStoreError(RuntimeError):
@@ -182,6 +185,18 @@ def column_type(value) -> str:
     return "string"
 
 
+def mlflow_ui_url(configured: str = "") -> str:
+    """The MLflow UI's address: configured, else $MLFLOW_UI_URL, else `make ui`'s (its $MLFLOW_PORT, or 5000)."""
+    url = configured or os.environ.get("MLFLOW_UI_URL") or f"http://127.0.0.1:{os.environ.get('MLFLOW_PORT') or 5000}"
+    return url.rstrip("/")
+
+
+def dagster_ui_url() -> str:
+    """The Dagster UI's address: $DAGSTER_UI_URL, else `make ui`'s (its $DAGSTER_PORT, or 3000)."""
+    url = os.environ.get("DAGSTER_UI_URL") or f"http://127.0.0.1:{os.environ.get('DAGSTER_PORT') or 3000}"
+    return url.rstrip("/")
+
+
 class MLflowTracking(ConfigurableResource):
     """Logs params, step metrics, eval metrics, lineage tags and artifacts to an MLflow tracking server."""
 
@@ -192,8 +207,17 @@ class MLflowTracking(ConfigurableResource):
         "naming this setting, when it does not answer. Empty: $MLFLOW_TRACKING_URI when set, else a sqlite store "
         "in the runs dir.",
     )
-    ui_url: str = Field(default="http://127.0.0.1:5000", description="Where `make ui` serves MLflow, for links.")
+    ui_url: str = Field(
+        default="",
+        description="Where MLflow's UI is served, for links. Empty: $MLFLOW_UI_URL when set, else where `make ui` "
+        "serves it (http://127.0.0.1:$MLFLOW_PORT, port 5000 by default).",
+    )
     runs_dir: str = Field(default="", description="Runs directory for the default sqlite store and artifacts.")
+
+    @property
+    def ui(self) -> str:
+        """The MLflow UI's address that links start with (ui_url, resolved; no trailing slash)."""
+        return mlflow_ui_url(self.ui_url)
 
     @property
     def root(self) -> Path:
@@ -353,7 +377,10 @@ class MLflowTracking(ConfigurableResource):
                 run_id = found[0].info.run_id
                 client.update_run(run_id, status="RUNNING")
                 return run_id
-            run_id = self.start_run(pipeline, run_name, {**tags, **key}, params, parent=parent, description=description)
+            parent_id = parent() if parent is not None else None
+            run_id = self.start_run(
+                pipeline, run_name, {**tags, **key}, params, parent=parent_id, description=description
+            )
             if artifact is not None:
                 client.log_text(run_id, artifact[1], artifact[0])
             return run_id
@@ -420,24 +447,24 @@ class MLflowTracking(ConfigurableResource):
         self.client().set_terminated(run_id, status=status)
 
     def run_url(self, pipeline: str, run_id: str) -> str:
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs/{run_id}?{TRAINING_VIEW}"
+        return f"{self.ui}/#/experiments/{self.experiment_id(pipeline)}/runs/{run_id}?{TRAINING_VIEW}"
 
     def runs_url(self, pipeline: str, charts: bool = False) -> str:
         """The experiment's model-training runs (the pipeline runs, their stages nested under them); charts: the
         chart view, where the pipeline runs' held-out NLL over their stages is one line each."""
         view = "&compareRunsMode=CHART" if charts else ""
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/runs?{TRAINING_VIEW}{view}"
+        return f"{self.ui}/#/experiments/{self.experiment_id(pipeline)}/runs?{TRAINING_VIEW}{view}"
 
     def ui_page(self, pipeline: str, page: str) -> str:
         """One of the experiment's pages in the MLflow UI: traces (every chat turn), chat-sessions (the turns by
         conversation), evaluation-runs (base and merged row by row), prompts."""
-        return f"{self.ui_url.rstrip('/')}/#/experiments/{self.experiment_id(pipeline)}/{page}"
+        return f"{self.ui}/#/experiments/{self.experiment_id(pipeline)}/{page}"
 
     def prompt_url(self, pipeline: str) -> str:
         """The pipeline's system prompt in the Prompt Registry: its versions, their diff, the live alias."""
         from ..engine.release.prompt_registry import prompt_name
 
-        return f"{self.ui_url.rstrip('/')}/#/prompts/{prompt_name(pipeline)}"
+        return f"{self.ui}/#/prompts/{prompt_name(pipeline)}"
 
     # --- the model registry: which model is live (engine/model_registry.py) ---
 

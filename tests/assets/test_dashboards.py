@@ -180,13 +180,43 @@ def test_the_printed_mlflow_link_opens_training_runs_nested_under_pipeline_runs_
         shutil.copyfile(shot, DOCS_IMAGES / "mlflow-charts.png")
 
 
+def test_run_pages_show_their_parent_or_none_and_the_server_never_answers_404(dashboards, page):
+    """A pipeline run has no parent (its page has no "Parent run" waiting for one); a stage's page names its
+    pipeline run as its parent; MLflow's server answered every request the pages made (a parent tag that is not a
+    run id made it answer 404, over and over, for as long as the page was open)."""
+    from playwright.sync_api import expect
+
+    tracking, pipeline = dashboards["tracking"], dashboards["pipeline"].name
+    first = next(
+        p for p in pipeline_runs(tracking, pipeline) if p.data.tags["dagster_run_id"] == dashboards["outcome"]["run_id"]
+    )
+    assert "mlflow.parentRunId" not in first.data.tags
+    [sft] = tracking.client().search_runs(
+        [tracking.experiment_id(pipeline)],
+        f"tags.`mlflow.parentRunId` = '{first.info.run_id}' and tags.stage = 'sft_adapter'",
+    )
+    failed = []
+    page.on(
+        "response",
+        lambda r: failed.append(f"{r.status} {r.url}") if "/ajax-api/" in r.url and r.status >= 400 else None,
+    )
+    page.goto(tracking.run_url(pipeline, first.info.run_id))
+    expect(page.get_by_role("heading", name=first.info.run_name).first).to_be_visible(timeout=WAIT_MS)
+    page.wait_for_timeout(3_000)  # time for the page's follow-up requests, a parent's among them
+    expect(page.get_by_text("Parent run", exact=True)).to_have_count(0)
+    page.goto(tracking.run_url(pipeline, sft.info.run_id))
+    expect(page.get_by_text("Parent run", exact=True).first).to_be_visible(timeout=WAIT_MS)
+    expect(page.get_by_role("link", name=first.info.run_name).first).to_be_visible(timeout=WAIT_MS)
+    assert not failed, failed
+
+
 def test_mlflow_compares_two_pipeline_runs_without_an_error(dashboards, page):
     from playwright.sync_api import expect
 
     tracking, pipeline = dashboards["tracking"], dashboards["pipeline"].name
     ids = [r.info.run_id for r in pipeline_runs(tracking, pipeline)]
     experiment = tracking.experiment_id(pipeline)
-    url = (f"{tracking.ui_url}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}").replace(
+    url = (f"{tracking.ui}/#/compare-runs?runs={json.dumps(ids)}&experiments={json.dumps([experiment])}").replace(
         " ", ""
     )
     page.goto(url)

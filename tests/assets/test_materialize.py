@@ -36,7 +36,8 @@ def test_chain_materializes_every_asset_and_passes_its_checks(materialized):
         "merged_not_worse_than_base": True,
     }
     # each worker was forked by the warm worker (the default), and the step's log says so
-    assert len(worker_starts(materialized["instance"], outcome["run_id"], "warm start (forked by warm worker")) == 3
+    warm = worker_starts(materialized["instance"], outcome["run_id"], "warm start (forked by warm worker")
+    assert len(warm) == 3, worker_starts(materialized["instance"], outcome["run_id"], "cold start")  # and why
 
 
 def worker_starts(instance, run_id: str, how: str) -> list[str]:
@@ -141,6 +142,10 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     }
     [parent] = [r for r in runs.values() if r.data.tags.get("level") == "pipeline"]  # the Dagster run's own run
     assert parent.info.run_name.startswith("tiny_pipeline")
+    assert "mlflow.parentRunId" not in parent.data.tags  # no sweep: a top-level run (never a stray object's repr)
+    every = client.search_runs([e.experiment_id for e in client.search_experiments()], max_results=5000)
+    ids = {r.info.run_id for r in every}
+    assert {r.data.tags["mlflow.parentRunId"] for r in every if "mlflow.parentRunId" in r.data.tags} <= ids
     runs = {name: run for name, run in runs.items() if run is not parent}
     # the report's MLflow evaluation: a run per model, tagged with the report's run (test_mlflow_evaluation.py)
     evaluations = {name: runs.pop(name) for name in list(runs) if runs[name].data.tags.get("level") == "evaluation"}

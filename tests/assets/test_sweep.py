@@ -81,6 +81,18 @@ def logged_losses(tmp_path) -> dict:
     return {run_id: (run.data.metrics["eval/loss"], run.data.tags) for run_id, run in logged.items()}
 
 
+def check_points_nest_under_their_sweep(tmp_path, tag: str) -> None:
+    """Each point's pipeline run nests under the one sweep run (its parent tag is that run's id)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'runs' / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny").experiment_id
+    [sweep] = client.search_runs([experiment], f"tags.level = 'sweep' and tags.sweep = '{tag}'")
+    assert "mlflow.parentRunId" not in sweep.data.tags
+    points = client.search_runs([experiment], "tags.level = 'pipeline'")
+    assert len(points) == 3 and {r.data.tags["mlflow.parentRunId"] for r in points} == {sweep.info.run_id}
+
+
 def check_compare_names_the_best(tmp_path, tag: str, points: dict[str, int]) -> None:
     """`dragon compare --sweep` lists every point with the metric MLflow holds, and names the lowest eval/loss."""
     logged = logged_losses(tmp_path)
@@ -89,6 +101,7 @@ def check_compare_names_the_best(tmp_path, tag: str, points: dict[str, int]) -> 
         losses
     )  # distinct: the ranking means something
     assert all(tags[SWEEP_TAG] == tag for _, tags in logged.values())  # the MLflow runs filter by sweep too
+    check_points_nest_under_their_sweep(tmp_path, tag)
     expected = min(losses, key=losses.get)
 
     found = CliRunner().invoke(main, ["compare", "tiny", "--sweep", "lr", "--json"], catch_exceptions=False)
