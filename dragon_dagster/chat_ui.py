@@ -88,6 +88,32 @@ def _display(messages: list[dict]) -> list[dict]:
     return [_displayed(m) for m in messages]
 
 
+FEEDBACK_SHOWN = {"up": "Like", "down": "Dislike"}  # a reply's rating as the Chatbot's thumbs show it
+
+
+def _feedback(messages: list[dict]) -> list[str | None]:
+    """The Chatbot's feedback_value: one entry per run of bot messages (the page groups a turn's tool blocks with
+    its answer into one bubble, which has one pair of thumbs), the rating of the answer that ends it."""
+    values: list[str | None] = []
+    bot = False
+    for m in messages:
+        if m["role"] == "user":
+            bot = False
+            continue
+        if not bot:
+            values.append(None)
+            bot = True
+        if is_answer(m):
+            values[-1] = FEEDBACK_SHOWN.get((m.get("rating") or {}).get("verdict"))
+    return values
+
+
+def _view(messages: list[dict], tail: list[dict] | None = None) -> dict:
+    """The Chatbot's update for Chat.messages (and `tail`, a reply still being generated): its messages and the
+    thumbs each rated reply shows (after a reload or an edit too: the page keeps no thumbs of its own then)."""
+    return gr.update(value=_display(messages) + (tail or []), feedback_value=_feedback(messages))
+
+
 def _displayed(message: dict) -> dict:
     """A chat message as the Chatbot shows it: a tool call or result as a titled block (Gradio's metadata title:
     the call line, or which tool answered), so neither reads as the model's answer."""
@@ -229,10 +255,10 @@ class ChatHandlers:
     @staticmethod
     def _with_partial(chat: Chat, reply: ReplyStream) -> list[dict]:
         if reply.done:  # committed (or given up): the history says it all
-            return _display(chat.messages)
+            return _view(chat.messages)
         # a regenerated reply is replaced, with the tool turns that led to it
         before = chat.messages[: chat.reply_start()] if reply.regenerate else chat.messages
-        return _display(before + reply.turns) + [{"role": "assistant", "content": shown(reply.text)}]
+        return _view(before + reply.turns, [{"role": "assistant", "content": shown(reply.text)}])
 
     @staticmethod
     def _outcome(chat: Chat, reply: ReplyStream, done: str) -> str:
@@ -253,9 +279,9 @@ class ChatHandlers:
             for value in self._growing(chat, reply):
                 yield value, chat, ANSWERING
         except ERRORS as exc:  # the turn failed: history unchanged
-            yield _display(chat.messages), chat, _error(exc)
+            yield _view(chat.messages), chat, _error(exc)
             return
-        yield _display(chat.messages), chat, self._outcome(chat, reply, done)
+        yield _view(chat.messages), chat, self._outcome(chat, reply, done)
 
     # --------------------------------------------------------------------------------------- turns
 
@@ -269,13 +295,13 @@ class ChatHandlers:
             return
         text = (text or "").strip()
         if not text:
-            yield "", _display(chat.messages), chat, "Type a message first."
+            yield "", _view(chat.messages), chat, "Type a message first."
             return
-        yield "", _display(chat.messages + [{"role": "user", "content": text}]), chat, "_waiting for the model…_"
+        yield "", _view(chat.messages + [{"role": "user", "content": text}]), chat, "_waiting for the model…_"
         try:
             reply = chat.stream(text)
         except ERRORS as exc:
-            yield text, _display(chat.messages), chat, _error(exc)
+            yield text, _view(chat.messages), chat, _error(exc)
             return
         for value, streamed, status in self._streamed(chat, reply):
             yield ("" if reply.text else text), value, streamed, status
@@ -306,7 +332,7 @@ class ChatHandlers:
         except ChatError as exc:  # a reply is being generated
             return gr.skip(), gr.skip(), chat, _error(exc)
         text = next((m["content"] for m in removed if m["role"] == "user"), "")
-        return text, _display(chat.messages), chat, f"Removed {plural(len(removed), 'message')}."
+        return text, _view(chat.messages), chat, f"Removed {plural(len(removed), 'message')}."
 
     def reset(self, chat: Chat | None) -> tuple:
         """Outputs (textbox, chatbot, chat, status): an empty conversation with a new conversation id."""
@@ -320,8 +346,9 @@ class ChatHandlers:
     def remember(chat: Chat | None) -> Any:
         """Output (stored): what the browser keeps of the conversation, so a reload continues it (see
         build_app): its id (feedback given after the reload joins the same conversation), the system prompt
-        and the messages (a reply's stopped mark is not kept). A session without a Chat (its kept conversation
-        could not be restored, say) keeps an empty one, so that Clear always empties the storage."""
+        and the messages with each reply's trace id and rating (its stopped mark is not kept). A session
+        without a Chat (its kept conversation could not be restored, say) keeps an empty one, so that Clear
+        always empties the storage."""
         if chat is None:
             return {"conversation_id": None, "system": None, "messages": []}
         return {
@@ -355,11 +382,12 @@ class ChatHandlers:
                 store=self.store,
                 conversation_id=conversation_id,
                 toolset=self.toolset,
+                tracer=self.tracer,  # turns after a reload are traced too, and ratings reach their replies' traces
             )
         except ERRORS as exc:
             return (*skip, _error(f"{exc}; starting a new conversation"))
         n = plural(len(restored.messages), "message")
-        return _display(restored.messages), restored, restored.system or "", f"Continuing this conversation ({n})."
+        return _view(restored.messages), restored, restored.system or "", f"Continuing this conversation ({n})."
 
     # ------------------------------------------------------------------------------------ feedback
 
@@ -375,10 +403,17 @@ class ChatHandlers:
             return chat, "Rating removed on the page; recorded ratings stay (a new one supersedes them)."
         try:
             reply = _reply_index(chat, data.index)
+            earlier = chat.rating(reply)
             feedback_id = chat.rate(verdict == "up", index=reply)
         except ERRORS as exc:
             return chat, _error(exc)
-        return chat, self._saved(chat, f"thumbs {verdict} on reply {reply + 1}", feedback_id)
+        if earlier and earlier["verdict"] == verdict:
+            where = f"feedback #{feedback_id}" if feedback_id is not None else "not saved: no feedback store"
+            return chat, f"Thumbs {verdict} on reply {reply + 1} is already recorded ({where}): a rating counts once."
+        what = f"thumbs {verdict} on reply {reply + 1}" + (
+            f", replacing thumbs {earlier['verdict']}" if earlier else ""
+        )
+        return chat, self._saved(chat, what, feedback_id)
 
     def edit(
         self,
@@ -402,14 +437,14 @@ class ChatHandlers:
             if chat.messages[data.index]["role"] == "assistant":
                 reply = _reply_index(chat, data.index)
                 feedback_id = chat.edit(text, index=reply)
-                yield _display(chat.messages), chat, self._saved(chat, f"edit of reply {reply + 1}", feedback_id)
+                yield _view(chat.messages), chat, self._saved(chat, f"edit of reply {reply + 1}", feedback_id)
                 return
             if chat.active is not None:
                 raise ChatError("a reply is still being generated: stop it (or let it finish) first")
             chat.messages = chat.messages[: data.index]  # a changed question: ask it again from there
             reply = chat.stream(text)
         except (*ERRORS, IndexError, TypeError) as exc:
-            yield _display(chat.messages) if chat else gr.skip(), chat, _error(exc)
+            yield _view(chat.messages) if chat else gr.skip(), chat, _error(exc)
             return
         yield from self._streamed(chat, reply, "Asked again. ")
 
@@ -431,12 +466,19 @@ class ChatHandlers:
             return gr.skip(), chat, gr.skip(), "No file."
         try:
             current = self.session(chat, *settings)
-            loaded = Chat.load(path, self.backend, model_label=self.model_label, store=self.store, toolset=self.toolset)
+            loaded = Chat.load(
+                path,
+                self.backend,
+                model_label=self.model_label,
+                store=self.store,
+                toolset=self.toolset,
+                tracer=self.tracer,
+            )
             loaded = self.session(loaded, loaded.system or current.system, *settings[1:])
         except ERRORS as exc:
             return gr.skip(), chat, gr.skip(), _error(f"cannot load {Path(path).name}: {exc}")
         return (
-            _display(loaded.messages),
+            _view(loaded.messages),
             loaded,
             loaded.system or "",
             f"Loaded {plural(len(loaded.messages), 'message')} from {shown(Path(path).name)}.",
@@ -565,7 +607,7 @@ def build_app(
         # (Gradio's cancels= would kill that handler instead and lose the reply.) No concurrency limit: it
         # must run while the turn it stops holds its event's slot.
         stop.click(h.stop, [chat], None, concurrency_limit=None)
-        chatbot.like(h.like, [chat], [chat, status])
+        remembered(chatbot.like(h.like, [chat], [chat, status]))  # a reload shows the rating, and counts it once
 
         def edit_turn(chat, system, context_turns, temperature, max_new_tokens, data: gr.EditData):
             """h.edit, with Stop shown while an edited question is asked again (the edit's data comes with its

@@ -43,12 +43,25 @@ class Echo(Backend):
         return [f"Reply {self.n} to: {c[-1]['content']}" for c in conversations]
 
 
-def drain(gen):
-    """The last value a streaming handler yields (what the page finally shows)."""
+def shown_as_list(out):
+    """A handler's outputs with the Chatbot's update (its messages and thumbs) as its messages."""
+    if out is None:
+        return out
+    return tuple(o["value"] if isinstance(o, dict) and "feedback_value" in o else o for o in out)
+
+
+def thumbs(out):
+    """The thumbs a handler's Chatbot update shows, one per bot bubble."""
+    return next(o["feedback_value"] for o in out if isinstance(o, dict) and "feedback_value" in o)
+
+
+def drain(gen, view=False):
+    """The last value a streaming handler yields (what the page finally shows); view: the Chatbot's update as
+    it is, with its thumbs."""
     out = None
     for out in gen:  # noqa: B007 - the last one is what counts
         pass
-    return out
+    return out if view else shown_as_list(out)
 
 
 # ----------------------------------------------------------------------------------------- handlers
@@ -61,7 +74,7 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     h = chat_ui.ChatHandlers(backend, store, "echo-model", stream_delay=0)
     settings = ("Be brief.", 1, 0.7, 64)
 
-    steps = list(h.send("hi", None, *settings))
+    steps = [shown_as_list(step) for step in h.send("hi", None, *settings)]
     assert steps[0][1] == [{"role": "user", "content": "hi"}]  # the user turn shows before the reply
     assert len(steps) >= 3 and steps[-2][1][-1]["content"] in "Reply 1 to: hi"  # then the reply grows
     box, shown, chat, status = steps[-1]
@@ -109,19 +122,78 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     assert [m["content"] for m in shown[-2:]] == ["three!", "Reply 4 to: three!"] and len(shown) == 6
     shown, chat, status = drain(h.regenerate(chat, *settings))
     assert shown[-1]["content"] == "Reply 5 to: three!"
-    box, shown, chat, status = h.undo(chat)
+    box, shown, chat, status = shown_as_list(h.undo(chat))
     assert box == "three!" and len(shown) == 4
 
     update, status = h.save(chat, ".jsonl")
     saved = Path(update["value"])
     assert json.loads(saved.read_text())["messages"][0] == {"role": "system", "content": "Be brief."}
-    shown, loaded, system, status = h.load(str(saved), None, "", None, 0.7, 64)
-    assert loaded is not chat and loaded.messages == chat.messages and system == "Be brief."
+    shown, loaded, system, status = shown_as_list(h.load(str(saved), None, "", None, 0.7, 64))
+    assert loaded is not chat and loaded.history() == chat.history() and system == "Be brief."  # no ratings: a
+    # transcript is a new conversation
     assert Chat.read_transcript(saved)[1:] == shown
 
     box, shown, chat, status = h.reset(chat)
     assert shown == [] and chat.messages == [] and store.count() == 2
     assert "error" in drain(h.send("x", None, "", -1, 0.7, 64))[-1]  # a bad window is reported, not raised
+
+
+def test_a_rating_shows_counts_once_and_survives_a_reload_and_an_edit(tmp_path):
+    """Traced into a real MLflow store: Like, reload, Like again stores one rating; a changed verdict is a new
+    record, and an assessment on the reply's trace, that the feedback datasets take over the old one (both kept).
+    The thumbs show after a reload and after an edit of another reply; a turn after the reload is traced, and
+    ratings after it reach their traces."""
+    import gradio as gr
+    from mlflow import MlflowClient
+
+    from dragon_dagster.engine.data.feedback_rows import unpaired_ratings
+    from dragon_dagster.engine.infer.tracing import THUMBS, ChatTracer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    tracer = ChatTracer(uri, client.create_experiment("chat", artifact_location=str(tmp_path / "traces")), user="ana")
+    store = FeedbackStore(tmp_path / "fb.db")
+    h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0, tracer=tracer)
+    chat = drain(h.send("one", None, "", None, 0.7, 64))[2]
+    chat = drain(h.send("two", chat, "", None, 0.7, 64))[2]
+    first = chat.messages[1]["trace_id"]
+    like = gr.LikeData(None, {"index": 1, "value": ["Reply 1 to: one"], "liked": True})
+    chat, status = h.like(chat, like)
+    assert "Recorded thumbs up on reply 1 (feedback #1" in status
+    chat, status = h.like(chat, like)
+    assert status == "Thumbs up on reply 1 is already recorded (feedback #1): a rating counts once."
+    assert store.count() == 1
+
+    kept = json.loads(json.dumps(h.remember(chat)))  # a reload: what the browser kept, in a new session
+    kept["messages"][3]["trace_id"] = "../not-a-trace"  # what a browser sends back is checked
+    view, restored, _, _ = h.restore(kept, None)
+    assert restored.tracer is tracer and restored.messages[1]["trace_id"] == first
+    assert "trace_id" not in restored.messages[3] and view["feedback_value"] == ["Like", None]
+    restored, status = h.like(restored, like)
+    assert "already recorded (feedback #1)" in status and store.count() == 1
+    restored, status = h.like(restored, gr.LikeData(None, {"index": 1, "value": ["x"], "liked": False}))
+    assert "Recorded thumbs down on reply 1, replacing thumbs up (feedback #2" in status
+    _, _, restored, _ = drain(h.send("three", restored, "", None, 0.7, 64))  # traced after the reload too
+    third = restored.messages[5]["trace_id"]
+    restored, status = h.like(restored, gr.LikeData(None, {"index": 5, "value": ["x"], "liked": True}))
+    edited = drain(
+        h.edit(
+            restored, "", None, 0.7, 64, data=gr.EditData(None, {"index": 3, "value": "Better.", "previous_value": ""})
+        ),
+        view=True,
+    )
+    assert thumbs(edited) == ["Dislike", None, "Like"]  # the other replies' thumbs stay on the page
+    records = store.records()
+    assert [(r["verdict"], r["trace_id"]) for r in records] == [
+        ("up", first),
+        ("down", first),
+        ("up", third),
+        ("edit", None),
+    ]
+    assert [row["label"] for row in unpaired_ratings(records[:2])] == [False]  # the latest verdict counts
+    verdicts = [a.value for a in client.get_trace(first).info.assessments if a.name == THUMBS]
+    assert sorted(verdicts) == [False, True]  # each rating once, on its reply's trace
+    assert [a.value for a in client.get_trace(third).info.assessments if a.name == THUMBS] == [True]
 
 
 def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_path):
@@ -161,7 +233,7 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
     assert [m["role"] for m in record["turns"]] == ["user", "assistant", "tool"]
     assert record["turns"][1]["tool_calls"][0]["function"]["name"] == "order_status"
     # the browser keeps the tool turns, and a reload continues with them and the tools
-    restored = h.restore(h.remember(chat), None)
+    restored = shown_as_list(h.restore(h.remember(chat), None))
     assert restored[0] == shown and restored[1].messages == chat.messages and restored[1].toolset is toolset
 
 
@@ -217,14 +289,14 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     store = FeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(Words(), store, "words", stream_delay=0)
     settings = ("", None, 0.7, 64)
-    steps = list(h.send("go", None, *settings))
+    steps = [shown_as_list(step) for step in h.send("go", None, *settings)]
     growing = [shown[-1]["content"] for _, shown, _, status in steps if status == chat_ui.ANSWERING]
     assert growing == [" ".join(f"w{i}" for i in range(1, n + 1)) for n in range(1, 9)]  # one update per chunk
     box, shown, chat, status = steps[-1]
     assert shown[-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8" and "Context" in status and not chat.is_stopped()
 
     turn = h.send("again", chat, *settings)
-    for box, shown, chat, status in turn:  # noqa: B007 - the last update's box and status are checked below
+    for box, shown, chat, status in map(shown_as_list, turn):  # noqa: B007 - the last update's box and status are checked below
         if shown[-1]["content"] == "w1 w2":
             h.stop(chat)  # what the Stop button does, while the turn's handler is streaming
     assert shown[-1] == {"role": "assistant", "content": "w1 w2"} and "Stopped" in status and box == ""
@@ -246,7 +318,7 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
 
     # regenerate streams too; stopped before its first word, the old reply stays
     regen = h.regenerate(chat, *settings)
-    first = next(regen)
+    first = shown_as_list(next(regen))
     assert first[0][-1]["content"] == "w1" and first[2] == chat_ui.ANSWERING
     assert drain(regen)[0][-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8"
     chat.stream_regenerate()  # made but never read: nothing changes
@@ -281,7 +353,7 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
             return [hostile for _ in conversations]
 
     h = chat_ui.ChatHandlers(Hostile(), None, "m", stream_delay=0)
-    steps = list(h.send("<b>me</b>", None, "", None, 0.7, 64))
+    steps = [shown_as_list(step) for step in h.send("<b>me</b>", None, "", None, 0.7, 64)]
     assert all("<" not in m["content"].replace("< ", "") for _, shown, _, _ in steps for m in shown)
     chat = steps[-1][2]
     assert chat.messages == [{"role": "user", "content": "<b>me</b>"}, {"role": "assistant", "content": hostile}]
@@ -342,7 +414,7 @@ def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
     kept = json.loads(json.dumps(h.remember(chat)))  # the browser stores JSON
     assert kept["system"] == "Be brief." and len(kept["messages"]) == 4
 
-    shown, restored, system, status = h.restore(kept, None)  # a reload: a new session, no Chat yet
+    shown, restored, system, status = shown_as_list(h.restore(kept, None))  # a reload: a new session, no Chat yet
     assert restored is not chat and restored.messages == chat.messages and system == "Be brief."
     assert restored.conversation_id == chat.conversation_id and shown == chat_ui._display(chat.messages)
     assert status == "Continuing this conversation (4 messages)."
@@ -423,6 +495,11 @@ def test_the_cli_names_the_deployed_model_by_its_registry_name(monkeypatch, tmp_
     assert calls[-1]["model_name"] == "latest merged model (not yet promoted): 20250101-120000-abc"
     assert calls[-1]["model_label"] == str(merged / "model")
     assert "latest merged model (not yet promoted)" in out.output
+    for named in (("support",), ("--pipeline", "support")):  # the pipeline as the first argument, as people type it
+        out = run(*named)
+        assert out.exit_code == 0 and calls[-1]["model_label"] == str(merged / "model"), out.output
+    out = run("support", "--pipeline", "orders")
+    assert out.exit_code != 0 and "name it once" in out.output
 
     champion = tmp_path / "champion"
     monkeypatch.setattr(

@@ -33,6 +33,7 @@ Framework-free: nothing here imports Dagster.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -70,7 +71,27 @@ def _messages(items: Any, where: str = "transcript") -> list[dict]:
         raise ChatError(f"{where}: {exc}") from None
 
 
-MARKS = ("stopped", "trace_id")  # what Chat.messages keeps on a reply that is not part of the conversation
+# What Chat.messages keeps on a reply that is not part of the conversation: whether it was stopped, its MLflow
+# trace, and its rating ({"verdict": "up"|"down", "feedback_id": int|None}: shown on the page, and counted once).
+MARKS = ("stopped", "trace_id", "rating")
+TRACE_ID = re.compile(r"tr-[0-9a-f]{32}")  # an MLflow 3 trace id, as the tracer returns it
+
+
+def _kept_marks(item: dict) -> dict:
+    """The marks of a message that comes back from outside (the browser's storage, a transcript), those that are
+    well formed: a trace id of MLflow's form, a rating with an up/down verdict (anything else is dropped)."""
+    marks = {}
+    if item.get("stopped") is True:
+        marks["stopped"] = True
+    trace_id = item.get("trace_id")
+    if isinstance(trace_id, str) and TRACE_ID.fullmatch(trace_id):
+        marks["trace_id"] = trace_id
+    rating = item.get("rating")
+    if isinstance(rating, dict) and rating.get("verdict") in ("up", "down"):
+        feedback_id = rating.get("feedback_id")
+        ok = isinstance(feedback_id, int) and not isinstance(feedback_id, bool)
+        marks["rating"] = {"verdict": rating["verdict"], "feedback_id": feedback_id if ok else None}
+    return marks
 
 
 def _plain(message: dict) -> dict:
@@ -478,14 +499,29 @@ class Chat:
                 event["assessment_error"] = str(exc)
         return event["id"]
 
+    def rating(self, index: int = -1) -> dict | None:
+        """The reply's current rating ({"verdict", "feedback_id"}), None when it has none."""
+        return self.messages[self._reply_position(index)].get("rating")
+
     def rate(self, up: bool | str, index: int = -1) -> int | None:
         """Record a verdict on a reply (index over the replies; -1 is the last). Returns the feedback id, or
-        None when the chat has no store (the event is still kept in `feedback`)."""
+        None when the chat has no store (the event is still kept in `feedback`). A rating counts once: the same
+        verdict again records nothing and returns the first one's id; a changed verdict is a new record, which
+        the feedback datasets take over the earlier one (data/feedback_rows.py), both kept in the store."""
         if isinstance(up, str):
             if up not in ("up", "down"):
                 raise ChatError(f"rate() takes True/False or 'up'/'down', got {up!r}")
             up = up == "up"
-        return self._record(self._reply_position(index), "up" if up else "down")
+        verdict, position = "up" if up else "down", self._reply_position(index)
+        earlier = self.messages[position].get("rating")
+        if earlier and earlier["verdict"] == verdict:
+            return earlier["feedback_id"]
+        feedback_id = self._record(position, verdict)
+        self.messages[position] = {
+            **self.messages[position],
+            "rating": {"verdict": verdict, "feedback_id": feedback_id},
+        }
+        return feedback_id
 
     def edit(self, text: str, index: int = -1) -> int | None:
         """Replace a reply with better text: recorded as an 'edit' (with the original reply) and kept in the
@@ -552,6 +588,8 @@ class Chat:
         """A Chat that continues `items` (role/content messages, checked: errors name `where`); a leading
         system message becomes the system prompt unless `system` is given."""
         messages = _messages(items, where=where)
+        # one clean message per item (clean_messages checks, never merges): each answer keeps its marks
+        messages = [{**m, **_kept_marks(item)} if is_answer(m) else m for m, item in zip(messages, items, strict=True)]
         if messages and messages[0]["role"] == "system":
             kwargs.setdefault("system", messages[0]["content"])
             messages = messages[1:]

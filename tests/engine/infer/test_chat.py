@@ -273,7 +273,7 @@ def test_long_conversation_is_stored_once_not_per_rating(tmp_path):
     chat.edit("a better last answer")
     rows = store.records()
     assert len(rows) == 22 and all(r["turns"][1]["content"] == big for r in rows)
-    assert rows[-1]["turns"] == [{"role": "system", "content": "sys"}] + chat.messages[:-1]
+    assert rows[-1]["turns"] == chat.history()[:-1]
     import sqlite3
 
     with sqlite3.connect(store.path) as conn:
