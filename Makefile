@@ -30,6 +30,8 @@ export PYTHONUNBUFFERED := 1
 # the UIs' ports: `make ui DAGSTER_PORT=3001 MLFLOW_PORT=5001` beside another project's
 DAGSTER_PORT ?= 3000
 MLFLOW_PORT ?= 5000
+# links the demo prints and asset metadata carry point at these ports (resources/tracking.py reads them)
+export DAGSTER_PORT MLFLOW_PORT
 
 .PHONY: install demo test test-slow test-random lint check-lock lock docs ui clean
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -126,14 +127,13 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
         console.print(f"evaluation report: {outcome['report']}/report.md")
     print_registry(found.name)
     print_exports(outcome["stages"])
-    from .resources.tracking import MLflowTracking
+    from .resources.tracking import MLflowTracking, dagster_ui_url
 
-    console.print("Open the UIs with `make ui`: Dagster http://127.0.0.1:3000, MLflow http://127.0.0.1:5000")
     tracking = MLflowTracking()
-    evaluates = any(found.role_of(s) == "evaluate" for s in found.stages)
+    console.print(f"Open the UIs with `make ui`: Dagster {dagster_ui_url()}, MLflow {tracking.ui}", soft_wrap=True)
     for what, url in (
         ("Compare the runs (each pipeline run, its stages nested under it)", tracking.runs_url(found.name)),
-        ("Base and merged side by side, row by row", evaluates and tracking.ui_page(found.name, "evaluation-runs")),
+        ("Base and merged side by side, row by row", evaluation_link(outcome.get("report"))),
         ("The system prompt's versions and which is live", found.system_prompt() and tracking.prompt_url(found.name)),
         ("Every chat turn (`dragon chat`) as a trace, ratings on it", tracking.ui_page(found.name, "traces")),
     ):
@@ -141,6 +141,17 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
             console.print(f"{what} in MLflow: {url}", soft_wrap=True, markup=False)
     if not outcome["success"]:
         raise SystemExit(1)
+
+
+def evaluation_link(report_dir: str | None) -> str | None:
+    """The report's MLflow evaluation link (the merged run compared to the base run, both selected), if it has one."""
+    if not report_dir:
+        return None
+    try:
+        report = json.loads((Path(report_dir) / "report.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return ((report or {}).get("mlflow_evaluation") or {}).get("url")
 
 
 def print_registry(pipeline: str) -> None:
@@ -260,10 +271,29 @@ def deployed_named(pipeline: str) -> tuple[Path, str]:
     return live
 
 
+def pipeline_argument(f):
+    """The pipeline as an optional first argument too (`dragon chat-ui support`), the same as --pipeline."""
+
+    @functools.wraps(f)
+    def with_pipeline(*args, pipeline_argument=None, pipeline=None, **kwargs):
+        if pipeline_argument and pipeline and pipeline_argument != pipeline:
+            raise click.UsageError(
+                f"two pipelines: {pipeline_argument!r} and --pipeline {pipeline!r}; name it once (either way)"
+            )
+        return f(*args, pipeline=pipeline_argument or pipeline or "support", **kwargs)
+
+    return click.argument("pipeline_argument", metavar="[PIPELINE]", required=False)(with_pipeline)
+
+
 def chat_options(f):
     for option in reversed(
         [
-            click.option("--pipeline", default="support", show_default=True, help="Whose deployed model and feedback."),
+            pipeline_argument,
+            click.option(
+                "--pipeline",
+                default=None,
+                help="Whose deployed model and feedback (default: support; or the first argument).",
+            ),
             click.option(
                 "--model",
                 default=None,

@@ -189,8 +189,11 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
         "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
         "PYTHONPATH": str(project),
         "HF_HUB_OFFLINE": "1",
+        "MLFLOW_PORT": "5077",  # `make ui MLFLOW_PORT=5077 DAGSTER_PORT=3077`: the printed links follow
+        "DAGSTER_PORT": "3077",
     }
-    env.pop("DRAGON_DEBUG", None)
+    for name in ("DRAGON_DEBUG", "MLFLOW_UI_URL", "DAGSTER_UI_URL"):
+        env.pop(name, None)
     demo = subprocess.run(
         [str(BIN / "dragon"), "demo", "--pipeline", "plain", "--defs-module", "trainlab.definitions"],
         cwd=project,
@@ -205,7 +208,9 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     )
     assert "profile none" in demo.stdout and "plain/sft_dataset" in demo.stdout
     assert "models:/plain@champion: none yet" in demo.stdout  # no merge in this pipeline: nothing registered
-    assert "/#/experiments/" in demo.stdout and "/traces" in demo.stdout  # where chat turns will show
+    assert "http://127.0.0.1:5077/#/experiments/" in demo.stdout and "/traces" in demo.stdout  # where chat turns show
+    assert "Dagster http://127.0.0.1:3077, MLflow http://127.0.0.1:5077" in demo.stdout
+    assert ":5000" not in demo.stdout
     assert "evaluation-runs" not in demo.stdout and "/#/prompts/" not in demo.stdout  # it evaluates nothing, has none
     assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))
     missing = subprocess.run(
@@ -354,3 +359,32 @@ def test_chat_defaults_to_the_pipeline_s_system_prompt_and_the_whole_conversatio
     assert (pages[-1]["system"], pages[-1]["context_turns"]) == (trained, None)
     assert run_cli(["chat-ui", *server, "--system", "Be brief."], tmp_path, monkeypatch).exit_code == 0
     assert pages[-1]["system"] == "Be brief."
+
+
+def test_the_demo_links_the_reports_evaluation_with_both_runs_selected(tmp_path):
+    """The link `dragon demo` prints for "base and merged side by side" is the report's own (merged selected,
+    compared to base: test_mlflow_evaluation.py opens it in a browser), not the bare Evaluations tab."""
+    from dragon_dagster.cli import evaluation_link
+
+    url = "http://127.0.0.1:5000/#/experiments/1/evaluation-runs?selectedRunUuid=m&compareToRunUuid=b"
+    (tmp_path / "report.json").write_text(json.dumps({"mlflow_evaluation": {"url": url}}))
+    assert evaluation_link(str(tmp_path)) == url
+    (tmp_path / "report.json").write_text(json.dumps({"mlflow_evaluation": {"error": "server down"}}))
+    assert evaluation_link(str(tmp_path)) is None and evaluation_link(None) is None
+    assert evaluation_link(str(tmp_path / "gone")) is None
+
+
+def test_links_follow_the_configured_ui_ports(monkeypatch):
+    from dragon_dagster.resources.tracking import MLflowTracking, dagster_ui_url
+
+    for name in ("MLFLOW_UI_URL", "DAGSTER_UI_URL", "MLFLOW_PORT", "DAGSTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert MLflowTracking().ui == "http://127.0.0.1:5000" and dagster_ui_url() == "http://127.0.0.1:3000"
+    monkeypatch.setenv("MLFLOW_PORT", "5001")
+    monkeypatch.setenv("DAGSTER_PORT", "3001")
+    assert MLflowTracking().ui == "http://127.0.0.1:5001" and dagster_ui_url() == "http://127.0.0.1:3001"
+    monkeypatch.setenv("MLFLOW_UI_URL", "https://mlflow.example/")
+    assert MLflowTracking().ui == "https://mlflow.example"
+    assert MLflowTracking(ui_url="http://h:9/").ui == "http://h:9" and "h:9/#/prompts/" in MLflowTracking(
+        ui_url="http://h:9"
+    ).prompt_url("support")

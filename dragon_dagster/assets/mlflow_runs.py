@@ -17,7 +17,7 @@ PROFILE_TAG = "dragon/profile"  # on a Dagster run: the pipeline profile its con
 
 def dagster_tags(context) -> dict[str, str]:
     """The Dagster run's own dragon/ tags (profile, sweep, feedback range...), as they are."""
-    return {k: v for k, v in context.run.tags.items() if k.startswith("dragon/") and not k.startswith("dragon/worker")}
+    return {k: v for k, v in context.run.tags.items() if k.startswith("dragon/")}
 
 
 def sweep_run(context, pipeline: Pipeline, tracking) -> str | None:

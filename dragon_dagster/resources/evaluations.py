@@ -253,7 +253,7 @@ def log_evaluation(
         "experiment": pipeline,
         **done,
         "runs": runs,
-        "url": evaluation_url(tracking.ui_url, experiment, runs),
+        "url": evaluation_url(tracking.ui, experiment, runs),
     }
 
 

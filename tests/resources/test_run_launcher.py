@@ -13,7 +13,7 @@ import pytest
 from dagster import DagsterInstance, DagsterRunStatus, EventLogEntry, job, op
 from dagster._core.events import DagsterEvent, DagsterEventType, EngineEventData
 from dagster._core.launcher import WorkerStatus
-from dagster._core.storage.tags import GRPC_INFO_TAG
+from dagster._core.storage.tags import GRPC_INFO_TAG, TagType, get_tag_type
 
 from dragon_dagster.resources.launchers.base import WORKER_TAG, process_started, this_host
 from dragon_dagster.resources.run_launcher import RUN_HOST_TAG, WatchedRunLauncher, check_run
@@ -105,6 +105,8 @@ def test_a_worker_left_running_by_a_dead_run_is_stopped_and_named(instance):
         started = process_started(worker.pid)
         where = {"launcher": "subprocess", "host": this_host(), "pid": worker.pid, "started": started}
         run = started_run(instance, exited_pid(), **{WORKER_TAG + "tiny__sft_adapter": json.dumps(where)})
+        # bookkeeping the UI and GraphQL leave out of the run's tags
+        assert get_tag_type(WORKER_TAG + "tiny__sft_adapter") == TagType.HIDDEN
         health = check_run(instance, run)
         assert health.status == WorkerStatus.FAILED
         assert f"step tiny__sft_adapter's worker still ran: sent SIGTERM to worker {worker.pid}" in health.msg

@@ -20,14 +20,16 @@ from typing import ClassVar, Literal, Protocol
 
 import psutil
 from dagster import DagsterRunStatus, PipesMessageReader, PreviewWarning
+from dagster._core.storage.tags import HIDDEN_TAG_PREFIX
 
 logger = logging.getLogger(__name__)
 
 ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
-# A run tag per step, "dragon/worker.<step key>": where that step's worker runs, as its launcher describes it
-# ({"launcher": "subprocess", "host": ..., "pid": ...}), read by the instance's run launcher (run_launcher.py)
-# when the run's own processes are gone.
-WORKER_TAG = "dragon/worker."
+# A run tag per step, ".dagster/dragon-worker.<step key>": where that step's worker runs, as its launcher describes
+# it ({"launcher": "subprocess", "host": ..., "pid": ...}), read by the instance's run launcher (run_launcher.py)
+# when the run's own processes are gone. Bookkeeping, not something to read: under Dagster's hidden-tag prefix, which
+# its UI and GraphQL leave out of a run's tags (a JSON per step would bury the run's own tags).
+WORKER_TAG = f"{HIDDEN_TAG_PREFIX}dragon-worker."
 WorkerState = Literal["running", "gone", "unknown"]
 
 
