@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 from ...evaluate.per_row import mlflow_markdown
+from ...evaluate.stage_change import ALPHA, TEST
 from .skills import markdown as skills_markdown
 
 
 def _fmt(value) -> str:
+    if value is None:
+        return "n/a"  # a figure that does not exist is said so, never printed as None
     return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def stage_change_markdown(changes: list[dict]) -> list[str]:
+    """Did each stage help: its model against the one before it on the same rows, with the paired test."""
+    lines = [
+        "## Did each stage help? (the same held-out rows, row by row)",
+        "",
+        f"Each stage's model against the model before it: mean reply NLL per row (lower is better), the {TEST} "
+        f'test\'s p-value, and the verdict at p < {ALPHA}. On a few rows, "no measurable change" is not proof '
+        "of none.",
+        "",
+        "| stage | against | rows | NLL before | NLL after | change | p-value | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in changes:
+        change = c.get("mean_difference")
+        lines.append(
+            f"| {c['stage']} | {c['against']} | {c['rows']} | {_fmt(c.get('mean_before'))} | "
+            f"{_fmt(c.get('mean_after'))} | {'' if change is None else f'{change:+.4f}'} | {_fmt(c.get('p_value'))} "
+            f"| **{c['verdict']}** |"
+        )
+    return lines + [""]
 
 
 def markdown(report: dict) -> str:
@@ -50,6 +75,8 @@ def markdown(report: dict) -> str:
         ]
         lines += [f"| {s['model']} | {_fmt(s['eval_loss'])} | {_fmt(s['perplexity'])} |" for s in report["stage_nll"]]
         lines.append("")
+    if report.get("stage_changes"):
+        lines += stage_change_markdown(report["stage_changes"])
     if report.get("stages"):
         columns = sorted({k for s in report["stages"] for k in s} - {"stage", "method"})
         lines += [
@@ -81,13 +108,24 @@ def markdown(report: dict) -> str:
             "| against | wins | ties | losses | unparsed | disagreements | win rate |",
             "|---|---|---|---|---|---|---|",
         ]
+        silent = []
         for name in ("vs_base", "vs_first_stage"):
             if name in report["judge"]:
                 j = report["judge"][name]
+                verdicts = j["wins"] + j["ties"] + j["losses"]
+                silent += [] if verdicts else [name[3:]]
+                rate = _fmt(j["win_rate"]) if verdicts and j.get("win_rate") is not None else "no verdicts"
                 lines.append(
                     f"| {name[3:]} | {j['wins']} | {j['ties']} | {j['losses']} | {j['unparsed']} | "
-                    f"{j['disagreements']} | {_fmt(j['win_rate'])} |"
+                    f"{j['disagreements']} | {rate} |"
                 )
+        if silent:
+            lines += [
+                "",
+                f"The judge gave no verdict it could read against {' or '.join(silent)}: it cannot judge these "
+                "pairs (a small model rarely answers in the verdict's form), so there is no win rate. Set the "
+                "stage's `judge:` to a model or a server that can ({url, model}), or `n_judge: 0` to skip judging.",
+            ]
         lines.append("")
     if report.get("mlflow_evaluation"):  # added by the Dagster side once MLflow has the evaluation
         lines += mlflow_markdown(report["mlflow_evaluation"])
