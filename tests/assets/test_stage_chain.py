@@ -160,6 +160,21 @@ def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
     assert "preference_loss" in report["stages"][1] and "eval_loss" not in report["stages"][1]
     markdown = (Path(chain["outcome"]["artifacts"]["evaluation_report"]) / "report.md").read_text()
     assert "Held-out loss after each stage" in markdown and "| after dpo_adapter |" in markdown
+    # did each stage help: each against the model before it, row by row, with the paired test's verdict
+    changes = report["stage_changes"]
+    assert [(c["stage"], c["against"]) for c in changes] == [
+        ("sft_adapter", "base"),
+        ("dpo_adapter", "after sft_adapter"),
+        ("grpo_adapter", "after dpo_adapter"),
+    ]
+    for change in changes:
+        assert change["rows"] == report["rows"] and 0 <= change["p_value"] <= 1
+        assert change["verdict"] in ("better", "worse", "no measurable change")
+        assert change["mean_before"] > 0 and change["mean_after"] > 0
+    assert changes[1]["mean_before"] == changes[0]["mean_after"]  # one model's rows, the same both times
+    assert "Did each stage help?" in markdown and f"**{changes[0]['verdict']}**" in markdown
+    assert "row_nll" not in json.dumps(nll) and "row_nll" not in report["base"]  # the report keeps the figures
+    assert "None" not in markdown  # a figure that does not exist says n/a
     from mlflow import MlflowClient
 
     report_run = MlflowClient(chain["tracking"].uri).get_run(

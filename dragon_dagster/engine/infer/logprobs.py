@@ -54,10 +54,17 @@ def reply_logprobs(
 
 
 def completion_loss(model, tokenizer, rows: list[dict], max_len: int = 1024, batch_size: int = 8) -> dict:
-    """Mean next-token loss over the assistant reply tokens of the rows (token-weighted)."""
+    """Mean next-token loss over the assistant reply tokens of the rows (token-weighted), and each row's own
+    (`row_nll`: its reply's mean NLL, NaN for a row with no reply token) for paired comparisons of two models."""
     if not rows:
-        return {"eval_loss": float("nan"), "perplexity": float("nan"), "eval_tokens": 0}
+        return {"eval_loss": float("nan"), "perplexity": float("nan"), "eval_tokens": 0, "row_nll": []}
     scored = reply_logprobs(model, tokenizer, rows, max_len, batch_size)
     count = sum(n for _, n in scored)
     mean_loss = -sum(logp for logp, _ in scored) / max(1, count)
-    return {"eval_loss": mean_loss, "perplexity": math.exp(min(mean_loss, 50)), "eval_tokens": count}
+    row_nll = [-logp / n if n else float("nan") for logp, n in scored]
+    return {
+        "eval_loss": mean_loss,
+        "perplexity": math.exp(min(mean_loss, 50)),
+        "eval_tokens": count,
+        "row_nll": row_nll,
+    }

@@ -11,7 +11,7 @@ from ...config.results import Markdown, StageResult, finite
 from ...evaluate.replies import eval_metrics
 from ...release.card import cell
 from . import skills
-from .markdown import tool_markdown
+from .markdown import stage_change_markdown, tool_markdown
 
 
 class ReportResult(StageResult):
@@ -29,6 +29,8 @@ class ReportResult(StageResult):
     computed_on: dict[str, Any] = Field(default_factory=dict)
     rewards: list[dict[str, Any]] = Field(default_factory=list)  # on prompts: the rewards scored with
     stage_nll: list[dict[str, Any]] = Field(default_factory=list)
+    # each stage against the model before it, row by row: mean NLLs, the paired test's p-value, the verdict
+    stage_changes: list[dict[str, Any]] = Field(default_factory=list)
     stages: list[dict[str, Any]] = Field(default_factory=list)  # each stage's own figures
     judge: dict[str, Any] = Field(default_factory=dict)
     samples: list[dict[str, Any]] = Field(default_factory=list)
@@ -121,6 +123,8 @@ class ReportResult(StageResult):
             out.update(base_eval_loss=self.base["eval_loss"], merged_eval_loss=self.merged["eval_loss"])
         out.update({f"merged/{k}": v for k, v in eval_metrics(self.merged).items()})
         out.update(self.feedback_metrics())
+        if self.stage_changes:  # did each stage help: where people look, beside the asset
+            out["stage_changes"] = Markdown("\n".join(stage_change_markdown(self.stage_changes)))
         if self.tool_use:
             out["tool_use"] = Markdown("\n".join(tool_markdown(self.model_dump())))
         if self.skills:

@@ -15,6 +15,7 @@ from ...evaluate.feedback_gain import gain, held_out_feedback, model_figures
 from ...evaluate.per_row import REPLIES_FILE, per_row, write_replies
 from ...evaluate.plots import plot_stages
 from ...evaluate.replies import evaluate_rows, has_replies, score_prompt_rows
+from ...evaluate.stage_change import stage_changes
 from ...evaluate.tool_use import mcnemar, measure, tool_cases
 from ...infer.logprobs import completion_loss
 from ...models import load_model, load_tokenizer
@@ -125,7 +126,9 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         )
     else:
         not_worse = _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"])
-        report["stage_nll"] = stage_nll(job, rows, results, hardware, reporter) if len(inputs.chain) > 1 else []
+        models = stage_nll(job, rows, results, hardware, reporter) if len(inputs.chain) > 1 else []
+        report["stage_changes"] = stage_changes(models)  # per-row pairs, then only the figures are kept
+        report["stage_nll"] = [{k: v for k, v in m.items() if k != "row_nll"} for m in models]
         report["computed_on"] = {
             "rows": len(rows),
             "split": split,
@@ -155,8 +158,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         report["skills"] = skills.section(job.settings, skill_scores["base"], skill_scores["merged"])
     report.update(
         {
-            "base": {k: v for k, v in results["base"].items() if k != "samples"},
-            "merged": {k: v for k, v in results["merged"].items() if k != "samples"},
+            "base": {k: v for k, v in results["base"].items() if k not in ("samples", "row_nll")},
+            "merged": {k: v for k, v in results["merged"].items() if k not in ("samples", "row_nll")},
             "merged_not_worse": not_worse,
             "stages": [{"stage": s.name, "method": s.objective, **s.figures} for s in inputs.chain],
             "judge": judged,
@@ -292,7 +295,10 @@ def stage_nll(job: ReportJob, rows: list[dict], results: dict, hardware, reporte
     NLL)."""
     inputs = job.inputs
     adapters = [str(Path(s.dir) / "adapter") for s in inputs.chain]
-    out = [{"model": "base", "eval_loss": results["base"]["eval_loss"], "perplexity": results["base"]["perplexity"]}]
+    base = results["base"]
+    out = [
+        {"model": "base", "eval_loss": base["eval_loss"], "perplexity": base["perplexity"], "row_nll": base["row_nll"]}
+    ]
     for i, stage in enumerate(inputs.chain):
         if i == len(inputs.chain) - 1:
             figures = results["merged"]  # the whole chain is the merged model
@@ -307,6 +313,7 @@ def stage_nll(job: ReportJob, rows: list[dict], results: dict, hardware, reporte
                 "stage": stage.name,
                 "eval_loss": figures["eval_loss"],
                 "perplexity": figures["perplexity"],
+                "row_nll": figures["row_nll"],
             }
         )
     return out

@@ -1,0 +1,60 @@
+"""Whether a stage helped: its model against the model before it on the same held-out rows, row by row.
+
+Each row's reply NLL (mean over its reply tokens) before and after the stage is a pair; the Wilcoxon signed-rank
+test (scipy) on the pairs says whether the change is more than noise, with no assumption that the differences are
+normal (a few rows often move a lot). The verdict is plain words: "better" or "worse" when the test finds a change
+at ALPHA, else "no measurable change" (which, on a few rows, is not proof of none).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+ALPHA = 0.05  # the two-sided level at which a change counts as measured
+TEST = "Wilcoxon signed-rank, two-sided, on per-row reply NLL"
+
+
+def paired_change(before: list[float], after: list[float], alpha: float = ALPHA) -> dict:
+    """The change from `before` to `after` (per-row NLLs of the same rows; lower is better): rows compared, the
+    mean NLL of each, their mean difference (after - before), the test's p-value and the verdict."""
+    pairs = [(b, a) for b, a in zip(before, after, strict=True) if math.isfinite(b) and math.isfinite(a)]
+    out = {"rows": len(pairs), "test": TEST}
+    if not pairs:
+        return {
+            **out,
+            "mean_before": None,
+            "mean_after": None,
+            "mean_difference": None,
+            "p_value": None,
+            "verdict": "not measured (no row has a reply to score)",
+        }
+    differences = [a - b for b, a in pairs]
+    out.update(
+        mean_before=sum(b for b, _ in pairs) / len(pairs),
+        mean_after=sum(a for _, a in pairs) / len(pairs),
+        mean_difference=sum(differences) / len(differences),
+    )
+    if all(d == 0 for d in differences):
+        return {**out, "p_value": 1.0, "verdict": "no measurable change"}
+    from scipy.stats import wilcoxon
+
+    with warnings.catch_warnings():  # one nonzero difference: scipy divides by a zero spread, and says so
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(wilcoxon(differences, zero_method="zsplit").pvalue)
+    if not math.isfinite(p):
+        p = 1.0
+    verdict = "no measurable change"
+    if p < alpha:
+        verdict = "better" if out["mean_difference"] < 0 else "worse"
+    return {**out, "p_value": float(f"{p:.4g}"), "verdict": verdict}
+
+
+def stage_changes(models: list[dict]) -> list[dict]:
+    """For each stage after the first model (base): its change against the model before it. models: the report's
+    stage_nll entries in chain order, each with its `row_nll` ([{"model", "stage"?, "row_nll": [...]}])."""
+    out = []
+    for before, after in zip(models, models[1:]):
+        change = paired_change(before["row_nll"], after["row_nll"])
+        out.append({"stage": after.get("stage", after["model"]), "against": before["model"], **change})
+    return out
