@@ -10,6 +10,7 @@ from pathlib import Path
 from dagster import AssetKey, DagsterInstance, Definitions, RunConfig
 
 from ..engine.pipeline import Pipeline
+from .console_log import console_logger
 from .factory import PIPELINE_METADATA, build_pipeline_defs
 from .mlflow_runs import PROFILE_TAG
 
@@ -90,7 +91,7 @@ def materialize_pipeline(
     instance = instance or DagsterInstance.get()
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
     # the pipeline's own job, so the run is listed under its name in the UI (not an ephemeral job)
-    defs = Definitions(**parts, resources=resources or default_resources())
+    defs = Definitions(**parts, resources=resources or default_resources(), loggers={"console": console_logger})
     result = defs.resolve_job_def(f"{pipeline.name}_pipeline").execute_in_process(
         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
         instance=instance,
