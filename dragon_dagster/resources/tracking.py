@@ -360,24 +360,33 @@ class MLflowTracking(ConfigurableResource):
     ) -> str:
         """The run that groups others (a Dagster run's stages, a sweep's points): found by its key tags, created
         once. Steps of one Dagster run start in parallel processes, so finding and creating hold a file lock.
-        parent: what makes the run it nests under, called only when this one is created (every stage of a
-        Dagster run asks for its run; only the first creates it). artifact: (file name, text) logged when it is
-        created, so no run in the experiment is without one (MLflow's compare page fails on a run without
-        artifacts)."""
+        parent: what finds or makes the run this one nests under, called only while this one is not there yet
+        (every stage of a Dagster run asks for its run; the first creates it), before the lock is taken: making a
+        sweep's run takes that lock itself. artifact: (file name, text) logged when it is created, so no run in
+        the experiment is without one (MLflow's compare page fails on a run without artifacts)."""
         import fcntl
 
         client = self.client()
         experiment = self.experiment_id(pipeline)
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in key.items())
+
+        def found() -> str | None:
+            runs = client.search_runs([experiment], query, max_results=1)
+            if not runs:
+                return None
+            client.update_run(runs[0].info.run_id, status="RUNNING")
+            return runs[0].info.run_id
+
+        run_id = found()
+        if run_id:
+            return run_id
+        parent_id = parent() if parent is not None else None
         self.root.mkdir(parents=True, exist_ok=True)
         with (self.root / ".mlflow-parents.lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            found = client.search_runs([experiment], query, max_results=1)
-            if found:
-                run_id = found[0].info.run_id
-                client.update_run(run_id, status="RUNNING")
+            run_id = found()  # made by another step while this one waited
+            if run_id:
                 return run_id
-            parent_id = parent() if parent is not None else None
             run_id = self.start_run(
                 pipeline, run_name, {**tags, **key}, params, parent=parent_id, description=description
             )
