@@ -397,23 +397,31 @@ class ChatHandlers:
         return f"Recorded {what} ({where}, model `{chat.model_label}`)." + (f" {problem}" if problem else "")
 
     def like(self, chat: Chat | None, data: gr.LikeData) -> tuple:
-        """Outputs (chat, status): a thumbs up or down on a reply goes to the feedback store."""
+        """Outputs (chatbot, chat, status): a thumbs up or down on a reply goes to the feedback store, once; the
+        page then shows every reply's recorded rating (un-clicking a thumb removes no record, so it shows again)."""
         verdict = {True: "up", False: "down", "Like": "up", "Dislike": "down"}.get(data.liked)
-        if chat is None or verdict is None:  # un-clicking a thumb: records are append-only, so say so
-            return chat, "Rating removed on the page; recorded ratings stay (a new one supersedes them)."
+        if chat is None:
+            return gr.skip(), chat, "Nothing to rate yet."
+        if verdict is None:  # un-clicking a thumb: records are append-only
+            return (
+                _view(chat.messages),
+                chat,
+                "A recorded rating stays (the store keeps every one): click the other thumb to change it.",
+            )
         try:
             reply = _reply_index(chat, data.index)
             earlier = chat.rating(reply)
             feedback_id = chat.rate(verdict == "up", index=reply)
         except ERRORS as exc:
-            return chat, _error(exc)
+            return gr.skip(), chat, _error(exc)
         if earlier and earlier["verdict"] == verdict:
             where = f"feedback #{feedback_id}" if feedback_id is not None else "not saved: no feedback store"
-            return chat, f"Thumbs {verdict} on reply {reply + 1} is already recorded ({where}): a rating counts once."
+            status = f"Thumbs {verdict} on reply {reply + 1} is already recorded ({where}): a rating counts once."
+            return _view(chat.messages), chat, status
         what = f"thumbs {verdict} on reply {reply + 1}" + (
             f", replacing thumbs {earlier['verdict']}" if earlier else ""
         )
-        return chat, self._saved(chat, what, feedback_id)
+        return _view(chat.messages), chat, self._saved(chat, what, feedback_id)
 
     def edit(
         self,
@@ -607,7 +615,7 @@ def build_app(
         # (Gradio's cancels= would kill that handler instead and lose the reply.) No concurrency limit: it
         # must run while the turn it stops holds its event's slot.
         stop.click(h.stop, [chat], None, concurrency_limit=None)
-        remembered(chatbot.like(h.like, [chat], [chat, status]))  # a reload shows the rating, and counts it once
+        remembered(chatbot.like(h.like, [chat], [chatbot, chat, status]))  # a reload shows it, and counts it once
 
         def edit_turn(chat, system, context_turns, temperature, max_new_tokens, data: gr.EditData):
             """h.edit, with Stop shown while an edited question is asked again (the edit's data comes with its

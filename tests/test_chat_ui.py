@@ -90,9 +90,9 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
         {"role": "user", "content": "three"},
     ]
 
-    chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["Reply 1 to: hi"], "liked": False}))
+    _, chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["Reply 1 to: hi"], "liked": False}))
     assert "thumbs down on reply 1" in status and "echo-model" in status
-    chat, status = h.like(chat, gr.LikeData(None, {"index": 0, "value": ["hi"], "liked": True}))
+    _, chat, status = h.like(chat, gr.LikeData(None, {"index": 0, "value": ["hi"], "liked": True}))
     assert "error" in status  # a user turn is not a reply
     shown, chat, status = drain(
         h.edit(
@@ -158,24 +158,26 @@ def test_a_rating_shows_counts_once_and_survives_a_reload_and_an_edit(tmp_path):
     chat = drain(h.send("two", chat, "", None, 0.7, 64))[2]
     first = chat.messages[1]["trace_id"]
     like = gr.LikeData(None, {"index": 1, "value": ["Reply 1 to: one"], "liked": True})
-    chat, status = h.like(chat, like)
+    _, chat, status = h.like(chat, like)
     assert "Recorded thumbs up on reply 1 (feedback #1" in status
-    chat, status = h.like(chat, like)
+    _, chat, status = h.like(chat, like)
     assert status == "Thumbs up on reply 1 is already recorded (feedback #1): a rating counts once."
     assert store.count() == 1
+    view, chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["x"], "liked": None}))  # un-clicked
+    assert view["feedback_value"] == ["Like", None] and "stays" in status and store.count() == 1  # shown again
 
     kept = json.loads(json.dumps(h.remember(chat)))  # a reload: what the browser kept, in a new session
     kept["messages"][3]["trace_id"] = "../not-a-trace"  # what a browser sends back is checked
     view, restored, _, _ = h.restore(kept, None)
     assert restored.tracer is tracer and restored.messages[1]["trace_id"] == first
     assert "trace_id" not in restored.messages[3] and view["feedback_value"] == ["Like", None]
-    restored, status = h.like(restored, like)
+    _, restored, status = h.like(restored, like)
     assert "already recorded (feedback #1)" in status and store.count() == 1
-    restored, status = h.like(restored, gr.LikeData(None, {"index": 1, "value": ["x"], "liked": False}))
+    _, restored, status = h.like(restored, gr.LikeData(None, {"index": 1, "value": ["x"], "liked": False}))
     assert "Recorded thumbs down on reply 1, replacing thumbs up (feedback #2" in status
     _, _, restored, _ = drain(h.send("three", restored, "", None, 0.7, 64))  # traced after the reload too
     third = restored.messages[5]["trace_id"]
-    restored, status = h.like(restored, gr.LikeData(None, {"index": 5, "value": ["x"], "liked": True}))
+    _, restored, status = h.like(restored, gr.LikeData(None, {"index": 5, "value": ["x"], "liked": True}))
     edited = drain(
         h.edit(
             restored, "", None, 0.7, 64, data=gr.EditData(None, {"index": 3, "value": "Better.", "previous_value": ""})
@@ -219,7 +221,7 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
     assert chat_ui.unshown(shown[2]["content"]) == RESULT and status.startswith("Context")
     assert (tmp_path / "calls.txt").read_text() == "A1042\n"
     for block in (1, 2):  # a call or a result is not an answer to rate or edit
-        _, status = h.like(chat, gr.LikeData(None, {"index": block, "value": ["x"], "liked": True}))
+        _, _, status = h.like(chat, gr.LikeData(None, {"index": block, "value": ["x"], "liked": True}))
         assert "error" in status and "only answers are rated" in status
         edited = drain(
             h.edit(
@@ -227,7 +229,7 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
             )
         )
         assert "error" in edited[-1] and len(chat.messages) == 4
-    chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["It shipped."], "liked": True}))
+    _, chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["It shipped."], "liked": True}))
     assert "thumbs up on reply 1" in status
     [record] = store.records()
     assert [m["role"] for m in record["turns"]] == ["user", "assistant", "tool"]
@@ -301,7 +303,7 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
             h.stop(chat)  # what the Stop button does, while the turn's handler is streaming
     assert shown[-1] == {"role": "assistant", "content": "w1 w2"} and "Stopped" in status and box == ""
     assert chat.is_stopped() and chat.active is None
-    chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["w1 w2"], "liked": True}))
+    _, chat, status = h.like(chat, gr.LikeData(None, {"index": 3, "value": ["w1 w2"], "liked": True}))
     assert "Recorded thumbs up on reply 2" in status
     shown, chat, status = drain(
         h.edit(
@@ -712,13 +714,22 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
 ):
     """In a real Chromium: the header names the model; one Regenerate, Undo and Clear; Stop hidden when idle,
     shown while a reply is generated, and it still stops it; a reload finds the conversation (and the system
-    prompt) still there, ratings after it join the same conversation, the model gets the whole history; Clear
-    and a reload: empty."""
+    prompt) still there with its thumbs, a thumb clicked again records nothing, ratings, edits and turns after it
+    join the same conversation and are traced into MLflow (a trace per turn, an assessment per rating and edit),
+    the model gets the whole history; Clear and a reload: empty."""
+    from mlflow import MlflowClient
     from playwright.sync_api import expect, sync_playwright
 
+    from dragon_dagster.engine.infer.tracing import EDITED, THUMBS, ChatTracer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("chat", artifact_location=str(tmp_path / "traces"))
     backend, store = Held(), FeedbackStore(tmp_path / "feedback.db")
     name = "models:/support@champion (version 3)"
-    app = chat_ui.build_app(backend, store, "/runs/x/model", name, stream_delay=0.01)
+    app = chat_ui.build_app(
+        backend, store, "/runs/x/model", name, stream_delay=0.01, tracer=ChatTracer(uri, experiment)
+    )
     url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
     whole = "w1 w2 w3 w4 w5 w6 w7 w8"
     try:
@@ -760,11 +771,22 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
             expect(status).to_have_text("Continuing this conversation (4 messages).")
             expect(page.locator("#system textarea")).to_have_value("Be brief.")
             expect(stop).to_be_hidden()
+            liked = bot.get_by_label("Liked", exact=True)
+            expect(liked).to_have_count(1)  # the first reply's thumbs up, shown after the reload
+            liked.click()  # clicked again: nothing more is recorded, and the page shows the recorded rating
+            expect(status).to_contain_text("A recorded rating stays")
+            expect(liked).to_have_count(1)
             bot.get_by_label("Dislike").last.click()  # the stopped reply, rated after the reload
             expect(status).to_contain_text("Recorded thumbs down on reply 2")
             send(page, "third", whole)
             expect(status).to_have_text("Context: all 2 earlier exchanges sent.")
             expect(stop).to_be_hidden()  # hidden once the browser keeps the turn
+            bot.get_by_label("Edit").last.click()  # the third reply, edited after the reload
+            bot.locator("textarea.edit-textarea").fill("A better third reply.")
+            bot.get_by_label("Submit").click()
+            expect(status).to_contain_text("Recorded edit of reply 3")
+            expect(bot.get_by_label("Liked", exact=True)).to_have_count(1)  # the edit leaves the other thumbs shown
+            expect(bot.get_by_label("Disliked", exact=True)).to_have_count(1)
 
             kept = "() => localStorage.getItem('dragon-chat-conversation')"
             before = page.evaluate(kept)
@@ -781,9 +803,19 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
         app.close()
 
     rows = store.records()
-    assert [(r["verdict"], r["reply"]) for r in rows] == [("up", whole), ("down", "w1")]
-    assert rows[0]["conversation_id"] == rows[1]["conversation_id"]  # one conversation across the reload
+    assert [(r["verdict"], r["reply"]) for r in rows] == [("up", whole), ("down", "w1"), ("edit", whole)]
+    assert len({r["conversation_id"] for r in rows}) == 1  # one conversation across the reload
     assert rows[1]["turns"][0] == {"role": "system", "content": "Be brief."}
+    # every turn a trace (the third, after the reload, too), every rating and edit an assessment on its reply's
+    traces = client.search_traces(locations=[experiment])
+    assert len(traces) == 3 and all(r["trace_id"] for r in rows) and len({r["trace_id"] for r in rows}) == 3
+    for row, name, value in (
+        (rows[0], THUMBS, True),
+        (rows[1], THUMBS, False),
+        (rows[2], EDITED, "A better third reply."),
+    ):
+        [assessment] = [a for a in client.get_trace(row["trace_id"]).info.assessments if a.name == name]
+        assert assessment.value == value, (name, assessment)
     assert backend.seen[-1] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "hello"},

@@ -50,7 +50,10 @@ KILL_AFTER = 6  # burst acknowledgements from the doomed process's pages before 
 AFTER_KILL = 3  # ratings each page of the surviving process gets acknowledged after the kill
 GONE_S = 8.0  # after the kill, how long a page of the killed process waits for an answer that cannot come
 KILLED = threading.Event()  # set once the doomed process is killed (cleared when the test starts)
-ACK = re.compile(r"Recorded (thumbs up|thumbs down|edit) (?:on|of) reply (\d+) \(feedback #(\d+)")
+# "Recorded thumbs down on reply 1, replacing thumbs up (feedback #27, ...)": a changed verdict says what it replaces
+ACK = re.compile(
+    r"Recorded (thumbs up|thumbs down|edit) (?:on|of) reply (\d+)(?:, replacing thumbs \w+)? \(feedback #(\d+)"
+)
 
 
 def answer(text: str) -> str:
@@ -140,7 +143,7 @@ async def acknowledged(page: Page, what: str, before: str) -> int | None:
     while time.monotonic() < deadline:
         text = await status_text(page)
         found = ACK.search(text)
-        if text != before and found and text.startswith(f"Recorded {what} "):
+        if text != before and found and re.match(f"Recorded {re.escape(what)}[ ,]", text):
             return int(found.group(3))
         assert text == before or "error" not in text.lower(), f"{page.name}: {text}"
         killed = page.server.killed_at

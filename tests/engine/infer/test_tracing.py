@@ -159,9 +159,9 @@ def test_the_chat_page_traces_its_turns_and_its_thumbs(stub, traced):
     server = stub(lambda n, body: (200, completion(f"reply {n}")))
     h = chat_ui.ChatHandlers(ServerBackend(server.url, "stub"), store, "stub-model", stream_delay=0, tracer=tracer)
     *_, (_, shown, chat, _) = h.send("hi", None, "Be brief.", None, 0.7, 64)
-    assert shown[-1]["content"] == "reply 1"
+    assert shown["value"][-1]["content"] == "reply 1"
     trace_id = chat.messages[-1]["trace_id"]
-    chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["reply 1"], "liked": True}))
+    _, chat, status = h.like(chat, gr.LikeData(None, {"index": 1, "value": ["reply 1"], "liked": True}))
     assert "thumbs up on reply 1" in status and "not yet on MLflow" not in status
     trace = _trace(client, trace_id)
     assert trace.info.trace_metadata["mlflow.trace.session"] == chat.conversation_id
