@@ -717,20 +717,22 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
         click.echo(command)
 
 
-DAGSTER_UI = "http://127.0.0.1:3000"  # where `make ui` serves Dagster, for links
-
-
 @main.command()
 @click.argument("pipeline")
 @click.argument("name")
-@click.option("--dagster-url", default=DAGSTER_UI, show_default=True, help="The Dagster UI, for the runs' links.")
+@click.option(
+    "--dagster-url",
+    default=None,
+    help="The Dagster UI, for the runs' links. Default: $DAGSTER_UI_URL, else where `make ui` serves it "
+    "(http://127.0.0.1:$DAGSTER_PORT, port 3000 by default).",
+)
 @click.option(
     "--here",
     is_flag=True,
     help="Run the points one after another in this process (as `dragon demo` does), not through the run queue.",
 )
 @click.option("--defs-module", default=None, help="With --here: the definitions module (as for `dragon demo`).")
-def sweep(pipeline: str, name: str, dagster_url: str, here: bool, defs_module: str | None):
+def sweep(pipeline: str, name: str, dagster_url: str | None, here: bool, defs_module: str | None):
     """Submit every point of sweep NAME of PIPELINE (its `sweeps:` in the YAML) as a run of the pipeline's job.
 
     The runs queue in the Dagster instance and take the training pool one at a time; `make ui` (`dagster dev`, whose
@@ -740,7 +742,9 @@ def sweep(pipeline: str, name: str, dagster_url: str, here: bool, defs_module: s
     from dagster import DagsterInstance
 
     from .assets.sweep import run_sweep_here, submit_sweep
+    from .resources.tracking import dagster_ui_url
 
+    dagster_url = dagster_url or dagster_ui_url()
     with DagsterInstance.get() as instance:
         if here:
             from .assets.launch import find_pipeline, load_definitions

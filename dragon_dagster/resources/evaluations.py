@@ -20,6 +20,10 @@ from ..engine.evaluate.per_row import MODELS, read_replies
 from ..engine.text.uris import without_password
 
 logger = logging.getLogger(__name__)
+# mlflow.genai.evaluate says at INFO that it turns tracing on for the evaluation and which integrations it traced
+# (Bedrock's, here where no Bedrock client exists): its own workings, with nothing for the report's reader to do.
+for _name in ("mlflow.models.evaluation.utils.trace", "mlflow.bedrock"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 _MLFLOW_GLOBALS = threading.Lock()  # mlflow's fluent state is one per process
 RUN_KIND_TAG = "evaluation"  # base | merged, on each evaluation run
