@@ -15,6 +15,11 @@ def test_a_consistent_drop_is_better_and_a_rise_worse():
     assert worse["verdict"] == "worse" and worse["mean_difference"] > 0
 
 
+def test_a_measured_change_of_under_one_percent_is_said_to_be_small():
+    tiny = paired_change(BEFORE, [b - 0.004 - 0.0001 * i for i, b in enumerate(BEFORE)])  # every row, by a hair
+    assert tiny["p_value"] < 0.01 and tiny["verdict"] == "better, by under 1%"
+
+
 def test_noise_and_no_change_are_no_measurable_change():
     noisy = paired_change(BEFORE, [b + (0.1 if i % 2 else -0.1) for i, b in enumerate(BEFORE)])
     assert noisy["verdict"] == "no measurable change" and noisy["p_value"] > 0.5
