@@ -59,7 +59,20 @@ FORMATS = (".jsonl", ".json")
 # System fonts only: the default theme fetches Google Fonts, which fails (slowly) on offline machines.
 # (Texts avoid emoji too: minimal systems have no emoji font.)
 THEME = gr.themes.Soft(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
-CSS = "#status {min-height: 2.5em} footer {display: none !important}"
+CSS = " ".join(
+    [
+        "#status {min-height: 2.5em} footer {display: none !important}",
+        # room under the Chatbot's Clear icon (top right), which otherwise sits on the first message
+        "#chatbot .bubble-wrap {padding-top: 2.5em}",
+        # an edit box as wide as the conversation, not as the reply it edits
+        "#chatbot .message-row:has(textarea.edit-textarea), #chatbot .message-row:has(textarea.edit-textarea) "
+        ".message {width: 100%; max-width: 100%; box-sizing: border-box}",
+        "#chatbot textarea.edit-textarea {width: 100% !important; min-height: 6em}",
+        # a pencil only on replies: they are what an edit teaches (the header says so); a question is asked again
+        # by sending it
+        "#chatbot .message-buttons-right button[aria-label='Edit'] {display: none !important}",
+    ]
+)
 USERNAME = "dragon"  # the login name when the page has a password
 
 # What the page's Markdown renderer (marked, in Gradio's frontend) would turn into live HTML, each replaced by a

@@ -624,10 +624,20 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             page.locator("#system textarea").fill("Be brief.")
 
             send(page, "hello", "Reply 1 to: hello")
+            clear, first = (
+                loc.bounding_box() for loc in (page.get_by_label("Clear"), bot.locator(".message-row").first)
+            )
+            assert clear["y"] + clear["height"] <= first["y"]  # the Clear icon sits above the first message
             send(page, "second", "Reply 2 to: second")
             bot.get_by_label("Dislike").first.click()  # thumbs down on the first reply
             expect(status).to_contain_text("Recorded thumbs down on reply 1")
+            for pencil in bot.locator(".message-buttons-right").get_by_label("Edit").all():
+                expect(pencil).to_be_hidden()  # a pencil on replies only: they are what an edit teaches
             bot.get_by_label("Edit").last.click()  # the last message's pencil: the second reply
+            box, conversation = (
+                loc.bounding_box() for loc in (bot.locator("textarea.edit-textarea"), bot.locator(".bubble-wrap"))
+            )
+            assert box["width"] > conversation["width"] / 2  # as wide as the conversation, not as the reply
             bot.locator("textarea.edit-textarea").fill("A better second reply.")
             bot.get_by_label("Submit").click()
             expect(status).to_contain_text("Recorded edit of reply 2")
