@@ -28,6 +28,14 @@ for _name in ("mlflow.models.evaluation.utils.trace", "mlflow.bedrock"):
 _MLFLOW_GLOBALS = threading.Lock()  # mlflow's fluent state is one per process
 RUN_KIND_TAG = "evaluation"  # base | merged, on each evaluation run
 REPORT_RUN_TAG = "report_mlflow_run_id"  # the report's run, on each evaluation run
+
+
+def evaluation_experiment(pipeline: str) -> str:
+    """The experiment of a pipeline's MLflow evaluations (datasets, base and merged runs, their row traces): apart
+    from the pipeline's own, whose charts compare training runs and whose Traces tab holds the chat's turns."""
+    return f"{pipeline}-evaluations"
+
+
 REFERENCE = "expected_response"  # MLflow's name for a reference answer in expectations
 
 
@@ -205,10 +213,11 @@ def log_evaluation(
     parent: str | None = None,
     source: str = "",
 ) -> dict:
-    """The report in report_dir (its replies.jsonl) as an MLflow evaluation in the pipeline's experiment: the
-    dataset `<pipeline>.<stage>.<name>` (name: the report's artifact directory, unique per report) and the runs
-    `<stage>: base` and `<stage>: merged`, tagged with the report's run (parent). Not nested under it: MLflow's
-    Evaluations tab lists no run whose parent is not an evaluation run itself. Returns what the report records:
+    """The report in report_dir (its replies.jsonl) as an MLflow evaluation in the pipeline's evaluations
+    experiment (evaluation_experiment): the dataset `<pipeline>.<stage>.<name>` (name: the report's artifact
+    directory, unique per report) and the runs `<stage>: base` and `<stage>: merged`, tagged with the report's run
+    (parent). Not nested under it: MLflow's Evaluations tab lists no run whose parent is not an evaluation run
+    itself, and the report's run is in the pipeline's own experiment. Returns what the report records:
     {"tracking_uri", "experiment", "dataset_id", "dataset_name", "rows", "runs": {model: run id}, "url"}; on a
     failure (a server down, a store without evaluation datasets) {"tracking_uri", "error"} and the runs it made
     end FAILED: the report's own outputs stand either way."""
@@ -216,13 +225,13 @@ def log_evaluation(
 
     uri, shown, runs = tracking.uri, tracking.shown_uri, {}
     try:
-        experiment = tracking.experiment_id(pipeline)
+        experiment = tracking.experiment_id(evaluation_experiment(pipeline))
         replies = Path(report_dir) / REPLIES_FILE
         if not replies.exists():
             raise MLflowEvaluationError(f"the report wrote no {REPLIES_FILE} in {report_dir}: no rows to log")
         for model in MODELS:
             runs[model] = tracking.start_run(
-                pipeline,
+                evaluation_experiment(pipeline),
                 f"{stage}: {model}",
                 {**tags, RUN_KIND_TAG: model, "evaluation_of": stage, "level": "evaluation", REPORT_RUN_TAG: parent},
                 {"model": model},
@@ -254,7 +263,7 @@ def log_evaluation(
         return {"tracking_uri": shown, "error": error[:2000]}
     return {
         "tracking_uri": shown,
-        "experiment": pipeline,
+        "experiment": evaluation_experiment(pipeline),
         **done,
         "runs": runs,
         "url": evaluation_url(tracking.ui, experiment, runs),

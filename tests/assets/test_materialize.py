@@ -147,8 +147,16 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     ids = {r.info.run_id for r in every}
     assert {r.data.tags["mlflow.parentRunId"] for r in every if "mlflow.parentRunId" in r.data.tags} <= ids
     runs = {name: run for name, run in runs.items() if run is not parent}
-    # the report's MLflow evaluation: a run per model, tagged with the report's run (test_mlflow_evaluation.py)
-    evaluations = {name: runs.pop(name) for name in list(runs) if runs[name].data.tags.get("level") == "evaluation"}
+    # the report's MLflow evaluation: a run per model in the pipeline's evaluations experiment (apart from the
+    # training runs' charts and the chat's traces), tagged with the report's run (test_mlflow_evaluation.py)
+    assert not [name for name in runs if runs[name].data.tags.get("level") == "evaluation"]
+    evaluations = {
+        r.info.run_name: r
+        for r in client.search_runs(
+            [client.get_experiment_by_name("tiny-evaluations").experiment_id],
+            f"tags.dagster_run_id = '{materialized['outcome']['run_id']}'",
+        )
+    }
     assert set(evaluations) == {"evaluation_report: base", "evaluation_report: merged"}
     assert {r.data.tags["report_mlflow_run_id"] for r in evaluations.values()} == {
         runs["evaluation_report"].info.run_id

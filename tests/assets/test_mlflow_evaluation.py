@@ -150,7 +150,10 @@ def test_the_report_shows_both_models_rows_in_mlflows_evaluations_tab(
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_server["url"])
-    experiment = client.get_experiment_by_name("evaluated").experiment_id
+    experiment = client.get_experiment_by_name("evaluated-evaluations").experiment_id  # apart from training's
+    assert evaluation["experiment"] == "evaluated-evaluations"
+    training = client.get_experiment_by_name("evaluated").experiment_id
+    assert not client.search_traces(locations=[training])  # its Traces tab is the chat's turns only
     experiments, rows = dataset_rows(client, evaluation["dataset_id"])
     assert experiments == [experiment] and {r.inputs["prompt"] for r in rows} == {r["prompt"] for r in records}
     for model, run_id in evaluation["runs"].items():
