@@ -791,14 +791,16 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
             send(page, "third", whole)
             expect(status).to_have_text("Context: all 2 earlier exchanges sent.")
             expect(stop).to_be_hidden()  # hidden once the browser keeps the turn
+            kept = "() => localStorage.getItem('dragon-chat-conversation')"
             bot.get_by_label("Edit").last.click()  # the third reply, edited after the reload
             bot.locator("textarea.edit-textarea").fill("A better third reply.")
+            unedited = page.evaluate(kept)
             bot.get_by_label("Submit").click()
             expect(status).to_contain_text("Recorded edit of reply 3")
+            page.wait_for_function(f"before => ({kept})() !== before", arg=unedited)  # the browser keeps the edit
             expect(bot.get_by_label("Liked", exact=True)).to_have_count(1)  # the edit leaves the other thumbs shown
             expect(bot.get_by_label("Disliked", exact=True)).to_have_count(1)
 
-            kept = "() => localStorage.getItem('dragon-chat-conversation')"
             before = page.evaluate(kept)
             page.get_by_role("button", name="Clear", exact=True).click()  # the Chatbot's icon
             expect(bot.get_by_label("user's message: hello")).to_have_count(0)

@@ -138,10 +138,12 @@ def feedback_sensor(pipeline: Pipeline, min_new: int, job):
     def _sensor(context, store: ArtifactStore):
         instance = context.instance
         source = feedback_records(pipeline, store)
-        newest = source.max_id()
         used = last_used_id(instance, pipeline.name)
-        # counted, not subtracted: a traces source's ids are times, not consecutive (trace_feedback.py)
-        new = source.count(after_id=used) if newest > used else 0
+        # counted, not subtracted: a traces source's ids are times, not consecutive (trace_feedback.py). Counted
+        # before the newest id is read: records keep arriving, and the range requested must hold every record
+        # counted (read the other way round, a count of 3 could request a range of 2)
+        new = source.count(after_id=used)
+        newest = source.max_id()
         if new < min_new:
             return SkipReason(
                 f"{new} new feedback records since the last successful retraining "
