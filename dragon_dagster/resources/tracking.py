@@ -185,16 +185,19 @@ def column_type(value) -> str:
     return "string"
 
 
+def ui_url(ui: str, default_port: int, configured: str = "") -> str:
+    """A UI's address for links (no trailing slash): configured, else $<UI>_UI_URL, else where `make ui` serves it
+    on loopback ($<UI>_PORT, or default_port)."""
+    port = os.environ.get(f"{ui}_PORT") or default_port
+    return (configured or os.environ.get(f"{ui}_UI_URL") or f"http://127.0.0.1:{port}").rstrip("/")
+
+
 def mlflow_ui_url(configured: str = "") -> str:
-    """The MLflow UI's address: configured, else $MLFLOW_UI_URL, else `make ui`'s (its $MLFLOW_PORT, or 5000)."""
-    url = configured or os.environ.get("MLFLOW_UI_URL") or f"http://127.0.0.1:{os.environ.get('MLFLOW_PORT') or 5000}"
-    return url.rstrip("/")
+    return ui_url("MLFLOW", 5000, configured)
 
 
 def dagster_ui_url() -> str:
-    """The Dagster UI's address: $DAGSTER_UI_URL, else `make ui`'s (its $DAGSTER_PORT, or 3000)."""
-    url = os.environ.get("DAGSTER_UI_URL") or f"http://127.0.0.1:{os.environ.get('DAGSTER_PORT') or 3000}"
-    return url.rstrip("/")
+    return ui_url("DAGSTER", 3000)
 
 
 class MLflowTracking(ConfigurableResource):
