@@ -628,7 +628,10 @@ def build_app(
         # (Gradio's cancels= would kill that handler instead and lose the reply.) No concurrency limit: it
         # must run while the turn it stops holds its event's slot.
         stop.click(h.stop, [chat], None, concurrency_limit=None)
-        remembered(chatbot.like(h.like, [chat], [chatbot, chat, status]))  # a reload shows it, and counts it once
+        # Every thumb clicked counts, also one clicked while another is still being written: Gradio's default
+        # ("once") drops a click made while the event is pending, with nothing on the page to say so. They run in
+        # order (the like handler's concurrency limit is 1), and a repeated verdict is recorded once (h.like).
+        remembered(chatbot.like(h.like, [chat], [chatbot, chat, status], trigger_mode="multiple"))
 
         def edit_turn(chat, system, context_turns, temperature, max_new_tokens, data: gr.EditData):
             """h.edit, with Stop shown while an edited question is asked again (the edit's data comes with its

@@ -600,12 +600,23 @@ class Pixel:
         self.server.server_close()
 
 
+class Slow(FeedbackStore):
+    """A FeedbackStore whose writes take `delay` seconds (a busy database): a thumb clicked while another is still
+    being recorded."""
+
+    delay = 0.0
+
+    def record(self, *args, **kwargs):
+        threading.Event().wait(self.delay)
+        return super().record(*args, **kwargs)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_chat_page_in_a_real_browser(chromium, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    backend, store = Echo(), FeedbackStore(tmp_path / "feedback.db")
+    backend, store = Echo(), Slow(tmp_path / "feedback.db")
     app = chat_ui.build_app(backend, store, "echo-model", context_turns=1, stream_delay=0.01)
     url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
     try:
@@ -629,8 +640,13 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
             )
             assert clear["y"] + clear["height"] <= first["y"]  # the Clear icon sits above the first message
             send(page, "second", "Reply 2 to: second")
-            bot.get_by_label("Dislike").first.click()  # thumbs down on the first reply
-            expect(status).to_contain_text("Recorded thumbs down on reply 1")
+            # thumbs down on the first reply and, while that is still being written, up on the second: both count
+            # (a click made while another rating is in flight was once dropped by the page, with nothing said)
+            store.delay = 1.5
+            bot.get_by_label("Dislike").first.click()
+            bot.locator(".message-buttons-left").nth(1).get_by_label("Like", exact=True).click()
+            expect(status).to_contain_text("Recorded thumbs up on reply 2")
+            store.delay = 0.0
             for pencil in bot.locator(".message-buttons-right").get_by_label("Edit").all():
                 expect(pencil).to_be_hidden()  # a pencil on replies only: they are what an edit teaches
             bot.get_by_label("Edit").last.click()  # the last message's pencil: the second reply
@@ -675,17 +691,18 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
     rows = store.records()
     assert [(r["verdict"], r["reply"], r["edited"], r["model"]) for r in rows] == [
         ("down", "Reply 1 to: hello", None, "echo-model"),
+        ("up", "Reply 2 to: second", None, "echo-model"),
         ("edit", "Reply 2 to: second", "A better second reply.", "echo-model"),
     ]
     system = {"role": "system", "content": "Be brief."}
     assert rows[0]["turns"] == [system, {"role": "user", "content": "hello"}]
-    assert rows[1]["turns"] == [
+    assert rows[1]["turns"] == rows[2]["turns"] == [
         system,
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "Reply 1 to: hello"},
         {"role": "user", "content": "second"},
     ]
-    assert rows[0]["conversation_id"] == rows[1]["conversation_id"]
+    assert rows[0]["conversation_id"] == rows[2]["conversation_id"]
     # the model continued from the edited reply, with only the last exchange in its context
     assert backend.seen[2] == [
         system,
