@@ -131,6 +131,13 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
 
     tracking = MLflowTracking()
     console.print(f"Open the UIs with `make ui`: Dagster {dagster_ui_url()}, MLflow {tracking.ui}", soft_wrap=True)
+    # its run page: Dagster's Overview timeline shows only runs launched through a code location (the UI, a sensor,
+    # a schedule), and this one ran in this process
+    console.print(
+        f"This run's steps, logs and checks in Dagster: {dagster_ui_url()}/runs/{outcome['run_id']}",
+        soft_wrap=True,
+        markup=False,
+    )
     for what, url in (
         ("Compare the runs (each pipeline run, its stages nested under it)", tracking.runs_url(found.name)),
         ("Base and merged side by side, row by row", evaluation_link(outcome.get("report"))),

@@ -210,6 +210,8 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     assert "models:/plain@champion: none yet" in demo.stdout  # no merge in this pipeline: nothing registered
     assert "http://127.0.0.1:5077/#/experiments/" in demo.stdout and "/traces" in demo.stdout  # where chat turns show
     assert "Dagster http://127.0.0.1:3077, MLflow http://127.0.0.1:5077" in demo.stdout
+    run_id = re.search(r"Dagster run ([0-9a-f-]{36})", demo.stdout).group(1)  # and its own page, which lists it
+    assert f"in Dagster: http://127.0.0.1:3077/runs/{run_id}" in demo.stdout
     assert ":5000" not in demo.stdout
     assert "evaluation-runs" not in demo.stdout and "/#/prompts/" not in demo.stdout  # it evaluates nothing, has none
     assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))

@@ -9,20 +9,28 @@ requests a run while a retraining of the pipeline is still going. After MAX_FAIL
 the last success, the sensor waits for min_new_records more records before trying again (the nightly
 schedule still tries once a night), so a retraining that always fails (its promotion gate, say) does not
 loop every minute.
+
+The sensor also says what it decided where people look: whenever its decision or the records change, it records
+an observation of the chat_feedback source (the newest record id as its data version, how many records are new,
+how many a retraining waits for, and the decision in words), so the source's page reads "2 new feedback records
+...; waiting for 3" rather than a tick list of "0 runs requested".
 """
 
 from __future__ import annotations
 
 from dagster import (
     AssetKey,
+    AssetObservation,
     DagsterEventType,
     DagsterInstance,
     DagsterRun,
     DagsterRunStatus,
     DefaultScheduleStatus,
     DefaultSensorStatus,
+    MetadataValue,
     RunRequest,
     RunsFilter,
+    SensorResult,
     SkipReason,
     schedule,
     sensor,
@@ -35,6 +43,9 @@ from ..resources import ArtifactStore, MLflowTracking
 RANGE_TAG = "dragon/feedback_range"  # "first_id-last_id": the records a retraining run used
 PIPELINE_TAG = "dragon/feedback_pipeline"  # whose feedback a retraining run used
 MAX_FAILED_ATTEMPTS = 3  # failed runs since the last success before the sensor waits for more
+# The tag Dagster reads an observation's data version from (what an observable source's DataVersion becomes): the
+# sensor's observations keep the chat_feedback source's data version, so "unsynced" follows them too.
+DATA_VERSION_TAG = "dagster/data_version"
 UNFINISHED = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
@@ -126,6 +137,22 @@ def _running(instance: DagsterInstance, pipeline: Pipeline) -> SkipReason | None
     return None
 
 
+def feedback_observation(pipeline: Pipeline, used: int, new: int, newest: int, min_new: int, said: str):
+    """The chat_feedback source as the sensor last saw it: its records, what is new, and the decision in words."""
+    return AssetObservation(
+        asset_key=AssetKey([pipeline.name, "chat_feedback"]),
+        description=said,
+        metadata={
+            "retraining": MetadataValue.text(said),
+            "new_records": new,
+            "records_for_a_retraining": min_new,
+            "newest_record": newest,
+            "used_up_to": used,
+        },
+        tags={DATA_VERSION_TAG: str(newest)},  # the same data version the source's own observation gives
+    )
+
+
 def feedback_sensor(pipeline: Pipeline, min_new: int, job):
     @sensor(
         name=f"{pipeline.name}_feedback_sensor",
@@ -144,6 +171,19 @@ def feedback_sensor(pipeline: Pipeline, min_new: int, job):
         # counted (read the other way round, a count of 3 could request a range of 2)
         new = source.count(after_id=used)
         newest = source.max_id()
+        decision = _decide(instance, source, used, new, newest)
+        said = (
+            decision.skip_message
+            if isinstance(decision, SkipReason)
+            else f"retraining requested on records {decision.tags[RANGE_TAG]}"
+        )
+        shown = f"{used}:{newest}:{said}"  # the cursor: what the source's page last showed
+        events = [] if context.cursor == shown else [feedback_observation(pipeline, used, new, newest, min_new, said)]
+        if isinstance(decision, SkipReason):
+            return SensorResult(skip_reason=decision, cursor=shown, asset_events=events)
+        return SensorResult(run_requests=[decision], cursor=shown, asset_events=events)
+
+    def _decide(instance, source, used: int, new: int, newest: int) -> RunRequest | SkipReason:
         if new < min_new:
             return SkipReason(
                 f"{new} new feedback records since the last successful retraining "

@@ -10,6 +10,7 @@ from dagster import MetadataValue, Output
 
 from ..engine import catalog
 from ..engine.artifacts.manifest import AdapterManifest, MergedManifest, ReportManifest, read_manifest, write_manifest
+from ..engine.evaluate.plots import plot_chain
 from ..engine.pipeline import Pipeline
 from ..engine.release.model_registry import version_for
 from ..engine.rewards import RewardSet
@@ -48,13 +49,26 @@ def json_figures(figures: dict) -> str:
     return json.dumps(figures, indent=2, default=str)
 
 
+CHAIN_IMAGE = "chain/heldout_nll"  # the first section of MLflow's chart view ("chain" sorts before "eval")
+
+
 def log_held_out(
-    context, pipeline: Pipeline, tracking, report: ReportResult, merged_manifest, merged, base_run, parent
+    context,
+    pipeline: Pipeline,
+    tracking,
+    report: ReportResult,
+    merged_manifest,
+    merged,
+    base_run,
+    parent,
+    chain_plot: Path | None = None,
 ) -> None:
     """The same held-out figures (heldout/nll, heldout/perplexity, ...) on every model's own run, at the step of
     its place in the chain (base 0, each stage, merged last), and as one series on the pipeline run: one MLflow
-    chart then overlays base -> each stage -> merged, and two pipeline runs overlay. The merged model's figures
-    are also attached to its registered version (its logged model)."""
+    chart then overlays base -> each stage -> merged, and two pipeline runs overlay. That chart can only number
+    its steps, so the pipeline run also gets the plot with each model named (`chain_plot`, the chart view's first
+    card) and the step order as its `chain` tag. The merged model's figures are also attached to its registered
+    version (its logged model)."""
     stages = [read_manifest(Path(a).parent, AdapterManifest) for a in merged_manifest.adapters]
     runs = {"base": base_run, **{m.stage: m.mlflow_run_id for m in stages}, "merged": merged_manifest.mlflow_run_id}
     figures = {entry["model"]: entry["metrics"] for entry in report.held_out_figures()}
@@ -68,7 +82,11 @@ def log_held_out(
     if version is not None and "merged" in figures:  # and on the registered version's page, as its tags
         for name, value in figures["merged"].items():
             client.set_model_version_tag(pipeline.name, version, name, f"{value:.6g}")
-    for step, name in enumerate(["base", *(m.stage for m in stages), "merged"]):
+    chain = ["base", *(m.stage for m in stages), "merged"]
+    client.set_tag(parent, "chain", " -> ".join(f"{step} {name}" for step, name in enumerate(chain)))
+    if chain_plot is not None:
+        tracking.log_image(parent, chain_plot, CHAIN_IMAGE)
+    for step, name in enumerate(chain):
         if name not in figures:
             continue
         tracking.log_metrics(parent, figures[name], step=step)
@@ -190,9 +208,12 @@ def run_report_stage(
             context.log.warning(f"no MLflow evaluation of the report's rows: {evaluation['error']}")
         record_evaluation(tmp, evaluation)
         report = report.model_copy(update={"mlflow_evaluation": evaluation})
-        tracking.log_artifacts(report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png"])
+        chain_plot = plot_chain(report.held_out_figures(), tmp / "heldout.png")  # None: no NLL (prompt data)
+        tracking.log_artifacts(
+            report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png", tmp / "heldout.png"]
+        )
         tracking.end_run(report_run)
-        log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent)
+        log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent, chain_plot)
         tracking.log_metrics(parent, report.run_metrics())  # the pipeline run's own figures: the merged model's
         tracking.end_run(parent)
         write_manifest(
@@ -214,6 +235,7 @@ def run_report_stage(
         **evaluation_metadata(report.mlflow_evaluation),
         "profile": context.run.tags.get(PROFILE_TAG) or "none",
         **({"system_prompt_version": MetadataValue.text(prompt_uri)} if prompt_uri else {}),
+        **image_markdown("heldout_chain", final / "heldout.png", "held-out NLL along the chain"),
         **image_markdown("stage_curves", final / "loss.png", "each stage's training curve"),
         **as_metadata(report.metadata()),
     }

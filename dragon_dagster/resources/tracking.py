@@ -455,6 +455,14 @@ class MLflowTracking(ConfigurableResource):
             elif path.exists():
                 client.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
+    def log_image(self, run_id: str, path: Path, key: str) -> None:
+        """A PNG as an MLflow image under `key`: the chart view shows it as a chart card in the section of the
+        key's prefix (sections sort by name), the run page under its images."""
+        from PIL import Image
+
+        with Image.open(path) as image:
+            self.client().log_image(run_id, image.convert("RGB"), key=key, step=0)
+
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client().set_terminated(run_id, status=status)
 

@@ -168,6 +168,13 @@ def test_the_printed_mlflow_link_opens_training_runs_nested_under_pipeline_runs_
     expect(page.get_by_placeholder("Search metric charts")).to_be_visible(timeout=WAIT_MS)
     if close.count():
         close.first.click()
+    # its first card: the held-out NLL along the chain with each model named (section "chain", before "eval")
+    chain = page.get_by_text("chain/heldout_nll", exact=True).first
+    expect(chain).to_be_visible(timeout=WAIT_MS)
+    sections = [page.get_by_text(name, exact=True).first for name in ("chain", "eval")]  # the section headers
+    expect(sections[1]).to_be_attached(timeout=WAIT_MS)
+    assert sections[0].bounding_box()["y"] < chain.bounding_box()["y"] < sections[1].bounding_box()["y"]
+    expect(page.locator("img[src*='chain~heldout_nll']").first).to_be_visible(timeout=WAIT_MS)  # drawn
     # charts render as they scroll into view: the chart search brings the held-out ones to the top
     page.get_by_placeholder("Search metric charts").fill("heldout/nll")
     expect(page.get_by_text("heldout/nll", exact=True).first).to_be_visible(timeout=WAIT_MS)

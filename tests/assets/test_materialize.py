@@ -199,6 +199,12 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     assert nll["sft_adapter"] == nll["merged_model"] == pytest.approx(report.data.metrics["eval/loss"])
     series = client.get_metric_history(parent.info.run_id, "heldout/nll")
     assert [(m.step, m.value) for m in series] == [(0, nll["base"]), (1, nll["sft_adapter"]), (2, nll["merged_model"])]
+    # MLflow numbers those steps only: the pipeline run names them, in its `chain` tag and in a plot that is the
+    # chart view's first card (section "chain", before "eval")
+    assert parent.data.tags["chain"] == "0 base -> 1 sft_adapter -> 2 merged"
+    images = [a.path for a in client.list_artifacts(parent.info.run_id, "images")]
+    assert any(path.startswith("images/chain~heldout_nll+step+0+") and path.endswith(".png") for path in images), images
+    assert "heldout.png" in {a.path for a in client.list_artifacts(report.info.run_id)}
 
 
 def test_materialization_metadata_links_mlflow_and_shows_headline_metrics(materialized):

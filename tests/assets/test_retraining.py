@@ -114,10 +114,14 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ch
         fired = sensor_def.evaluate_tick(context)
     [request] = fired.run_requests
     assert (request.tags[RANGE_TAG], request.tags[PIPELINE_TAG], request.run_key) == ("1-3", "tiny", "feedback-1-3-1")
-    assert fired.cursor is None  # nothing counts as used until a retraining on it succeeds
-    with build_sensor_context(instance=instance, resources={"store": resources["store"]}) as c:
-        [again] = sensor_def.evaluate_tick(c).run_requests
+    # the cursor only remembers what the chat_feedback source was last told (no record counts as used until a
+    # retraining on it succeeded): evaluated from it, the sensor requests the same records, and says nothing new
+    assert fired.cursor == "0:3:retraining requested on records 1-3" and len(fired.asset_events) == 1
+    with build_sensor_context(instance=instance, resources={"store": resources["store"]}, cursor=fired.cursor) as c:
+        later = sensor_def.evaluate_tick(c)
+    [again] = later.run_requests
     assert again.run_key == request.run_key, "the same request: Dagster launches a run key once"
+    assert later.asset_events == []
 
     client = resources["tracking"].client()
     champion_before = alias_version(client, "tiny", CHAMPION)

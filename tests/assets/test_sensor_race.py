@@ -32,3 +32,44 @@ def test_a_rating_that_lands_between_the_sensors_reads_is_in_its_range(tiny_mode
     requests, why = tick(sensor, DagsterInstance.ephemeral(), store)
     assert len(requests) == 1, why
     assert requests[0].tags[automation.RANGE_TAG] == "1-3"  # read the other way round: "1-2", with 3 counted
+
+
+def evaluate(sensor, instance, store, cursor=None):
+    from dagster import build_sensor_context
+
+    with build_sensor_context(instance=instance, resources={"store": store}, cursor=cursor) as context:
+        return sensor.evaluate_tick(context)
+
+
+def test_the_sensor_says_what_it_decided_on_the_feedback_source_when_it_changes(tiny_model, tmp_path):
+    """Not only in a tick's tooltip: an observation of chat_feedback says it (and keeps its data version, the
+    newest record id), once per change."""
+    pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))  # min_new_records: 3
+    store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
+    records = FeedbackStore(store.feedback_path(pipeline.name))
+    for n in range(2):
+        records.record(f"c{n}", TURNS, "It shipped.", "up")
+    [sensor] = build_pipeline_defs(pipeline)["sensors"]
+    instance = DagsterInstance.ephemeral()
+
+    first = evaluate(sensor, instance, store)
+    [seen] = first.asset_events
+    assert seen.asset_key.path == [pipeline.name, "chat_feedback"]
+    assert seen.description == first.skip_message
+    assert "2 new feedback records" in seen.description and "waiting for 3" in seen.description
+    assert seen.metadata["new_records"].value == 2 and seen.metadata["records_for_a_retraining"].value == 3
+    again = evaluate(sensor, instance, store, cursor=first.cursor)
+    assert again.asset_events == [] and again.skip_message == first.skip_message  # nothing changed: said once
+
+    records.record("c2", TURNS, "It shipped.", "down")
+    third = evaluate(sensor, instance, store, cursor=again.cursor)
+    [request] = third.run_requests
+    [seen] = third.asset_events
+    assert seen.description == "retraining requested on records 1-3" == seen.metadata["retraining"].value
+    # stored as the daemon stores it, the observation gives the source the data version its own observation would
+    # (read as Dagster's staleness reads it)
+    from dagster._core.definitions.data_version import extract_data_version_from_entry
+
+    instance.report_runless_asset_event(seen)
+    entry = instance.get_latest_data_version_record(seen.asset_key).event_log_entry
+    assert extract_data_version_from_entry(entry).value == "3"

@@ -180,7 +180,16 @@ def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
     report_run = MlflowClient(chain["tracking"].uri).get_run(
         manifest_of(chain["outcome"]["artifacts"]["evaluation_report"])["mlflow_run_id"]
     )
-    assert {"stage_nll/sft_adapter", "stage_nll/dpo_adapter", "stage_nll/grpo_adapter"} <= set(report_run.data.metrics)
+    # each stage's held-out NLL charts as one line over the chain on the pipeline run, its steps named by its tag,
+    # not as a single-bar chart per stage
+    assert not [k for k in report_run.data.metrics if k.startswith("stage_nll/")]
+    client = MlflowClient(chain["tracking"].uri)
+    parent = client.get_run(report_run.data.tags["mlflow.parentRunId"])
+    chain_order = ["base", "sft_adapter", "dpo_adapter", "grpo_adapter", "merged"]
+    assert parent.data.tags["chain"] == " -> ".join(f"{i} {name}" for i, name in enumerate(chain_order))
+    series = {m.step: m.value for m in client.get_metric_history(parent.info.run_id, "heldout/nll")}
+    by_stage = {s.get("stage"): s["eval_loss"] for s in nll}
+    assert [series[i] for i in (1, 2, 3)] == pytest.approx([by_stage[n] for n in chain_order[1:4]])
     for against in ("vs_base", "vs_first_stage"):
         figures = report["judge"][against]
         assert figures["n"] == 2 and figures["wins"] + figures["ties"] + figures["losses"] + figures["unparsed"] == 2

@@ -143,7 +143,8 @@ class MergedManifest(ArtifactManifest):
 
 
 class ReportManifest(ArtifactManifest):
-    """An evaluation report: report.json (the evaluate kind's result), report.md and loss.png."""
+    """An evaluation report: report.json (the evaluate kind's result), report.md, loss.png (each stage's curve) and
+    heldout.png (the held-out NLL along the chain, each model named; absent on prompt data)."""
 
     kind: Literal["evaluation_report"] = "evaluation_report"
     merged: str

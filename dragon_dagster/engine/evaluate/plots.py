@@ -1,4 +1,5 @@
-"""The plots people look at: a stage's loss curve (with its mean reward), and the report's curve of every stage."""
+"""The plots people look at: a stage's loss curve (with its mean reward), the report's curve of every stage, and
+the held-out NLL along the chain with each model named."""
 
 from __future__ import annotations
 
@@ -69,6 +70,38 @@ def plot_stages(curves: list[tuple[str, str, list[dict]]], out: Path) -> Path | 
             twin.plot(*zip(*rewards), color="tab:green", label="mean reward")
             twin.set_ylabel("mean reward")
         _legend(ax, twin)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return Path(out)
+
+
+def plot_chain(figures: list[dict], out: Path, metric: str = "heldout/nll") -> Path | None:
+    """The held-out figure `metric` of every model along the chain (ReportResult.held_out_figures: base, the model
+    after each stage, merged), each point named by its model: MLflow's own chart of the same series can number its
+    steps only. Sized to read in MLflow's chart card."""
+    points = [(f["model"], f["metrics"][metric]) for f in figures if isinstance(f["metrics"].get(metric), (int, float))]
+    points = [(name, value) for name, value in points if math.isfinite(value)]
+    if len(points) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names, values = zip(*points)
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.3 * len(points)), 3.6), dpi=100)
+    ax.plot(range(len(values)), values, marker="o", markersize=7, linewidth=2)
+    for x, value in enumerate(values):
+        ax.annotate(f"{value:.3f}", (x, value), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=11)
+    ax.set_xticks(range(len(names)), [name.removesuffix("_adapter") for name in names], fontsize=11)
+    ax.set_xlim(-0.4, len(values) - 0.6)
+    low, high = min(values), max(values)
+    pad = (high - low) * 0.25 or abs(high) * 0.05 or 0.1
+    ax.set_ylim(low - pad, high + pad)
+    ax.set_ylabel(metric, fontsize=11)
+    ax.set_title(f"{metric} along the chain (lower is better)" if metric.endswith("nll") else metric, fontsize=12)
+    ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)

@@ -66,8 +66,10 @@ class ReportResult(StageResult):
         return {**eval_metrics(self.base), **skills.run_metrics(self.skills, "base")}
 
     def run_metrics(self) -> dict[str, float]:
-        """What the report's MLflow run logs: the merged model's figures, the judge's win rates, a retraining's
-        held-out feedback figures, and the held-out loss after each stage."""
+        """What the report's MLflow run logs: the merged model's figures, the judge's win rates and a retraining's
+        held-out feedback figures. The held-out loss after each stage is not here: it is `heldout/nll` on that
+        stage's own run and one step of the pipeline run's series (held_out_figures), where it charts as a line
+        rather than as one single-bar chart per stage."""
         judged = finite(
             {
                 f"judge/{name}_win_rate": figures.get("win_rate")
@@ -75,12 +77,10 @@ class ReportResult(StageResult):
                 if isinstance(figures, dict)
             }
         )
-        stage_nll = finite({f"stage_nll/{s['stage']}": s["eval_loss"] for s in self.stage_nll if s.get("stage")})
         return {
             **eval_metrics(self.merged),
             **judged,
             **self.feedback_metrics(),
-            **stage_nll,
             **skills.run_metrics(self.skills, "merged"),
         }
 
