@@ -696,12 +696,16 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
     ]
     system = {"role": "system", "content": "Be brief."}
     assert rows[0]["turns"] == [system, {"role": "user", "content": "hello"}]
-    assert rows[1]["turns"] == rows[2]["turns"] == [
-        system,
-        {"role": "user", "content": "hello"},
-        {"role": "assistant", "content": "Reply 1 to: hello"},
-        {"role": "user", "content": "second"},
-    ]
+    assert (
+        rows[1]["turns"]
+        == rows[2]["turns"]
+        == [
+            system,
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "Reply 1 to: hello"},
+            {"role": "user", "content": "second"},
+        ]
+    )
     assert rows[0]["conversation_id"] == rows[2]["conversation_id"]
     # the model continued from the edited reply, with only the last exchange in its context
     assert backend.seen[2] == [
