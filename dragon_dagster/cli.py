@@ -93,10 +93,17 @@ def main(debug: bool):
     help="Definitions module to find the pipeline in. Default: the Dagster project in the current "
     "directory (pyproject.toml), else dragon_dagster.definitions.",
 )
-def demo(pipeline: str, profile: str, defs_module: str | None):
+@click.option(
+    "--fresh",
+    is_flag=True,
+    help="Make every stage anew, even where an earlier run made the same thing (same settings, same inputs).",
+)
+def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
     """Materialize a whole pipeline end to end and print stage times and artifact paths.
 
-    A pipeline without the asked profile runs without one (and says so)."""
+    A stage whose settings and inputs have not changed since a run made it is reused, not trained again (the
+    table says so); --fresh makes everything anew. A pipeline without the asked profile runs without one (and
+    says so)."""
     ensure_dagster_home()
     from .assets.launch import find_pipeline, load_definitions, materialize_pipeline
     from .engine.runtime.warm import client as warm
@@ -108,13 +115,24 @@ def demo(pipeline: str, profile: str, defs_module: str | None):
         having = f"its profiles are {', '.join(sorted(found.profiles))}" if found.profiles else "it has none"
         click.echo(f"pipeline {pipeline!r} has no profile {profile!r} ({having}): running without a profile", err=True)
         profile = ""
-    outcome = materialize_pipeline(found, profile or None)
+    from .assets.reuse import FRESH_TAG
+
+    outcome = materialize_pipeline(found, profile or None, tags={FRESH_TAG: "true"} if fresh else None)
     table = Table(title=f"{pipeline} pipeline, profile {profile or 'none'}")
-    for column in ("asset", "seconds", "status"):
+    for column in ("asset", "seconds", "status", "made"):
         table.add_column(column)
     for row in outcome["stages"]:
-        table.add_row(row["asset"], f"{row['seconds']:.1f}", row["status"])
+        made = f"reused (run {row['reused_from_run'][:8]})" if row.get("reused_from_run") else ""
+        table.add_row(row["asset"], f"{row['seconds']:.1f}", row["status"], made or ("new" if row["artifact"] else ""))
     console.print(table)
+    reused = [row for row in outcome["stages"] if row.get("reused_from_run")]
+    if reused:
+        everything = len(reused) == sum(1 for row in outcome["stages"] if row["artifact"])
+        console.print(
+            f"{len(reused)} stage(s) reused: their settings and inputs have not changed since an earlier run made them"
+            + (", so nothing was trained" if everything else "")
+            + " (`--fresh` makes them anew; `dragon status` says what is out of date)."
+        )
     for row in outcome["stages"]:
         if row.get("artifact"):
             console.print(f"{row['asset']}: {row['artifact']}", soft_wrap=True)
@@ -290,6 +308,44 @@ def pipeline_argument(f):
         return f(*args, pipeline=pipeline_argument or pipeline or "support", **kwargs)
 
     return click.argument("pipeline_argument", metavar="[PIPELINE]", required=False)(with_pipeline)
+
+
+@main.command()
+@pipeline_argument
+@click.option("--pipeline", default=None, help="Pipeline name (or give it as the first argument).")
+@click.option(
+    "--defs-module",
+    default=None,
+    help="Definitions module to find the pipeline in. Default: the Dagster project in the current "
+    "directory (pyproject.toml), else dragon_dagster.definitions.",
+)
+def status(pipeline: str, defs_module: str | None):
+    """Which stages of PIPELINE are out of date, and why: Dagster's "unsynced", from its instance.
+
+    A stage is unsynced when its version changed since it was made (its settings, a file it reads, the base
+    model, its kind's code) or a stage it reads was made again or is unsynced; `dragon demo` then makes only
+    those, and reuses the rest."""
+    ensure_dagster_home()
+    from dagster import DagsterInstance
+
+    from .assets.factory import build_pipeline_defs
+    from .assets.launch import find_pipeline, load_definitions
+    from .assets.status import stage_states
+
+    found = find_pipeline(pipeline, load_definitions(defs_module))
+    states = stage_states(found, build_pipeline_defs(found)["assets"], DagsterInstance.get())
+    table = Table(title=f"{found.name}: stages against the Dagster instance at {os.environ['DAGSTER_HOME']}")
+    for column in ("stage", "status", "version", "why"):
+        table.add_column(column)
+    for state in states:
+        table.add_row(state.name, state.status, state.code_version or "", "; ".join(state.reasons))
+    console.print(table)
+    behind = [s.name for s in states if s.status != "fresh"]
+    console.print(
+        f"{len(behind)} of {len(states)} out of date or never made: {', '.join(behind)}"
+        if behind
+        else "every stage is up to date: a run would reuse them all"
+    )
 
 
 def chat_options(f):
@@ -787,15 +843,35 @@ def sweep(pipeline: str, name: str, dagster_url: str | None, here: bool, defs_mo
     metavar="ID|NAME",
     help="One row per point of a sweep of PIPELINE (its id, or its name for the latest submission), the best named.",
 )
+@click.option(
+    "--runs",
+    "run_pair",
+    nargs=2,
+    default=None,
+    metavar="A B",
+    help="Two pipeline runs of PIPELINE (Dagster run ids, or their first characters): the settings and stage "
+    "versions that differ, beside their figures.",
+)
 @click.option("--tracking-uri", default=None, help="MLflow tracking URI (default: the runs dir's sqlite store).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def compare(pipeline_name: str | None, pipeline: str | None, sweep_ref: str | None, tracking_uri: str | None, as_json):
+def compare(
+    pipeline_name: str | None,
+    pipeline: str | None,
+    sweep_ref: str | None,
+    run_pair: tuple[str, str] | None,
+    tracking_uri: str | None,
+    as_json,
+):
     """Every run's figures, read from MLflow: base, each stage and each report side by side; with --sweep, a
-    sweep's points ranked by its metric."""
+    sweep's points ranked by its metric; with --runs A B, what differs between two pipeline runs."""
     from .resources.tracking import MLflowTracking
 
     pipeline = pipeline_name or pipeline
     tracking = MLflowTracking(tracking_uri=tracking_uri or "")
+    if run_pair:
+        if not pipeline:
+            raise click.UsageError("--runs needs the pipeline: dragon compare PIPELINE --runs A B")
+        return compare_runs(tracking, pipeline, *run_pair, as_json)
     if sweep_ref is not None:
         if not pipeline:
             raise click.UsageError("--sweep needs the pipeline: dragon compare PIPELINE --sweep ID|NAME")
@@ -815,6 +891,31 @@ def compare(pipeline_name: str | None, pipeline: str | None, sweep_ref: str | No
     for row in rows:
         table.add_row(*[_fmt(row.get(c)) for c in columns])
     console.print(table)
+
+
+def compare_runs(tracking, pipeline: str, a: str, b: str, as_json: bool) -> None:
+    """What differs between two pipeline runs (settings, then stage versions), and their figures side by side."""
+    import dataclasses
+
+    from .engine.run_diff import differences, pipeline_run_settings
+
+    client, experiment = tracking.client(), tracking.experiment_id(pipeline)
+    left, right = (pipeline_run_settings(client, experiment, ref) for ref in (a, b))
+    rows = differences(left, right)
+    if as_json:
+        click.echo(json.dumps({"a": dataclasses.asdict(left), "b": dataclasses.asdict(right), "differ": rows}))
+        return
+    names = [f"{run.run_name} ({run.dagster_run_id[:8]})" for run in (left, right)]
+    table = Table(title=f"{pipeline}: what differs between two pipeline runs")
+    for column in ("setting", *names):
+        table.add_column(column)
+    for what, x, y in rows:
+        table.add_row(what, _fmt(x), _fmt(y))
+    for metric in sorted(set(left.figures) | set(right.figures)):
+        table.add_row(f"[figure] {metric}", _fmt(left.figures.get(metric)), _fmt(right.figures.get(metric)))
+    console.print(table)
+    if not rows:
+        console.print("the two runs ran the same settings at the same stage versions")
 
 
 def compare_sweep(pipeline: str, ref: str, tracking_uri: str, as_json: bool) -> None:

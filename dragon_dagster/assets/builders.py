@@ -27,6 +27,7 @@ from ..engine.config.stage import Stage
 from ..engine.data import tables as data_lib
 from ..engine.data.stage import DatasetStage
 from ..engine.pipeline import Pipeline
+from ..engine.pipeline.versions import file_version, stage_version
 from ..engine.stages.evaluate.settings import Evaluate
 from ..engine.stages.export.settings import Export
 from ..engine.stages.merge.settings import Merge
@@ -40,6 +41,7 @@ from .pool import POOL_TAGS, TRAINING_POOL
 from .promotion import register_merged_model
 from .prompts import register_dataset_prompt
 from .report import run_report_stage
+from .reuse import reuse_or_make
 from .training import run_training_stage
 
 USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
@@ -81,9 +83,16 @@ def source_asset(pipeline: Pipeline, name: str, spec):
         group_name=training_group(pipeline),
         kinds={"dataset"},
         description=f"Source data read from {spec.path}: a snapshot copy, so later edits of the file "
-        "do not change what a run trained on.",
+        "do not change what a run trained on. Its version is the file's content: an edit makes it, and "
+        "everything made from it, unsynced.",
+        code_version=f"file:{file_version(spec.path)}",
     )
     def _source(context, store: ArtifactStore) -> Output[str]:
+        # the content as it is now (the definitions may have loaded before an edit): an edited file is read anew
+        version = f"file:{file_version(spec.path)}"
+        return reuse_or_make(context, pipeline, None, {}, lambda: _snapshot(context, store), version=version)
+
+    def _snapshot(context, store: ArtifactStore) -> Output[str]:
         with named_failure(f"{pipeline.name}/{name}"):
             df = data_lib.read_table(spec.path, spec.format)
         src = Path(spec.path)
@@ -144,13 +153,19 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
         ins=ins_for(pipeline, stage, "source"),
         description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {stage.source or stage.path} "
         f"({mapped}), split into train and held-out files.",
+        code_version=stage_version(pipeline, stage),
     )
     def _dataset(
         context, config: launchpad_config(stage), store: ArtifactStore, tracking: MLflowTracking, **inputs
     ) -> Output[str]:
         settings = effective(stage, config)
+        inputs = local_inputs(store, inputs)
+        return reuse_or_make(
+            context, pipeline, settings, inputs, lambda: _map(context, settings, store, tracking, inputs)
+        )
+
+    def _map(context, settings, store: ArtifactStore, tracking: MLflowTracking, inputs: dict) -> Output[str]:
         with named_failure(f"{pipeline.name}/{stage.name}"):
-            inputs = local_inputs(store, inputs)
             df = read_source(pipeline, settings, inputs.get("source"))
             rows, dropped, kept = settings.map(df)
             if settings.group_by:  # read from the source table, carried along with the rows it maps to
@@ -234,6 +249,7 @@ def training_asset(pipeline: Pipeline, stage: TrainerStage):
         + (f", scored by the reward model of {', '.join(scorers)}" if scorers else "")
         + (f", continuing from {previous}" if previous else "")
         + ".",
+        code_version=stage_version(pipeline, stage),
     )
     def _train(
         context,
@@ -244,17 +260,26 @@ def training_asset(pipeline: Pipeline, stage: TrainerStage):
         **inputs,
     ) -> Output[str]:
         inputs = local_inputs(store, inputs)
-        return run_training_stage(
+        settings = effective(stage, config)
+        return reuse_or_make(
             context,
             pipeline,
-            effective(stage, config),
-            inputs["dataset"],
-            inputs.get("previous"),
-            config.resume,
-            store,
+            settings,
+            inputs,
+            lambda: run_training_stage(
+                context,
+                pipeline,
+                settings,
+                inputs["dataset"],
+                inputs.get("previous"),
+                config.resume,
+                store,
+                tracking,
+                training,
+                scorers={n[len("scorer__") :]: path for n, path in inputs.items() if n.startswith("scorer__")},
+            ),
             tracking,
-            training,
-            scorers={name[len("scorer__") :]: path for name, path in inputs.items() if name.startswith("scorer__")},
+            allow=not config.resume,  # a resumed run continues its checkpoint: never a reuse
         )
 
     return _train
@@ -274,12 +299,18 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
         description=f"{stage.kind.replace('_', ' ').capitalize()} made from {upstream[0]}'s prompts"
         + (f" with {upstream[1]} as the student" if len(upstream) > 1 else "")
         + ".",
+        code_version=stage_version(pipeline, stage),
     )
     def _synthesize(
         context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource, **inputs
     ) -> Output[str]:
         settings = effective(stage, config)
         inputs = local_inputs(store, inputs)
+        return reuse_or_make(
+            context, pipeline, settings, inputs, lambda: _generate(context, settings, store, training, inputs)
+        )
+
+    def _generate(context, settings, store: ArtifactStore, training: TrainingResource, inputs: dict) -> Output[str]:
         student = read_manifest(inputs["student"], AdapterManifest) if "student" in inputs else None
         job_inputs = SynthesisInputs(
             prompts_file=str(Path(inputs["dataset"]) / "train.jsonl"),
@@ -317,6 +348,7 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
         ins=ins_for(pipeline, stage, "adapter", upstream=upstream),
         description="The adapter chain folded into the base model: a standalone model directory that "
         "plain transformers loads.",
+        code_version=stage_version(pipeline, stage),
     )
     def _merge(
         context,
@@ -328,6 +360,16 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
     ) -> Output[str]:
         settings = effective(stage, config)
         adapter = str(store.local(adapter))
+        return reuse_or_make(
+            context,
+            pipeline,
+            settings,
+            {"adapter": adapter},
+            lambda: _fold(context, settings, store, training, tracking, adapter),
+            tracking,
+        )
+
+    def _fold(context, settings, store, training, tracking, adapter: str) -> Output[str]:
         adapter_manifest = read_manifest(adapter, AdapterManifest)
         inputs = ModelInputs(model=adapter_manifest.resolved_model, adapters=adapter_manifest.chain)
         parent = pipeline_run(context, pipeline, tracking)
@@ -410,6 +452,7 @@ def evaluate_asset(pipeline: Pipeline, stage: Evaluate, upstream: list[str] | No
         ins=ins_for(pipeline, stage, "merged", "dataset", upstream=upstream),
         description="Base model against the merged model on the same held-out rows: loss, perplexity, "
         "task metrics and sample replies side by side.",
+        code_version=stage_version(pipeline, stage),
     )
     def _evaluate(
         context,
@@ -420,15 +463,17 @@ def evaluate_asset(pipeline: Pipeline, stage: Evaluate, upstream: list[str] | No
         merged: str,
         dataset: str,
     ) -> Output[str]:
-        return run_report_stage(
+        settings = effective(stage, config)
+        inputs = {"merged": str(store.local(merged)), "dataset": str(store.local(dataset))}
+        return reuse_or_make(
             context,
             pipeline,
-            effective(stage, config),
-            str(store.local(merged)),
-            str(store.local(dataset)),
-            store,
+            settings,
+            inputs,
+            lambda: run_report_stage(
+                context, pipeline, settings, inputs["merged"], inputs["dataset"], store, tracking, training
+            ),
             tracking,
-            training,
         )
 
     return _evaluate
@@ -448,6 +493,7 @@ def export_asset(pipeline: Pipeline, stage: Export, upstream: list[str] | None =
         "an Ollama Modelfile and a model card"
         + (f" that includes {upstream[1]}'s table" if len(upstream) > 1 else "")
         + ".",
+        code_version=stage_version(pipeline, stage),
     )
     def _export(
         context,
@@ -458,17 +504,15 @@ def export_asset(pipeline: Pipeline, stage: Export, upstream: list[str] | None =
         **inputs,
     ) -> Output[str]:
         inputs = local_inputs(store, inputs)
-        with named_failure(f"{pipeline.name}/{stage.name}"):
-            return run_export_stage(
-                context,
-                pipeline,
-                effective(stage, config),
-                inputs["merged"],
-                inputs.get("report"),
-                store,
-                training,
-                tracking,
-            )
+        settings = effective(stage, config)
+
+        def make() -> Output[str]:
+            with named_failure(f"{pipeline.name}/{stage.name}"):
+                return run_export_stage(
+                    context, pipeline, settings, inputs["merged"], inputs.get("report"), store, training, tracking
+                )
+
+        return reuse_or_make(context, pipeline, settings, inputs, make, tracking)
 
     return _export
 

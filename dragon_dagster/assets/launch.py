@@ -101,10 +101,12 @@ def materialize_pipeline(
         asset_selection=[AssetKey([pipeline.name, name]) for name in only] if only else None,
     )
     stats = {s.step_key: s for s in instance.get_run_step_stats(result.run_id)}
-    artifacts = {}
+    artifacts, reused = {}, {}
     for event in result.get_asset_materialization_events():
         materialization = event.event_specific_data.materialization
         artifacts[materialization.asset_key.path[-1]] = materialization.metadata["artifact_dir"].value
+        if materialization.metadata.get("reused") and materialization.metadata["reused"].value:
+            reused[materialization.asset_key.path[-1]] = materialization.metadata["reused_from_run"].value
     stages = []
     for stage_name in names:
         stat = stats.get(f"{pipeline.name}__{stage_name}")
@@ -115,6 +117,7 @@ def materialize_pipeline(
                 "seconds": seconds,
                 "status": stat.status.value if stat and stat.status else "NOT RUN",
                 "artifact": artifacts.get(stage_name),
+                "reused_from_run": reused.get(stage_name),  # the run that made the artifact it points at
             }
         )
     checks = [

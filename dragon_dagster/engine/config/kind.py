@@ -41,6 +41,9 @@ class StageKind:
     worker: str | None = None  # "module:function" that runs its job in the worker (imported only there)
     checks: Callable[[Stage], list[CheckSpec]] = _no_checks  # the asset checks of a stage of this kind
     summary: str = ""  # one line for the docs' stage reference
+    # The version of the kind's code, part of every stage's version (pipeline/versions.py): bump it when the same
+    # settings on the same inputs would now make a different artifact, so the stages of this kind go unsynced.
+    version: str = "1"
 
     @property
     def name(self) -> str:

@@ -1,0 +1,119 @@
+"""Reuse instead of retraining: a stage whose version and inputs match an artifact it already made points at that
+artifact rather than making it again.
+
+A stage's version (engine/pipeline/versions.py) is computed from the settings the run uses (the YAML, its profile
+and the launchpad's config), and its inputs are the artifact directories its upstream assets handed it. Since
+artifacts are immutable and an upstream stage that is reused hands on the same directory, equal versions and equal
+inputs mean the same work: the materialization then records the earlier artifact (`reused_from_run` names the run
+that made it, and the figures are that materialization's), and a run whose every stage is reused trains nothing.
+A run tagged `dragon/fresh=true` (`dragon demo --fresh`, or the tag in the launchpad) makes every stage anew.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from dagster import DataVersion, MetadataValue, Output
+
+from ..engine.pipeline import Pipeline
+from ..engine.pipeline.versions import stage_version
+
+FRESH_TAG = "dragon/fresh"  # "true": make every stage of the run anew, whatever was made before
+VERSION_KEY = "settings_version"  # the materialization's: the stage's version with the run's own settings
+INPUTS_KEY = "inputs"  # the artifact directories it read, by input name
+LOOKBACK = 20  # of a stage's materializations, the newest ones searched for a match
+
+
+def artifact_version(artifact: str | Path) -> DataVersion:
+    """A materialization's data version: the artifact it points at (its directory's name, unique to the run that
+    made it). A reused stage hands on the same one, so what reads it stays in sync; a stage made anew hands on
+    another, so what reads it is unsynced until made from it, which is exactly when its inputs no longer match."""
+    return DataVersion(Path(artifact).name)
+
+
+def fresh(context) -> bool:
+    return str(context.run.tags.get(FRESH_TAG, "")).lower() in ("1", "true", "yes")
+
+
+def _value(entry):
+    return entry.value if hasattr(entry, "value") else entry
+
+
+def reusable(
+    context, pipeline: Pipeline, settings, inputs: dict[str, str], tracking=None, version: str | None = None
+) -> Output[str] | None:
+    """The earlier materialization of this asset that made the same thing (same version, same input artifacts,
+    its directory still there), as this run's output; None when there is none or the run asks for a fresh one.
+    tracking: where the pipeline's MLflow run records that the stage was reused (stages that log to MLflow).
+    version: the stage's version when it is not its settings' (a source file's content)."""
+    if fresh(context):
+        return None
+    version = version or stage_version(pipeline, settings)
+    wanted = {name: str(path) for name, path in sorted(inputs.items())}
+    found = context.instance.fetch_materializations(context.asset_key, limit=LOOKBACK)
+    for record in found.records:
+        metadata = record.asset_materialization.metadata
+        if _value(metadata.get(VERSION_KEY)) != version or _value(metadata.get(INPUTS_KEY)) != wanted:
+            continue
+        artifact = _value(metadata.get("artifact_dir"))
+        if not artifact or not (Path(artifact) / "manifest.json").is_file():
+            continue  # removed since: made again
+        made_by = _value(metadata.get("reused_from_run")) or record.run_id
+        context.log.info(f"{context.asset_key.to_user_string()}: reused {artifact} (made by run {made_by})")
+        if tracking is not None:
+            from .mlflow_runs import pipeline_run
+
+            parent = pipeline_run(context, pipeline, tracking)
+            tracking.client().set_tag(parent, f"reused.{settings.name}", made_by)
+            tracking.client().set_tag(parent, f"version.{settings.name}", version)
+            tracking.end_run(parent)  # set running again by the next stage that logs, ended by it
+        return Output(
+            str(artifact),
+            metadata={**metadata, "reused": True, "reused_from_run": made_by},
+            data_version=artifact_version(artifact),
+        )
+    return None
+
+
+def versioned(out: Output, pipeline: Pipeline, settings, inputs: dict[str, str], version: str | None = None) -> Output:
+    """A stage's fresh output with what a later run compares to reuse it: its version and its inputs."""
+    version = version or stage_version(pipeline, settings)
+    wanted = {name: str(path) for name, path in sorted(inputs.items())}
+    return Output(
+        out.value,
+        metadata={
+            **(out.metadata or {}),
+            VERSION_KEY: version,
+            INPUTS_KEY: MetadataValue.json(wanted),
+            "reused": False,
+        },
+        data_version=artifact_version(out.value),
+    )
+
+
+def reuse_or_make(
+    context,
+    pipeline: Pipeline,
+    settings,
+    inputs: dict[str, str],
+    make: Callable[[], Output],
+    tracking=None,
+    version: str | None = None,
+    allow: bool = True,
+) -> Output:
+    """The earlier artifact when one matches (reusable), else make(), versioned. allow: False where a run must make
+    it anew whatever the versions say (resuming from a checkpoint)."""
+    version = version or stage_version(pipeline, settings)
+    if allow:
+        reused = reusable(context, pipeline, settings, inputs, tracking, version)
+        if reused is not None:
+            return reused
+    out = versioned(make(), pipeline, settings, inputs, version=version)
+    if tracking is not None:  # the pipeline's MLflow run lists every stage's version
+        from .mlflow_runs import pipeline_run
+
+        parent = pipeline_run(context, pipeline, tracking)
+        tracking.client().set_tag(parent, f"version.{settings.name}", version)
+        tracking.end_run(parent)
+    return out
