@@ -33,13 +33,13 @@ from ..engine.stages.export.settings import Export
 from ..engine.stages.merge.settings import Merge
 from ..engine.train.stage import TrainerStage
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
-from .export import run_export_stage
+from .export import default_system, run_export_stage
 from .launchpad import RESUME, effective, launchpad_config
 from .metadata import as_metadata, length_stats, md_table
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 from .pool import POOL_TAGS, TRAINING_POOL
 from .promotion import register_merged_model
-from .prompts import register_dataset_prompt
+from .prompts import live_system, register_dataset_prompt
 from .report import run_report_stage
 from .reuse import reuse_or_make
 from .training import run_training_stage
@@ -465,11 +465,13 @@ def evaluate_asset(pipeline: Pipeline, stage: Evaluate, upstream: list[str] | No
     ) -> Output[str]:
         settings = effective(stage, config)
         inputs = {"merged": str(store.local(merged)), "dataset": str(store.local(dataset))}
+        # the live system prompt is read as an input too: a new live version is evaluated anew
+        live = live_system(pipeline, tracking, pipeline.system_prompt())[1]
         return reuse_or_make(
             context,
             pipeline,
             settings,
-            inputs,
+            {**inputs, "system_prompt": live or "none"},
             lambda: run_report_stage(
                 context, pipeline, settings, inputs["merged"], inputs["dataset"], store, tracking, training
             ),
@@ -512,7 +514,8 @@ def export_asset(pipeline: Pipeline, stage: Export, upstream: list[str] | None =
                     context, pipeline, settings, inputs["merged"], inputs.get("report"), store, training, tracking
                 )
 
-        return reuse_or_make(context, pipeline, settings, inputs, make, tracking)
+        live = default_system(pipeline, settings, tracking)[1]  # a new live system prompt is exported anew
+        return reuse_or_make(context, pipeline, settings, {**inputs, "system_prompt": live or "none"}, make, tracking)
 
     return _export
 

@@ -14,6 +14,7 @@ import requests
 from dagster import AssetKey
 
 from dragon_dagster.assets.launch import materialize_pipeline
+from dragon_dagster.assets.reuse import FRESH_TAG
 from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 from tests.support import free_port, healthy, user_project, wait_until
 
@@ -68,8 +69,12 @@ def dashboards(materialized, tmp_path_factory):
         "tracking": MLflowTracking(runs_dir=str(runs)),
         "training": TrainingResource(device="cpu"),
     }
-    again = materialize_pipeline(
-        pipeline, resources=resources, instance=materialized["instance"], only=["evaluation_report"]
+    again = materialize_pipeline(  # made anew (not reused): the charts overlay two evaluated pipeline runs
+        pipeline,
+        resources=resources,
+        instance=materialized["instance"],
+        only=["evaluation_report"],
+        tags={FRESH_TAG: "true"},
     )
     assert again["success"], again
     mlflow = Server(
