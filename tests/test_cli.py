@@ -215,6 +215,23 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     assert ":5000" not in demo.stdout
     assert "evaluation-runs" not in demo.stdout and "/#/prompts/" not in demo.stdout  # it evaluates nothing, has none
     assert list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))
+    assert "reused" not in demo.stdout
+
+    def dragon(*args):
+        return subprocess.run(
+            [str(BIN / "dragon"), *args], cwd=project, env=env, capture_output=True, text=True, timeout=600
+        )
+
+    # nothing changed: a second run makes nothing and says so; `dragon status` has every stage up to date
+    again = dragon("demo", "--pipeline", "plain", "--defs-module", "trainlab.definitions")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"reused (run {run_id[:8]})" in again.stdout and "so nothing was trained" in again.stdout
+    status = dragon("status", "plain", "--defs-module", "trainlab.definitions")
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert "every stage is up to date" in status.stdout
+    fresh = dragon("demo", "--pipeline", "plain", "--defs-module", "trainlab.definitions", "--fresh")
+    assert fresh.returncode == 0 and "reused" not in fresh.stdout, fresh.stdout[-3000:]
+    assert len(list((tmp_path / "runs" / "artifacts" / "plain" / "sft_dataset").glob("*/train.jsonl"))) == 2
     missing = subprocess.run(
         [str(BIN / "dragon"), "demo", "--pipeline", "nope"],
         cwd=project,
