@@ -344,7 +344,7 @@ def status(pipeline: str, defs_module: str | None):
     console.print(
         f"{len(behind)} of {len(states)} out of date or never made: {', '.join(behind)}"
         if behind
-        else "every stage is up to date: a run would reuse them all"
+        else "every stage is up to date: a run with the settings that made them reuses them all"
     )
 
 

@@ -81,6 +81,9 @@ def promote_merged(
                 "challenger": f"models:/{pipeline}/{version}",
                 "to_promote": f"dragon models {pipeline} --promote {version}",
             }
+    if current == version:  # a reused report checked again: nothing moves, and the registry keeps its history
+        context.log.info(f"models:/{pipeline}/{version} is the champion already")
+        return {"champion": f"models:/{pipeline}/{version} (already)"}
     replaced = tracking.promote(pipeline, version, reason)
     context.log.info(f"models:/{pipeline}/{version} is now the champion (was {replaced or 'none'})")
     return {"champion": f"models:/{pipeline}/{version}", "previous_champion": str(replaced or "none")}

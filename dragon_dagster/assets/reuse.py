@@ -11,10 +11,11 @@ A run tagged `dragon/fresh=true` (`dragon demo --fresh`, or the tag in the launc
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from dagster import DataVersion, MetadataValue, Output
+from dagster import BetaWarning, DataVersion, MetadataValue, Output
 
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.versions import stage_version
@@ -23,6 +24,14 @@ FRESH_TAG = "dragon/fresh"  # "true": make every stage of the run anew, whatever
 VERSION_KEY = "settings_version"  # the materialization's: the stage's version with the run's own settings
 INPUTS_KEY = "inputs"  # the artifact directories it read, by input name
 LOOKBACK = 20  # of a stage's materializations, the newest ones searched for a match
+
+
+def _output(value: str, metadata: dict, data_version: DataVersion) -> Output:
+    # Output's data_version is how an asset gives its materialization its own data version (Dagster's documented
+    # way); its beta notice is for whoever writes definitions, and would print once per stage of every run.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", BetaWarning)
+        return Output(value, metadata=metadata, data_version=data_version)
 
 
 def artifact_version(artifact: str | Path) -> DataVersion:
@@ -68,10 +77,8 @@ def reusable(
             tracking.client().set_tag(parent, f"reused.{settings.name}", made_by)
             tracking.client().set_tag(parent, f"version.{settings.name}", version)
             tracking.end_run(parent)  # set running again by the next stage that logs, ended by it
-        return Output(
-            str(artifact),
-            metadata={**metadata, "reused": True, "reused_from_run": made_by},
-            data_version=artifact_version(artifact),
+        return _output(
+            str(artifact), {**metadata, "reused": True, "reused_from_run": made_by}, artifact_version(artifact)
         )
     return None
 
@@ -80,16 +87,8 @@ def versioned(out: Output, pipeline: Pipeline, settings, inputs: dict[str, str],
     """A stage's fresh output with what a later run compares to reuse it: its version and its inputs."""
     version = version or stage_version(pipeline, settings)
     wanted = {name: str(path) for name, path in sorted(inputs.items())}
-    return Output(
-        out.value,
-        metadata={
-            **(out.metadata or {}),
-            VERSION_KEY: version,
-            INPUTS_KEY: MetadataValue.json(wanted),
-            "reused": False,
-        },
-        data_version=artifact_version(out.value),
-    )
+    metadata = {**(out.metadata or {}), VERSION_KEY: version, INPUTS_KEY: MetadataValue.json(wanted), "reused": False}
+    return _output(out.value, metadata, artifact_version(out.value))
 
 
 def reuse_or_make(
