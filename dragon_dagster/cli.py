@@ -966,14 +966,43 @@ def compare_sweep(pipeline: str, ref: str, tracking_uri: str, as_json: bool) -> 
     "running job refers to; with --yes, remove them.",
 )
 @click.option("--yes", is_flag=True, help="With --prune: remove what it shows.")
-def runs(pipeline: str | None, prune: bool, yes: bool):
-    """Materialized artifacts, newest first, with their directories."""
+@click.option(
+    "--archive",
+    "to_archive",
+    default=None,
+    metavar="DIR",
+    help="Move an artifact (its directory, or <pipeline>/<stage>/<id>) under archived/: every file kept, gone from "
+    "the lists and from what a run reuses. Refused while its run is going or another artifact reads it.",
+)
+@click.option("--force", is_flag=True, help="With --archive: archive it even though other artifacts read it.")
+@click.option("--restore", "to_restore", default=None, metavar="ID", help="Move an archived artifact back.")
+@click.option("--archived", "show_archived", is_flag=True, help="List the archived artifacts instead.")
+def runs(
+    pipeline: str | None,
+    prune: bool,
+    yes: bool,
+    to_archive: str | None,
+    force: bool,
+    to_restore: str | None,
+    show_archived: bool,
+):
+    """Materialized artifacts, newest first, with their directories; --archive and --restore move one out of the
+    way and back; --prune removes what nothing refers to."""
+    from .engine import archive
     from .engine.runs import list_artifacts
 
     if prune:
         return prune_artifacts(pipeline, yes)
+    if to_archive:
+        where = archive.archive(runs_dir(), to_archive, is_live=live_dagster_runs(), force=force)
+        relative = where.relative_to(archive.archived_root(runs_dir()))
+        click.echo(f"archived {relative} to {where}; `dragon runs --restore {relative}` brings it back")
+        return
+    if to_restore:
+        click.echo(f"restored {archive.restore(runs_dir(), to_restore)}")
+        return
     # plain lines rather than a table, so that directories are never cut and can be copied
-    rows = list_artifacts(runs_dir(), pipeline)
+    rows = archive.archived(runs_dir(), pipeline) if show_archived else list_artifacts(runs_dir(), pipeline)
     click.echo(f"{'asset':<32} {'kind':<18} {'created':<25} {'mlflow run':<34} directory")
     for row in rows:
         click.echo(
@@ -982,7 +1011,17 @@ def runs(pipeline: str | None, prune: bool, yes: bool):
         )
     if not rows:
         of = f" of pipeline {pipeline!r}" if pipeline else ""
-        click.echo(f"(no artifacts{of} under {runs_dir() / 'artifacts'})", err=True)
+        click.echo(f"(no artifacts{of} under {runs_dir() / ('archived' if show_archived else 'artifacts')})", err=True)
+
+
+def live_dagster_runs():
+    """is_live(dagster_run_id): whether that run is queued or going in the Dagster instance."""
+    ensure_dagster_home()
+    from dagster import DagsterInstance
+
+    from .assets.training import run_is_live
+
+    return run_is_live(DagsterInstance.get())
 
 
 def referenced_artifacts() -> set[Path]:

@@ -10,8 +10,9 @@ from .artifacts.manifest import Manifest, ManifestError, read_manifest
 from .config.results import ROW_METRICS, StageResult
 
 
-def list_artifacts(runs_dir: Path, pipeline: str | None = None) -> list[dict]:
-    root = Path(runs_dir) / "artifacts"
+def list_artifacts(runs_dir: Path, pipeline: str | None = None, folder: str = "artifacts") -> list[dict]:
+    """The artifact directories under runs_dir/<folder> (archived ones are under archived/), newest first."""
+    root = Path(runs_dir) / folder
     rows = []
     for directory in root.glob(f"{pipeline or '*'}/*/*"):
         if directory.name.startswith(".tmp-") or not directory.is_dir():
@@ -48,15 +49,15 @@ def artifact_dir_of(path: str | Path, runs_dir: Path) -> Path | None:
     return root.joinpath(*parts[:3]) if len(parts) >= 3 else None
 
 
-def _paths_in(value):
+def paths_in(value):
     if isinstance(value, str):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
-            yield from _paths_in(item)
+            yield from paths_in(item)
     elif isinstance(value, list):
         for item in value:
-            yield from _paths_in(item)
+            yield from paths_in(item)
 
 
 def prunable(runs_dir: Path, keep: set[Path]) -> tuple[list[Path], set[Path]]:
@@ -78,7 +79,7 @@ def prunable(runs_dir: Path, keep: set[Path]) -> tuple[list[Path], set[Path]]:
             fields = read_manifest(directory).model_dump()
         except ManifestError:
             fields = {}
-        for value in _paths_in(fields):
+        for value in paths_in(fields):
             found = artifact_dir_of(value, runs_dir) if "/" in value else None
             if found is not None and found not in kept:
                 pending.append(found)
