@@ -25,6 +25,7 @@ from ..engine.artifacts.manifest import (
 from ..engine.config.job import ModelInputs, SynthesisInputs
 from ..engine.config.stage import Stage
 from ..engine.data import tables as data_lib
+from ..engine.data.prepare import prepare
 from ..engine.data.stage import DatasetStage
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.versions import file_version, stage_version
@@ -167,20 +168,11 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
     def _map(context, settings, store: ArtifactStore, tracking: MLflowTracking, inputs: dict) -> Output[str]:
         with named_failure(f"{pipeline.name}/{stage.name}"):
             df = read_source(pipeline, settings, inputs.get("source"))
-            rows, dropped, kept = settings.map(df)
-            if settings.group_by:  # read from the source table, carried along with the rows it maps to
-                values = data_lib.group_values(df, settings.group_by)
-                groups = [values[i] for i in kept]
-            else:  # rows asking the same prompt stay on one side
-                groups = [data_lib.user_text(r) for r in rows]
-            duplicates = 0
-            if settings.dedupe:
-                rows, groups, duplicates = data_lib.dedupe_rows(rows, groups)
-            train, held = data_lib.split_rows(rows, settings.eval_frac, settings.seed, groups)
-            leakage = data_lib.overlap(train, held)
+            prepared = prepare(settings, df)
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
-        lengths = [chat_tokens(tokenizer, r) for r in rows]
-        quality = data_lib.quality(rows)
+        train, held, dropped, duplicates = prepared.train, prepared.held, prepared.dropped, prepared.duplicates
+        leakage, quality = prepared.leakage, prepared.quality
+        lengths = [chat_tokens(tokenizer, r) for r in prepared.rows]
         prompt_uri = register_dataset_prompt(pipeline, stage.name, getattr(settings, "system", None), tracking)
         with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
             data_lib.write_jsonl(tmp / "train.jsonl", train)

@@ -54,6 +54,18 @@ def quality_check() -> CheckSpec:
     )
 
 
+def leak_problem(prompt: float, answer: float, answers_count: bool = True) -> str | None:
+    """What is wrong with a split whose held-out rows repeat train (shares of prompts and answers), and the fix;
+    None when nothing leaks."""
+    if not (prompt > MAX_OVERLAP or (answers_count and answer > MAX_OVERLAP)):
+        return None
+    return (
+        f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
+        "appear in train: held-out figures would measure recall. Set group_by to a column that "
+        "keeps related rows together, or allow_leakage: true."
+    )
+
+
 def leakage_check(allow_leakage: bool, answers_count: bool) -> CheckSpec:
     """Blocking: the held-out rows share no prompt (nor, where answers are text trained on, answer) with train. A
     prompt dataset's reference answers (a number, a label) repeat across different prompts by nature and are never
@@ -63,14 +75,8 @@ def leakage_check(allow_leakage: bool, answers_count: bool) -> CheckSpec:
     def judge(artifact: Path) -> CheckOutcome:
         manifest = read_manifest(artifact, DatasetManifest)
         prompt, answer = manifest.prompt_overlap, manifest.answer_overlap
-        leaking = prompt > MAX_OVERLAP or (answers_count and answer > MAX_OVERLAP)
-        description = (
-            f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
-            "appear in train: held-out figures would measure recall. Set group_by to a column that "
-            "keeps related rows together, or allow_leakage: true."
-            if leaking
-            else None
-        )
+        description = leak_problem(prompt, answer, answers_count)
+        leaking = description is not None
         return CheckOutcome(
             passed=not leaking,
             description=description,
