@@ -20,9 +20,10 @@ tool's answer) before the answer; only answers take thumbs and edits, and the fe
 The page shows what a model wrote as text and Markdown, never as HTML: `shown()` escapes every tag, entity,
 Markdown image and Mermaid diagram before a message reaches the Chatbot (a reply could otherwise render a form
 posting elsewhere or fetch a tracking image), every response carries a Content-Security-Policy with no outside
-sources and X-Frame-Options / X-Content-Type-Options (`SecurityHeaders`), and `start(..., password=...)` puts
-the page behind Gradio's login. Ratings and edits become training data that is promoted automatically, so a page
-reachable beyond this machine must have a password (`start` warns when it has none).
+sources and X-Frame-Options / X-Content-Type-Options (`web.SecurityHeaders`, shared with the studio), and
+`start(..., password=...)` puts the page behind Gradio's login. Ratings and edits become training data that is
+promoted automatically, so a page reachable beyond this machine must have a password (`start` warns when it has
+none).
 
 `build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, ...)` serves it; `launch(model,
 store_path, ...)` does both from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
@@ -30,10 +31,8 @@ store_path, ...)` does both from a model spec, a backend config or a Backend (wh
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -52,13 +51,11 @@ from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: 
 from .engine.infer.tool_loop import turn_lines  # noqa: E402
 from .engine.infer.tracing import ChatTracer  # noqa: E402
 from .engine.tools.declare import Toolset  # noqa: E402
+from .web import USERNAME, is_loopback, serve  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
 ERRORS = (ChatError, BackendError, FeedbackError, OSError, ValueError)
 FORMATS = (".jsonl", ".json")
-# System fonts only: the default theme fetches Google Fonts, which fails (slowly) on offline machines.
-# (Texts avoid emoji too: minimal systems have no emoji font.)
-THEME = gr.themes.Soft(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
 CSS = " ".join(
     [
         "#status {min-height: 2.5em} footer {display: none !important}",
@@ -73,7 +70,6 @@ CSS = " ".join(
         "#chatbot .message-buttons-right button[aria-label='Edit'] {display: none !important}",
     ]
 )
-USERNAME = "dragon"  # the login name when the page has a password
 
 # What the page's Markdown renderer (marked, in Gradio's frontend) would turn into live HTML, each replaced by a
 # numeric character reference that shows as the same character: a `<` that could open a tag, a comment or an
@@ -649,68 +645,6 @@ def build_app(
     return app
 
 
-# The page's own scripts and styles (Gradio inlines its config and styles, so 'unsafe-inline'); images, fonts,
-# requests, forms and workers only from the page itself; never inside another site's frame.
-CSP = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self' 'unsafe-inline'",
-        "style-src 'self' 'unsafe-inline'",
-        "img-src 'self' data: blob:",
-        "font-src 'self' data:",
-        "connect-src 'self'",
-        "media-src 'self' data: blob:",
-        "worker-src 'self' blob:",
-        "object-src 'none'",
-        "base-uri 'self'",
-        "form-action 'self'",
-        "frame-ancestors 'none'",
-    ]
-)
-SECURITY_HEADERS = {
-    "Content-Security-Policy": CSP,
-    "X-Frame-Options": "DENY",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
-
-
-class SecurityHeaders:
-    """ASGI middleware: SECURITY_HEADERS on every HTTP response of the app (pure ASGI, so streamed replies
-    pass through untouched)."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-
-        async def send_with_headers(message):
-            if message["type"] == "http.response.start":
-                headers = [
-                    (k, v) for k, v in message.get("headers", []) if k.decode("latin-1").lower() not in _HEADER_NAMES
-                ]
-                message = {**message, "headers": headers + _HEADER_BYTES}
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers)
-
-
-_HEADER_NAMES = {name.lower() for name in SECURITY_HEADERS}
-_HEADER_BYTES = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SECURITY_HEADERS.items()]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the page on this machine ("0.0.0.0" or a name other than localhost: no)."""
-    if host.strip("[]").lower() in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
     """A warning when the page is reachable beyond this machine without a password, else None."""
     if password or (is_loopback(host) and not share):
@@ -735,31 +669,23 @@ def start(
     username: str = USERNAME,
     warn: bool = True,
 ) -> str:
-    """Serve the page (with the offline theme and SECURITY_HEADERS) and return its URL; block=True serves until
-    interrupted. With a password, every page and API call needs Gradio's login as `username`; without one, a
-    host beyond loopback (or share) gets a warning on stderr (warn=False: the caller has said it)."""
-    from starlette.middleware import Middleware
-
-    warning = exposure_warning(host, password, share) if warn else None
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr, flush=True)
-    app.queue()  # streaming replies need the queue
-    app.launch(
-        server_name=host,
-        server_port=port,
+    """Serve the chat page (web.serve: the offline theme, the security headers) and return its URL; block=True
+    serves until interrupted. With a password, every page and API call needs Gradio's login as `username`; without
+    one, a host beyond loopback (or share) gets a warning on stderr (warn=False: the caller has said it)."""
+    return serve(
+        app,
+        CSS,
+        exposure_warning(host, password, share) if warn else None,
+        host=host,
+        port=port,
+        block=block,
         share=share,
         inbrowser=inbrowser,
         quiet=quiet,
-        prevent_thread_lock=not block,
-        theme=THEME,
-        css=CSS,
-        footer_links=[],
-        auth=(username, password) if password else None,
-        auth_message=f"Log in as {shown(username)}." if password else None,
-        ssr_mode=False,  # the page comes from this app (and its headers), not from a Node front end
-        app_kwargs={"middleware": [Middleware(SecurityHeaders)]},
+        password=password,
+        username=username,
+        login_name=shown(username),
     )
-    return app.local_url or f"http://{host}:{port}/"
 
 
 def launch(

@@ -601,6 +601,57 @@ def chat(pipeline, model, server_model, system, context_turns):
     )
 
 
+def project_defs_dir() -> Path:
+    """The defs folder of the Dagster project in the current directory (its pyproject's root module), else ./defs."""
+    from .assets.launch import DEFAULT_MODULE, project_module
+
+    module = project_module()
+    if module == DEFAULT_MODULE:
+        return Path.cwd() / "defs"
+    return Path.cwd() / Path(*module.split(".")[:-1]) / "defs"
+
+
+@main.command()
+@click.option(
+    "--defs",
+    "defs_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The folder pipelines are written into. Default: the defs folder of the Dagster project in the current "
+    "directory (its pyproject's root module), else ./defs.",
+)
+@click.option("--model", default="smollm2-135m", show_default=True, help="The model the page starts with.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Anything but loopback needs --password-env.")
+@click.option("--port", default=7861, show_default=True)
+@click.option(
+    "--password-env",
+    default=None,
+    metavar="NAME",
+    help="Require a login, with the password read from environment variable NAME.",
+)
+@click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")
+def studio(defs_dir: Path | None, model: str, host: str, port: int, password_env: str | None, username: str):
+    """A web page from a data file to a trained model: map its columns, preview the rows, save the pipeline as
+    defs/<name>/defs.yaml, run it and follow it."""
+    from .studio import Studio, build_studio, start
+
+    password = None
+    if password_env:  # from the environment only: a command line shows up in ps and shell history
+        password = os.environ.get(password_env)
+        if not password:
+            raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
+    ensure_dagster_home()
+    defs_dir = (defs_dir or project_defs_dir()).resolve()
+    defs_dir.mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"studio on http://{host}:{port}  (pipelines written to {defs_dir}; runs in {runs_dir()}; "
+        f"{'login ' + repr(username) if password else 'no password'})",
+        soft_wrap=True,
+        markup=False,
+    )
+    start(build_studio(Studio(defs_dir, runs_dir(), model)), host=host, port=port, password=password, username=username)
+
+
 @main.command("chat-ui")
 @chat_options
 @click.option(

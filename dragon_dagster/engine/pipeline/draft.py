@@ -37,10 +37,15 @@ class DraftError(ValueError):
     """A draft that cannot be written, with what is wrong and where."""
 
 
+RECIPES = Path(__file__).parent / "recipes"  # one YAML file of stages per recipe, named by it
+
+
 class Recipe(Settings):
     """The stages a draft trains and the settings people change; the rest are each kind's defaults."""
 
-    stages: Literal["sft"] = Field("sft", description="SFT on the mapped rows, merged and evaluated.")
+    stages: Literal["supervised"] = Field(
+        "supervised", description="A recipe of recipes/: supervised is SFT on the mapped rows, merged and evaluated."
+    )
     max_steps: int = Field(60, ge=1, le=100_000, description="Optimizer steps of the SFT stage.")
     learning_rate: float = Field(2.0e-4, gt=0, lt=1, description="Its learning rate.")
     lora_rank: int = Field(16, ge=1, le=1024, description="The LoRA rank (alpha is twice it).")
@@ -85,9 +90,10 @@ def read_data(path: str | Path):
         raise DraftError(f"{path.name}: {exc}") from None
 
 
-def _first_error(exc: ValidationError) -> str:
+def _first_error(exc: ValidationError, kind: str) -> str:
+    """The first problem pydantic found, named by its field (the union's tag, the kind, left out)."""
     error = exc.errors()[0]
-    where = ".".join(str(p) for p in error.get("loc", ()) if p not in ("chat_dataset",))
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != kind)
     message = str(error.get("msg", exc)).removeprefix("Value error, ")
     return f"{where}: {message}" if where else message
 
@@ -108,15 +114,27 @@ def draft(
         raise DraftError(f"name {name!r}: lower-case letters, digits and _, starting with a letter")
     data_file = Path(data_file)
     df = read_data(data_file)
-    dataset = {"name": "sft_dataset", "kind": "chat_dataset", "source": "data", "prompt": prompt, "response": response}
-    if system:
-        dataset["system"] = system
-    dataset["eval_frac"] = recipe.eval_frac
+    stages = yaml.safe_load((RECIPES / f"{recipe.stages}.yaml").read_text())["stages"]
+    role = {stage["name"]: catalog.get(stage["kind"]).role for stage in stages}
+    # the recipe's first dataset stage reads the file through the mapping; its training stages take the settings
+    dataset = next(stage for stage in stages if role[stage["name"]] == "dataset")
+    dataset.update(
+        prompt=prompt, response=response, eval_frac=recipe.eval_frac, **({"system": system} if system else {})
+    )
+    for stage in stages:
+        if role[stage["name"]] == "training":
+            stage["lora"] = {"r": recipe.lora_rank, "alpha": 2 * recipe.lora_rank}
+            # a loss point every twentieth of the run (at least every step): a curve on the page, not a dot
+            stage["args"] = {
+                "max_steps": recipe.max_steps,
+                "learning_rate": recipe.learning_rate,
+                "logging_steps": max(1, recipe.max_steps // 20),
+            }
     try:
         settings = catalog.parse_stage(dataset)
         prepared = prepare(settings, df)
     except ValidationError as exc:
-        raise DraftError(_first_error(exc)) from None
+        raise DraftError(_first_error(exc, dataset["kind"])) from None
     except tables.DataError as exc:
         raise DraftError(str(exc)) from None
     figures = {
@@ -133,23 +151,7 @@ def draft(
     leak = leak_problem(prepared.leakage["prompt_overlap"], prepared.leakage["answer_overlap"])
     if leak:
         raise DraftError(leak)
-    attributes = {
-        "name": name,
-        "model": model,
-        "datasets": {"data": {"path": data_file.name}},
-        "stages": [
-            dataset,
-            {
-                "name": "sft_adapter",
-                "kind": "sft",
-                "dataset": "sft_dataset",
-                "lora": {"r": recipe.lora_rank, "alpha": 2 * recipe.lora_rank},
-                "args": {"max_steps": recipe.max_steps, "learning_rate": recipe.learning_rate},
-            },
-            {"name": "merged_model", "kind": "merge"},
-            {"name": "evaluation_report", "kind": "evaluate", "dataset": "sft_dataset"},
-        ],
-    }
+    attributes = {"name": name, "model": model, "datasets": {"data": {"path": data_file.name}}, "stages": stages}
     preview = [
         {
             "system": next((m["content"] for m in r["prompt"] if m["role"] == "system"), ""),
