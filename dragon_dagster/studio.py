@@ -176,6 +176,13 @@ class Studio:
         out = Path(tempfile.mkdtemp(prefix="dragon-studio-")) / f"{name}-loss.png"
         return str(plot_loss(rows, out, title=f"{name}: SFT loss"))
 
+    def links(self, name: str, run_id: str) -> str:
+        """Where the run is in the Dagster UI and its pipeline's runs in MLflow (the addresses `make ui` serves)."""
+        from .resources.tracking import MLflowTracking, dagster_ui_url
+
+        tracking = (self.resources or {}).get("tracking") or MLflowTracking()
+        return f"[the run in Dagster]({dagster_ui_url()}/runs/{run_id}), [its MLflow runs]({tracking.runs_url(name)})"
+
     def follow(self, name: str) -> tuple:
         """Outputs (stages, loss curve, status), polled while the page is open."""
         name = (name or "").strip()
@@ -192,14 +199,17 @@ class Studio:
         table = pd.DataFrame(
             [{"stage": s["asset"], "seconds": round(s["seconds"], 1), "status": s["status"]} for s in outcome["stages"]]
         )
+        links = self.links(name, outcome["run_id"])
         if outcome["success"]:
             status = (
-                f"**SUCCESS**: Dagster run `{outcome['run_id']}`. Talk to the result: `dragon chat-ui {name}` "
-                f"(or `dragon chat {name}` in a terminal)."
+                f"**SUCCESS**: Dagster run `{outcome['run_id']}` ({links}). Talk to the result: "
+                f"`dragon chat-ui {name}` (or `dragon chat {name}` in a terminal)."
             )
         else:
             failed = [s["asset"] for s in outcome["stages"] if s["status"] not in ("SUCCESS", "NOT RUN")]
-            status = f"**FAILURE**: Dagster run `{outcome['run_id']}` failed at {', '.join(failed) or 'a check'}."
+            status = (
+                f"**FAILURE**: Dagster run `{outcome['run_id']}` failed at {', '.join(failed) or 'a check'} ({links})."
+            )
         return table, curve, status
 
 

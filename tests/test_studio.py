@@ -92,6 +92,9 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
             expect(page.locator("#loss img")).to_be_visible()  # the curve, drawn
             assert page.locator("#loss img").evaluate("img => img.naturalWidth") > 300
             expect(status).to_contain_text("dragon chat-ui lamps")
+            run_id = instance.get_runs()[0].run_id
+            assert page.get_by_role("link", name="the run in Dagster").get_attribute("href").endswith(f"/runs/{run_id}")
+            assert "/#/experiments/" in page.get_by_role("link", name="its MLflow runs").get_attribute("href")
             shot = tmp_path / "studio.png"
             page.screenshot(path=str(shot), full_page=True)
             browser.close()
