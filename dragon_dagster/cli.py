@@ -601,6 +601,28 @@ def chat(pipeline, model, server_model, system, context_turns):
     )
 
 
+def login_options(f):
+    """--password-env and --username: a web page behind a login."""
+    f = click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")(f)
+    return click.option(
+        "--password-env",
+        default=None,
+        metavar="NAME",
+        help="Require a login, with the password read from environment variable NAME.",
+    )(f)
+
+
+def password_from(password_env: str | None) -> str | None:
+    """The password in environment variable password_env (None without one): from the environment only, since a
+    command line shows up in ps and shell history."""
+    if not password_env:
+        return None
+    password = os.environ.get(password_env)
+    if not password:
+        raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
+    return password
+
+
 def project_defs_dir() -> Path:
     """The defs folder of the Dagster project in the current directory (its pyproject's root module), else ./defs."""
     from .assets.launch import DEFAULT_MODULE, project_module
@@ -623,23 +645,13 @@ def project_defs_dir() -> Path:
 @click.option("--model", default="smollm2-135m", show_default=True, help="The model the page starts with.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Anything but loopback needs --password-env.")
 @click.option("--port", default=7861, show_default=True)
-@click.option(
-    "--password-env",
-    default=None,
-    metavar="NAME",
-    help="Require a login, with the password read from environment variable NAME.",
-)
-@click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")
+@login_options
 def studio(defs_dir: Path | None, model: str, host: str, port: int, password_env: str | None, username: str):
     """A web page from a data file to a trained model: map its columns, preview the rows, save the pipeline as
     defs/<name>/defs.yaml, run it and follow it."""
     from .studio import Studio, build_studio, start
 
-    password = None
-    if password_env:  # from the environment only: a command line shows up in ps and shell history
-        password = os.environ.get(password_env)
-        if not password:
-            raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
+    password = password_from(password_env)
     ensure_dagster_home()
     defs_dir = (defs_dir or project_defs_dir()).resolve()
     defs_dir.mkdir(parents=True, exist_ok=True)
@@ -661,22 +673,12 @@ def studio(defs_dir: Path | None, model: str, host: str, port: int, password_env
     help="Interface to bind; anything but loopback needs --password-env (feedback is trained on).",
 )
 @click.option("--port", default=7860, show_default=True)
-@click.option(
-    "--password-env",
-    default=None,
-    metavar="NAME",
-    help="Require a login, with the password read from environment variable NAME.",
-)
-@click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")
+@login_options
 def chat_ui(pipeline, model, server_model, system, context_turns, host, port, password_env, username):
     """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
     from .chat_ui import exposure_warning, launch
 
-    password = None
-    if password_env:  # from the environment only: a command line shows up in ps and shell history
-        password = os.environ.get(password_env)
-        if not password:
-            raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
+    password = password_from(password_env)
     spec, label, store_path, name = chat_target_named(pipeline, model, server_model)
     found = chat_pipeline(pipeline)
     system, prompt_uri = chat_prompt(pipeline, system, model, found)
