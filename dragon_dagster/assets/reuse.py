@@ -49,17 +49,29 @@ def _value(entry):
     return entry.value if hasattr(entry, "value") else entry
 
 
-def reusable(
-    context, pipeline: Pipeline, settings, inputs: dict[str, str], tracking=None, version: str | None = None
-) -> Output[str] | None:
-    """The earlier materialization of this asset that made the same thing (same version, same input artifacts,
-    its directory still there), as this run's output; None when there is none or the run asks for a fresh one.
-    tracking: where the pipeline's MLflow run records that the stage was reused (stages that log to MLflow).
-    version: the stage's version when it is not its settings' (a source file's content)."""
+def _wanted(inputs: dict[str, str]) -> dict[str, str]:
+    """The inputs as a materialization records them (and a later run compares them)."""
+    return {name: str(path) for name, path in sorted(inputs.items())}
+
+
+def _tag_pipeline_run(context, pipeline: Pipeline, tracking, tags: dict[str, str]) -> None:
+    """Tags on the pipeline's MLflow run (found or made, set running), which is ended again: the next stage that
+    logs sets it running and ends it."""
+    from .mlflow_runs import pipeline_run
+
+    parent = pipeline_run(context, pipeline, tracking)
+    for key, value in tags.items():
+        tracking.client().set_tag(parent, key, value)
+    tracking.end_run(parent)
+
+
+def reusable(context, inputs: dict[str, str], version: str) -> Output[str] | None:
+    """The earlier materialization of this asset that made the same thing (the same version, the same input
+    artifacts, its directory still there), as this run's output; None when there is none or the run asks for a
+    fresh one."""
     if fresh(context):
         return None
-    version = version or stage_version(pipeline, settings)
-    wanted = {name: str(path) for name, path in sorted(inputs.items())}
+    wanted = _wanted(inputs)
     found = context.instance.fetch_materializations(context.asset_key, limit=LOOKBACK)
     for record in found.records:
         metadata = record.asset_materialization.metadata
@@ -70,24 +82,20 @@ def reusable(
             continue  # removed since: made again
         made_by = _value(metadata.get("reused_from_run")) or record.run_id
         context.log.info(f"{context.asset_key.to_user_string()}: reused {artifact} (made by run {made_by})")
-        if tracking is not None:
-            from .mlflow_runs import pipeline_run
-
-            parent = pipeline_run(context, pipeline, tracking)
-            tracking.client().set_tag(parent, f"reused.{settings.name}", made_by)
-            tracking.client().set_tag(parent, f"version.{settings.name}", version)
-            tracking.end_run(parent)  # set running again by the next stage that logs, ended by it
         return _output(
             str(artifact), {**metadata, "reused": True, "reused_from_run": made_by}, artifact_version(artifact)
         )
     return None
 
 
-def versioned(out: Output, pipeline: Pipeline, settings, inputs: dict[str, str], version: str | None = None) -> Output:
+def versioned(out: Output, inputs: dict[str, str], version: str) -> Output:
     """A stage's fresh output with what a later run compares to reuse it: its version and its inputs."""
-    version = version or stage_version(pipeline, settings)
-    wanted = {name: str(path) for name, path in sorted(inputs.items())}
-    metadata = {**(out.metadata or {}), VERSION_KEY: version, INPUTS_KEY: MetadataValue.json(wanted), "reused": False}
+    metadata = {
+        **(out.metadata or {}),
+        VERSION_KEY: version,
+        INPUTS_KEY: MetadataValue.json(_wanted(inputs)),
+        "reused": False,
+    }
     return _output(out.value, metadata, artifact_version(out.value))
 
 
@@ -101,18 +109,18 @@ def reuse_or_make(
     version: str | None = None,
     allow: bool = True,
 ) -> Output:
-    """The earlier artifact when one matches (reusable), else make(), versioned. allow: False where a run must make
-    it anew whatever the versions say (resuming from a checkpoint)."""
+    """The earlier artifact when one matches (reusable), else make(), versioned. tracking: where the pipeline's
+    MLflow run records each stage's version and the stages reused (stages that log to MLflow). version: the
+    stage's version when it is not its settings' (a source file's content). allow: False where a run must make it
+    anew whatever the versions say (resuming from a checkpoint)."""
     version = version or stage_version(pipeline, settings)
-    if allow:
-        reused = reusable(context, pipeline, settings, inputs, tracking, version)
-        if reused is not None:
-            return reused
-    out = versioned(make(), pipeline, settings, inputs, version=version)
-    if tracking is not None:  # the pipeline's MLflow run lists every stage's version
-        from .mlflow_runs import pipeline_run
-
-        parent = pipeline_run(context, pipeline, tracking)
-        tracking.client().set_tag(parent, f"version.{settings.name}", version)
-        tracking.end_run(parent)
+    out = reusable(context, inputs, version) if allow else None
+    reused = out is not None
+    if not reused:
+        out = versioned(make(), inputs, version)
+    if tracking is not None:
+        tags = {f"version.{settings.name}": version}
+        if reused:
+            tags[f"reused.{settings.name}"] = str(_value(out.metadata["reused_from_run"]))
+        _tag_pipeline_run(context, pipeline, tracking, tags)
     return out
