@@ -44,6 +44,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+from .chat_target import ChatTarget  # noqa: E402
 from .engine.data.feedback_postgres import PostgresFeedbackStore  # noqa: E402
 from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E402
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
@@ -703,6 +704,7 @@ def launch(
     password: str | None = None,
     username: str = USERNAME,
     warn: bool = True,
+    quiet: bool = False,
     **options,
 ) -> gr.Blocks:
     """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
@@ -722,5 +724,21 @@ def launch(
         password=password,
         username=username,
         warn=warn,
+        quiet=quiet,
     )
     return app
+
+
+def serve_target(target: ChatTarget, **options) -> gr.Blocks:
+    """Serve the chat page on a chat target (chat_target.py: the model, store, system prompt, tools and tracer
+    every front end gets the same way); options go to launch (host, port, block, password, context_turns ...)."""
+    return launch(
+        target.model.spec,
+        target.store,
+        system=target.system,
+        model_label=target.model.label,
+        model_name=target.model.name,
+        toolset=target.toolset,
+        tracer=target.tracer,
+        **options,
+    )

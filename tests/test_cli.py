@@ -349,7 +349,7 @@ def test_chat_defaults_to_the_pipeline_s_system_prompt_and_the_whole_conversatio
     otherwise ('' for none), and every earlier exchange unless --context-turns limits them."""
     import dragon_dagster
     from dragon_dagster import chat_ui
-    from dragon_dagster.engine.infer import chat as chat_module
+    from dragon_dagster import terminal_chat as chat_module
     from dragon_dagster.engine.pipeline import load
 
     trained = load(Path(dragon_dagster.__file__).parent / "defs" / "support" / "defs.yaml").system_prompt()

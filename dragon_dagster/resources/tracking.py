@@ -10,6 +10,7 @@ import re
 import sqlite3
 from collections.abc import Callable
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -198,6 +199,17 @@ def mlflow_ui_url(configured: str = "") -> str:
 
 def dagster_ui_url() -> str:
     return ui_url("DAGSTER", 3000)
+
+
+@dataclass(frozen=True)
+class LiveModel:
+    """The model people chat with: its directory, its name for people, and its registry URI and version when it
+    is the champion (None for a merged model not yet promoted)."""
+
+    directory: Path
+    name: str
+    uri: str | None = None
+    version: str | None = None
 
 
 class MLflowTracking(ConfigurableResource):
@@ -525,14 +537,12 @@ class MLflowTracking(ConfigurableResource):
         """The model people chat with and retraining starts from: the champion, else (no gate has passed yet)
         the latest merged model under runs_dir; None when there is neither."""
         live = self.live_model_named(pipeline, runs_dir, merge_stage)
-        return live[0] if live is not None else None
+        return live.directory if live is not None else None
 
-    def live_model_named(
-        self, pipeline: str, runs_dir: Path, merge_stage: str = "merged_model"
-    ) -> tuple[Path, str] | None:
-        """live_model's directory and what it is, in words for people (the chat page's header): the registry
-        name `models:/<pipeline>@champion (version N)`, or `latest merged model (not yet promoted): <artifact
-        dir name>` when no gate has passed yet; None when there is neither."""
+    def live_model_named(self, pipeline: str, runs_dir: Path, merge_stage: str = "merged_model") -> LiveModel | None:
+        """live_model's directory and what it is: the registry's champion (named `models:/<pipeline>@champion
+        (version N)` for people, as the chat page's header shows it), or the latest merged model when no gate has
+        passed yet (`latest merged model (not yet promoted): <artifact dir name>`); None when there is neither."""
         from ..engine.runs import latest_artifact
 
         client = self.client()
@@ -541,11 +551,12 @@ class MLflowTracking(ConfigurableResource):
             found = registry.model_dir(
                 client, registry.ModelRef(pipeline, version=version), self.root / "cache" / "models"
             )
-            return found, f"{registry.ModelRef(pipeline, alias=registry.CHAMPION)} (version {version})"
+            uri = str(registry.ModelRef(pipeline, alias=registry.CHAMPION))
+            return LiveModel(found, f"{uri} (version {version})", uri, str(version))
         found = latest_artifact(runs_dir, f"{pipeline}/{merge_stage}")
         if found is None:
             return None
-        return found / "model", f"latest merged model (not yet promoted): {found.name}"
+        return LiveModel(found / "model", f"latest merged model (not yet promoted): {found.name}")
 
     def resolve(self, uri: str) -> Path:
         """A models:/ URI as a local model directory."""

@@ -12,7 +12,8 @@ from dagster import DagsterInstance
 from mlflow import MlflowClient
 
 from dragon_dagster.assets.launch import materialize_pipeline
-from dragon_dagster.cli import chat_prompt, main
+from dragon_dagster.chat_target import system_prompt
+from dragon_dagster.cli import main
 from dragon_dagster.engine.data.tables import read_jsonl
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.engine.release.prompt_registry import live_prompt, prompt_name, versions_of
@@ -82,8 +83,8 @@ def test_the_system_prompt_is_versioned_linked_and_its_live_alias_is_what_everyt
     made = runner.invoke(main, ["prompt", "prompted", "--register", SECOND, "--set-live", "2"])
     assert made.exit_code == 0, made.output
     assert f"prompts:/{name}/2 is now live" in made.output
-    assert chat_prompt("prompted", None, None, pipeline) == (SECOND, f"prompts:/{name}/2")
-    assert chat_prompt("prompted", "Be brief.", None, pipeline) == ("Be brief.", None)  # --system wins
+    assert system_prompt("prompted", None, None, pipeline) == (SECOND, f"prompts:/{name}/2")
+    assert system_prompt("prompted", "Be brief.", None, pipeline) == ("Be brief.", None)  # --system wins
     again = materialize_pipeline(
         pipeline, resources=resources, instance=instance, only=["evaluation_report", "gguf_export"]
     )

@@ -12,9 +12,10 @@ from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conve
 from dragon_dagster.engine.data.feedback_store import FeedbackStore
 from dragon_dagster.engine.data.tables import conversation_row
 from dragon_dagster.engine.infer.backends import Backend, ServerBackend
-from dragon_dagster.engine.infer.chat import Chat, ChatError, run_terminal
+from dragon_dagster.engine.infer.chat import Chat, ChatError
 from dragon_dagster.engine.infer.chat_tools import HeldCalls
 from dragon_dagster.engine.tools.declare import Tools, Toolset
+from dragon_dagster.terminal_chat import run_terminal
 from tests.support import COUNTING_BUMP
 
 ORDERS = '''
@@ -164,7 +165,7 @@ def test_dragon_chat_with_a_server_says_the_tools_are_not_run(monkeypatch, tmp_p
     from click.testing import CliRunner
 
     from dragon_dagster import chat_ui, cli
-    from dragon_dagster.engine.infer import chat as chat_module
+    from dragon_dagster import terminal_chat as chat_module
 
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
     chats, pages = [], []
@@ -185,13 +186,13 @@ def test_dragon_chat_runs_the_tool_a_taught_model_calls(tool_caller, monkeypatch
 
     from click.testing import CliRunner
 
-    from dragon_dagster import cli
+    from dragon_dagster import chat_target, cli
     from dragon_dagster.resources.storage import ArtifactStore
 
     counter = tmp_path / "counter.txt"
     (tmp_path / "tools.py").write_text(COUNTING_BUMP.format(counter=str(counter)))
     declared = SimpleNamespace(tools=Tools(file=str(tmp_path / "tools.py"), timeout=5, max_calls=2))
-    monkeypatch.setattr(cli, "chat_pipeline", lambda name: declared)  # the pipeline `counting` declares bump
+    monkeypatch.setattr(chat_target, "find_pipeline", lambda name: declared)  # the pipeline `counting` declares bump
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
     args = ["chat", "--pipeline", "counting", "--model", str(tool_caller), "--system", ""]
     out = CliRunner().invoke(cli.main, args, input="Check the counter\n/up\n/quit\n")

@@ -15,7 +15,8 @@ import pytest
 
 from dragon_dagster.engine.data.feedback_store import FeedbackStore
 from dragon_dagster.engine.infer.backends import Backend, BackendError, LocalBackend, ServerBackend
-from dragon_dagster.engine.infer.chat import Chat, ChatError, run_terminal
+from dragon_dagster.engine.infer.chat import Chat, ChatError
+from dragon_dagster.terminal_chat import run_terminal
 from tests.support import CHROMIUM_ARGS, WAIT_MS, closed_port, free_port
 
 HELLO = [{"role": "user", "content": "Hello there, who are you?"}]

@@ -96,6 +96,7 @@ def test_training_runs_show_their_data_system_metrics_and_the_experiment_kind(ma
 def test_models_uris_name_registered_versions_in_generate_and_chat(chain_copy, monkeypatch):
     materialized = chain_copy  # it promotes by hand (a tag and the champion alias change): on a copy of the stores
     from dragon_dagster import cli
+    from dragon_dagster.chat_target import chat_model, deployed
 
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(materialized["runs"]))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
@@ -108,15 +109,18 @@ def test_models_uris_name_registered_versions_in_generate_and_chat(chain_copy, m
     result = CliRunner().invoke(cli.main, ["generate", f"models:/tiny/{version}", "Hello", "--max-new-tokens", "3"])
     assert result.exit_code == 0, result.output
     assert f"model {merged / 'model'}" in result.output
-    spec, label, _ = cli.chat_target("tiny", f"models:/tiny/{version}", None)
-    assert spec == {"type": "local", "model": str(merged / "model")}
+    chosen = chat_model("tiny", f"models:/tiny/{version}")
+    assert chosen.spec == {"type": "local", "model": str(merged / "model")}
+    assert (chosen.uri, chosen.version) == (f"models:/tiny/{version}", version)  # what its traces name
     # the registry from the command line: versions with aliases, and a rollback by hand
     listed = CliRunner().invoke(cli.main, ["models", "tiny"])
     assert listed.exit_code == 0 and "tiny/merged_model" in listed.output and "challenger" in listed.output
     promoted = CliRunner().invoke(cli.main, ["models", "tiny", "--promote", version])
     assert promoted.exit_code == 0 and f"models:/tiny@champion is now version {version}" in promoted.output
     assert alias_version(client, "tiny", CHAMPION) == version
-    assert cli.deployed("tiny") == merged / "model"
+    live = deployed("tiny")
+    assert live.directory == merged / "model" and (live.uri, live.version) == ("models:/tiny@champion", version)
+    assert chat_model("tiny").name == f"models:/tiny@champion (version {version})"
     # no alias of that name: one line naming it
     missing = CliRunner().invoke(cli.main, ["generate", "models:/tiny@nobody", "Hello"])
     assert missing.exit_code == 1 and "models:/tiny@nobody" in missing.output and "Traceback" not in missing.output

@@ -1,0 +1,152 @@
+"""The chat front ends (`dragon chat` in the terminal, `dragon chat-ui` in a browser) and the studio page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .common import (
+    console,
+    ensure_dagster_home,
+    login_options,
+    password_from,
+    pipeline_argument,
+    project_defs_dir,
+    runs_dir,
+)
+from .group import main
+
+
+def chat_options(f):
+    for option in reversed(
+        [
+            pipeline_argument,
+            click.option(
+                "--pipeline",
+                default=None,
+                help="Whose deployed model and feedback (default: support; or the first argument).",
+            ),
+            click.option(
+                "--model",
+                default=None,
+                help="A model dir, artifact, models:/NAME@ALIAS, preset, or server URL (with --server-model). "
+                "Default: models:/PIPELINE@champion.",
+            ),
+            click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
+            click.option(
+                "--system",
+                default=None,
+                help="System prompt. Default: the pipeline's own (the one every training row carries, so "
+                "feedback is stored with it); --system '' sends none.",
+            ),
+            click.option(
+                "--context-turns",
+                type=click.IntRange(min=0),
+                default=None,
+                help="Send only the last N earlier exchanges. Default: the whole conversation.",
+            ),
+        ]
+    ):
+        f = option(f)
+    return f
+
+
+def say(text: str, warning: bool) -> None:
+    """What the chat target tells people, on the console: warnings bold, notes dim."""
+    console.print(text, style="bold yellow" if warning else "dim", soft_wrap=True, markup=False)
+
+
+@main.command()
+@chat_options
+def chat(pipeline, model, server_model, system, context_turns):
+    """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
+    from ..chat_target import chat_target
+    from ..engine.infer.chat import Chat
+    from ..terminal_chat import run_terminal
+
+    target = chat_target(pipeline, model, server_model, system, say=say)
+    console.print(
+        f"chatting with {target.model.label}; feedback goes to {target.store.where}; {target.system_note}; context: "
+        + ("all earlier exchanges" if context_turns is None else f"the last {context_turns} exchange(s)")
+        + ". /help lists commands.",
+        style="dim",
+        soft_wrap=True,
+        markup=False,
+    )
+    run_terminal(
+        Chat(
+            target.model.spec,
+            system=target.system,
+            context_turns=context_turns,
+            model_label=target.model.label,
+            store=target.store,
+            toolset=target.toolset,
+            tracer=target.tracer,
+        )
+    )
+
+
+@main.command()
+@click.option(
+    "--defs",
+    "defs_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The folder pipelines are written into. Default: the defs folder of the Dagster project in the current "
+    "directory (its pyproject's root module), else ./defs.",
+)
+@click.option("--model", default="smollm2-135m", show_default=True, help="The model the page starts with.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Anything but loopback needs --password-env.")
+@click.option("--port", default=7861, show_default=True)
+@login_options
+def studio(defs_dir: Path | None, model: str, host: str, port: int, password_env: str | None, username: str):
+    """A web page from a data file to a trained model: map its columns, preview the rows, save the pipeline as
+    defs/<name>/defs.yaml, run it (through the running Dagster webserver, else in-process) and follow it."""
+    from ..studio import Studio, build_studio, start
+
+    password = password_from(password_env)
+    ensure_dagster_home()
+    defs_dir = (defs_dir or project_defs_dir()).resolve()
+    defs_dir.mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"studio on http://{host}:{port}  (pipelines written to {defs_dir}; runs in {runs_dir()}; "
+        f"{'login ' + repr(username) if password else 'no password'})",
+        soft_wrap=True,
+        markup=False,
+    )
+    start(build_studio(Studio(defs_dir, runs_dir(), model)), host=host, port=port, password=password, username=username)
+
+
+@main.command("chat-ui")
+@chat_options
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface to bind; anything but loopback needs --password-env (feedback is trained on).",
+)
+@click.option("--port", default=7860, show_default=True)
+@login_options
+def chat_ui(pipeline, model, server_model, system, context_turns, host, port, password_env, username):
+    """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
+    from ..chat_target import chat_target
+    from ..chat_ui import exposure_warning, serve_target
+
+    password = password_from(password_env)
+    target = chat_target(pipeline, model, server_model, system, user=username if password else None, say=say)
+    warning = exposure_warning(host, password)
+    if warning:
+        console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
+    login = f"login {username!r}, password from ${password_env}" if password else "no password"
+    label, name = target.model.label, target.model.name
+    described = name if label in name else f"{name} at {label}"
+    console.print(
+        f"chat page on http://{host}:{port}  (model {described}; feedback to {target.store.where}; "
+        f"{target.system_note}; {login})",
+        soft_wrap=True,
+        markup=False,
+    )
+    serve_target(
+        target, host=host, port=port, context_turns=context_turns, password=password, username=username, warn=False
+    )

@@ -1,0 +1,102 @@
+"""What the commands share: the console, the Dagster home, the runs folder, the targets people name, the pipeline
+argument and the login options of the web pages."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+# Wide enough that tables of paths and metrics are not cut when piped or captured.
+console = Console(width=None if sys.stdout.isatty() else 220)
+# the instance settings, shipped in the package (not the repository root, where `dagster dev` would warn about them)
+PROJECT_DAGSTER_YAML = Path(__file__).resolve().parents[1] / "instance" / "dagster.yaml"
+
+
+def ensure_dagster_home() -> Path:
+    """Use $DAGSTER_HOME, else ./.dagster_home, with the project's instance settings in it."""
+    home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path.cwd() / ".dagster_home"))).resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    if not (home / "dagster.yaml").exists() and PROJECT_DAGSTER_YAML.exists():
+        shutil.copyfile(PROJECT_DAGSTER_YAML, home / "dagster.yaml")
+    return home
+
+
+def one_line(text) -> str:
+    return " ".join(str(text).split())
+
+
+def runs_dir() -> Path:
+    from ..resources.storage import default_runs_dir
+
+    return default_runs_dir()
+
+
+def resolve_target(target: str) -> Path:
+    """A directory, an asset name like support/merged_model (its latest artifact), or a registered model:
+    models:/support@champion, models:/support/3 (chat_target.resolve_target), as a command's parameter."""
+    from ..chat_target import ChatTargetError
+    from ..chat_target import resolve_target as resolve
+
+    try:
+        return resolve(target)
+    except ChatTargetError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def pipeline_argument(f):
+    """The pipeline as an optional first argument too (`dragon chat-ui support`), the same as --pipeline."""
+
+    @functools.wraps(f)
+    def with_pipeline(*args, pipeline_argument=None, pipeline=None, **kwargs):
+        if pipeline_argument and pipeline and pipeline_argument != pipeline:
+            raise click.UsageError(
+                f"two pipelines: {pipeline_argument!r} and --pipeline {pipeline!r}; name it once (either way)"
+            )
+        return f(*args, pipeline=pipeline_argument or pipeline or "support", **kwargs)
+
+    return click.argument("pipeline_argument", metavar="[PIPELINE]", required=False)(with_pipeline)
+
+
+def login_options(f):
+    """--password-env and --username: a web page behind a login."""
+    f = click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")(f)
+    return click.option(
+        "--password-env",
+        default=None,
+        metavar="NAME",
+        help="Require a login, with the password read from environment variable NAME.",
+    )(f)
+
+
+def password_from(password_env: str | None) -> str | None:
+    """The password in environment variable password_env (None without one): from the environment only, since a
+    command line shows up in ps and shell history."""
+    if not password_env:
+        return None
+    password = os.environ.get(password_env)
+    if not password:
+        raise click.ClickException(f"--password-env {password_env}: that environment variable is empty or unset")
+    return password
+
+
+def project_defs_dir() -> Path:
+    """The defs folder of the Dagster project in the current directory (its pyproject's root module), else ./defs."""
+    from ..assets.launch import DEFAULT_MODULE, project_module
+
+    module = project_module()
+    if module == DEFAULT_MODULE:
+        return Path.cwd() / "defs"
+    return Path.cwd() / Path(*module.split(".")[:-1]) / "defs"
+
+
+def fmt(value) -> str:
+    """A figure in a table: floats to four significant digits, None as nothing."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
