@@ -5,6 +5,7 @@ with nothing written, and an upload over the limit refused with the limit."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from dragon_dagster.engine.pipeline.draft import MAX_BYTES
 from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
 
 DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
+STEPS = 100  # enough for the curve to be drawn twice while it trains (a point every 5 steps)
 
 
 def lamps(path: Path, rows: int = 40) -> Path:
@@ -33,7 +35,7 @@ def lamps(path: Path, rows: int = 40) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(480)
 def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resources_for, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
@@ -43,7 +45,8 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
         f.truncate(MAX_BYTES + 1)
     defs, runs = tmp_path / "project" / "defs", tmp_path / "runs"
     defs.mkdir(parents=True)
-    instance = DagsterInstance.ephemeral()
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.from_config(str(tmp_path / "home"))  # the run's process opens it too
     studio = studio_page.Studio(defs, runs, str(tiny_model), resources=resources_for(runs), instance=instance)
     app = studio_page.build_studio(studio)
     url = studio_page.start(app, port=free_port(), block=False, quiet=True)
@@ -52,7 +55,7 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
         assert "frame-ancestors 'none'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(chromium), args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page = browser.new_page(viewport={"width": 1400, "height": 1800})
             page.set_default_timeout(WAIT_MS)
             page.goto(url)
             status = page.locator("#studio_status")
@@ -73,35 +76,148 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
             assert not (defs / "lamps").exists()  # nothing written
 
             page.locator("#prompt textarea").fill("{device}: {issue}")
-            page.locator("#steps input").fill("3")
+            page.locator("#steps input").fill(str(STEPS))
             page.locator("#rank input").fill("4")
             page.locator("#preview").click()
             expect(status).to_contain_text("Checked")
             expect(page.locator("#rows")).to_contain_text("Lamp 0: flickers after update 0")
+            expect(page.locator("#rendered textarea")).to_have_value(
+                re.compile(
+                    r"<\|im_start\|>user\nLamp 0: flickers after update 0<\|im_end\|>\n<\|im_start\|>assistant\nRoll"
+                )
+            )  # through the model's chat template
             expect(page.locator("#figures")).to_contain_text("held out")
             expect(page.locator("#yaml")).to_contain_text("name: lamps")
+            page.locator(".toast-close").click()  # the refused upload's notice, read: out of the docs' picture
+            page.screenshot(path=str(tmp_path / "studio-preview.png"), full_page=True)
             page.locator("#save").click()
             expect(status).to_contain_text(f"Wrote {defs / 'lamps' / 'defs.yaml'}")
             pipeline = load(defs / "lamps" / "defs.yaml")
-            assert pipeline.stage("sft_adapter").args.max_steps == 3 and pipeline.stage("sft_adapter").lora.r == 4
+            sft = pipeline.stage("sft_adapter")
+            assert sft.args.max_steps == STEPS and sft.lora.r == 4
 
             page.locator("#run").click()
+            expect(status).to_contain_text("Running lamps")
+            # the curve is drawn while the adapter trains, and drawn again with the points that came after
+            curve = page.locator("#loss img")
+            expect(curve).to_be_visible(timeout=120_000)
+            first = curve.get_attribute("src")
+            page.wait_for_function(
+                "old => { const img = document.querySelector('#loss img'); return img && img.src !== old }",
+                arg=page.evaluate("() => document.querySelector('#loss img').src"),
+                timeout=60_000,
+            )
+            redrawn_running = "SUCCESS" not in status.inner_text()
+            expect(page.locator("#stages")).to_contain_text("RUNNING")
             expect(status).to_contain_text("SUCCESS", timeout=300_000)
+            assert redrawn_running and curve.get_attribute("src") != first
             expect(page.locator("#stages")).to_contain_text("lamps/sft_adapter")
-            assert len(studio.loss_rows("lamps")) == 3  # a point per step
-            expect(page.locator("#loss img")).to_be_visible()  # the curve, drawn
+            logged = [r["step"] for r in studio.loss_rows("lamps")]
+            assert logged[-1] == STEPS and len(logged) >= 20  # a point every twentieth of the run (and the first)
             assert page.locator("#loss img").evaluate("img => img.naturalWidth") > 300
-            expect(status).to_contain_text("dragon chat-ui lamps")
-            run_id = instance.get_runs()[0].run_id
+            run_id = studio.runs["lamps"].launched.run_id
             assert page.get_by_role("link", name="the run in Dagster").get_attribute("href").endswith(f"/runs/{run_id}")
             assert "/#/experiments/" in page.get_by_role("link", name="its MLflow runs").get_attribute("href")
-            shot = tmp_path / "studio.png"
-            page.screenshot(path=str(shot), full_page=True)
+            page.screenshot(path=str(tmp_path / "studio.png"), full_page=True)
+
+            page.locator("#chat").click()  # try it: the chat page on the merged model
+            link = page.get_by_role("link", name="Chat with lamps's merged_model")
+            expect(link).to_be_visible()
+            chat = browser.new_page()
+            chat.set_default_timeout(WAIT_MS)
+            chat.goto(link.get_attribute("href"))
+            chat.locator("#message textarea").fill("Lamp 3: flickers after update 3")
+            chat.locator("#message textarea").press("Enter")
+            expect(chat.locator("#chatbot .message-row")).to_have_count(2, timeout=120_000)  # asked, and answered
+            # the whole reply given (the status then says what context went with it): no generation left running
+            expect(chat.locator("#status")).to_contain_text("Context", timeout=120_000)
+            assert str(Path(studio.chats["lamps"][0]).parent) == str(runs / "artifacts" / "lamps" / "merged_model")
             browser.close()
     finally:
+        studio.close()
         app.close()
     [run] = instance.get_runs()
     assert run.job_name == "lamps_pipeline" and run.is_success
     if os.environ.get("DRAGON_DOCS_SCREENSHOTS"):
         DOCS_IMAGES.mkdir(exist_ok=True)
-        shutil.copyfile(shot, DOCS_IMAGES / "studio.png")
+        for shot in ("studio.png", "studio-preview.png"):
+            shutil.copyfile(tmp_path / shot, DOCS_IMAGES / shot)
+
+
+def studio_values(path, prompt="{device}: {issue}", response="fix", recipe="supervised", steps=3, **more) -> list:
+    """The page's inputs, in the order its buttons send them."""
+    mapping = {"layout": "auto", "conversations": "", "system": "", "rejected": "", **more}
+    return [
+        str(path),
+        "lamps",
+        "",  # the studio's model
+        mapping["layout"],
+        mapping["conversations"],
+        prompt,
+        response,
+        mapping["system"],
+        mapping["rejected"],
+        recipe,
+        steps,
+        2.0e-4,
+        4,
+        more.get("tune_steps", 2),
+        more.get("beta"),
+        more.get("rewards", ["contains"]),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("prompt", "response", "columns", "problem"),
+    [
+        ("{device}: {issue}", "answer", {}, "answer"),  # a missing column, named
+        ("{device}: {isue}", "fix", {}, "names missing column(s) ['isue']"),  # a template naming an unknown column
+        ("{device}: {issue}", "fix", {"fix": [""] * 40}, "empty reply"),  # an empty response column
+        ("{device}", "fix", {"fix": [f"Reset it {i % 3}." for i in range(40)]}, "held-out rows have a prompt"),
+    ],
+)
+def test_a_bad_mapping_is_shown_on_the_page_and_nothing_is_written(
+    tmp_path, tiny_model, prompt, response, columns, problem
+):
+    path = lamps(tmp_path / "lamps.csv")
+    if columns:
+        pd.read_csv(path).assign(**columns).to_csv(path, index=False)
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    studio = studio_page.Studio(defs, tmp_path / "runs", str(tiny_model))
+    values = studio_values(path, prompt, response)
+    _, status = studio.save(*values)
+    assert status.startswith("**Error:**") and problem in status, status
+    assert studio.preview(*values)[-1] == status  # the preview says the same
+    assert list(defs.iterdir()) == []  # nothing written, not even a staging folder
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cancel_stops_a_studio_run_at_its_step_and_keeps_the_checkpoint(tiny_model, resources_for, tmp_path):
+    """Run in a process of the studio (no webserver answers), cancelled while the adapter trains: Dagster records
+    the run CANCELED, the worker is gone, and the trainer saved where it stopped."""
+    from tests.support import wait_until, workers
+
+    defs, runs = tmp_path / "defs", tmp_path / "runs"
+    defs.mkdir()
+    (tmp_path / "home").mkdir()
+    instance = DagsterInstance.from_config(str(tmp_path / "home"))
+    studio = studio_page.Studio(
+        defs, runs, str(tiny_model), resources_for(runs), instance, dagster_url=f"http://127.0.0.1:{free_port()}"
+    )
+    studio.save(*studio_values(lamps(tmp_path / "lamps.csv"), steps=2000))
+    assert "a process of the studio" in studio.run("lamps")  # nothing answers at the Dagster URL
+    wait_until(lambda: len(studio.loss_rows("lamps")) >= 3, 180, "3 logged steps")
+    _, _, status = studio.follow("lamps")
+    assert "Running lamps" in status and "sft_adapter: step" in status and "s left in it" in status  # the ETA
+    assert "Cancelling lamps" in studio.cancel("lamps")
+    launched = studio.runs["lamps"].launched
+    assert launched.status() == "CANCELED"
+    assert instance.get_run_by_id(launched.run_id).status.value == "CANCELED"
+    wait_until(lambda: not workers(str(runs)), 30, "the worker to end")
+    saved = [int(p.name.split("-")[1]) for p in (runs / "checkpoints" / "lamps" / "sft_adapter").glob("*/checkpoint-*")]
+    assert 3 <= max(saved) < 2000  # where it stopped (and any periodic saves before it)
+    assert not list(runs.glob("artifacts/lamps/sft_adapter/2*")), "no artifact for a cancelled stage"
+    _, _, status = studio.follow("lamps")
+    assert status.startswith("**CANCELED**") and "lamps/sft_adapter" in status and str(launched.log) in status

@@ -99,10 +99,25 @@ def chat(pipeline, model, server_model, system, context_turns):
 @click.option("--model", default="smollm2-135m", show_default=True, help="The model the page starts with.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Anything but loopback needs --password-env.")
 @click.option("--port", default=7861, show_default=True)
+@click.option(
+    "--dagster-url",
+    default=None,
+    help="The Dagster webserver to launch runs through (reloading its code locations first). Default: "
+    "$DAGSTER_UI_URL, else where `make ui` serves it; where none answers, a run starts in a process of the studio.",
+)
 @login_options
-def studio(defs_dir: Path | None, model: str, host: str, port: int, password_env: str | None, username: str):
+def studio(
+    defs_dir: Path | None,
+    model: str,
+    host: str,
+    port: int,
+    dagster_url: str | None,
+    password_env: str | None,
+    username: str,
+):
     """A web page from a data file to a trained model: map its columns, preview the rows, save the pipeline as
     defs/<name>/defs.yaml, run it (through the running Dagster webserver, else in-process) and follow it."""
+    from ..resources.tracking import dagster_ui_url
     from ..studio import Studio, build_studio, start
 
     password = password_from(password_env)
@@ -115,7 +130,8 @@ def studio(defs_dir: Path | None, model: str, host: str, port: int, password_env
         soft_wrap=True,
         markup=False,
     )
-    start(build_studio(Studio(defs_dir, runs_dir(), model)), host=host, port=port, password=password, username=username)
+    page = Studio(defs_dir, runs_dir(), model, dagster_url=dagster_url or dagster_ui_url())
+    start(build_studio(page), host=host, port=port, password=password, username=username)
 
 
 @main.command("chat-ui")

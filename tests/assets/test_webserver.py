@@ -218,8 +218,37 @@ def test_launch_terminate_and_resume_through_graphql(tiny_model, tmp_path):
         assert sorted(r.info.status for r in stage_runs) == ["FINISHED", "KILLED"]
         parents = client.search_runs([experiment.experiment_id], "tags.level = 'pipeline'")  # one per Dagster run
         assert sorted(r.info.status for r in parents) == ["FINISHED", "KILLED"]
+
+        studio_launches_through_the_webserver(server, defs, runs, tiny_model, tmp_path)
     finally:
         server.stop()
+
+
+def studio_launches_through_the_webserver(server, defs: Path, runs: Path, tiny_model, tmp_path):
+    """The studio writes a new pipeline into the project the webserver serves and runs it there (issue 43): the
+    code location is reloaded so the job exists, the run goes through the webserver's queue, its steps are read
+    back through GraphQL, and the studio's cancel terminates it there."""
+    import pandas as pd
+
+    from dragon_dagster.studio import Studio
+
+    pd.DataFrame(
+        {"q": [f"Lamp {i} blinks after update {i}" for i in range(40)], "a": [f"Reset lamp {i}." for i in range(40)]}
+    ).to_csv(tmp_path / "lamps.csv", index=False)
+    studio = Studio(defs, runs, str(tiny_model), dagster_url=f"http://127.0.0.1:{server.port}")
+    values = [str(tmp_path / "lamps.csv"), "lamps", "", "auto", "", "q", "a", "", "", "supervised", 2000, 2.0e-4, 4, 2]
+    _, saved = studio.save(*values, None, ["contains"])
+    assert saved.startswith("Wrote"), saved
+    started = studio.run("lamps")
+    assert f"the Dagster webserver at http://127.0.0.1:{server.port}" in started, started
+    wait_until(lambda: len(studio.loss_rows("lamps")) >= 3, 240, "the studio's run to train", alive=server.gone)
+    launched = studio.runs["lamps"].launched
+    assert server.status(launched.run_id) == "STARTED"  # the webserver's own record of the studio's run
+    assert any(s.stage == "lamps/sft_adapter" and s.status == "RUNNING" for s in launched.steps())
+    studio.cancel("lamps")
+    assert server.wait(launched.run_id, timeout=180) == "CANCELED"
+    _, _, status = studio.follow("lamps")
+    assert status.startswith("**CANCELED**") and f"/runs/{launched.run_id}" in status
 
 
 # ------------------------------------------------------------------------ workers never outlive their job

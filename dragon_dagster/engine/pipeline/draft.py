@@ -9,10 +9,12 @@ response, a template naming an unknown column, held-out rows that repeat train),
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
 import tempfile
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -20,17 +22,19 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError
 
-from .. import catalog
+from .. import catalog, models
 from ..config.settings import NAME_PATTERN, Settings
 from ..data import tables
 from ..data.checks import leak_problem, quality_reason
 from ..data.prepare import prepare
+from ..rewards import RewardSpec
 from .loading import load
 
 COMPONENT_TYPE = "dragon_dagster.PostTrainingPipeline"  # the component a defs.yaml declares (assets/component.py)
 MAX_BYTES = 50 * 1024 * 1024  # the largest data file the studio takes in
 FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
 PREVIEW_ROWS = 5
+DATA = "data"  # the name of the data file under the pipeline's datasets
 
 
 class DraftError(ValueError):
@@ -38,18 +42,99 @@ class DraftError(ValueError):
 
 
 RECIPES = Path(__file__).parent / "recipes"  # one YAML file of stages per recipe, named by it
+# In a recipe's stages, a value "$slot" takes the mapping's or the settings' value of that slot, and a slot left
+# empty drops its key (the kind's default applies): so the recipes, not this module, know the kinds they use.
+SLOT = re.compile(r"\$([a-z_]+)")
+
+
+def recipes() -> dict[str, str]:
+    """Each recipe's name and what it makes (its file's `description`)."""
+    return {p.stem: yaml.safe_load(p.read_text())["description"] for p in sorted(RECIPES.glob("*.yaml"))}
+
+
+RecipeName = Literal["supervised", "sft_dpo", "sft_dpo_pairs", "sft_grpo", "support_chain"]
 
 
 class Recipe(Settings):
     """The stages a draft trains and the settings people change; the rest are each kind's defaults."""
 
-    stages: Literal["supervised"] = Field(
-        "supervised", description="A recipe of recipes/: supervised is SFT on the mapped rows, merged and evaluated."
-    )
+    stages: RecipeName = Field("supervised", description="A recipe of recipes/ (each file's description says what).")
     max_steps: int = Field(60, ge=1, le=100_000, description="Optimizer steps of the SFT stage.")
     learning_rate: float = Field(2.0e-4, gt=0, lt=1, description="Its learning rate.")
     lora_rank: int = Field(16, ge=1, le=1024, description="The LoRA rank (alpha is twice it).")
     eval_frac: float = Field(0.1, ge=0, lt=1, description="Share of rows held out for the report.")
+    tune_steps: int = Field(
+        10, ge=1, le=100_000, description="Optimizer steps of the stage after SFT (DPO or GRPO), where it has one."
+    )
+    beta: float | None = Field(
+        None, gt=0, description="DPO's or GRPO's beta (how far from the SFT model it may move); empty: its default."
+    )
+    rewards: list[str] = Field(
+        default_factory=lambda: ["contains"],
+        description="GRPO's rewards, by type (each with its defaults, weight 1): compared with the response column "
+        "as the reference, or shaping the reply.",
+    )
+
+
+@dataclass
+class Mapping:
+    """Where the rows come from in the file: columns or `{column}` templates, or a conversation layout."""
+
+    prompt: str | None = None
+    response: str | None = None  # the reply; the chosen one for pairs, the reference for GRPO prompts
+    system: str | None = None
+    rejected: str | None = None  # the worse reply, for a pairs file
+    layout: str = "auto"  # columns, messages, sharegpt, alpaca, or detected (as chat_dataset does)
+    conversations: str | None = None  # the column of whole conversations (messages, sharegpt)
+
+    def __post_init__(self):
+        for name in ("prompt", "response", "system", "rejected", "conversations"):
+            setattr(self, name, (getattr(self, name) or "").strip() or None)
+        self.layout = self.layout or "auto"
+
+
+def plain_rewards() -> list[str]:
+    """The reward types that need no option of their own (the ones a recipe can take by name)."""
+    members = typing.get_args(typing.get_args(RewardSpec)[0])
+    plain = []
+    for model in members:
+        name = model.model_fields["type"].default
+        try:
+            model.model_validate({"type": name})
+        except ValidationError:
+            continue
+        plain.append(name)
+    return plain
+
+
+def fill(value: Any, slots: dict[str, Any]) -> Any:
+    """A recipe's stages with their "$slot" values filled in and the empty ones dropped."""
+    if isinstance(value, dict):
+        filled = {k: fill(v, slots) for k, v in value.items()}
+        return {k: v for k, v in filled.items() if v is not None}
+    if isinstance(value, list):
+        return [fill(v, slots) for v in value]
+    if isinstance(value, str) and (m := SLOT.fullmatch(value)):
+        if m.group(1) not in slots:
+            raise KeyError(f"recipe slot {value!r} is not one the studio fills: {', '.join(sorted(slots))}")
+        return slots[m.group(1)]
+    return value
+
+
+def recipe_slots(mapping: Mapping, recipe: Recipe) -> dict[str, Any]:
+    return {
+        **{k: getattr(mapping, k) for k in ("prompt", "response", "system", "rejected", "layout", "conversations")},
+        "eval_frac": recipe.eval_frac,
+        "lora": {"r": recipe.lora_rank, "alpha": 2 * recipe.lora_rank},
+        # a loss point every twentieth of the run (at least every step): a curve on the page, not a dot
+        "sft_steps": recipe.max_steps,
+        "learning_rate": recipe.learning_rate,
+        "sft_logging": max(1, recipe.max_steps // 20),
+        "tune_steps": recipe.tune_steps,
+        "tune_logging": max(1, recipe.tune_steps // 20),
+        "beta": recipe.beta,
+        "rewards": [{"type": t} for t in recipe.rewards] or None,
+    }
 
 
 @dataclass
@@ -59,6 +144,8 @@ class Draft:
     data_file: Path
     figures: dict[str, Any]  # train and held-out rows, the leak, the quality
     preview: list[dict] = field(default_factory=list)  # the first training rows: prompt, response, system
+    prompts: list[list[dict]] = field(default_factory=list)  # those rows' prompt turns and replies, as messages
+    replies: list[list[dict]] = field(default_factory=list)
 
     @property
     def yaml(self) -> str:
@@ -99,44 +186,21 @@ def _first_error(exc: ValidationError, kind: str) -> str:
 
 
 def draft(
-    name: str,
-    model: str,
-    data_file: str | Path,
-    prompt: str,
-    response: str,
-    system: str | None = None,
-    recipe: Recipe | None = None,
+    name: str, model: str, data_file: str | Path, mapping: Mapping | None = None, recipe: Recipe | None = None
 ) -> Draft:
-    """A checked draft of pipeline `name`: `prompt`, `response` and `system` are columns or `{column}` templates of
-    the data file; the rows are mapped, split and measured as the dataset asset will."""
-    recipe = recipe or Recipe()
+    """A checked draft of pipeline `name`: the recipe's stages filled with the mapping and the settings; every
+    dataset stage that reads the file maps, splits and measures its rows as the dataset asset will."""
+    mapping, recipe = mapping or Mapping(), recipe or Recipe()
     if not re.fullmatch(NAME_PATTERN, name or ""):
         raise DraftError(f"name {name!r}: lower-case letters, digits and _, starting with a letter")
     data_file = Path(data_file)
     df = read_data(data_file)
     stages = yaml.safe_load((RECIPES / f"{recipe.stages}.yaml").read_text())["stages"]
+    stages = fill(stages, recipe_slots(mapping, recipe))
     role = {stage["name"]: catalog.get(stage["kind"]).role for stage in stages}
-    # the recipe's first dataset stage reads the file through the mapping; its training stages take the settings
-    dataset = next(stage for stage in stages if role[stage["name"]] == "dataset")
-    dataset.update(
-        prompt=prompt, response=response, eval_frac=recipe.eval_frac, **({"system": system} if system else {})
-    )
-    for stage in stages:
-        if role[stage["name"]] == "training":
-            stage["lora"] = {"r": recipe.lora_rank, "alpha": 2 * recipe.lora_rank}
-            # a loss point every twentieth of the run (at least every step): a curve on the page, not a dot
-            stage["args"] = {
-                "max_steps": recipe.max_steps,
-                "learning_rate": recipe.learning_rate,
-                "logging_steps": max(1, recipe.max_steps // 20),
-            }
-    try:
-        settings = catalog.parse_stage(dataset)
-        prepared = prepare(settings, df)
-    except ValidationError as exc:
-        raise DraftError(_first_error(exc, dataset["kind"])) from None
-    except tables.DataError as exc:
-        raise DraftError(str(exc)) from None
+    readers = [s for s in stages if role[s["name"]] == "dataset" and s.get("source") == DATA]
+    checked = [_check(stage, df) for stage in readers]  # every reader of the file, each as its asset will map it
+    settings, prepared = checked[0]  # the first is the one trained on first: its rows are previewed
     figures = {
         "rows": prepared.quality["rows"],
         "train_rows": len(prepared.train),
@@ -145,24 +209,58 @@ def draft(
         **prepared.leakage,
         **{k: v for k, v in prepared.quality.items() if k != "rows"},
     }
-    q = prepared.quality
-    if q["rows"] == 0 or q["empty_prompts"] or q["empty_replies"]:
-        raise DraftError(f"response {response!r} / prompt {prompt!r}: {quality_reason(q)}")
-    leak = leak_problem(prepared.leakage["prompt_overlap"], prepared.leakage["answer_overlap"])
-    if leak:
-        raise DraftError(leak)
-    attributes = {"name": name, "model": model, "datasets": {"data": {"path": data_file.name}}, "stages": stages}
+    attributes = {"name": name, "model": model, "datasets": {DATA: {"path": data_file.name}}, "stages": stages}
     preview = [
         {
             "system": next((m["content"] for m in r["prompt"] if m["role"] == "system"), ""),
             "prompt": tables.user_text(r),
-            "response": r["completion"][-1]["content"],
+            "response": (r.get("completion") or r.get("chosen") or [{"content": r.get("reference") or ""}])[-1][
+                "content"
+            ],
+            **({"rejected": r["rejected"][-1]["content"]} if r.get("rejected") else {}),
         }
         for r in prepared.train[:PREVIEW_ROWS]
     ]
-    out = Draft(name, attributes, data_file, figures, preview)
+    shown = prepared.train[:PREVIEW_ROWS]
+    replies = [r.get("completion") or r.get("chosen") or [] for r in shown]  # a bare prompt row has none
+    out = Draft(name, attributes, data_file, figures, preview, [r["prompt"] for r in shown], replies)
     _validate(out)
     return out
+
+
+def _check(stage: dict, df):
+    """A dataset stage's settings and prepared rows, or the first problem in the words of its model and checks."""
+    try:
+        settings = catalog.parse_stage(stage)
+        prepared = prepare(settings, df)
+    except ValidationError as exc:
+        raise DraftError(_first_error(exc, stage["kind"])) from None
+    except tables.DataError as exc:
+        raise DraftError(str(exc)) from None
+    q = prepared.quality
+    if q["rows"] == 0 or q["empty_prompts"] or q["empty_replies"]:
+        raise DraftError(f"{stage['name']}: {quality_reason(q)}")
+    leak = leak_problem(prepared.leakage["prompt_overlap"], prepared.leakage["answer_overlap"])
+    if leak:
+        raise DraftError(f"{stage['name']}: {leak}")
+    return settings, prepared
+
+
+def render(model: str, draft_: Draft) -> list[str]:
+    """The previewed rows as the model will see them: through its chat template (the model's tokenizer, cached)."""
+    tokenizer = _tokenizer(model)
+    return [
+        tokenizer.apply_chat_template(prompt + reply, tokenize=False, add_generation_prompt=not reply)
+        for prompt, reply in zip(draft_.prompts, draft_.replies, strict=True)
+    ]
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(model: str):
+    try:
+        return models.load_tokenizer(models.check_loadable(model))
+    except (OSError, ValueError) as exc:
+        raise DraftError(f"model {model!r}: {exc}") from None
 
 
 def _validate(out: Draft) -> None:
@@ -174,8 +272,8 @@ def _validate(out: Draft) -> None:
         os.symlink(out.data_file.resolve(), folder / out.data_file.name)
         try:
             load(folder / "defs.yaml")
-        except ValueError as exc:
-            raise DraftError(str(exc)) from None
+        except ValueError as exc:  # where the scratch copy was says nothing to the user
+            raise DraftError(str(exc).replace(f"{folder / 'defs.yaml'}: ", "")) from None
 
 
 def write(out: Draft, defs_dir: str | Path) -> Path:

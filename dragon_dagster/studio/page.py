@@ -1,0 +1,449 @@
+"""The studio's page and its handlers: from a data file to a trained model in the browser, the way the reference
+package's app walks a person through the loop, with the pipeline it makes written as code first.
+
+The page takes a data file (CSV, JSONL, JSON or Parquet, up to 50 MB), shows its columns and first rows, maps
+columns or `{column}` templates into prompt, response, system (and rejected, for a pairs file), or reads whole
+conversations (messages, ShareGPT, Alpaca: detected as chat_dataset does), and takes a model, a recipe and the few
+settings people change. *Preview* checks all of it as a run would (engine/pipeline/draft.py: the stage models, the
+dataset asset's own split, leak and quality figures) and shows the training rows through the model's chat
+template, the figures, the component YAML and the command that runs it; a problem shows where it was made, in the
+stage models' words, and nothing is written. *Save* writes `defs/<name>/defs.yaml` with the data file beside it: a
+normal component, which `dg check yaml` passes and `dg dev` lists. *Run* starts its job through the running Dagster
+webserver, or in a process of the studio when none answers (launch.py), and the page follows each stage's state,
+the training curves as the workers log them and the time left, with *Cancel*; *Chat* opens the chat page on the
+newest model the run made.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Before gradio is imported: the page must not phone home (offline machines, privacy of a local model).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import gradio as gr  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from ..engine.artifacts import progress  # noqa: E402
+from ..engine.evaluate.plots import plot_stages  # noqa: E402
+from ..engine.models import presets_table  # noqa: E402
+from ..engine.pipeline import load  # noqa: E402
+from ..engine.pipeline.draft import (  # noqa: E402
+    MAX_BYTES,
+    Draft,
+    DraftError,
+    Mapping,
+    Recipe,
+    draft,
+    plain_rewards,
+    read_data,
+    recipes,
+    render,
+    write,
+)
+from ..engine.runs import latest_artifact  # noqa: E402
+from ..web import USERNAME, is_loopback, serve  # noqa: E402
+from .launch import ENDED, Launched, LocalRun, WebserverRun, webserver_answers  # noqa: E402
+
+CSS = "#studio_status {min-height: 2em} footer {display: none !important}"
+HEAD_ROWS = 5
+SEEN_ROWS = 2  # rows shown whole as the model sees them
+LAYOUTS = ["auto", "columns", "messages", "sharegpt", "alpaca"]
+
+
+def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
+    if password or (is_loopback(host) and not share):
+        return None
+    return (
+        f"the studio is served on {host} without a password: anyone who reaches it can write pipelines into the "
+        "project and run training. Set one (dragon studio --password-env NAME)."
+    )
+
+
+@dataclass
+class StudioRun:
+    """One pipeline run started from the page."""
+
+    name: str
+    launched: Launched
+    started: float = field(default_factory=time.time)
+    drawn: int = 0  # training points drawn so far
+    reported: bool = False  # its end shown: later polls leave the page alone (the status may be the chat's link)
+
+
+class Studio:
+    """The page's handlers: the project's defs folder it writes into, the runs folder its runs write to, how a run is
+    made (resources and instance: the defaults of `dragon demo` unless given), and the Dagster webserver to launch
+    through when it answers (None: always in a process of the studio)."""
+
+    def __init__(
+        self,
+        defs_dir: Path,
+        runs_dir: Path,
+        model: str,
+        resources: dict | None = None,
+        instance=None,
+        dagster_url: str | None = None,
+    ):
+        self.defs_dir, self.runs_dir, self.model = Path(defs_dir), Path(runs_dir), model
+        self.resources, self._instance, self.dagster_url = resources, instance, dagster_url
+        self.runs: dict[str, StudioRun] = {}
+        self.chats: dict[str, tuple[str, object, str]] = {}  # by pipeline: (model directory, the chat app, its URL)
+        # where the chat pages it opens are served, and behind which login: the studio's own (cli sets them)
+        self.host, self.password, self.username = "127.0.0.1", None, USERNAME
+
+    @property
+    def instance(self):
+        if self._instance is None:
+            from dagster import DagsterInstance
+
+            self._instance = DagsterInstance.get()
+        return self._instance
+
+    # ------------------------------------------------------------------------------------------- data
+
+    def inspect(self, path: str | None) -> tuple:
+        """Outputs (first rows, status): the file's columns and first rows, or why it cannot be read."""
+        if not path:
+            return gr.skip(), "Drop a CSV, JSONL, JSON or Parquet file (up to 50 MB)."
+        try:
+            df = read_data(path)
+        except DraftError as exc:
+            return None, f"**Error:** {exc}"
+        columns = ", ".join(f"`{c}`" for c in df.columns)
+        return df.head(HEAD_ROWS), f"{Path(path).name}: {len(df)} rows; columns {columns}. Map them below."
+
+    def _draft(self, path, name, model, layout, conversations, prompt, response, system, rejected, *settings) -> Draft:
+        if not path:
+            raise DraftError("no data file yet: drop one above")
+        recipe_name, steps, learning_rate, rank, tune_steps, beta, rewards = settings
+        recipe = Recipe(
+            stages=recipe_name,
+            max_steps=int(steps),
+            learning_rate=float(learning_rate),
+            lora_rank=int(rank),
+            tune_steps=int(tune_steps),
+            beta=float(beta) if beta else None,
+            rewards=list(rewards or []),
+        )
+        mapping = Mapping(prompt, response, system, rejected, layout, conversations)
+        return draft((name or "").strip(), (model or self.model).strip(), path, mapping, recipe)
+
+    def preview(self, *values) -> tuple:
+        """Outputs (training rows, the first ones as the model sees them, figures, YAML, status)."""
+        try:
+            made = self._draft(*values)
+            rendered = render(made.attributes["model"], made)
+        except (DraftError, ValueError) as exc:
+            return None, "", "", "", f"**Error:** {exc}"
+        figures = made.figures
+        lines = [
+            f"**{figures['train_rows']}** training rows, **{figures['eval_rows']}** held out "
+            f"({figures['duplicates_dropped']} duplicates dropped); held-out prompts also in train: "
+            f"{figures['prompt_overlap']:.0%}, answers: {figures['answer_overlap']:.0%}; "
+            f"duplicate share {figures['duplicate_share']:.0%}.",
+            f"Run it from a terminal: `{made.command()}`",
+        ]
+        seen = "\n".join(f"--- row {i + 1} ---\n{text}" for i, text in enumerate(rendered[:SEEN_ROWS]))
+        return (
+            pd.DataFrame(made.preview),
+            seen,
+            "\n\n".join(lines),
+            made.yaml,
+            "Checked: save it to write the pipeline.",
+        )
+
+    def save(self, *values) -> tuple:
+        """Outputs (YAML, status): the component written, or why not (nothing written then)."""
+        try:
+            made = self._draft(*values)
+            path = write(made, self.defs_dir)
+        except (DraftError, ValueError) as exc:
+            return gr.skip(), f"**Error:** {exc}"
+        return made.yaml, f"Wrote `{path}` (and `{made.data_file.name}` beside it). `dg check yaml` checks it."
+
+    # -------------------------------------------------------------------------------------------- run
+
+    def run(self, name: str) -> str:
+        """Start the saved pipeline's job; returns the status line."""
+        name = (name or "").strip()
+        path = self.defs_dir / name / "defs.yaml"
+        if not path.exists():
+            return f"**Error:** no pipeline {name!r} saved in {self.defs_dir}: save it first"
+        current = self.runs.get(name)
+        if current is not None and current.launched.status() not in ENDED:
+            return f"{name} is running already (since {time.strftime('%H:%M:%S', time.localtime(current.started))})"
+        try:
+            load(path)
+            if self.dagster_url and webserver_answers(self.dagster_url):
+                launched = WebserverRun(self.dagster_url, name)
+            else:
+                launched = LocalRun(path, name, self.instance, self.runs_dir / "studio", self.resources)
+        except ValueError as exc:
+            return f"**Error:** {exc}"
+        self.runs[name] = StudioRun(name, launched)
+        return f"Running {name} on {launched.where}: each stage's state and the training curves follow below."
+
+    def cancel(self, name: str) -> str:
+        studio_run = self.runs.get((name or "").strip())
+        if studio_run is None or studio_run.launched.status() in ENDED:
+            return "Nothing of this pipeline is running."
+        studio_run.launched.cancel()
+        return f"Cancelling {name}: its training stops at the step it is on and keeps its checkpoint."
+
+    def curves(self, name: str) -> list[tuple[str, list[dict]]]:
+        """Each training stage's progress rows so far in the current run (stage, rows), from the files the
+        workers write (the staging directory while a stage trains, the artifact once it is done)."""
+        studio_run = self.runs.get(name)
+        if studio_run is None:
+            return []
+        found = []
+        for stage_dir in sorted((self.runs_dir / "artifacts" / name).glob("*")):
+            files = [p for p in stage_dir.glob("*/progress.jsonl") if p.stat().st_mtime >= studio_run.started]
+            if files:
+                rows = progress.read(max(files, key=lambda p: p.stat().st_mtime).parent)
+                found.append((stage_dir.name, rows))
+        return sorted(found, key=lambda c: min((r.get("elapsed_s", 0) for r in c[1]), default=0))
+
+    def loss_rows(self, name: str) -> list[dict]:
+        """The first training stage's rows with a loss (the SFT stage's, in every recipe)."""
+        curves = self.curves(name)
+        return [r for r in curves[0][1] if isinstance(r.get("loss"), int | float)] if curves else []
+
+    def curve_plot(self, name: str):
+        """The training curves as a PNG (a picture, so the page's content policy needs no script evaluation), or
+        gr.skip() while no point came since the last one drawn."""
+        curves = self.curves(name)
+        points = sum(len(rows) for _, rows in curves)
+        studio_run = self.runs[name]
+        if points < 2 or points == studio_run.drawn:
+            return gr.skip()
+        studio_run.drawn = points
+        out = Path(tempfile.mkdtemp(prefix="dragon-studio-")) / f"{name}-curves.png"
+        return str(plot_stages([(stage, "loss", rows) for stage, rows in curves], out))
+
+    def eta(self, name: str, steps: list) -> str:
+        """What the running training stage says it has left (its worker's own estimate), else nothing."""
+        running = [s.stage.split("/")[-1] for s in steps if s.status == "RUNNING"]
+        rows = dict(self.curves(name)).get(running[0], []) if running else []
+        if not rows or not isinstance(rows[-1].get("eta_s"), int | float):
+            return ""
+        return f" {running[0]}: step {rows[-1]['step']}, about {rows[-1]['eta_s']:.0f} s left in it."
+
+    def links(self, name: str, run_id: str) -> str:
+        """Where the run is in the Dagster UI and its pipeline's runs in MLflow (the addresses `make ui` serves)."""
+        from ..resources.tracking import MLflowTracking, dagster_ui_url
+
+        tracking = (self.resources or {}).get("tracking") or MLflowTracking()
+        ui = self.dagster_url or dagster_ui_url()
+        return f"[the run in Dagster]({ui}/runs/{run_id}), [its MLflow runs]({tracking.runs_url(name)})"
+
+    def follow(self, name: str) -> tuple:
+        """Outputs (stages, curves, status), polled while the page is open."""
+        name = (name or "").strip()
+        studio_run = self.runs.get(name)
+        if studio_run is None or studio_run.reported:
+            return gr.skip(), gr.skip(), gr.skip()
+        launched = studio_run.launched
+        state, steps = launched.status(), launched.steps()
+        table = pd.DataFrame([{"stage": s.stage, "seconds": s.seconds, "status": s.status} for s in steps])
+        curve = self.curve_plot(name)
+        took = time.time() - studio_run.started
+        if state not in ENDED:
+            doing = {"STARTED": "Running"}.get(state, state.capitalize())
+            return table, curve, f"{doing} {name}: {took:.0f} s so far.{self.eta(name, steps)}"
+        studio_run.reported = True
+        links = self.links(name, launched.run_id) if launched.run_id else "no Dagster run was made"
+        if state == "SUCCESS":
+            status = (
+                f"**SUCCESS**: Dagster run `{launched.run_id}` ({links}). Talk to the result: *Chat* below, or "
+                f"`dragon chat-ui {name}` (`dragon chat {name}` in a terminal)."
+            )
+        else:
+            failed = [s.stage for s in steps if s.status not in ("SUCCESS", "NOT RUN", "SKIPPED")]
+            where = f" at {', '.join(failed)}" if failed else ""
+            log = f"; its output: `{launched.log}`" if launched.log else ""
+            status = f"**{state}**: Dagster run `{launched.run_id}`{where} ({links}{log})."
+        return table, curve, status
+
+    # ------------------------------------------------------------------------------------------- chat
+
+    def newest_model(self, name: str) -> tuple[str, Path] | None:
+        """(stage, artifact) of the last model in the pipeline's chain that has been made: the merged model once
+        it is, else the latest adapter."""
+        pipeline = load(self.defs_dir / name / "defs.yaml")
+        found = None
+        for stage in pipeline.stages:
+            if pipeline.role_of(stage) in ("training", "merge"):
+                made = latest_artifact(self.runs_dir, f"{name}/{stage.name}")
+                found = (stage.name, made) if made is not None else found
+        return found
+
+    def chat(self, name: str) -> str:
+        """Open the chat page on the pipeline's newest model (its own system prompt, feedback to its store, turns
+        traced in its MLflow experiment), on a port of its own; returns the status line with its link."""
+        from ..chat_target import chat_target
+        from ..chat_ui import serve_target
+
+        name = (name or "").strip()
+        if not (self.defs_dir / name / "defs.yaml").exists():
+            return f"**Error:** no pipeline {name!r} saved in {self.defs_dir}: save and run it first"
+        newest = self.newest_model(name)
+        if newest is None:
+            return f"**Error:** {name} has no trained model yet: run it first"
+        stage, artifact = newest
+        open_chat = self.chats.get(name)
+        if open_chat is not None and open_chat[0] == str(artifact):
+            return f"[Chat with {name}'s {stage}]({open_chat[2]}) (open already)"
+        if open_chat is not None:
+            open_chat[1].close()
+        pipeline = load(self.defs_dir / name / "defs.yaml")
+        resources = self.resources or {}
+        target = chat_target(
+            name,
+            str(artifact),
+            system=pipeline.system_prompt() or "",
+            found=pipeline,
+            store=resources.get("store"),
+            tracking=resources.get("tracking"),
+        )
+        port = free_port(self.host)
+        options = dict(block=False, host=self.host, port=port, quiet=True, warn=False)
+        made: list = []
+        # built in a thread of its own: inside this event Gradio's context names the studio's page, and a page
+        # built here would attach its events to it (a thread starts with a fresh context)
+        builder = threading.Thread(
+            target=lambda: made.append(serve_target(target, password=self.password, username=self.username, **options))
+        )
+        builder.start()
+        builder.join()
+        if not made:
+            return f"**Error:** the chat page on {artifact} did not start (the studio's terminal says why)"
+        app, url = made[0], f"http://{self.host}:{port}/"
+        self.chats[name] = (str(artifact), app, url)
+        return f"[Chat with {name}'s {stage}]({url}): its feedback goes to {target.store.where}."
+
+    def close(self) -> None:
+        """Stop the chat pages the studio opened."""
+        for _, app, _ in self.chats.values():
+            app.close()
+        self.chats.clear()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def build_studio(studio: Studio) -> gr.Blocks:
+    described = recipes()
+    with gr.Blocks(title="dragon studio") as app:
+        gr.Markdown("### From a data file to a trained model")
+        status = gr.Markdown("Drop a data file to start.", elem_id="studio_status")
+        with gr.Row():
+            upload = gr.File(
+                label="Data file (CSV, JSONL, JSON, Parquet; up to 50 MB)",
+                file_types=[".csv", ".jsonl", ".json", ".parquet"],
+                type="filepath",
+                elem_id="data_file",
+            )
+            head = gr.Dataframe(label="First rows", interactive=False, elem_id="head")
+        with gr.Row():
+            name = gr.Textbox(label="Pipeline name", placeholder="my_pipeline", elem_id="name")
+            model = gr.Dropdown(
+                choices=list(dict.fromkeys([studio.model, *(p["name"] for p in presets_table())])),
+                value=studio.model,
+                allow_custom_value=True,  # a hub id or a local directory too
+                label="Model (a preset, or type a hub id or a local directory)",
+                elem_id="model",
+            )
+            recipe = gr.Dropdown(
+                choices=[(f"{key}: {text}", key) for key, text in described.items()],
+                value="supervised",
+                label="Recipe",
+                elem_id="recipe",
+            )
+        with gr.Row():
+            layout = gr.Dropdown(LAYOUTS, value="auto", label="Layout (auto: detected)", elem_id="layout")
+            conversations = gr.Textbox(
+                label="Conversations column (messages, sharegpt; default: messages or conversations)",
+                elem_id="conversations",
+            )
+        with gr.Row():
+            prompt = gr.Textbox(label="Prompt: a column or a template like {subject}: {body}", elem_id="prompt")
+            response = gr.Textbox(
+                label="Response: a column or a template (the chosen reply of a pair, GRPO's reference)",
+                elem_id="response",
+            )
+            system = gr.Textbox(label="System prompt (optional; text or a template)", elem_id="system")
+            rejected = gr.Textbox(label="Rejected reply (a pairs file only)", elem_id="rejected")
+        with gr.Row():
+            steps = gr.Number(label="SFT steps", value=60, precision=0, minimum=1, elem_id="steps")
+            learning_rate = gr.Number(label="Learning rate", value=2.0e-4, elem_id="learning_rate")
+            rank = gr.Number(label="LoRA rank", value=16, precision=0, minimum=1, elem_id="rank")
+            tune_steps = gr.Number(label="DPO / GRPO steps", value=10, precision=0, minimum=1, elem_id="tune_steps")
+            beta = gr.Number(label="DPO / GRPO beta (0: the stage kind's default)", value=0, elem_id="beta")
+            rewards = gr.CheckboxGroup(plain_rewards(), value=["contains"], label="GRPO rewards", elem_id="rewards")
+        with gr.Row():
+            check = gr.Button("Preview", elem_id="preview")
+            save = gr.Button("Save pipeline", variant="primary", elem_id="save")
+            run = gr.Button("Run", elem_id="run")
+            cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
+            talk = gr.Button("Chat with it", elem_id="chat")
+        rows = gr.Dataframe(label="Training rows", interactive=False, elem_id="rows")
+        seen = gr.Textbox(
+            label="The first rows as the model sees them (through its chat template)",
+            lines=8,
+            max_lines=16,
+            interactive=False,
+            elem_id="rendered",
+        )
+        figures = gr.Markdown(elem_id="figures")
+        code = gr.Code(label="defs.yaml", language="yaml", interactive=False, elem_id="yaml")
+        stages = gr.Dataframe(
+            pd.DataFrame(columns=["stage", "seconds", "status"]), label="Stages", interactive=False, elem_id="stages"
+        )
+        curve = gr.Image(label="Training curves", type="filepath", interactive=False, elem_id="loss")
+        timer = gr.Timer(2.0)
+
+        values = [upload, name, model, layout, conversations, prompt, response, system, rejected]
+        values += [recipe, steps, learning_rate, rank, tune_steps, beta, rewards]
+        upload.change(studio.inspect, [upload], [head, status])
+        check.click(studio.preview, values, [rows, seen, figures, code, status])
+        save.click(studio.save, values, [code, status])
+        run.click(studio.run, [name], [status])
+        cancel.click(studio.cancel, [name], [status])
+        talk.click(studio.chat, [name], [status])
+        timer.tick(studio.follow, [name], [stages, curve, status], show_progress="hidden")
+    return app
+
+
+def start(
+    app: gr.Blocks,
+    host: str = "127.0.0.1",
+    port: int = 7861,
+    block: bool = True,
+    quiet: bool = False,
+    password: str | None = None,
+    username: str = USERNAME,
+) -> str:
+    """Serve the studio (web.serve: the offline theme, the security headers, uploads up to MAX_BYTES)."""
+    return serve(
+        app,
+        CSS,
+        exposure_warning(host, password),
+        host=host,
+        port=port,
+        block=block,
+        quiet=quiet,
+        password=password,
+        username=username,
+        max_file_size=MAX_BYTES,
+    )
