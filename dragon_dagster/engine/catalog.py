@@ -8,6 +8,7 @@ builds its asset by its kind's role and attaches its checks, the worker finds th
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Annotated, Any, Union
 
@@ -15,23 +16,6 @@ from pydantic import Field, TypeAdapter
 
 from .config.kind import StageKind
 from .config.stage import Stage
-from .stages import (
-    chat_dataset,
-    dpo,
-    evaluate,
-    export,
-    grpo,
-    kto,
-    merge,
-    orpo,
-    pairs_dataset,
-    preference_pairs,
-    prompt_dataset,
-    rated_dataset,
-    reward_model,
-    sft,
-    synthetic_dataset,
-)
 
 KINDS: dict[str, StageKind] = {}
 
@@ -119,22 +103,24 @@ def kinds_training_on(rows: str) -> list[str]:
     return [name for name, kind in KINDS.items() if rows in getattr(kind.settings, "trains_on", ())]
 
 
-# the built-in kinds, one line each
-for _module in (
-    chat_dataset,
-    pairs_dataset,
-    rated_dataset,
-    prompt_dataset,
-    preference_pairs,
-    synthetic_dataset,
-    sft,
-    dpo,
-    orpo,
-    kto,
-    reward_model,
-    grpo,
-    merge,
-    evaluate,
-    export,
-):
-    register(_module.KIND)
+# The built-in kinds, one line each: a folder of engine/stages/ whose KIND is registered here. Registering a new
+# kind is its line; tests/engine/test_kind_homes.py checks that every folder has one.
+BUILT_IN = [
+    "chat_dataset",
+    "pairs_dataset",
+    "rated_dataset",
+    "prompt_dataset",
+    "preference_pairs",
+    "synthetic_dataset",
+    "sft",
+    "dpo",
+    "orpo",
+    "kto",
+    "reward_model",
+    "grpo",
+    "merge",
+    "evaluate",
+    "export",
+]
+for _folder in BUILT_IN:
+    register(importlib.import_module(f"{__package__}.stages.{_folder}").KIND)
