@@ -43,6 +43,7 @@ from .promotion import register_merged_model
 from .prompts import live_system, register_dataset_prompt
 from .report import run_report_stage
 from .reuse import reuse_or_make
+from .stage_inputs import asset_ins, by_role, declared_ins
 from .training import run_training_stage
 
 USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
@@ -216,10 +217,10 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
 
 
 def training_ins(pipeline: Pipeline, stage: TrainerStage) -> dict[str, AssetIn]:
-    """A training asset's inputs by role: its dataset, the reward models that score its samples (scorer__<stage>),
-    and the training stage it continues from."""
+    """A training asset's inputs: its dataset, the stages its kind declares (the reward models that score its
+    samples ...: stage_inputs.py), and the training stage it continues from."""
     ins = {"dataset": AssetIn(key=key(pipeline, stage.dataset))}
-    ins.update({f"scorer__{name}": AssetIn(key=key(pipeline, name)) for name in stage.scorers()})
+    ins.update(asset_ins(declared_ins(pipeline, stage)))
     previous = pipeline.previous(stage.name)
     if previous is not None:
         ins["previous"] = AssetIn(key=key(pipeline, previous))
@@ -229,6 +230,7 @@ def training_ins(pipeline: Pipeline, stage: TrainerStage) -> dict[str, AssetIn]:
 def training_asset(pipeline: Pipeline, stage: TrainerStage):
     previous = pipeline.previous(stage.name)
     scorers = stage.scorers()
+    declared = declared_ins(pipeline, stage)
 
     @asset(
         key=key(pipeline, stage.name),
@@ -268,7 +270,7 @@ def training_asset(pipeline: Pipeline, stage: TrainerStage):
                 store,
                 tracking,
                 training,
-                scorers={n[len("scorer__") :]: path for n, path in inputs.items() if n.startswith("scorer__")},
+                declared=by_role(declared, inputs),
             ),
             tracking,
             allow=not config.resume,  # a resumed run continues its checkpoint: never a reuse

@@ -137,7 +137,7 @@ def run_report_stage(
             taste: RewardSet | None = feedback.get("taste")
             feedback_inputs = FeedbackInputs(
                 held_out=held_out,
-                taste=taste.localize(tmp).to_list(relative_to=tmp) if taste else None,
+                taste=taste.localize(tmp) if taste else None,
                 reward_models=feedback.get("reward_models", []),
                 liked_at=feedback["liked_at"],
                 objectives=feedback["objectives"],

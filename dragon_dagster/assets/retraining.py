@@ -37,6 +37,7 @@ from ..engine.artifacts.manifest import (
     read_manifest,
     write_manifest,
 )
+from ..engine.config.stage import StageInput
 from ..engine.data import tables as data_lib
 from ..engine.data.feedback_postgres import PostgresFeedbackStore
 from ..engine.data.feedback_rows import (
@@ -57,6 +58,7 @@ from ..engine.pipeline.retraining import TASK_TOLERANCE, FeedbackEvaluate, Gate,
 from ..engine.rewards import RewardError, RewardSet
 from ..engine.stages.evaluate.checks import read_report
 from ..engine.stages.merge.settings import Merge
+from ..engine.train.stage import SCORER
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .automation import PIPELINE_TAG, RANGE_TAG, feedback_records, feedback_schedule, feedback_sensor, retrain_job_name
 from .builders import key, merge_asset, retraining_group
@@ -66,6 +68,7 @@ from .pool import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
 from .promotion import deployed_model, promote_merged, report_merged_dir
 from .prompts import PROMPT_TAG, live_system
 from .report import run_report_stage
+from .stage_inputs import asset_ins, by_role, declared_ins, undeclared
 from .training import reward_model_inputs, run_training_stage
 
 
@@ -316,7 +319,8 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
     ins = {"data": AssetIn(key=key(pipeline, stage.dataset))}
     if after:
         ins["previous"] = AssetIn(key=key(pipeline, after))
-    ins.update({f"scorer__{name}": AssetIn(key=key(pipeline, name)) for name in stage.scorers()})
+    declared = declared_ins(pipeline, stage)
+    ins.update(asset_ins(declared))
     what = "pairs to learn a taste from" if not stage.in_chain else None
 
     @asset(
@@ -351,11 +355,7 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
         manifest = read_manifest(data, FeedbackDatasetManifest)
         rows, records = manifest.train_rows, len(manifest.records_used)
         skipped = skip_reason(pipeline, objective, rows, what)
-        scorers = {
-            n[len("scorer__") :]: str(store.local(p)) if p else ""
-            for n, p in inputs.items()
-            if n.startswith("scorer__")
-        }
+        scorers = {n: str(store.local(p)) if p else "" for n, p in by_role(declared, inputs).get(SCORER, {}).items()}
         if not skipped and not all(scorers.values()):
             skipped = f"no reward model ({', '.join(n for n, p in scorers.items() if not p)} was skipped)"
         tag = f"skipped: {skipped}" if skipped else f"{rows} rows from {records} records"
@@ -395,7 +395,7 @@ def retrain_stage(pipeline: Pipeline, stage, objective: str, after: str | None):
                 "feedback_rows": rows,
                 "feedback_records": records,
             },
-            scorers=scorers,
+            declared={SCORER: scorers},
         )
 
     return _train
@@ -431,12 +431,16 @@ def objectives_summary(pipeline: Pipeline, data: dict[str, str], chain: list[str
 
 
 def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
-    learned_taste = taste_model_stages(pipeline)
+    # the reward models of a learned taste, declared as the training stages' scorers are
+    declared = {
+        f"{SCORER}_{name}": (StageInput(SCORER, name), AssetIn(key=key(pipeline, name)))
+        for name in taste_model_stages(pipeline)
+    }
     ins = {
         "merged": AssetIn(key=key(pipeline, "retrained_model")),
         "dataset": AssetIn(key=key(pipeline, stage.dataset)),
         **{objective: AssetIn(key=key(pipeline, name)) for objective, name in DATASETS.items()},
-        **{f"scorer__{name}": AssetIn(key=key(pipeline, name)) for name in learned_taste},
+        **asset_ins(declared),
     }
 
     @asset(
@@ -460,8 +464,8 @@ def retrained_report(pipeline: Pipeline, stage: FeedbackEvaluate):
         dataset: str,
         **inputs: str,
     ) -> Output[str]:
-        data = {o: str(store.local(d)) for o, d in inputs.items() if not o.startswith("scorer__")}
-        scorers = {n[len("scorer__") :]: p for n, p in inputs.items() if n.startswith("scorer__")}
+        data = {o: str(store.local(d)) for o, d in undeclared(declared, inputs).items()}
+        scorers = by_role(declared, inputs).get(SCORER, {})
         merged = str(store.local(merged))
         gate = pipeline.feedback.gate
         feedback = {

@@ -10,12 +10,12 @@ from dagster import Failure, MetadataValue, Output
 from ..engine import catalog, models
 from ..engine.artifacts.directories import sha256
 from ..engine.artifacts.manifest import AdapterManifest, read_manifest, write_manifest
-from ..engine.config.job import RewardModelInput, TrainingInputs
+from ..engine.config.job import RewardModelInput, StageArtifact, TrainingInputs
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.pipeline import Pipeline, preflight
 from ..engine.rewards import RewardSet
-from ..engine.train.stage import TrainerStage
+from ..engine.train.stage import SCORER, TrainerStage
 from ..resources.launchers.base import ENDED
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
@@ -35,11 +35,11 @@ ARTIFACTS_TO_MLFLOW = (
 def check_rewards(pipeline: Pipeline, stage: TrainerStage, dataset: str) -> RewardSet | None:
     """The rewards a stage trains against, checked against the dataset's rows before anything loads; None for a
     stage without rewards. Custom reward files are not imported here: only the worker runs their code."""
-    specs = stage.rewards_used()
-    if not specs:
+    used = stage.rewards_used()
+    if not used:
         return None
     base = Path(pipeline.source_file).parent if pipeline.source_file else None
-    rewards = RewardSet.from_list(specs, base_dir=base)
+    rewards = RewardSet(used, base_dir=base)
     rewards.check_rows(read_jsonl(Path(dataset) / "train.jsonl"), load_custom=False)  # e.g. numeric w/o reference
     return rewards
 
@@ -116,11 +116,13 @@ def run_training_stage(
     training,
     start_model: str | None = None,
     tags: dict | None = None,
-    scorers: dict[str, str] | None = None,
+    declared: dict[str, dict[str, str]] | None = None,
 ) -> Output[str]:
     """stage: the effective settings (YAML, defaults and this run's config). start_model: a model directory to
-    start from instead of the pipeline's model (feedback retraining). scorers: the artifacts of the reward_model
-    stages the stage's learned rewards name, by stage name."""
+    start from instead of the pipeline's model (feedback retraining). declared: the artifacts of the stages its
+    kind declares it reads, by role and stage (stage_inputs.by_role): the reward_model stages its learned rewards
+    name (SCORER), a teacher ..."""
+    declared = declared or {}
     if start_model is None:  # a pipeline stage: no stage trains while any of the pipeline's data is broken
         found = preflight.problems(pipeline)
         if found:
@@ -138,7 +140,7 @@ def run_training_stage(
             or models.check_loadable(pipeline.model)
         )
         rewards = check_rewards(pipeline, stage, dataset)
-        reward_models = reward_model_inputs(stage.scorers(), scorers or {}, stage.name)
+        reward_models = reward_model_inputs(stage.scorers(), declared.get(SCORER, {}), stage.name)
     except (ModelError, DataError, ValueError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
@@ -212,7 +214,7 @@ def run_training_stage(
                 if source.exists():
                     shutil.copyfile(source, tmp / "data" / source.name)
             if rewards is not None:  # custom reward files travel with the run, so it is self-contained
-                stage = stage.with_rewards(rewards.localize(tmp).to_list(relative_to=tmp))
+                stage = stage.with_rewards(rewards.localize(tmp))
                 settings = stage.model_dump()
             chain = previous_manifest.chain if previous_manifest else []
             job = kind.job_model()(
@@ -226,6 +228,11 @@ def run_training_stage(
                     resume_from=resume_from,
                     tools=pipeline.tools.to_input(tmp / "tools") if pipeline.tools else None,
                     reward_models=reward_models,
+                    declared=[
+                        StageArtifact(role=role, stage=name, path=path)
+                        for role, found in declared.items()
+                        for name, path in found.items()
+                    ],
                 ),
                 output_dir=str(tmp),
             )

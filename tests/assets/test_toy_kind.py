@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from dagster import DagsterInstance
+from dagster import AssetKey, DagsterInstance
 
+from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.engine import catalog
 from dragon_dagster.engine.artifacts.manifest import AdapterManifest, read_manifest
@@ -36,7 +37,10 @@ model: {tiny_model}
 stages:
   - {{name: rows, kind: chat_dataset, path: "example:tickets.csv", prompt: "{{subject}}", response: reply,
       group_by: subject}}
-  - {{name: toy_adapter, kind: toy_adapter, dataset: rows, note: from the yaml, lora: {{r: 4, alpha: 8}}}}
+  - {{name: lessons, kind: chat_dataset, path: "example:tickets.csv", prompt: "{{body}}", response: reply,
+      group_by: subject}}
+  - {{name: toy_adapter, kind: toy_adapter, dataset: rows, note: from the yaml, lora: {{r: 4, alpha: 8}},
+      teacher: lessons}}
   - {{name: merged_model, kind: merge}}
   - {{name: evaluation_report, kind: evaluate, dataset: rows, max_eval_rows: 4, n_samples: 1, n_judge: 0,
       max_new_tokens: 4}}
@@ -53,6 +57,12 @@ stages:
     assert job["kind_module"] == "tests.toy_kind" and job["settings"]["note"] == "from the yaml"
     result = read_manifest(adapter, AdapterManifest[toy_kind.ToyResult]).result  # the kind's own result model
     assert result.note == "from the yaml" and result.lora_parameters > 0
+    # the declared teacher: an input of the asset (a lineage edge nothing else draws), its artifact in the job
+    assert result.teacher_artifact == outcome["artifacts"]["lessons"]
+    assert job["inputs"]["declared"] == [{"role": "teacher", "stage": "lessons", "path": result.teacher_artifact}]
+    graph = build_pipeline_defs(pipeline)["assets"]
+    [toy_asset] = [a for a in graph if AssetKey(["toy", "toy_adapter"]) in a.keys]
+    assert AssetKey(["toy", "lessons"]) in toy_asset.asset_deps[AssetKey(["toy", "toy_adapter"])]
     assert result.figures == {"lora_parameters": float(result.lora_parameters)}
     checks = {c["name"]: c["passed"] for c in outcome["checks"] if c["asset"] == "toy/toy_adapter"}
     assert checks == {"toy_adapter_saved": True}

@@ -2,7 +2,9 @@
 
 `toy_adapter` saves a fresh LoRA adapter on the model it starts from (no training: its update is zero, so the
 merged model equals its base) and reports how many parameters the adapter has. It is a training kind, so the
-stages after it (merge, evaluate) treat it as any other adapter.
+stages after it (merge, evaluate) treat it as any other adapter. With `teacher:` it declares one more input, in a
+role of its own (as a distillation kind reads its teacher): the Dagster layer draws the lineage edge and the job
+carries the teacher's artifact, which the result names.
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from dragon_dagster.engine.config.job import Job, TrainingInputs
 from dragon_dagster.engine.config.kind import StageKind
 from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.config.results import TrainingResult
+from dragon_dagster.engine.config.stage import StageInput
 from dragon_dagster.engine.train.stage import TrainerStage
+
+TEACHER = "teacher"  # the role of the stage a toy adapter reads as its teacher
 
 
 class ToyAdapter(TrainerStage):
@@ -26,11 +31,16 @@ class ToyAdapter(TrainerStage):
 
     kind: Literal["toy_adapter"]
     note: str = Field("untrained", description="Written into the result, to show a kind's own setting arrive.")
+    teacher: str | None = Field(None, description="An earlier stage read as its teacher (a declared input).")
+
+    def extra_inputs(self) -> list[StageInput]:
+        return [*super().extra_inputs(), *([StageInput(TEACHER, self.teacher)] if self.teacher else [])]
 
 
 class ToyResult(TrainingResult):
     lora_parameters: int
     note: str
+    teacher_artifact: str | None = None  # the teacher's artifact, as the job carried it
 
     def own_figures(self) -> dict[str, Any]:
         return {"lora_parameters": self.lora_parameters}
@@ -50,8 +60,13 @@ def save_adapter(job: Job[ToyAdapter, TrainingInputs], reporter: Reporter) -> To
     model.save_pretrained(adapter)
     load_tokenizer(job.inputs.model).save_pretrained(adapter)
     reporter.log(f"toy adapter: {trainable} LoRA parameters, saved untrained")
+    teachers = job.inputs.declared_as(TEACHER)
     return ToyResult(
-        objective="toy_adapter", loss_label="no loss (untrained)", lora_parameters=trainable, note=job.settings.note
+        objective="toy_adapter",
+        loss_label="no loss (untrained)",
+        lora_parameters=trainable,
+        note=job.settings.note,
+        teacher_artifact=teachers.get(job.settings.teacher) if job.settings.teacher else None,
     )
 
 

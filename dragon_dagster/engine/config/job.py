@@ -78,6 +78,14 @@ class RewardModelInput(Contract):
     mlflow_run_id: str | None = None  # the reward model's own MLflow run: a lineage tag on the runs it scores
 
 
+class StageArtifact(Contract):
+    """The artifact of a stage another one reads in a role its kind declares (config/stage.py's StageInput)."""
+
+    role: str
+    stage: str
+    path: JobPath
+
+
 class TrainingInputs(Contract):
     """What every training stage's worker reads: the starting model, the rows, where checkpoints go."""
 
@@ -89,6 +97,11 @@ class TrainingInputs(Contract):
     resume_from: JobPath | None = None
     tools: ToolsInput | None = None  # the pipeline's tools: rendered in every conversation, run by tool stages
     reward_models: list[RewardModelInput] = []  # the reward_model stages its learned rewards name
+    declared: list[StageArtifact] = []  # the stages its kind declares it reads (a teacher ...), by role
+
+    def declared_as(self, role: str) -> dict[str, str]:
+        """The artifacts of the stages it reads in this role, by stage name."""
+        return {a.stage: a.path for a in self.declared if a.role == role}
 
 
 class ModelInputs(Contract):

@@ -8,6 +8,7 @@ there, where the trainer turns it into TRL's config. Like TRL's `GRPOConfig`, ea
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field
@@ -19,6 +20,16 @@ from .settings import NAME_PATTERN, Settings
 # never (a dataset, a merge), optional (SFT and GRPO start from the base model when first), required (DPO needs a
 # model to prefer over; preference pairs need a student to sample).
 Continues = Literal["never", "optional", "required"]
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """Another stage a stage reads besides its dataset and the chain it continues, in a role its kind names (a
+    scorer: a reward model that scores its samples; a teacher ...). The Dagster layer makes each one an input of
+    the stage's asset (a lineage edge) and hands the step its artifact by role and stage, never by parsing a name."""
+
+    role: str
+    stage: str
 
 
 class Stage(Settings):
@@ -36,6 +47,10 @@ class Stage(Settings):
 
     def reads(self) -> list[str]:
         """Names of earlier datasets or stages this stage names in its own settings."""
+        return []
+
+    def extra_inputs(self) -> list[StageInput]:
+        """The stages it reads in a role of its kind's (see StageInput); none by default."""
         return []
 
     def check_inputs(self, stage_of) -> None:

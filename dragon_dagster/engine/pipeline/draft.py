@@ -14,7 +14,6 @@ import os
 import re
 import shutil
 import tempfile
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -27,7 +26,7 @@ from ..config.settings import NAME_PATTERN, Settings
 from ..data import tables
 from ..data.checks import leak_problem, quality_reason
 from ..data.prepare import prepare
-from ..rewards import RewardSpec
+from ..rewards import REWARD_TYPES
 from .loading import load
 
 COMPONENT_TYPE = "dragon_dagster.PostTrainingPipeline"  # the component a defs.yaml declares (assets/component.py)
@@ -95,10 +94,8 @@ class Mapping:
 
 def plain_rewards() -> list[str]:
     """The reward types that need no option of their own (the ones a recipe can take by name)."""
-    members = typing.get_args(typing.get_args(RewardSpec)[0])
     plain = []
-    for model in members:
-        name = model.model_fields["type"].default
+    for name, model in REWARD_TYPES.items():
         try:
             model.model_validate({"type": name})
         except ValidationError:

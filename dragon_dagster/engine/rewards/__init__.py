@@ -30,7 +30,7 @@ Framework-free: pydantic and the stdlib, plus the text matchers of the evaluatio
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Union
 
 from pydantic import Field, model_validator
 
@@ -44,38 +44,23 @@ from .reference import ContainsReward, ExactReward, NumericReward
 from .set import RewardScores, RewardSet, score_rows, trl_reward_funcs
 from .tool_call import ToolCallReward
 
+# Every reward type's model, once: the union a config validates and the table by type name both come from it.
+REWARD_MODELS: tuple[type[Reward], ...] = (
+    ExactReward,
+    ContainsReward,
+    NumericReward,
+    RegexReward,
+    JsonReward,
+    LengthReward,
+    KeywordReward,
+    CommandReward,
+    CustomReward,
+    ToolCallReward,
+    RewardModelReward,
+)
 # One reward spec: the model of its `type`. Use list[RewardSpec] as a field type to validate a list of them.
-RewardSpec = Annotated[
-    ExactReward
-    | ContainsReward
-    | NumericReward
-    | RegexReward
-    | JsonReward
-    | LengthReward
-    | KeywordReward
-    | CommandReward
-    | CustomReward
-    | ToolCallReward
-    | RewardModelReward,
-    Field(discriminator="type"),
-]
-
-REWARD_TYPES: dict[str, type[Reward]] = {
-    model._type_name(): model
-    for model in (
-        ExactReward,
-        ContainsReward,
-        NumericReward,
-        RegexReward,
-        JsonReward,
-        LengthReward,
-        KeywordReward,
-        CommandReward,
-        CustomReward,
-        ToolCallReward,
-        RewardModelReward,
-    )
-}
+RewardSpec = Annotated[Union[REWARD_MODELS], Field(discriminator="type")]  # noqa: UP007 - built from the tuple
+REWARD_TYPES: dict[str, type[Reward]] = {model._type_name(): model for model in REWARD_MODELS}
 # The options each type takes; a spec with another key is refused, so a YAML typo fails instead of being ignored.
 OPTIONS: dict[str, tuple[str, ...]] = {kind: model.options() for kind, model in REWARD_TYPES.items()}
 NEEDS_REFERENCE = tuple(kind for kind, model in REWARD_TYPES.items() if model.needs_reference)
@@ -121,6 +106,7 @@ __all__ = [
     "LEARNED_TYPES",
     "NEEDS_REFERENCE",
     "OPTIONS",
+    "REWARD_MODELS",
     "REWARD_TYPES",
     "CommandReward",
     "ContainsReward",

@@ -142,7 +142,13 @@ class Reward(BaseModel):
         return out
 
     def localize(self, run_dir: str | Path) -> Reward:
-        """A reward whose files live in run_dir, so the run is self-contained; only custom rewards have one."""
+        """A reward whose files live in run_dir (named relative to it), so the run is self-contained and can move;
+        only custom rewards have one."""
+        return self
+
+    def resolved(self, base_dir: str | Path | None = None) -> Reward:
+        """This reward with its files found: a relative path read from base_dir (the folder of the YAML that
+        named it, or the run directory it was localized into), checked to exist; only custom rewards have one."""
         return self
 
     # -- scoring --

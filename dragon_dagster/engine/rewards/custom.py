@@ -60,14 +60,23 @@ class CustomReward(Reward):
         return out
 
     def localize(self, run_dir: str | Path) -> CustomReward:
-        """A copy whose file lives in run_dir/rewards/, so the run is self-contained."""
+        """A copy whose file lives in run_dir/rewards/, named relative to run_dir (resolved(run_dir) finds it
+        wherever the run directory is then), so the run is self-contained. Its file must be resolved already."""
         source, target = Path(self.file), Path(run_dir) / "rewards" / Path(self.file).name
         target.parent.mkdir(parents=True, exist_ok=True)
         if target.resolve() != source:
             if target.exists() and target.read_bytes() != source.read_bytes():
                 raise self._fail(f"{target} already holds a different file; rename one of the reward files")
             shutil.copyfile(source, target)
-        return self.from_dict({**self.to_dict(), "file": str(target)})
+        return self.model_copy(update={"file": target.relative_to(run_dir).as_posix()})
+
+    def resolved(self, base_dir: str | Path | None = None) -> CustomReward:
+        path = Path(self.file).expanduser()
+        if not path.is_absolute():
+            path = Path(base_dir if base_dir is not None else ".") / path
+        if not path.is_file():
+            raise self._fail(f"reward file {str(path)!r} does not exist")
+        return self.model_copy(update={"file": str(path.resolve())})
 
     def load(self) -> Callable:
         """The function, loaded once; a clear error naming the file if it is not there."""

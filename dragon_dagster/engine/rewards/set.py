@@ -94,9 +94,10 @@ class RewardSet:
         """The reward_model stages these rewards name, in order, once each."""
         return list(dict.fromkeys(r.stage for r in self.rewards if getattr(r, "stage", None)))
 
-    def localize(self, run_dir: str | Path) -> RewardSet:
-        """A copy whose custom files live in run_dir/rewards/; save it with to_list(relative_to=run_dir)."""
-        return RewardSet([r.localize(run_dir) for r in self.rewards])
+    def localize(self, run_dir: str | Path) -> list[Reward]:
+        """The rewards with their custom files copied into run_dir/rewards/ and named relative to run_dir (a job's
+        output directory: the worker resolves them there)."""
+        return [r.localize(run_dir) for r in self.rewards]
 
     def check_rows(self, rows: Sequence[Mapping], load_custom: bool = True) -> None:
         """Fail before training if a reward cannot work on this dataset (no reference, broken custom file).
@@ -140,9 +141,9 @@ class RewardSet:
 
 
 def _reward(reward: Reward | Mapping, base_dir: str | Path | None) -> Reward:
-    if isinstance(reward, CustomReward) and (base_dir is not None or not Path(reward.file).is_absolute()):
-        return Reward.from_dict(reward.to_dict(), base_dir)  # its file may still be as the stage's YAML wrote it
-    return reward if isinstance(reward, Reward) else Reward.from_dict(reward, base_dir)
+    """A model as it is, its files found (a custom reward validated inside a stage keeps its file as the YAML
+    wrote it); a plain mapping (a JSON file) read as the model of its type."""
+    return reward.resolved(base_dir) if isinstance(reward, Reward) else Reward.from_dict(reward, base_dir)
 
 
 def score_rows(

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from pydantic import Field
 
 from ..artifacts import progress
 from ..config.checks import CheckOutcome, CheckSpec
-from ..config.stage import Continues, Stage
+from ..config.stage import Continues, Stage, StageInput
 from ..config.training import Lora, TrainArgs
+from ..rewards import Reward
+
+SCORER = "scorer"  # the role of a reward model that scores a stage's samples (StageInput)
 
 
 class TrainerStage(Stage):
@@ -31,19 +34,22 @@ class TrainerStage(Stage):
         return self.kind
 
     def reads(self) -> list[str]:
-        return [self.dataset, *self.scorers()]
+        return [self.dataset, *(extra.stage for extra in self.extra_inputs())]
+
+    def extra_inputs(self) -> list[StageInput]:
+        return [StageInput(SCORER, name) for name in self.scorers()]
 
     def scorers(self) -> list[str]:
         """Reward-model stages whose models score this stage's samples (its asset reads them: a lineage edge)."""
         return []
 
-    def rewards_used(self) -> list[dict[str, Any]]:
-        """The rewards this stage optimizes (reward specs, custom files relative to the pipeline's folder): the
-        Dagster step checks them against the data before the worker starts, and copies custom files along."""
+    def rewards_used(self) -> list[Reward]:
+        """The rewards this stage optimizes (custom files relative to the pipeline's folder): the Dagster step
+        checks them against the data before the worker starts, and copies custom files along."""
         return []
 
-    def with_rewards(self, specs: list[dict[str, Any]]) -> TrainerStage:
-        """These settings with their rewards replaced by specs (custom files copied beside the artifact)."""
+    def with_rewards(self, rewards: list[Reward]) -> TrainerStage:
+        """These settings with their rewards replaced (custom files copied beside the artifact)."""
         return self
 
 

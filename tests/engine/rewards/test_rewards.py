@@ -300,11 +300,14 @@ def test_localize_copies_custom_files_into_the_run(tmp_path):
     run = tmp_path / "run"
     local = RewardSet([{"type": "custom", "file": str(path)}, {"type": "exact"}]).localize(run)
     assert (run / "rewards" / "mine.py").read_text() == path.read_text()
-    specs = local.to_list(relative_to=run)
-    assert specs[0]["file"] == "rewards/mine.py" and specs[1] == {"type": "exact", "weight": 1.0, "name": "exact"}
+    assert local[0].file == "rewards/mine.py"  # relative to the run: it still works once the run directory moves
+    assert local[1].to_dict() == {"type": "exact", "weight": 1.0, "name": "exact"}
     path.unlink()  # the run no longer depends on the original file
-    again = RewardSet.from_list(json.loads(json.dumps(specs)), base_dir=run)
-    assert again.rewards[0].score("x") == 0.25
+    moved = run.rename(tmp_path / "moved")
+    assert RewardSet(local, base_dir=moved).rewards[0].score("x") == 0.25  # typed, as a job carries them
+    from_json = RewardSet.from_list(json.loads(json.dumps([r.to_dict() for r in local])), base_dir=moved)
+    assert from_json.rewards[0].score("x") == 0.25
+    run = moved
     other = write(tmp_path / "mine.py", "def reward(p, c, r, row):\n    return 1\n")
     with pytest.raises(RewardError, match="already holds a different file"):
         parse_reward({"type": "custom", "file": str(other)}).localize(run)

@@ -70,7 +70,7 @@ def test_a_learned_reward_needs_a_guard_or_references():
     - {name: g, kind: grpo, dataset: prompts_ds, rewards: [{type: reward_model, stage: rm}],
        guard: [{type: length, max_chars: 200}]}
     """)
-    assert p.stage("g").rewards_used()[-1]["type"] == "length"  # the guard's custom files travel like rewards
+    assert p.stage("g").rewards_used()[-1].type == "length"  # the guard's custom files travel like rewards
 
 
 def test_a_reward_model_trains_on_pairs():

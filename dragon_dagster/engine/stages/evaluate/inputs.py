@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from ...config.job import Contract, JobPath, RewardModelInput, ToolsInput
+from ...rewards import RewardSpec
 
 
 class ChainStage(Contract):
@@ -25,7 +26,7 @@ class FeedbackInputs(Contract):
     """A retraining's report also measures the held-out feedback conversations (the promotion gate's figures)."""
 
     held_out: dict[str, JobPath]  # objective -> held-out rows (copied into the report's directory)
-    taste: list[dict[str, Any]] | None = None  # rewards; custom files relative to the report's directory
+    taste: list[RewardSpec] | None = None  # rewards; custom files relative to the report's directory
     reward_models: list[RewardModelInput] = []  # the reward model a reward_model taste names (rlhf's)
     liked_at: float = 1.0
     objectives: list[dict[str, Any]] = Field(default_factory=list)  # what each objective trained on, or why not

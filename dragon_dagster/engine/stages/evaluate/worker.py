@@ -179,7 +179,7 @@ def held_out_feedback_of(job: ReportJob):
         return [], [], None
     rated, pairs = held_out_feedback(feedback.held_out)  # the asset copied them into the report's directory
     # the taste's custom files were copied there too, their paths written relative to it
-    taste = RewardSet.from_list(feedback.taste, base_dir=job.output_dir) if feedback.taste else None
+    taste = RewardSet(feedback.taste, base_dir=job.output_dir) if feedback.taste else None
     if taste is not None and feedback.reward_models:  # a learned taste: the reward model scores the fresh replies
         from ...infer.reward_model import load_scorer
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
 from ...config.stage import METRICS_DOC, MetricNames
 from ...config.training import TrainArgs
-from ...rewards import LEARNED_TYPES, RewardSpec, known_types
+from ...rewards import LEARNED_TYPES, Reward, RewardSpec, known_types
 from .variants import GRPOVariants
 
 
@@ -85,13 +85,13 @@ class GRPO(GRPOVariants):
     _known_reward_types = known_types("rewards", "rewards")
     _known_guard_types = known_types("guard", "guard")
 
-    def rewards_used(self) -> list[dict[str, Any]]:
+    def rewards_used(self) -> list[Reward]:
         """The trained rewards, then the guard's (one list: the step checks and copies them alike)."""
-        return [reward.model_dump() for reward in [*self.rewards, *self.guard]]
+        return [*self.rewards, *self.guard]
 
-    def with_rewards(self, specs: list[dict[str, Any]]) -> GRPO:
+    def with_rewards(self, rewards: list[Reward]) -> GRPO:
         n = len(self.rewards)
-        return type(self).model_validate({**self.model_dump(), "rewards": specs[:n], "guard": specs[n:]})
+        return self.model_copy(update={"rewards": rewards[:n], "guard": rewards[n:]})
 
     def learned_rewards(self) -> list[str]:
         return [r.name for r in self.rewards if r.type in LEARNED_TYPES]

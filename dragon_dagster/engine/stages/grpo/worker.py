@@ -46,9 +46,8 @@ def validate(job: TrainingJob) -> tuple[RewardSet, RewardSet | None]:
         raise ValueError(
             f"grpo stage {job.settings.name!r}: its job carries no model for reward_model stage(s) {missing}"
         )
-    trained = RewardSet.from_list([r.model_dump() for r in job.settings.rewards], base_dir=base)
-    guard = [r.model_dump() for r in job.settings.guard]
-    return trained, RewardSet.from_list(guard, base_dir=base) if guard else None
+    trained = RewardSet(job.settings.rewards, base_dir=base)
+    return trained, RewardSet(job.settings.guard, base_dir=base) if job.settings.guard else None
 
 
 def load_scorers(job: TrainingJob, reporter: Reporter) -> dict:
