@@ -1,0 +1,50 @@
+"""docs/architecture.md is the map of the tree: every module of the package is named on it (a stage kind's own
+files excepted: their folder is the kind, and the page says what every kind folder holds), and every folder it
+names under dragon_dagster/ exists."""
+
+import re
+from pathlib import Path
+
+import dragon_dagster
+
+PACKAGE = Path(dragon_dagster.__file__).parent
+DOC = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+
+
+def test_every_module_is_on_the_map():
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if path.name in ("__init__.py", "__main__.py") or rel.parts[:2] == ("engine", "stages") and len(rel.parts) > 3:
+            continue
+        if not re.search(rf"(?<![\w.]){re.escape(path.name)}\b", DOC):
+            missing.append(rel.as_posix())
+    assert not missing, f"docs/architecture.md does not name {missing}: add them where they sit in its layout"
+
+
+def test_every_kind_folder_and_named_folder_exists():
+    layout = DOC.split("## Layout", 1)[1]
+    kinds = sorted(p.parent.name for p in (PACKAGE / "engine" / "stages").glob("*/__init__.py"))
+    listed = layout.split("stages/", 1)[1].split("train/", 1)[0].split(":", 1)[1].split()
+    assert sorted(listed) == kinds
+    folders = re.findall(r"^ {2,4}(\w+)/ ", layout, flags=re.M)
+    assert all(any(PACKAGE.rglob(folder)) for folder in folders), folders
+
+
+def test_the_import_contracts_place_every_module():
+    """Each layers contract names every module of its container (and the package's contract every top-level
+    module): a module left out of the layers is free to import anything, so the stack would not hold for it."""
+    import tomllib
+
+    contracts = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    unplaced = []
+    for contract in (c for c in contracts if c["type"] == "layers"):
+        named = {m.strip() for layer in contract["layers"] for m in layer.split("|")}
+        for container in contract.get("containers", ["dragon_dagster"]):
+            folder = PACKAGE.parent / container.replace(".", "/")
+            children = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+            children |= {p.parent.name for p in folder.glob("*/__init__.py")}
+            prefix = "" if "containers" in contract else f"{container}."
+            placed = {n.removeprefix(prefix) for n in named}
+            unplaced += [f"{container}.{c}" for c in sorted(children - placed - {"__main__"})]
+    assert not unplaced, f"modules no import contract places: {unplaced}"
