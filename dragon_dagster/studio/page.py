@@ -72,6 +72,7 @@ class StudioRun:
 
     name: str
     launched: Launched
+    training: list[str]  # its training stages, in the pipeline's order: whose curves the page draws
     started: float = field(default_factory=time.time)
     drawn: int = 0  # training points drawn so far
     reported: bool = False  # its end shown: later polls leave the page alone (the status may be the chat's link)
@@ -180,14 +181,15 @@ class Studio:
         if current is not None and current.launched.status() not in ENDED:
             return f"{name} is running already (since {time.strftime('%H:%M:%S', time.localtime(current.started))})"
         try:
-            load(path)
+            pipeline = load(path)
             if self.dagster_url and webserver_answers(self.dagster_url):
                 launched = WebserverRun(self.dagster_url, name)
             else:
                 launched = LocalRun(path, name, self.instance, self.runs_dir / "studio", self.resources)
         except ValueError as exc:
             return f"**Error:** {exc}"
-        self.runs[name] = StudioRun(name, launched)
+        training = [s.name for s in pipeline.stages if pipeline.role_of(s) == "training"]
+        self.runs[name] = StudioRun(name, launched, training)
         return f"Running {name} on {launched.where}: each stage's state and the training curves follow below."
 
     def cancel(self, name: str) -> str:
@@ -204,12 +206,12 @@ class Studio:
         if studio_run is None:
             return []
         found = []
-        for stage_dir in sorted((self.runs_dir / "artifacts" / name).glob("*")):
+        for stage in studio_run.training:  # in the pipeline's order
+            stage_dir = self.runs_dir / "artifacts" / name / stage
             files = [p for p in stage_dir.glob("*/progress.jsonl") if p.stat().st_mtime >= studio_run.started]
             if files:
-                rows = progress.read(max(files, key=lambda p: p.stat().st_mtime).parent)
-                found.append((stage_dir.name, rows))
-        return sorted(found, key=lambda c: min((r.get("elapsed_s", 0) for r in c[1]), default=0))
+                found.append((stage, progress.read(max(files, key=lambda p: p.stat().st_mtime).parent)))
+        return found
 
     def loss_rows(self, name: str) -> list[dict]:
         """The first training stage's rows with a loss (the SFT stage's, in every recipe)."""
