@@ -221,3 +221,24 @@ def test_cancel_stops_a_studio_run_at_its_step_and_keeps_the_checkpoint(tiny_mod
     assert not list(runs.glob("artifacts/lamps/sft_adapter/2*")), "no artifact for a cancelled stage"
     _, _, status = studio.follow("lamps")
     assert status.startswith("**CANCELED**") and "lamps/sft_adapter" in status and str(launched.log) in status
+
+
+def test_dragon_studio_serves_its_chat_pages_behind_its_own_login(monkeypatch, tmp_path):
+    """`dragon studio --password-env`: the page is behind the login, and so is every chat page it opens."""
+    from click.testing import CliRunner
+
+    from dragon_dagster import studio
+    from dragon_dagster.cli import main
+
+    served = []
+    monkeypatch.setattr(studio, "build_studio", lambda page: page)
+    monkeypatch.setattr(studio, "start", lambda page, **kw: served.append((page, kw)))
+    monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
+    args = ["studio", "--defs", str(tmp_path / "defs"), "--host", "0.0.0.0", "--password-env", "STUDIO_PW"]
+    out = CliRunner().invoke(main, args, env={"STUDIO_PW": "s3cret"})
+    assert out.exit_code == 0, out.output
+    [(page, options)] = served
+    assert (options["password"], options["host"]) == ("s3cret", "0.0.0.0") and "s3cret" not in out.output
+    assert (page.password, page.username, page.host) == ("s3cret", "dragon", "0.0.0.0")
+    assert (tmp_path / "defs").is_dir() and page.defs_dir == (tmp_path / "defs").resolve()

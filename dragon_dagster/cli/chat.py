@@ -131,6 +131,7 @@ def studio(
         markup=False,
     )
     page = Studio(defs_dir, runs_dir(), model, dagster_url=dagster_url or dagster_ui_url())
+    page.host, page.password, page.username = host, password, username  # the chat pages it opens: the same login
     start(build_studio(page), host=host, port=port, password=password, username=username)
 
 
