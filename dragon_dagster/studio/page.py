@@ -276,14 +276,13 @@ class Studio:
 
     # ------------------------------------------------------------------------------------------- chat
 
-    def newest_model(self, name: str) -> tuple[str, Path] | None:
+    def newest_model(self, pipeline) -> tuple[str, Path] | None:
         """(stage, artifact) of the last model in the pipeline's chain that has been made: the merged model once
         it is, else the latest adapter."""
-        pipeline = load(self.defs_dir / name / "defs.yaml")
         found = None
         for stage in pipeline.stages:
             if pipeline.role_of(stage) in ("training", "merge"):
-                made = latest_artifact(self.runs_dir, f"{name}/{stage.name}")
+                made = latest_artifact(self.runs_dir, f"{pipeline.name}/{stage.name}")
                 found = (stage.name, made) if made is not None else found
         return found
 
@@ -296,7 +295,8 @@ class Studio:
         name = (name or "").strip()
         if not (self.defs_dir / name / "defs.yaml").exists():
             return f"**Error:** no pipeline {name!r} saved in {self.defs_dir}: save and run it first"
-        newest = self.newest_model(name)
+        pipeline = load(self.defs_dir / name / "defs.yaml")
+        newest = self.newest_model(pipeline)
         if newest is None:
             return f"**Error:** {name} has no trained model yet: run it first"
         stage, artifact = newest
@@ -305,7 +305,6 @@ class Studio:
             return f"[Chat with {name}'s {stage}]({open_chat[2]}) (open already)"
         if open_chat is not None:
             open_chat[1].close()
-        pipeline = load(self.defs_dir / name / "defs.yaml")
         resources = self.resources or {}
         target = chat_target(
             name,
