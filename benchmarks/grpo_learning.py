@@ -141,7 +141,7 @@ def watch_numeric_groups(group_size: int) -> list[list[float]]:
     consecutively). TRL's frac_reward_zero_std looks at the total reward, which a continuous length reward
     almost always spreads, so it hides groups that carry no correctness signal; this counts those."""
     from dragon_dagster.engine.rewards import trl_reward_funcs
-    from dragon_dagster.engine.stages.grpo import worker as grpo
+    from dragon_dagster.engine.train.reinforce import worker as grpo
 
     groups: list[list[float]] = []
 

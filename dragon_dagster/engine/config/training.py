@@ -1,5 +1,5 @@
 """What every LoRA training stage is given: the adapter's shape (dragon_lora) and the trainer arguments
-(dragon_train_args). A kind changes the defaults by subclassing TrainArgs (stages/grpo/settings.py, say)."""
+(dragon_train_args). A kind changes the defaults by subclassing TrainArgs (train/reinforce/settings.py, say)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import pytest
 from dragon_dagster.engine.artifacts import progress
 from dragon_dagster.engine.config.checks import CheckOutcome
 from dragon_dagster.engine.data.checks import quality_check
-from dragon_dagster.engine.stages.grpo.checks import kl_check
+from dragon_dagster.engine.train.reinforce.checks import kl_check
 from dragon_dagster.engine.train.stage import losses_check
 
 

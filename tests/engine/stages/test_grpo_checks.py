@@ -10,11 +10,11 @@ from dagster import AssetCheckSeverity, AssetKey, DagsterInstance, MetadataValue
 from dragon_dagster.assets.checks import asset_checks, build_checks
 from dragon_dagster.assets.metadata import as_metadata
 from dragon_dagster.engine.artifacts.manifest import AdapterManifest, write_manifest
-from dragon_dagster.engine.stages.grpo.checks import grpo_checks, mean_clipped_ratio, suggest_max_new_tokens
 from dragon_dagster.engine.stages.grpo.result import GRPOResult
 from dragon_dagster.engine.stages.grpo.settings import GRPO
-from dragon_dagster.engine.stages.grpo.worker import progress_columns, truncation_warning
 from dragon_dagster.engine.stages.sft.result import SFTResult
+from dragon_dagster.engine.train.reinforce.checks import mean_clipped_ratio, reinforce_checks, suggest_max_new_tokens
+from dragon_dagster.engine.train.reinforce.worker import progress_columns, truncation_warning
 
 KEY = AssetKey(["p", "grpo_adapter"])
 KINDS = {"numeric": "numeric", "length": "length"}
@@ -77,7 +77,7 @@ def run(path: Path, block: bool = False):
         truncation_limit=0.25,
         block_on_reward_hacking=block,
     )
-    checks = asset_checks(KEY, grpo_checks(stage))
+    checks = asset_checks(KEY, reinforce_checks(stage))
     result = materialize(
         [grpo_adapter, merged_model, *checks], instance=DagsterInstance.ephemeral(), raise_on_error=False
     )
@@ -251,7 +251,7 @@ def test_the_demo_gives_grpo_the_budget_its_truncation_check_asks_for():
     from dragon_dagster.engine import models
     from dragon_dagster.engine.config.settings import overlay
     from dragon_dagster.engine.data.tables import read_table
-    from dragon_dagster.engine.stages.grpo.worker import longest_reference_tokens
+    from dragon_dagster.engine.train.reinforce.worker import longest_reference_tokens
 
     pipeline = find_pipeline("support")
     stage = next(s for s in pipeline.stages if s.kind == "grpo")

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from dragon_dagster.engine.stages.grpo.settings import GRPO
 from dragon_dagster.engine.stages.grpo.variants import GRPOVariants
-from dragon_dagster.engine.train.stage import TrainerStage
+from dragon_dagster.engine.train.reinforce.settings import ReinforceStage
 
 G = 4  # completions per prompt
 C = 6  # completion columns of the fixed batch
@@ -328,7 +328,7 @@ def test_the_settings_reach_grpo_config_with_trls_defaults():
 
     trl_defaults = {f.name: f.default for f in fields(GRPOConfig)}
     config = stage().variant_config()
-    assert set(config) == set(GRPOVariants.model_fields) - set(TrainerStage.model_fields)
+    assert set(config) == set(GRPOVariants.model_fields) - set(ReinforceStage.model_fields)
     assert config == {name: trl_defaults[name] for name in config}  # unset, a stage trains as TRL would
     chosen = {
         "loss_type": "grpo",

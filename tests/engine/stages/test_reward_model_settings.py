@@ -9,8 +9,8 @@ import yaml
 
 from dragon_dagster.engine.pipeline import PipelineError
 from dragon_dagster.engine.pipeline.loading import parse
-from dragon_dagster.engine.stages.grpo.checks import over_optimized
 from dragon_dagster.engine.stages.grpo.result import GRPOResult
+from dragon_dagster.engine.train.reinforce.checks import over_optimized
 
 HEAD = """\
 name: p

@@ -179,7 +179,7 @@ def test_two_workers_learn_what_one_does_with_the_same_global_batch(sft_runs):
 
 
 def test_the_global_batch_must_split_evenly_and_the_error_names_it():
-    from dragon_dagster.engine.stages.grpo.worker import per_worker_completions
+    from dragon_dagster.engine.train.reinforce.worker import per_worker_completions
 
     assert distributed.split_batch(8, 2) == 4 and distributed.split_batch(5, 1) == 5
     with pytest.raises(ValueError, match=r"batch_size \(6\) must be divisible by the number of workers \(4\)"):

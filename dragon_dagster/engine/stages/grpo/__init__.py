@@ -2,7 +2,7 @@
 
 from ...config.job import TrainingInputs
 from ...config.kind import StageKind
-from .checks import grpo_checks
+from ...train.reinforce.checks import reinforce_checks
 from .result import GRPOResult
 from .settings import GRPO
 
@@ -12,6 +12,6 @@ KIND = StageKind(
     TrainingInputs,
     GRPOResult,
     f"{__name__}.worker:train_grpo",
-    grpo_checks,
+    reinforce_checks,
     summary="Reinforcement learning with verifiable rewards (TRL GRPOTrainer).",
 )

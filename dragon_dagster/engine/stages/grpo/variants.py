@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ...train.stage import TrainerStage
+from ...train.reinforce.settings import ReinforceStage
 
 GRPOLoss = Literal["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"]
 CLIPPED: tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")  # PPO's clip of the ratio
@@ -35,7 +35,7 @@ USED_BY: dict[str, tuple[str, ...]] = {  # a parameter and the loss types that r
 }
 
 
-class GRPOVariants(TrainerStage):
+class GRPOVariants(ReinforceStage):
     """TRL's GRPO loss variants (GRPOConfig), with TRL's defaults."""
 
     loss_type: GRPOLoss = Field(
@@ -184,5 +184,5 @@ class GRPOVariants(TrainerStage):
     def variant_config(self) -> dict[str, Any]:
         """These settings as GRPOConfig keyword arguments (each field is TRL's argument of the same name)."""
         return {
-            name: getattr(self, name) for name in GRPOVariants.model_fields if name not in TrainerStage.model_fields
+            name: getattr(self, name) for name in GRPOVariants.model_fields if name not in ReinforceStage.model_fields
         }

@@ -1,5 +1,5 @@
-"""The grpo kind's checks (the grpo-rlvr notes' reward-hacking guards): a format reward rising while an accuracy
-reward falls (over the training steps, and on the held-out prompts before and after; blocking when the stage
+"""The reinforcement kinds' checks (the grpo-rlvr notes' reward-hacking guards): a format reward rising while an
+accuracy reward falls (over the training steps, and on the held-out prompts before and after; blocking when the stage
 asks), a runaway KL, groups with no reward variance (no learning signal), completions cut off at max_new_tokens."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from ...artifacts import progress
 from ...artifacts.manifest import AdapterManifest, read_manifest
 from ...config.checks import CheckOutcome, CheckSpec
 from ...rewards import ACCURACY_TYPES, FORMAT_TYPES, LEARNED_TYPES
-from .result import GRPOResult
-from .settings import GRPO
+from .result import ReinforceResult
+from .settings import ReinforceStage
 
 
 def mean_clipped_ratio(rows: list[dict]) -> float | None:
@@ -47,13 +47,13 @@ def opposed_moves(kinds: dict, moves: dict[str, tuple[float, float]], margin: fl
     return rising, falling
 
 
-def held_out_moves(result: GRPOResult) -> dict[str, tuple[float, float]]:
+def held_out_moves(result: ReinforceResult) -> dict[str, tuple[float, float]]:
     """Each reward's mean on the held-out prompts before and after training (rewards with both figures)."""
     before, after = result.per_reward_before, result.per_reward_after
     return {n: (float(before[n]), float(after[n])) for n in result.reward_kinds if n in before and n in after}
 
 
-def over_optimized(result: GRPOResult, margin: float = HACKING_MARGIN) -> tuple[list[str], list[str]]:
+def over_optimized(result: ReinforceResult, margin: float = HACKING_MARGIN) -> tuple[list[str], list[str]]:
     """Learned rewards that rose on the held-out prompts and guards (never trained on) that fell: a policy
     climbing a reward model's mistakes rather than getting better."""
     held = held_out_moves(result)
@@ -63,8 +63,8 @@ def over_optimized(result: GRPOResult, margin: float = HACKING_MARGIN) -> tuple[
     return rising, falling
 
 
-def read_result(artifact: Path) -> GRPOResult:
-    return read_manifest(artifact, AdapterManifest[GRPOResult]).result
+def read_result(artifact: Path) -> ReinforceResult:
+    return read_manifest(artifact, AdapterManifest[ReinforceResult]).result
 
 
 def hacking_check(block: bool) -> CheckSpec:
@@ -210,7 +210,7 @@ def truncation_check(limit: float) -> CheckSpec:
     )
 
 
-def grpo_checks(stage: GRPO) -> list[CheckSpec]:
+def reinforce_checks(stage: ReinforceStage) -> list[CheckSpec]:
     return [
         hacking_check(stage.block_on_reward_hacking),
         kl_check(stage.kl_bound),

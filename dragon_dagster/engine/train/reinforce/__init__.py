@@ -1,0 +1,1 @@
+"""What the reinforcement kinds (stages/grpo, stages/rloo) share: settings, trainer, run, result and checks."""

@@ -1,0 +1,145 @@
+"""What the reinforcement kinds share (stages/grpo, stages/rloo: one TRL config/trainer pair each): the rewards
+they optimize and the guard they watch, groups of sampled completions, the KL to the starting model, the checks'
+limits and the checks made when the pipeline loads (dragon_reinforce's arguments)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from ...config.stage import METRICS_DOC, MetricNames
+from ...config.training import TrainArgs
+from ...rewards import LEARNED_TYPES, Reward, RewardSpec, known_types
+from ..stage import TrainerStage
+
+
+class ReinforceArgs(TrainArgs):
+    """dragon_reinforce's defaults: one pass, no accumulation, frequent checkpoints (each step samples)."""
+
+    epochs: float = Field(1, gt=0, description="Passes over the prompts.")
+    learning_rate: float = Field(1e-5, gt=0, allow_inf_nan=False, description="Peak learning rate of the LoRA weights.")
+    grad_accum: int = Field(1, gt=0, description="Steps whose gradients add up to one update.")
+    save_steps: int = Field(20, gt=0, description="Save a resumable checkpoint every this many steps.")
+
+
+class ReinforceStage(TrainerStage):
+    """A policy trained on rewards of its own samples: each prompt answered group_size times, each completion's
+    advantage its reward against the others of its group (dragon_reinforce)."""
+
+    rewards: list[RewardSpec] = Field(
+        min_length=1,
+        description="Verifiable rewards, summed by weight, e.g. [{type: numeric}, "
+        "{type: length, max_chars: 16, weight: 0.2}]; see the rewards reference for the types and their options.",
+    )
+    group_size: int = Field(4, ge=2, le=64, description="Completions per prompt, 2..64.")
+    beta: float = Field(0.04, ge=0, le=10, description="KL penalty to the starting model, 0..10.")
+    temperature: float = Field(1.0, ge=0.05, le=3, description="Sampling temperature, 0.05..3.")
+    max_new_tokens: int = Field(
+        128,
+        gt=0,
+        description="Rollout length: the most tokens a sampled completion may have while training (TRL's "
+        "max_completion_length), and the length limit of the held-out replies scored before and after.",
+    )
+    max_eval_prompts: int = Field(64, ge=0, description="Held-out prompts scored before and after training.")
+    kl_bound: float = Field(1.0, gt=0, description="The kl_within_bound check warns above this KL.")
+    zero_std_limit: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="The groups_have_reward_variance check warns when this share of groups has no reward variance.",
+    )
+    truncation_limit: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description="The completions_not_truncated check warns when more than this share of completions is cut off "
+        "at max_new_tokens (mean over the steps).",
+    )
+    guard: list[RewardSpec] = Field(
+        default_factory=list,
+        description="Rewards never trained on, scored on the held-out prompts before and after training: what a "
+        "policy exploiting a learned reward (reward_model) would lose while its reward climbs, e.g. a verifiable "
+        "reward or a second reward model. The reward-hacking check compares them with the learned rewards.",
+    )
+    guard_metrics: MetricNames = Field(
+        None,
+        description="Reference metrics of the held-out replies watched the same way (prompts with a reference "
+        "column). Default: token_f1 when the stage optimizes a learned reward and the prompts have references. "
+        + METRICS_DOC.split(". ", 1)[0]
+        + ".",
+    )
+    block_on_reward_hacking: bool = Field(
+        False,
+        description="Make format_not_rising_while_accuracy_falls a blocking check with severity ERROR: when "
+        "it fails, the stages after this one are not materialized in the same run.",
+    )
+    args: ReinforceArgs = Field(default_factory=ReinforceArgs, description="Trainer arguments.")
+
+    _known_reward_types = known_types("rewards", "rewards")
+    _known_guard_types = known_types("guard", "guard")
+
+    def rewards_used(self) -> list[Reward]:
+        """The trained rewards, then the guard's (one list: the step checks and copies them alike)."""
+        return [*self.rewards, *self.guard]
+
+    def with_rewards(self, rewards: list[Reward]) -> ReinforceStage:
+        n = len(self.rewards)
+        return self.model_copy(update={"rewards": rewards[:n], "guard": rewards[n:]})
+
+    def learned_rewards(self) -> list[str]:
+        return [r.name for r in self.rewards if r.type in LEARNED_TYPES]
+
+    def scorers(self) -> list[str]:
+        return list(dict.fromkeys(r.stage for r in [*self.rewards, *self.guard] if r.type in LEARNED_TYPES))
+
+    def watched_metrics(self, has_references: bool) -> list[str]:
+        """The reference metrics scored before and after: guard_metrics, else token_f1 for a learned reward."""
+        if self.guard_metrics is not None:
+            return self.guard_metrics
+        return ["token_f1"] if self.learned_rewards() and has_references else []
+
+    def check_inputs(self, pipeline) -> None:
+        """A reward_model reward names a reward_model stage; a learned reward has something untrained to watch."""
+        for name in self.scorers():
+            scorer = pipeline.stage_or_none(name)
+            if scorer is None or not scorer.scores_replies:
+                raise ValueError(
+                    f"{self.kind} stage {self.name!r}: a reward_model reward names {name!r}, which is "
+                    f"{'a ' + scorer.kind + ' stage' if scorer else 'not a stage'}; name an earlier reward_model "
+                    "stage"
+                )
+        learned = self.learned_rewards()
+        prompts = pipeline.stage_or_none(self.dataset)
+        references = bool(getattr(prompts, "reference", None))
+        if learned and not self.guard and not references:
+            raise ValueError(
+                f"{self.kind} stage {self.name!r} optimizes the learned reward(s) {learned} and watches nothing it is "
+                "not trained on, so over-optimization would go unseen: add `guard:` (a verifiable reward or another "
+                f"reward model) or map a reference column in {self.dataset!r} (its token_f1 is then watched)"
+            )
+        if self.guard_metrics and not references:
+            raise ValueError(
+                f"{self.kind} stage {self.name!r}: guard_metrics {self.guard_metrics} compare with references, but "
+                f"{self.dataset!r} maps no reference column"
+            )
+
+    def preflight(self, pipeline) -> list[str]:
+        """A reward that compares with a reference, on prompts whose dataset maps no reference column."""
+        prompts = pipeline.stage(self.dataset)
+        needing = [r.name or r.type for r in self.rewards if r.needs_reference]
+        maps_reference = "reference" in type(prompts).model_fields
+        if needing and maps_reference and not prompts.reference:
+            return [
+                f"{self.name}: reward(s) {needing} compare with a reference, but {prompts.name} "
+                "maps no reference column"
+            ]
+        return []
+
+    def trainer_config(self) -> dict[str, Any]:
+        """The kind's own keyword arguments of its TRL config, beside the ones every reinforcement kind sets."""
+        return {}
+
+    def uses_tools(self) -> bool:
+        """Whether the rollouts run the pipeline's tools (a kind whose trainer has TRL's tool loop)."""
+        return False

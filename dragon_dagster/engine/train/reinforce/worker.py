@@ -1,0 +1,359 @@
+"""The reinforcement kinds' run (grpo, rloo): TRL's GRPOTrainer or RLOOTrainer on a LoRA adapter, with the
+rewards, the guard, the held-out scoring and the summary they share; each kind's worker names its trainer and
+config and adds its own settings (ReinforceStage.trainer_config).
+
+Each prompt is answered group_size times; a completion's advantage is its reward against its group's
+mean, so a group whose completions all score the same teaches nothing (the reason the bundled arithmetic
+prompts sit where the model is right about half the time). Held-out prompts are scored greedily before
+(adapter off: the model the stage started from) and after training, so the stage's gain is visible.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from statistics import mean
+
+from ...artifacts import progress
+from ...config.reporter import Reporter
+from ...evaluate.plots import plot_loss
+from ...infer.generation import generate
+from ...infer.tool_loop import converse, transcript
+from ...rewards import RewardSet, trl_reward_funcs
+from ...text.matchers import MATCHERS
+from ...tools import template
+from ...tools.declare import Toolset
+from .. import distributed, lm_head
+from ..trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
+from .checks import mean_clipped_ratio, suggest_max_new_tokens
+from .result import ReinforceResult
+from .trainer import fast_trainer
+
+
+def validate(job: TrainingJob) -> tuple[RewardSet, RewardSet | None]:
+    """What the settings model cannot see: the resource's generation batch against the stage's step, and the
+    step's completions against the data-parallel workers that share them."""
+    generation = job.speed.generation_batch_size if job.speed else None
+    step = job.settings.args.batch_size * job.settings.group_size
+    per_worker_completions(job.settings.args.batch_size, job.settings.group_size, distributed.world_size())
+    if generation and generation % step:  # checked before a model loads
+        raise ValueError(
+            f"speed.generation_batch_size ({generation}) must be a multiple of one step's "
+            f"completions, batch_size x group_size = {step}"
+        )
+    # custom files were copied into the artifact, their paths written relative to it
+    base = job.output_dir
+    missing = sorted(set(job.settings.scorers()) - {m.stage for m in job.inputs.reward_models})
+    if missing:
+        raise ValueError(
+            f"{job.settings.kind} stage {job.settings.name!r}: its job carries no model for reward_model "
+            f"stage(s) {missing}"
+        )
+    trained = RewardSet(job.settings.rewards, base_dir=base)
+    return trained, RewardSet(job.settings.guard, base_dir=base) if job.settings.guard else None
+
+
+def load_scorers(job: TrainingJob, reporter: Reporter) -> dict:
+    """The reward models the stage's learned rewards name, loaded once each: stage name -> scorer."""
+    from ...infer.reward_model import load_scorer
+
+    scorers = {}
+    for entry in job.inputs.reward_models:
+        reporter.log(f"loading reward model {entry.stage} ({entry.adapter})")
+        scorer = load_scorer(entry.model, entry.adapter, job.hardware, max_length=job.settings.args.max_seq_len)
+        scorers[entry.stage] = scorer.score
+    return scorers
+
+
+def watched(rows: list[dict], texts: list[str], guard: RewardSet | None, metrics: list[str]) -> dict[str, float]:
+    """The guard: rewards never trained on and reference metrics, each one's mean over the held-out replies."""
+    out = {}
+    if guard is not None:
+        scores = guard.score(texts, rows, on_error="zero")
+        out.update({name: mean(values) for name, values in scores.scores.items()})
+    for name in metrics:
+        pairs = [(t, r["reference"]) for t, r in zip(texts, rows) if r.get("reference") not in (None, "")]
+        if pairs:
+            out[name] = mean(MATCHERS[name](t, str(ref)) for t, ref in pairs)
+    return out
+
+
+def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
+    """Completions each worker scores per step: batch_size counts prompts across all workers (the global
+    batch), each answered group_size times; TRL gathers the rewards, so a group may span workers."""
+    return distributed.split_batch(
+        batch_size * group_size,
+        workers,
+        what=f"batch_size x group_size (completions per step, {batch_size} x {group_size})",
+    )
+
+
+def progress_columns(rewards: RewardSet) -> dict[str, str]:
+    """TRL's log keys as dragonfarm's progress columns."""
+    columns = {
+        "completions/mean_length": "completion_len",
+        "frac_reward_zero_std": "zero_std_frac",
+        "completions/clipped_ratio": "clipped_ratio",
+    }  # share of completions cut at max_new_tokens
+    columns.update({f"rewards/{name}/mean": f"reward_{name}" for name in rewards.names})
+    return columns
+
+
+def longest_reference_tokens(tokenizer, rows: list[dict]) -> int | None:
+    """Length in tokens of the longest reference among the rows (None when no row has one)."""
+    references = [str(r["reference"]) for r in rows if r.get("reference") not in (None, "")]
+    if not references:
+        return None
+    return max(len(ids) for ids in tokenizer(references, add_special_tokens=False)["input_ids"])
+
+
+def last_kl(rows: list[dict]) -> float | None:
+    """The KL to the starting model over the last third of the logged steps (TRL logs it when beta > 0)."""
+    values = [r["kl"] for r in rows if isinstance(r.get("kl"), (int, float))]
+    if not values:
+        return None
+    tail = values[-max(1, len(values) // 3) :]
+    return sum(tail) / len(tail)
+
+
+def truncation_warning(summary: ReinforceResult, limit: float) -> str | None:
+    """The worker's closing warning when completions were mostly cut off: the cause and the setting to raise."""
+    ratio = summary.clipped_ratio
+    if ratio is None or ratio <= limit:
+        return None
+    return (
+        f"WARNING: {ratio:.0%} of completions were cut off at max_new_tokens={summary.max_new_tokens} "
+        f"(limit {limit:.0%}): rewards that read the answer at the end see none, so there is little to learn; "
+        f"raise max_new_tokens (try {summary.suggested_max_new_tokens})"
+    )
+
+
+def watch_groups(funcs: list, group_size: int, out: Path) -> list:
+    """Wrap TRL reward functions to record, per reward, the share of groups whose samples all scored the same.
+
+    TRL's frac_reward_zero_std is taken on the weighted total, which a continuous reward such as length
+    keeps near 0 even when no group disagrees on correctness; per reward is what shows a missing signal.
+    With several workers each scores its own completions, and rank 0 records its share of the groups: the
+    artifact is rank 0's to write (another node's rank may not even see its folder).
+    """
+    main = distributed.is_main()
+
+    def wrap(func):
+        def watched(prompts, completions, completion_ids=None, **kwargs):
+            scores = func(prompts, completions, completion_ids, **kwargs)
+            if not main:
+                return scores
+            groups = [scores[i : i + group_size] for i in range(0, len(scores), group_size)]
+            frac = mean(max(g) == min(g) for g in groups) if groups else 1.0
+            with (out / "groups.jsonl").open("a") as f:
+                f.write(json.dumps({"reward": func.__name__, "zero_std_frac": frac}) + "\n")
+            return scores
+
+        watched.__name__ = func.__name__
+        return watched
+
+    return [wrap(f) for f in funcs]
+
+
+def score_prompts(
+    model, tokenizer, rows: list[dict], rewards: RewardSet, max_new_tokens: int, toolset: Toolset | None = None
+) -> dict:
+    """Greedy completions for the rows, scored: mean total reward and mean per reward. With a toolset each
+    completion is a conversation whose calls were run (infer/tool_loop.py), as in training; the rewards score its
+    final answer, tool_call its calls."""
+    prompts = [r["prompt"] for r in rows]
+    if toolset is None:
+        completions = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens)
+        texts = completions
+    else:
+        completions = converse(model, tokenizer, prompts, toolset, max_new_tokens=max_new_tokens)
+        texts = [transcript(turns) for turns in completions]
+    scores = rewards.score(completions, rows, on_error="zero")
+    return {
+        "reward": mean(scores.total),
+        "per_reward": {n: mean(v) for n, v in scores.scores.items()},
+        "completions": texts,
+        "totals": scores.total,
+        "errors": scores.errors,
+    }
+
+
+def train_reinforce(
+    job: TrainingJob, reporter: Reporter, trainer_class: type, config_class: type, result: type[ReinforceResult]
+) -> ReinforceResult | None:
+    """Train job's stage with TRL's trainer class (GRPOTrainer, RLOOTrainer) and its config class: the held-out
+    prompts scored before and after, the rewards and the guard as every reinforcement kind has them; the kind's
+    own config arguments from its settings (trainer_config)."""
+    from datasets import Dataset
+
+    rewards, guard = validate(job)
+    toolset = Toolset.from_input(job.inputs.tools) if job.settings.uses_tools() else None
+    if job.settings.uses_tools() and toolset is None:
+        raise ValueError(
+            f"{job.settings.kind} stage {job.settings.name!r} has tools: true, but its job carries no tools"
+        )
+    rewards.bind_tools(toolset.schemas if toolset else None)
+    scorers = load_scorers(job, reporter)
+    rewards.bind_scorers(scorers)
+    if guard is not None:
+        guard.bind_tools(toolset.schemas if toolset else None).bind_scorers(scorers)
+    p = prepare(job)
+    # before TRL sees the tokenizer: its tool loop renders the tools and parses calls with this template
+    rendering = template.prepare(p.tokenizer, needed=True) if toolset else None
+    rewards.check_rows(p.train_rows + p.eval_rows)  # a reward that needs a reference fails here, not mid-run
+    if guard is not None:
+        guard.check_rows(p.eval_rows or p.train_rows)
+    out = Path(job.output_dir)
+    chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
+    args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked)
+    args["per_device_train_batch_size"] = per_worker_completions(
+        p.args.batch_size, job.settings.group_size, p.workers
+    )  # batch_size counts prompts
+    if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
+        args["generation_batch_size"] = p.speed.generation_batch_size
+    config = config_class(
+        **args,
+        num_generations=job.settings.group_size,
+        max_completion_length=job.settings.max_new_tokens,
+        temperature=job.settings.temperature,
+        beta=job.settings.beta,
+        reward_weights=rewards.weights(),
+        log_completions=False,
+        **({"max_tool_calling_iterations": toolset.max_calls} if toolset else {}),
+        **job.settings.trainer_config(),
+    )
+    callback = progress_callback(reporter, out, columns=progress_columns(rewards))
+    funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
+    trainer = fast_trainer(trainer_class)(
+        model=p.model,
+        reward_funcs=funcs,
+        args=config,
+        train_dataset=Dataset.from_list(p.train_rows),
+        processing_class=p.tokenizer,
+        peft_config=lora_config(p.lora),
+        callbacks=[callback],
+        **({"tools": toolset.callables()} if toolset else {}),
+    )
+    # with tools in the loop, TRL's own generation: the grouped sampler samples a group in lockstep from one
+    # prefilled prompt, which a tool call in the middle of a completion breaks
+    sampling = "trl (tools in the loop)" if toolset else p.speed.sampling
+    speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": sampling}
+    trainer.chunked, trainer.unpad = chunked, speed["unpad"]
+    trainer.grouped_sampling = p.speed.sampling == "grouped" and toolset is None
+    if toolset:
+        reporter.log(f"tools in the loop: {', '.join(toolset.names)} ({rendering} rendering), rollouts by TRL")
+    reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
+    held = (p.eval_rows or p.train_rows)[: job.settings.max_eval_prompts]
+    metrics = job.settings.watched_metrics(any(r.get("reference") not in (None, "") for r in held))
+    main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
+    if main:
+        trainer.model.eval()
+        with trainer.model.disable_adapter():  # the model this stage started from
+            before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
+        before["guard"] = watched(held, before["completions"], guard, metrics)
+        reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
+    trained = run_trainer(trainer, callback, job, reporter)
+    if not main:
+        return None
+    trainer.model.eval()
+    after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
+    after["guard"] = watched(held, after["completions"], guard, metrics)
+    reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
+    for name, value in after["guard"].items():
+        reporter.log(f"guard {name} (not trained on): {before['guard'].get(name, float('nan')):.3f} -> {value:.3f}")
+    summary = summarize(
+        job,
+        trainer,
+        trained,
+        result,
+        rewards,
+        held,
+        bool(p.eval_rows),
+        before,
+        after,
+        out,
+        reporter,
+        speed={**speed, "generation_batch_size": config.generation_batch_size},
+        reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows),
+        tools={"names": toolset.names, "rendering": rendering, **toolset.counts()} if toolset else None,
+        guard_kinds={r.name: r.type for r in guard or []} | {m: "metric" for m in metrics},
+    )
+    warning = truncation_warning(summary, job.settings.truncation_limit)
+    if warning:
+        reporter.log(warning)
+    return summary
+
+
+def summarize(
+    job,
+    trainer,
+    result,
+    result_model: type[ReinforceResult],
+    rewards,
+    held,
+    held_out,
+    before,
+    after,
+    out: Path,
+    reporter,
+    speed: dict,
+    reference_tokens: int | None = None,
+    tools: dict | None = None,
+    guard_kinds: dict[str, str] | None = None,
+) -> ReinforceResult:
+    logged = progress.read(out)
+    losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
+    summary = result_model(
+        objective=job.settings.objective(),
+        loss_label=f"{job.settings.kind.upper()} loss",
+        speed=speed,
+        global_step=trainer.state.global_step,
+        train_loss=result.training_loss,
+        first_loss=losses[0] if losses else None,
+        last_loss=losses[-1] if losses else None,
+        held_out=held_out,
+        eval_prompts=len(held),
+        rewards=rewards.to_list(relative_to=out),  # the report scores with them, custom files beside it
+        reward_kinds={r.name: r.type for r in rewards},
+        reward_before=before["reward"],
+        reward_after=after["reward"],
+        per_reward_before=before["per_reward"],
+        per_reward_after=after["per_reward"],
+        reward_errors=after["errors"],
+        guard_kinds=guard_kinds or {},
+        guard_before=before["guard"],
+        guard_after=after["guard"],
+        kl=last_kl(logged),
+        group_size=job.settings.group_size,
+        beta=job.settings.beta,
+        temperature=job.settings.temperature,
+        max_new_tokens=job.settings.max_new_tokens,
+        clipped_ratio=mean_clipped_ratio(logged),
+        longest_reference_tokens=reference_tokens,
+        suggested_max_new_tokens=suggest_max_new_tokens(job.settings.max_new_tokens, reference_tokens),
+        tools=tools,
+    )
+    with (out / "samples.jsonl").open("w") as f:
+        for i, row in enumerate(held[: max(job.settings.n_samples, 0)]):
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": row["prompt"][-1]["content"],
+                        "reference": row.get("reference"),
+                        "before": before["completions"][i],
+                        "after": after["completions"][i],
+                        "reward_before": before["totals"][i],
+                        "reward_after": after["totals"][i],
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
+    (out / "metrics.json").write_text(summary.model_dump_json(indent=2))
+    plot_loss(logged, out / "loss.png", title=f"{job.settings.kind.upper()} loss and mean reward", extra="reward")
+    final = {"eval/reward_before": before["reward"], "eval/reward": after["reward"]}
+    final.update({f"eval/reward_{n}": v for n, v in after["per_reward"].items()})
+    final.update({f"eval/guard_{n}": v for n, v in after["guard"].items()})
+    final.update({f"eval/guard_before_{n}": v for n, v in before["guard"].items()})
+    reporter.metrics(trainer.state.global_step, final)
+    return summary
