@@ -118,6 +118,7 @@ BUILT_IN = [
     "kto",
     "reward_model",
     "grpo",
+    "rloo",
     "merge",
     "evaluate",
     "export",

@@ -1,6 +1,7 @@
 """A learned reward through Dagster on the tiny model: pairs -> reward_model -> grpo optimizing it beside a numeric
-reward. The reward model is an input of the GRPO asset (a lineage edge), its held-out accuracy reaches MLflow, the
-GRPO stage scores its rollouts with it and watches a guard it was not trained on."""
+reward -> rloo on the same two. The reward model is an input of the GRPO and RLOO assets (lineage edges), its
+held-out accuracy reaches MLflow, each stage scores its rollouts with it and watches a guard it was not trained
+on, and the RLOO stage (TRL's RLOOTrainer) continues from the GRPO one with the same checks."""
 
 from __future__ import annotations
 
@@ -63,6 +64,16 @@ def write_rlhf_pipeline(folder: Path, model: Path, guard: str = "") -> Path:
               max_eval_prompts: 4
               n_samples: 1
               args: {{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 50}}
+            - name: rloo_adapter
+              kind: rloo
+              dataset: sum_prompts
+              rewards: [{{type: reward_model, stage: taste_model, name: taste}}, {{type: numeric, weight: 0.5}}]
+              group_size: 2
+              max_new_tokens: 8
+              max_eval_prompts: 4
+              n_samples: 1
+              reward_clip_range: [-3, 3]
+              args: {{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 50}}
             - {{name: merged_model, kind: merge}}
         """)
     )
@@ -77,13 +88,15 @@ def test_pairs_reward_model_grpo_through_dagster(tiny_model, tmp_path, resources
     from dragon_dagster.engine.pipeline import load
 
     pipeline = load(write_rlhf_pipeline(tmp_path / "defs" / "rlhf_tiny", tiny_model))
-    # the lineage edge: the GRPO adapter reads the reward model; the merge folds the GRPO adapter only
+    # the lineage edges: the GRPO and RLOO adapters read the reward model; the merge folds the policy's adapters
     parts = build_pipeline_defs(pipeline)
     defs = Definitions(assets=parts["assets"], resources=resources_for(tmp_path / "runs"))
     graph = defs.resolve_asset_graph()
     deps = graph.get(AssetKey(["rlhf_tiny", "grpo_adapter"])).parent_keys
     assert AssetKey(["rlhf_tiny", "taste_model"]) in deps and AssetKey(["rlhf_tiny", "sum_prompts"]) in deps
-    assert graph.get(AssetKey(["rlhf_tiny", "merged_model"])).parent_keys == {AssetKey(["rlhf_tiny", "grpo_adapter"])}
+    rloo_deps = graph.get(AssetKey(["rlhf_tiny", "rloo_adapter"])).parent_keys
+    assert rloo_deps == {AssetKey(["rlhf_tiny", n]) for n in ("taste_model", "sum_prompts", "grpo_adapter")}
+    assert graph.get(AssetKey(["rlhf_tiny", "merged_model"])).parent_keys == {AssetKey(["rlhf_tiny", "rloo_adapter"])}
 
     runs = tmp_path / "runs"
     outcome = materialize_pipeline(pipeline, resources=resources_for(runs), instance=DagsterInstance.ephemeral())
@@ -123,6 +136,25 @@ def test_pairs_reward_model_grpo_through_dagster(tiny_model, tmp_path, resources
     grpo_run = client.get_run(grpo["mlflow_run_id"])
     assert grpo_run.data.tags["reward_model.taste_model.mlflow_run_id"] == rm["mlflow_run_id"]
     assert "eval/guard_token_f1" in grpo_run.data.metrics
+
+    # RLOO: the same rewards through TRL's RLOOTrainer, continuing from the GRPO adapter, the same checks run
+    rloo_dir = Path(outcome["artifacts"]["rloo_adapter"])
+    rloo = json.loads((rloo_dir / "manifest.json").read_text())
+    rloo_job = json.loads((rloo_dir / "job.json").read_text())
+    assert rloo["method"] == "rloo" and rloo["chain"] == [str(grpo_dir / "adapter"), str(rloo_dir / "adapter")]
+    assert [m["stage"] for m in rloo_job["inputs"]["reward_models"]] == ["taste_model"]
+    taste = rloo_job["settings"]["rewards"][0]  # typed specs in the job, read back as models
+    assert taste["type"] == "reward_model" and taste["stage"] == "taste_model" and taste["normalize"] == "group"
+    assert rloo["result"]["reward_kinds"] == {"taste": "reward_model", "numeric": "numeric"}
+    assert set(rloo["result"]["guard_after"]) == {"token_f1"} and rloo["result"]["loss_label"] == "RLOO loss"
+    rloo_progress = [json.loads(line) for line in (rloo_dir / "progress.jsonl").read_text().splitlines()]
+    assert {"reward_taste", "reward_numeric"} <= {k for r in rloo_progress for k in r}
+    assert rloo["result"]["global_step"] == 2
+    rloo_run = client.get_run(rloo["mlflow_run_id"])
+    assert rloo_run.data.tags["method"] == "rloo" and "eval/reward_taste" in rloo_run.data.metrics
+    assert rloo_run.data.tags["reward_model.taste_model.mlflow_run_id"] == rm["mlflow_run_id"]
+    checks = {c["name"] for c in outcome["checks"] if c["asset"] == "rlhf_tiny/rloo_adapter"}
+    assert {"kl_within_bound", "groups_have_reward_variance", "format_not_rising_while_accuracy_falls"} <= checks
 
     # `dragon score` loads the same artifact: the reply in the taste it learned ranks first
     from click.testing import CliRunner
