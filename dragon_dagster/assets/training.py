@@ -10,10 +10,11 @@ from dagster import Failure, MetadataValue, Output
 from ..engine import catalog, models
 from ..engine.artifacts.directories import sha256
 from ..engine.artifacts.manifest import AdapterManifest, read_manifest, write_manifest
-from ..engine.config.job import RewardModelInput, StageArtifact, TrainingInputs
+from ..engine.config.job import ReferencedModel, RewardModelInput, StageArtifact, TrainingInputs
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.pipeline import Pipeline, preflight
+from ..engine.release.model_registry import RegistryError
 from ..engine.rewards import RewardSet
 from ..engine.train.stage import SCORER, TrainerStage
 from ..resources.launchers.base import ENDED
@@ -62,6 +63,19 @@ def reward_model_inputs(names: list[str], scorers: dict[str, str], user: str) ->
                 mlflow_run_id=manifest.mlflow_run_id,
             )
         )
+    return out
+
+
+def referenced_models(stage: TrainerStage, tracking) -> list[ReferencedModel]:
+    """The models the stage names by where they are (a teacher ...), resolved: a registered model to its local
+    directory and the version its alias names now, a preset or directory to what from_pretrained loads."""
+    out = []
+    for ref in stage.model_references():
+        if ref.spec.startswith("models:/"):
+            path, version = tracking.resolve_version(ref.spec)
+            out.append(ReferencedModel(role=ref.role, spec=ref.spec, path=str(path), version=version))
+        else:
+            out.append(ReferencedModel(role=ref.role, spec=ref.spec, path=models.check_loadable(ref.spec)))
     return out
 
 
@@ -141,7 +155,8 @@ def run_training_stage(
         )
         rewards = check_rewards(pipeline, stage, dataset)
         reward_models = reward_model_inputs(stage.scorers(), declared.get(SCORER, {}), stage.name)
-    except (ModelError, DataError, ValueError) as exc:
+        referenced = referenced_models(stage, tracking)
+    except (ModelError, DataError, ValueError, RegistryError) as exc:
         raise Failure(description=f"{stage.name}: {exc}") from exc
     train_file, eval_file = Path(dataset) / "train.jsonl", Path(dataset) / "eval.jsonl"
     resume_from = None
@@ -168,6 +183,7 @@ def run_training_stage(
         "resumed_from": resume_from,
         "started_from": start_model,
         **{f"reward_model.{m.stage}.mlflow_run_id": m.mlflow_run_id for m in reward_models},
+        **{f"{m.role}.model": m.spec + (f" (version {m.version})" if m.version else "") for m in referenced},
         **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         **(tags or {}),
     }
@@ -233,6 +249,7 @@ def run_training_stage(
                         for role, found in declared.items()
                         for name, path in found.items()
                     ],
+                    referenced=referenced,
                 ),
                 output_dir=str(tmp),
             )

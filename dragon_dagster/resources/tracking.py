@@ -562,6 +562,15 @@ class MLflowTracking(ConfigurableResource):
         """A models:/ URI as a local model directory."""
         return registry.model_dir(self.client(), registry.parse_uri(uri), self.root / "cache" / "models")
 
+    def resolve_version(self, uri: str) -> tuple[Path, str]:
+        """A models:/ URI as a local model directory and the version it names now (an alias moves: a job records
+        the version it read)."""
+        client = self.client()
+        ref = registry.parse_uri(uri)
+        version = str(registry.version_of(client, ref).version)
+        pinned = registry.ModelRef(ref.name, version=version)
+        return registry.model_dir(client, pinned, self.root / "cache" / "models"), version
+
     def env(self) -> dict[str, str]:
         return {
             "MLFLOW_TRACKING_URI": self.uri,

@@ -86,6 +86,15 @@ class StageArtifact(Contract):
     path: JobPath
 
 
+class ReferencedModel(Contract):
+    """A model a stage names by where it is (config/stage.py's ModelReference), resolved by the Dagster step."""
+
+    role: str
+    spec: str  # as the stage names it: models:/support@champion, a preset, a hub id, a directory
+    path: JobPath  # what from_pretrained loads: a model directory or a hub id
+    version: str | None = None  # a registered model's version, when spec names one by alias
+
+
 class TrainingInputs(Contract):
     """What every training stage's worker reads: the starting model, the rows, where checkpoints go."""
 
@@ -98,10 +107,14 @@ class TrainingInputs(Contract):
     tools: ToolsInput | None = None  # the pipeline's tools: rendered in every conversation, run by tool stages
     reward_models: list[RewardModelInput] = []  # the reward_model stages its learned rewards name
     declared: list[StageArtifact] = []  # the stages its kind declares it reads (a teacher ...), by role
+    referenced: list[ReferencedModel] = []  # the models its kind names by where they are (a teacher ...), by role
 
     def declared_as(self, role: str) -> dict[str, str]:
         """The artifacts of the stages it reads in this role, by stage name."""
         return {a.stage: a.path for a in self.declared if a.role == role}
+
+    def referenced_as(self, role: str) -> list[ReferencedModel]:
+        return [m for m in self.referenced if m.role == role]
 
 
 class ModelInputs(Contract):

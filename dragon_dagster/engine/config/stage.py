@@ -32,6 +32,17 @@ class StageInput:
     stage: str
 
 
+@dataclass(frozen=True)
+class ModelReference:
+    """A model a stage names by where it is rather than by stage, in a role its kind names (a teacher ...): a
+    registered model (`models:/name@alias`, `models:/name/version`), a preset, a Hugging Face id or a local
+    directory. The Dagster step resolves it (a registered model through the tracking store, so the job names the
+    exact version) and hands the worker its path by role."""
+
+    role: str
+    spec: str
+
+
 class Stage(Settings):
     """What every stage has: its asset's name and its kind."""
 
@@ -52,6 +63,15 @@ class Stage(Settings):
     def extra_inputs(self) -> list[StageInput]:
         """The stages it reads in a role of its kind's (see StageInput); none by default."""
         return []
+
+    def model_references(self) -> list[ModelReference]:
+        """The models it reads by where they are, in a role of its kind's (see ModelReference); none by default."""
+        return []
+
+    def continues_chain(self) -> bool:
+        """Whether this stage continues from the training stage before it (its class's `continues`, unless a
+        setting of the stage says to start from the pipeline's model)."""
+        return self.continues != "never"
 
     def check_inputs(self, stage_of) -> None:
         """Raise ValueError when a stage this one reads cannot serve it (a DPO stage on rated replies, say).
@@ -80,4 +100,4 @@ METRICS_DOC = (
 )
 MetricNames = Annotated[list[str] | None, AfterValidator(known_metrics)]
 
-__all__ = ["Stage", "Continues", "MetricNames", "METRICS_DOC", "known_metrics"]
+__all__ = ["Stage", "StageInput", "ModelReference", "Continues", "MetricNames", "METRICS_DOC", "known_metrics"]

@@ -8,7 +8,7 @@ import math
 from ..data.tables import reply_text
 
 
-def _encode(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
+def encode_reply(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:
     """Token ids of prompt+reply (the completion, or a pair's chosen reply), and how many leading tokens are
     prompt (no loss there)."""
     tools = row.get("tools")  # a row's tool schemas are part of its context, as in training
@@ -33,7 +33,7 @@ def reply_logprobs(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out = []
     for start in range(0, len(rows), batch_size):
-        encoded = [_encode(tokenizer, r, max_len) for r in rows[start : start + batch_size]]
+        encoded = [encode_reply(tokenizer, r, max_len) for r in rows[start : start + batch_size]]
         width = max(len(ids) for ids, _ in encoded)
         input_ids = torch.full((len(encoded), width), pad, dtype=torch.long)
         labels = torch.full_like(input_ids, -100)

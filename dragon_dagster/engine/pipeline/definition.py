@@ -128,9 +128,9 @@ class Pipeline(Settings):
                     f"stage {stage.name!r} ({stage.kind}) has no training stage before it to continue from; put a "
                     f"stage of kind {' or '.join(starters)} first"
                 )
-            if stage.continues != "never" and last_training is not None:
+            if stage.continues_chain() and last_training is not None:
                 upstream = upstream + [last_training]
-            self._previous[stage.name] = last_training if stage.continues != "never" else None
+            self._previous[stage.name] = last_training if stage.continues_chain() else None
             if role == "training" and stage.in_chain:
                 last_training = stage.name
             elif role == "merge":

@@ -225,12 +225,12 @@ def model_dir(client, ref: ModelRef, cache: Path) -> Path:
         return registered_from  # the artifact it was registered from, on this machine: the same files
     uri = client.get_model_version_download_uri(ref.name, version.version)
     local = local_path(uri)
-    if local is not None and (local / "artifacts" / MODEL_SUBDIR).is_dir():
-        return local / "artifacts" / MODEL_SUBDIR
+    if local is not None and logged_model_dir(local) is not None:
+        return logged_model_dir(local)
     # keyed by the logged model, not only name/version: another server's (or a reset one's) version 3 differs
     key = version.model_id or hashlib.sha256(f"{client.tracking_uri}|{uri}".encode()).hexdigest()[:16]
     target = cache / ref.name / f"{version.version}-{key}"
-    if not (target / "artifacts" / MODEL_SUBDIR / "config.json").exists():  # target: the logged model's root
+    if logged_model_dir(target) is None:  # target: the logged model's root
         import mlflow.artifacts
 
         cache.mkdir(parents=True, exist_ok=True)
@@ -243,8 +243,22 @@ def model_dir(client, ref: ModelRef, cache: Path) -> Path:
             try:  # whole or not at all: a killed download leaves only a .download-* dir
                 Path(got).rename(target)
             except OSError:  # another process finished the same download first: use theirs, never delete it
-                if not (target / "artifacts" / MODEL_SUBDIR / "config.json").exists():
+                if logged_model_dir(target) is None:
                     raise
         finally:
             shutil.rmtree(partial, ignore_errors=True)
-    return target / "artifacts" / MODEL_SUBDIR
+    found = logged_model_dir(target)
+    if found is None:
+        raise RegistryError(f"{ref}: the logged model at {uri} holds no transformers model directory")
+    return found
+
+
+def logged_model_dir(root: Path) -> Path | None:
+    """The transformers directory inside a logged chat model (root: the MLflow model's directory): MLflow keeps
+    an artifact directory under its own name, `artifacts/model` for a merged model's `model/`, so any other name
+    is found by its config.json; None when there is none."""
+    artifacts = Path(root) / "artifacts"
+    if (artifacts / MODEL_SUBDIR / "config.json").exists():
+        return artifacts / MODEL_SUBDIR
+    found = sorted(p.parent for p in artifacts.glob("*/config.json")) if artifacts.is_dir() else []
+    return found[0] if len(found) == 1 else None

@@ -26,7 +26,7 @@ from ..config.training import Lora, TrainArgs
 from ..evaluate.plots import plot_loss
 from ..infer.generation import generate
 from . import distributed
-from .stage import TrainerStage
+from .stage import ROW_SHAPES, TrainerStage, check_trains_on
 from .trainer import (
     TrainingError,
     TrainingJob,
@@ -37,9 +37,6 @@ from .trainer import (
     progress_callback,
     run_trainer,
 )
-
-# The rows a dataset holds (a dataset kind's `makes`): what a preference kind can train on (its `trains_on`).
-ROW_SHAPES = {"pairs": "pairs (chosen and rejected replies)", "rated": "rated replies (liked or disliked)"}
 
 
 class PreferenceArgs(TrainArgs):
@@ -92,24 +89,6 @@ def refuse_lora_dropout(stage: TrainerStage) -> None:
             f"LoRA's included, when the trainer is built. Remove lora.dropout from the stage (the {stage.kind} "
             "default is 0) or set it to 0"
         )
-
-
-def check_trains_on(stage: TrainerStage, pipeline) -> None:
-    """The stage's dataset must be a mapped one that holds rows the kind trains on (its `trains_on`; pipeline:
-    `stage_or_none`, `kinds_making(shape)`, `kinds_training_on(shape)`)."""
-    wanted = " or ".join(k for shape in stage.trains_on for k in pipeline.kinds_making(shape))
-    data = pipeline.stage_or_none(stage.dataset)
-    if data is None:
-        raise ValueError(f"stage {stage.name!r} names {stage.dataset!r}, a source file: map it with a {wanted} first")
-    makes = getattr(data, "makes", None)
-    if makes in stage.trains_on:
-        return
-    others = [k for k in pipeline.kinds_training_on(makes) if k != stage.kind] if makes else []
-    raise ValueError(
-        f"stage {stage.name!r} ({stage.kind}) trains on {ROW_SHAPES[stage.trains_on[0]]}: its dataset "
-        f"{stage.dataset!r} is a {data.kind}; use a {wanted}"
-        + (f", or kind: {' or '.join(others)} for {ROW_SHAPES.get(makes, makes)}" if others else "")
-    )
 
 
 class PreferenceResult(TrainingResult):

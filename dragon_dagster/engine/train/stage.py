@@ -17,6 +17,14 @@ from ..rewards import Reward
 
 SCORER = "scorer"  # the role of a reward model that scores a stage's samples (StageInput)
 
+# The rows a dataset holds (a dataset kind's `makes`): what a kind that names its rows can train on (`trains_on`).
+ROW_SHAPES = {
+    "pairs": "pairs (chosen and rejected replies)",
+    "rated": "rated replies (liked or disliked)",
+    "prompts": "prompts (a prompt column, references optional)",
+    "chat": "conversations (prompts and replies)",
+}
+
 
 class TrainerStage(Stage):
     """A LoRA adapter trained on a dataset, continuing from the training stage before it (folded in)."""
@@ -92,3 +100,22 @@ def losses_check() -> CheckSpec:
 
 def adapter_checks(stage: Stage) -> list[CheckSpec]:
     return [losses_check()]
+
+
+def check_trains_on(stage: TrainerStage, pipeline) -> None:
+    """The stage's dataset must be a mapped one that holds rows the kind trains on (its `trains_on`; pipeline:
+    `stage_or_none`, `kinds_making(shape)`, `kinds_training_on(shape)`)."""
+    wanted = " or ".join(k for shape in stage.trains_on for k in pipeline.kinds_making(shape))
+    data = pipeline.stage_or_none(stage.dataset)
+    if data is None:
+        raise ValueError(f"stage {stage.name!r} names {stage.dataset!r}, a source file: map it with a {wanted} first")
+    makes = getattr(data, "makes", None)
+    if makes in stage.trains_on:
+        return
+    others = [k for k in pipeline.kinds_training_on(makes) if k != stage.kind] if makes else []
+    raise ValueError(
+        f"stage {stage.name!r} ({stage.kind}) trains on {' or '.join(ROW_SHAPES[s] for s in stage.trains_on)}: "
+        f"its dataset "
+        f"{stage.dataset!r} is a {data.kind}; use a {wanted}"
+        + (f", or kind: {' or '.join(others)} for {ROW_SHAPES.get(makes, makes)}" if others else "")
+    )

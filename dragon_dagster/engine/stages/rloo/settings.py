@@ -28,8 +28,7 @@ class RLOO(ReinforceStage):
         "(TRL's default 0.05; 0 loads no reference pass).",
     )
     normalize_advantages: bool = Field(
-        False,
-        description="Scale the advantages of each generation batch to mean 0 and standard deviation 1.",
+        False, description="Scale the advantages of each generation batch to mean 0 and standard deviation 1."
     )
     reward_clip_range: tuple[float, float] | None = Field(
         None,
