@@ -119,6 +119,7 @@ BUILT_IN = [
     "reward_model",
     "grpo",
     "rloo",
+    "distill",
     "merge",
     "evaluate",
     "export",

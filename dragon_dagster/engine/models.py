@@ -7,6 +7,7 @@ with transformers' GGUF loader and cache it as a safetensors directory.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 import shutil
@@ -227,6 +228,36 @@ def load_tokenizer(path: str):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def tokenizer_mismatch(student, teacher) -> str | None:
+    """Why teacher's token ids do not mean what student's do (None when they do): what comparing two models'
+    next-token distributions id by id (distillation) needs."""
+    ours, theirs = student.get_vocab(), teacher.get_vocab()
+    if ours == theirs:
+        return None
+    if len(ours) != len(theirs):
+        return f"the teacher's tokenizer has {len(theirs):,} tokens, the student's {len(ours):,}"
+    moved = sum(1 for token, i in ours.items() if theirs.get(token) != i)
+    return f"{moved:,} of the student's {len(ours):,} tokens have another id, or none, in the teacher's tokenizer"
+
+
+@functools.cache
+def _tokenizer_on_disk(spec: str):
+    """The tokenizer of a model spec from local files only (None when it is not on this machine)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(resolve(spec), local_files_only=True)
+    except (OSError, ValueError, ModelError):
+        return None
+
+
+def tokenizer_mismatch_on_disk(student: str, teacher: str) -> str | None:
+    """tokenizer_mismatch for two model specs whose tokenizers are on this machine (None when either is not:
+    the worker compares them once they are)."""
+    ours, theirs = _tokenizer_on_disk(student), _tokenizer_on_disk(teacher)
+    return tokenizer_mismatch(ours, theirs) if ours is not None and theirs is not None else None
 
 
 def chain_tokenizer(model: str, adapters: list[str] | None = None):

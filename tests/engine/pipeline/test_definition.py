@@ -38,6 +38,8 @@ stages:
   - {name: orpo, kind: orpo, dataset: pairs_file}
   - {name: kto, kind: kto, dataset: rated}
   - {name: rm, kind: reward_model, dataset: pairs_file}
+  - {name: rloo, kind: rloo, dataset: prompts, rewards: [{type: numeric, name: right}]}
+  - {name: distill, kind: distill, dataset: prompts, teacher: {stage: sft}, student: base}
 """
 # A bad value per kind: (what to replace in EVERY_KIND, its replacement, the field the error must name)
 BAD = {
@@ -72,6 +74,8 @@ BAD = {
         "kind: reward_model, dataset: pairs_file, min_accuracy: 2}",
         "stages[14].min_accuracy",
     ),
+    "rloo": ("name: right}]}", "name: right}], reward_clip_range: [3, 1]}", "stages[15]"),
+    "distill": ("student: base}", "student: base, beta: 2}", "stages[16].beta"),
 }
 
 
