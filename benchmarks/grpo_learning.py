@@ -87,6 +87,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--loss-type", default=None, help="the grpo stage's loss_type (grpo, dr_grpo, dapo, ...; default: TRL's, dapo)"
     )
+    p.add_argument(
+        "--kind",
+        default="grpo",
+        choices=["grpo", "rloo"],
+        help="the stage kind trained: grpo (TRL's GRPOTrainer) or rloo (RLOOTrainer), the same settings otherwise",
+    )
     p.add_argument("--lora-r", type=int)
     p.add_argument("--lora-alpha", type=int)
     p.add_argument("--n-eval", type=int, default=64, help="held-out prompts")
@@ -200,7 +206,10 @@ def main(argv=None) -> dict:
     from dragon_dagster.engine.config.job import TrainingInputs
     from dragon_dagster.engine.data.tables import PromptsMapping, map_prompts, read_table, split_rows, write_jsonl
     from dragon_dagster.engine.stages.grpo.settings import GRPO
-    from dragon_dagster.engine.stages.grpo.worker import train_grpo
+    from dragon_dagster.engine.stages.rloo.settings import RLOO
+
+    if args.kind == "rloo" and args.loss_type:
+        raise SystemExit("--loss-type is a grpo setting; rloo has one loss")
 
     train_seed = args.seed if args.train_seed is None else args.train_seed
     rows = map_prompts(read_table(DATA), PromptsMapping(prompt="question", reference="answer"))
@@ -214,9 +223,9 @@ def main(argv=None) -> dict:
     if s["length_weight"] > 0:
         rewards.append({"type": "length", "max_chars": s["length_max_chars"], "weight": s["length_weight"]})
     model_dir = str(models.embedded_model_dir())
-    settings = GRPO(
-        name="grpo_adapter",
-        kind="grpo",
+    settings = (GRPO if args.kind == "grpo" else RLOO)(
+        name=f"{args.kind}_adapter",
+        kind=args.kind,
         dataset="arithmetic",
         lora={"r": s["lora_r"], "alpha": s["lora_alpha"], "dropout": 0.05, "target_modules": "auto"},
         args={
@@ -240,7 +249,8 @@ def main(argv=None) -> dict:
         max_eval_prompts=len(held),
         **({"loss_type": args.loss_type} if args.loss_type else {}),
     )
-    job = catalog.get("grpo").job_model()(
+    kind = catalog.get(args.kind)
+    job = kind.job_model()(
         settings=settings,
         inputs=TrainingInputs(
             model=model_dir,
@@ -254,7 +264,7 @@ def main(argv=None) -> dict:
     )
     groups = watch_numeric_groups(s["group_size"])
     started = time.time()
-    summary = train_grpo(job, StderrReporter()).model_dump()
+    summary = kind.load_worker()(job, StderrReporter()).model_dump()
     train_wall = time.time() - started
 
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]
@@ -280,7 +290,8 @@ def main(argv=None) -> dict:
             "threads": args.threads,
             "speed": args.speed,
             "rewards": rewards,
-            "loss_type": settings.loss_type,
+            "kind": args.kind,
+            "loss_type": getattr(settings, "loss_type", None),
         },
         "reward_before": round(summary["reward_before"], 4),
         "reward_after": round(summary["reward_after"], 4),

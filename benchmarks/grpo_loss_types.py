@@ -1,4 +1,5 @@
 """GRPO's loss types compared: grpo_learning.py once per (loss type, training seed), interleaved, two at a time.
+The type `rloo` is the rloo kind (TRL's RLOOTrainer) on the same settings: RLOO against GRPO at the same steps.
 
 Every run trains the same settings on the same prompts and scores the same 64 held-out prompts (the held-out
 split's seed is fixed; only the training seed varies), so the loss types compare paired: per type, the held-out
@@ -7,6 +8,7 @@ types an exact McNemar test on the prompts pooled over the seeds (each seed's pr
 
     .venv/bin/python benchmarks/grpo_loss_types.py                          # grpo, dr_grpo, dapo x seeds 1-3
     .venv/bin/python benchmarks/grpo_loss_types.py --types grpo,dapo --seeds 1,2 -- --profile quick
+    .venv/bin/python benchmarks/grpo_loss_types.py --types grpo,rloo       # RLOO against GRPO, seeds 1-3
 
 Arguments after `--` go to every grpo_learning.py run. One JSON line on stdout; each run's own line is kept in
 <out>/runs.jsonl as it finishes.
@@ -36,8 +38,7 @@ def run(loss_type: str, seed: int, out: Path, extra: list[str]) -> dict:
     command = [
         sys.executable,
         str(ROOT / "benchmarks" / "grpo_learning.py"),
-        "--loss-type",
-        loss_type,
+        *(["--kind", "rloo"] if loss_type == "rloo" else ["--loss-type", loss_type]),
         "--train-seed",
         str(seed),
         "--long-eval-tokens",

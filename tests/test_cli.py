@@ -155,7 +155,7 @@ def test_errors_print_one_line_without_a_traceback_unless_debugging(monkeypatch,
     out = CliRunner().invoke(main, args)
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit)
     assert out.stderr.strip().splitlines() == [
-        "Error: no pipeline named 'nope' in the loaded definitions; found ['orders', 'support']"
+        "Error: no pipeline named 'nope' in the loaded definitions; found ['orders', 'support', 'support_distill']"
     ]
     assert "Traceback" not in out.output
     bad = CliRunner().invoke(main, ["generate", "tiny/nothing", "hi"])  # a click error raised in a command body

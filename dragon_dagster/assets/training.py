@@ -14,7 +14,7 @@ from ..engine.config.job import ReferencedModel, RewardModelInput, StageArtifact
 from ..engine.data.tables import DataError, read_jsonl
 from ..engine.models import ModelError
 from ..engine.pipeline import Pipeline, preflight
-from ..engine.release.model_registry import RegistryError
+from ..engine.release.model_registry import NotRegistered, RegistryError
 from ..engine.rewards import RewardSet
 from ..engine.train.stage import SCORER, TrainerStage
 from ..resources.launchers.base import ENDED
@@ -72,7 +72,13 @@ def referenced_models(stage: TrainerStage, tracking) -> list[ReferencedModel]:
     out = []
     for ref in stage.model_references():
         if ref.spec.startswith("models:/"):
-            path, version = tracking.resolve_version(ref.spec)
+            try:
+                path, version = tracking.resolve_version(ref.spec)
+            except NotRegistered as exc:
+                raise ValueError(
+                    f"its {ref.role} {exc}. Register that model first (a pipeline's merged model becomes "
+                    "models:/<pipeline>@champion when it passes its gate: run that pipeline), or name another"
+                ) from exc
             out.append(ReferencedModel(role=ref.role, spec=ref.spec, path=str(path), version=version))
         else:
             out.append(ReferencedModel(role=ref.role, spec=ref.spec, path=models.check_loadable(ref.spec)))

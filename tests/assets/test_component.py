@@ -112,3 +112,16 @@ def test_dg_check_yaml_names_a_misspelled_reward_option(tmp_path):
     assert re.search(
         rf"defs\.yaml:{line} - .*attributes\.stages\.5\.rewards\.1.*'patern' was unexpected", bad.stdout
     ), bad.stdout
+    # the rloo kind reads the same typed reward specs
+    (defs / "arith" / "defs.yaml").write_text(text)  # dg stops at the first file it refuses
+    (defs / "rloo").mkdir()
+    rloo = (ROOT / "dragon_dagster" / "defs" / "support_distill" / "defs.yaml").read_text()
+    assert rloo.count("{type: length, max_chars: 16, weight: 0.2}") == 1
+    (defs / "rloo" / "defs.yaml").write_text(
+        rloo.replace("{type: length, max_chars: 16, weight: 0.2}", "{type: length, max_char: 16}")
+    )
+    bad = run([str(BIN / "dg"), "check", "yaml"], project, env)
+    line = 1 + next(i for i, row in enumerate(rloo.splitlines()) if "max_chars: 16" in row)
+    assert re.search(
+        rf"rloo/defs\.yaml:{line} - .*attributes\.stages\.3\.rewards\.1.*'max_char' was unexpected", bad.stdout
+    ), bad.stdout
