@@ -58,8 +58,6 @@ PRELOAD = (
     "trl.trainer.sft_trainer",
     "trl.trainer.dpo_trainer",
     "trl.trainer.grpo_trainer",
-    "trl.trainer.rloo_trainer",
-    "trl.trainer.distillation_trainer",
     "trl.trainer.kto_trainer",
     "trl.trainer.reward_trainer",
     "matplotlib",
