@@ -3,6 +3,7 @@ on the held-out prompts after training than before (what the stage is for)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from ...artifacts.manifest import AdapterManifest, read_manifest
@@ -16,9 +17,9 @@ def closer_check() -> CheckSpec:
     def judge(artifact: Path) -> CheckOutcome:
         result = read_manifest(artifact, AdapterManifest[DistillResult]).result
         before, after = result.divergence_before, result.divergence_after
-        metadata = {"divergence_before": before if before is not None else "n/a"}
-        metadata["divergence_after"] = after if after is not None else "n/a"
-        if before is None or after is None:
+        measured = all(isinstance(x, float) and math.isfinite(x) for x in (before, after))
+        metadata = {"divergence_before": before, "divergence_after": after} if measured else {}
+        if not measured:
             return CheckOutcome(True, metadata, "No held-out prompts to measure the divergence on.")
         closer = after < before
         return CheckOutcome(

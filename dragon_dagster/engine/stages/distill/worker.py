@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...artifacts import progress
 from ...config.reporter import Reporter
-from ...data.tables import reply_text
+from ...data.tables import reply_text, user_text
 from ...evaluate import metrics as task_metrics
 from ...evaluate.plots import plot_loss
 from ...evaluate.replies import choose_metrics, has_replies, reference_texts
@@ -73,11 +73,9 @@ def measure(model, tokenizer, rows: list[dict], settings, max_len: int) -> tuple
     nll = completion_loss(model, tokenizer, with_replies, max_len=max_len)["eval_loss"] if with_replies else None
     replies = generate(model, tokenizer, [r["prompt"] for r in rows], max_new_tokens=settings.max_new_tokens)
     references = [reply_text(r) for r in rows] if has_replies(rows) else reference_texts(rows)
-    scored = (
-        task_metrics.score(replies, references, [""] * len(rows), choose_metrics(references, settings.metrics))
-        if references and replies
-        else {}
-    )
+    prompts = [user_text(r) for r in rows]
+    names = choose_metrics(references, settings.metrics) if references else []
+    scored = task_metrics.score(replies, references, prompts, names) if references and replies else {}
     return ModelFigures(nll=nll, metrics=scored), replies
 
 
