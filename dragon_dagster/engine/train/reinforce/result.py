@@ -26,6 +26,9 @@ class ReinforceResult(TrainingResult):
     kl: float | None = None  # mean KL to the starting model over the last third of the logged steps
     group_size: int
     beta: float
+    beta_end: float | None = Field(
+        None, description="The KL coefficient at the end: where the adaptive controller (kl_target) left it."
+    )
     temperature: float
     max_new_tokens: int
     clipped_ratio: float | None = None  # mean share of training completions cut off at max_new_tokens

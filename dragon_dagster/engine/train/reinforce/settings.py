@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ...config.stage import METRICS_DOC, MetricNames
 from ...config.training import TrainArgs
@@ -42,6 +42,19 @@ class ReinforceStage(TrainerStage):
         "max_completion_length), and the length limit of the held-out replies scored before and after.",
     )
     max_eval_prompts: int = Field(64, ge=0, description="Held-out prompts scored before and after training.")
+    kl_target: float | None = Field(
+        None,
+        gt=0,
+        description="Hold the KL to the starting model near this value with an adaptive controller (Ziegler et al. "
+        "2019): beta, the starting coefficient, is moved after each logged step, up when the KL is above target "
+        "and down when below (train/beta in MLflow, beta in progress.jsonl). null: a fixed beta.",
+    )
+    kl_horizon: int = Field(
+        1024,
+        gt=0,
+        description="How fast the controller moves beta: at the clip (KL 20% off target or more) by 20% over this "
+        "many sampled completions (batch_size x group_size a step).",
+    )
     kl_bound: float = Field(1.0, gt=0, description="The kl_within_bound check warns above this KL.")
     zero_std_limit: float = Field(
         0.9,
@@ -98,6 +111,15 @@ class ReinforceStage(TrainerStage):
         if self.guard_metrics is not None:
             return self.guard_metrics
         return ["token_f1"] if self.learned_rewards() and has_references else []
+
+    @model_validator(mode="after")
+    def _controlled_beta(self):
+        if self.kl_target is not None and self.beta == 0:
+            raise ValueError(
+                f"{self.kind} stage {self.name!r}: kl_target moves beta from its starting value, and beta is 0 (TRL "
+                "then computes no KL at all): set beta to a starting coefficient, e.g. 0.04"
+            )
+        return self
 
     def check_inputs(self, pipeline) -> None:
         """A reward_model reward names a reward_model stage; a learned reward has something untrained to watch."""

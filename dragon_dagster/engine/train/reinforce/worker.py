@@ -26,8 +26,21 @@ from ...tools.declare import Toolset
 from .. import distributed, lm_head
 from ..trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
 from .checks import mean_clipped_ratio, suggest_max_new_tokens
+from .kl_control import AdaptiveKL, kl_control_callback
 from .result import ReinforceResult
 from .trainer import fast_trainer
+
+
+def adaptive_kl(settings, completions_per_step: int, reporter: Reporter):
+    """The callback of the stage's adaptive KL controller (kl_control.py); None for a fixed beta."""
+    if settings.kl_target is None:
+        return None
+    reporter.log(
+        f"adaptive KL: beta starts at {settings.beta}, moved to hold KL near {settings.kl_target} "
+        f"(horizon {settings.kl_horizon} completions)"
+    )
+    controller = AdaptiveKL(settings.beta, settings.kl_target, settings.kl_horizon)
+    return kl_control_callback(controller, completions_per_step)
 
 
 def validate(job: TrainingJob) -> tuple[RewardSet, RewardSet | None]:
@@ -223,6 +236,7 @@ def train_reinforce(
         **job.settings.trainer_config(),
     )
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
+    kl_control = adaptive_kl(job.settings, p.args.batch_size * job.settings.group_size, reporter)
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
     trainer = fast_trainer(trainer_class)(
         model=p.model,
@@ -231,7 +245,7 @@ def train_reinforce(
         train_dataset=Dataset.from_list(p.train_rows),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
-        callbacks=[callback],
+        callbacks=[kl_control, callback] if kl_control else [callback],  # beta set before the step is logged
         **({"tools": toolset.callables()} if toolset else {}),
     )
     # with tools in the loop, TRL's own generation: the grouped sampler samples a group in lockstep from one
@@ -240,6 +254,8 @@ def train_reinforce(
     speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": sampling}
     trainer.chunked, trainer.unpad = chunked, speed["unpad"]
     trainer.grouped_sampling = p.speed.sampling == "grouped" and toolset is None
+    if kl_control:
+        kl_control.trainer = trainer
     if toolset:
         reporter.log(f"tools in the loop: {', '.join(toolset.names)} ({rendering} rendering), rollouts by TRL")
     reporter.log(f"speed: {config.generation_batch_size} completions per generation round")
@@ -326,6 +342,7 @@ def summarize(
         kl=last_kl(logged),
         group_size=job.settings.group_size,
         beta=job.settings.beta,
+        beta_end=trainer.beta if job.settings.kl_target is not None else None,
         temperature=job.settings.temperature,
         max_new_tokens=job.settings.max_new_tokens,
         clipped_ratio=mean_clipped_ratio(logged),
