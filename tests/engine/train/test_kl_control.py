@@ -21,7 +21,7 @@ def test_the_coefficient_follows_the_kl_against_its_target():
     assert values == sorted(values) and values[-1] > held  # over target step after step: rises each time
 
 
-def test_a_stage_with_a_kl_target_moves_beta_in_training(tiny_model, tmp_path):
+def test_a_stage_moves_beta_to_its_kl_target_and_measures_pass_at_k(tiny_model, tmp_path):
     from dragon_dagster.engine import catalog
     from dragon_dagster.engine.config.hardware import Hardware
     from dragon_dagster.engine.config.job import TrainingInputs
@@ -49,7 +49,9 @@ def test_a_stage_with_a_kl_target_moves_beta_in_training(tiny_model, tmp_path):
                 "learning_rate": 5e-2,
                 "warmup_ratio": 0.0,
             },
-            "rewards": [{"type": "length", "max_chars": 24}],
+            "rewards": [{"type": "length", "max_chars": 24}, {"type": "numeric", "weight": 0.5}],
+            "pass_samples": 4,  # pass@k, measured in the same run
+            "pass_k": 2,
             "group_size": 4,
             "beta": 0.05,
             "kl_target": 1e-6,  # far below what an update reaches: beta rises after one, falls after a step at 0
@@ -80,4 +82,10 @@ def test_a_stage_with_a_kl_target_moves_beta_in_training(tiny_model, tmp_path):
     assert rows[0]["kl"] == 0 and rows[0]["beta"] < 0.05  # the first step is the starting model: under target
     assert any(r["kl"] > 1e-6 for r in rows)  # and a later one moved past it
     assert result.beta_end == pytest.approx(rows[-1]["beta"])
+    # pass@1 and pass@2 of the accuracy-like reward (numeric) on the held-out prompts, before and after
+    for rates in (result.pass_before, result.pass_after):
+        assert set(rates) == {"numeric"} and set(rates["numeric"]) == {"pass@1", "pass@2"}
+        assert 0 <= rates["numeric"]["pass@1"] <= rates["numeric"]["pass@2"] <= 1
+    assert result.pass_samples == 4 and set(result.pass_change["numeric"]) == {"prompts_up", "prompts_down", "p_value"}
+    assert "pass@2_after/numeric" in result.figures
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["beta_end"] == pytest.approx(beta)

@@ -56,6 +56,14 @@ class ReinforceStage(TrainerStage):
         "many sampled completions (batch_size x group_size a step).",
     )
     kl_bound: float = Field(1.0, gt=0, description="The kl_within_bound check warns above this KL.")
+    pass_samples: int = Field(
+        0,
+        ge=0,
+        description="Completions sampled per held-out prompt at the stage's temperature, before and after training, "
+        "for pass@1 and pass@k of each accuracy-like reward (eval/pass@1_<reward>, eval/pass@<k>_<reward>) and a "
+        "sign test over the prompts. 0: greedy accuracy only (each sample costs a held-out reply, twice).",
+    )
+    pass_k: int = Field(4, ge=1, description="The k of pass@k: tries per prompt, at most pass_samples.")
     zero_std_limit: float = Field(
         0.9,
         gt=0,
@@ -111,6 +119,15 @@ class ReinforceStage(TrainerStage):
         if self.guard_metrics is not None:
             return self.guard_metrics
         return ["token_f1"] if self.learned_rewards() and has_references else []
+
+    @model_validator(mode="after")
+    def _pass_k_fits(self):
+        if self.pass_samples and self.pass_k > self.pass_samples:
+            raise ValueError(
+                f"{self.kind} stage {self.name!r}: pass_k ({self.pass_k}) is more tries than the pass_samples "
+                f"({self.pass_samples}) drawn per prompt: raise pass_samples or lower pass_k"
+            )
+        return self
 
     @model_validator(mode="after")
     def _controlled_beta(self):

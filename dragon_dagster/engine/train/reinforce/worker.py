@@ -16,6 +16,7 @@ from statistics import mean
 
 from ...artifacts import progress
 from ...config.reporter import Reporter
+from ...evaluate.pass_at_k import pass_rates, right_counts, sign_test
 from ...evaluate.plots import plot_loss
 from ...infer.generation import generate
 from ...infer.tool_loop import converse, transcript
@@ -168,6 +169,24 @@ def watch_groups(funcs: list, group_size: int, out: Path) -> list:
     return [wrap(f) for f in funcs]
 
 
+def sampled(model, tokenizer, rows: list[dict], rewards: RewardSet, settings, toolset: Toolset | None) -> dict:
+    """Per accuracy-like reward, each held-out prompt's right count of pass_samples completions sampled at the
+    stage's temperature (pass@k's input); empty when pass_samples is 0 or the rollouts run tools (a sampled reply
+    there is a conversation the tool loop runs, which plain sampling does not)."""
+    if not settings.pass_samples or toolset is not None:
+        return {}
+    return right_counts(
+        model,
+        tokenizer,
+        rows,
+        rewards,
+        settings.pass_samples,
+        settings.temperature,
+        settings.max_new_tokens,
+        settings.args.seed,
+    )
+
+
 def score_prompts(
     model, tokenizer, rows: list[dict], rewards: RewardSet, max_new_tokens: int, toolset: Toolset | None = None
 ) -> dict:
@@ -266,6 +285,7 @@ def train_reinforce(
         trainer.model.eval()
         with trainer.model.disable_adapter():  # the model this stage started from
             before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
+            before["pass"] = sampled(trainer.model, p.tokenizer, held, rewards, job.settings, toolset)
         before["guard"] = watched(held, before["completions"], guard, metrics)
         reporter.log(f"before training: mean reward {before['reward']:.3f} on {len(held)} prompts")
     trained = run_trainer(trainer, callback, job, reporter)
@@ -273,6 +293,7 @@ def train_reinforce(
         return None
     trainer.model.eval()
     after = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
+    after["pass"] = sampled(trainer.model, p.tokenizer, held, rewards, job.settings, toolset)
     after["guard"] = watched(held, after["completions"], guard, metrics)
     reporter.log(f"after training: mean reward {after['reward']:.3f} (before {before['reward']:.3f})")
     for name, value in after["guard"].items():
@@ -343,6 +364,10 @@ def summarize(
         group_size=job.settings.group_size,
         beta=job.settings.beta,
         beta_end=trainer.beta if job.settings.kl_target is not None else None,
+        pass_samples=job.settings.pass_samples if after["pass"] else 0,
+        pass_before=pass_rates(before["pass"], job.settings.pass_samples, job.settings.pass_k),
+        pass_after=pass_rates(after["pass"], job.settings.pass_samples, job.settings.pass_k),
+        pass_change={n: sign_test(before["pass"][n], counts) for n, counts in after["pass"].items()},
         temperature=job.settings.temperature,
         max_new_tokens=job.settings.max_new_tokens,
         clipped_ratio=mean_clipped_ratio(logged),
@@ -372,5 +397,7 @@ def summarize(
     final.update({f"eval/reward_{n}": v for n, v in after["per_reward"].items()})
     final.update({f"eval/guard_{n}": v for n, v in after["guard"].items()})
     final.update({f"eval/guard_before_{n}": v for n, v in before["guard"].items()})
+    for when, rates in (("", summary.pass_after), ("before_", summary.pass_before)):
+        final.update({f"eval/{when}{at}_{n}": v for n, by_k in rates.items() for at, v in by_k.items()})
     reporter.metrics(trainer.state.global_step, final)
     return summary

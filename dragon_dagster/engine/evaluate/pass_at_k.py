@@ -1,0 +1,65 @@
+"""pass@k on prompt data: n completions sampled per prompt at the stage's temperature, each accuracy-like reward's
+share of prompts answered right at least once in k tries (Chen et al. 2021's unbiased estimator over the n), and
+pass@1 beside it; a model before and after training compared prompt by prompt with a sign test.
+
+Greedy accuracy says what the model answers most likely; pass@k says what it can reach by sampling, which is what
+reinforcement learning sharpens (pass@1 rising towards pass@k) or narrows (pass@k falling while pass@1 rises).
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import mean
+
+from ..infer.generation import generate
+from ..rewards import ACCURACY_TYPES, RewardSet
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that k of n samples, drawn without replacement, hold at least one of the c right ones:
+    1 - C(n-c, k) / C(n, k), as a product so large n stay exact enough."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.prod(1 - k / i for i in range(n - c + 1, n + 1))
+
+
+def right_counts(
+    model, tokenizer, rows: list[dict], rewards: RewardSet, n: int, temperature: float, max_new_tokens: int, seed: int
+) -> dict[str, list[int]]:
+    """Per accuracy-like reward, how many of n sampled completions of each row scored 1."""
+    accuracy = [r.name for r in rewards if r.type in ACCURACY_TYPES]
+    if not accuracy or not rows or n < 1:
+        return {}
+    prompts = [r["prompt"] for r in rows for _ in range(n)]
+    completions = generate(
+        model, tokenizer, prompts, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, batch_size=16
+    )
+    repeated = [r for r in rows for _ in range(n)]
+    scores = rewards.score(completions, repeated, on_error="zero").scores
+    return {
+        name: [sum(s >= 1.0 - 1e-9 for s in scores[name][i * n : (i + 1) * n]) for i in range(len(rows))]
+        for name in accuracy
+    }
+
+
+def pass_rates(counts: dict[str, list[int]], n: int, k: int) -> dict[str, dict[str, float]]:
+    """{reward: {"pass@1": ..., "pass@k": ...}} from right_counts, the estimator averaged over the prompts."""
+    return {
+        name: {
+            "pass@1": mean(pass_at_k(n, c, 1) for c in per_row),
+            f"pass@{k}": mean(pass_at_k(n, c, k) for c in per_row),
+        }
+        for name, per_row in counts.items()
+        if per_row
+    }
+
+
+def sign_test(before: list[int], after: list[int]) -> dict:
+    """Prompts whose right count rose against those where it fell, and the exact two-sided sign test's p."""
+    up = sum(a > b for b, a in zip(before, after))
+    down = sum(a < b for b, a in zip(before, after))
+    n, low = up + down, min(up, down)
+    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
+    return {"prompts_up": up, "prompts_down": down, "p_value": float(f"{p:.4g}")}
