@@ -31,6 +31,11 @@ class ReinforceResult(TrainingResult):
     pass_change: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="Per reward: prompts whose right count rose and fell, the sign test's p."
     )
+    difficulty: dict[str, float] | None = Field(
+        None,
+        description="The difficulty filter's findings: prompts scored, samples each, kept (right some of the time), "
+        "always right, never right, the kept share.",
+    )
     kl: float | None = None  # mean KL to the starting model over the last third of the logged steps
     group_size: int
     beta: float
@@ -67,6 +72,7 @@ class ReinforceResult(TrainingResult):
         return {
             **super().metadata(),
             "clipped_ratio": self.clipped_ratio,
+            **{f"difficulty/{k}": v for k, v in (self.difficulty or {}).items()},
             "max_new_tokens": self.max_new_tokens,
             **tools,
         }

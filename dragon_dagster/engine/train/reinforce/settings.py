@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from ...config.stage import METRICS_DOC, MetricNames
 from ...config.training import TrainArgs
-from ...rewards import LEARNED_TYPES, Reward, RewardSpec, known_types
+from ...rewards import ACCURACY_TYPES, LEARNED_TYPES, Reward, RewardSpec, known_types
 from ..stage import TrainerStage
 
 
@@ -64,6 +64,20 @@ class ReinforceStage(TrainerStage):
         "sign test over the prompts. 0: greedy accuracy only (each sample costs a held-out reply, twice).",
     )
     pass_k: int = Field(4, ge=1, description="The k of pass@k: tries per prompt, at most pass_samples.")
+    difficulty_samples: int = Field(
+        0,
+        ge=0,
+        description="Before training, sample this many completions of each training prompt with the starting model "
+        "(at the stage's temperature) and train only on the prompts it gets right some of the time on an "
+        "accuracy-like reward: a prompt always right or always wrong gives a group with no reward spread, which "
+        "teaches nothing. The kept share is in the result. 0: train on every prompt.",
+    )
+    difficulty_prompts: int | None = Field(
+        None,
+        gt=0,
+        description="Score at most this many training prompts (the first, in the dataset's order) for the "
+        "difficulty filter; null: all of them (each costs difficulty_samples replies).",
+    )
     zero_std_limit: float = Field(
         0.9,
         gt=0,
@@ -119,6 +133,20 @@ class ReinforceStage(TrainerStage):
         if self.guard_metrics is not None:
             return self.guard_metrics
         return ["token_f1"] if self.learned_rewards() and has_references else []
+
+    @model_validator(mode="after")
+    def _difficulty_reads_accuracy(self):
+        if self.difficulty_samples == 1:
+            raise ValueError(
+                f"{self.kind} stage {self.name!r}: difficulty_samples 1 cannot tell a prompt the model gets right "
+                "some of the time: sample at least 2 (8 is usual), or 0 to keep every prompt"
+            )
+        if self.difficulty_samples and not any(r.type in ACCURACY_TYPES for r in self.rewards):
+            raise ValueError(
+                f"{self.kind} stage {self.name!r}: the difficulty filter keeps prompts by how often they are right, "
+                f"which an accuracy-like reward ({', '.join(ACCURACY_TYPES)}) says; its rewards have none"
+            )
+        return self
 
     @model_validator(mode="after")
     def _pass_k_fits(self):

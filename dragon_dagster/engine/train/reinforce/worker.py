@@ -25,7 +25,16 @@ from ...text.matchers import MATCHERS
 from ...tools import template
 from ...tools.declare import Toolset
 from .. import distributed, lm_head
-from ..trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
+from ..trainer import (
+    TrainingError,
+    TrainingJob,
+    apply_speed,
+    common_args,
+    lora_config,
+    prepare,
+    progress_callback,
+    run_trainer,
+)
 from .checks import mean_clipped_ratio, suggest_max_new_tokens
 from .kl_control import AdaptiveKL, kl_control_callback
 from .result import ReinforceResult
@@ -187,6 +196,36 @@ def sampled(model, tokenizer, rows: list[dict], rewards: RewardSet, settings, to
     )
 
 
+def keep_mixed(model, tokenizer, rows: list[dict], rewards: RewardSet, settings, reporter: Reporter):
+    """The difficulty filter: the training rows the starting model gets right some of the time on an accuracy-like
+    reward (of difficulty_samples completions, some right and some wrong), and what it found."""
+    scored = rows[: settings.difficulty_prompts] if settings.difficulty_prompts else rows
+    n = settings.difficulty_samples
+    counts = right_counts(
+        model, tokenizer, scored, rewards, n, settings.temperature, settings.max_new_tokens, settings.args.seed
+    )
+    mixed = [any(0 < per_row[i] < n for per_row in counts.values()) for i in range(len(scored))]
+    found = {
+        "scored": len(scored),
+        "samples": n,
+        "kept": sum(mixed),
+        "always_right": sum(all(per_row[i] == n for per_row in counts.values()) for i in range(len(scored))),
+        "never_right": sum(all(per_row[i] == 0 for per_row in counts.values()) for i in range(len(scored))),
+    }
+    found["kept_share"] = found["kept"] / max(1, len(scored))
+    reporter.log(
+        f"difficulty filter: {found['kept']} of {len(scored)} prompts right some of the time in {n} samples "
+        f"(always right {found['always_right']}, never {found['never_right']}); training on those"
+    )
+    if not found["kept"]:
+        raise TrainingError(
+            f"{settings.kind} stage {settings.name!r}: the difficulty filter kept no prompt: the starting model got "
+            f"each of the {len(scored)} scored right in all or none of {n} samples. Raise temperature or "
+            "difficulty_samples, score more prompts (difficulty_prompts), or use prompts nearer its level"
+        )
+    return [row for row, keep in zip(scored, mixed) if keep], found
+
+
 def score_prompts(
     model, tokenizer, rows: list[dict], rewards: RewardSet, max_new_tokens: int, toolset: Toolset | None = None
 ) -> dict:
@@ -235,6 +274,9 @@ def train_reinforce(
     rewards.check_rows(p.train_rows + p.eval_rows)  # a reward that needs a reference fails here, not mid-run
     if guard is not None:
         guard.check_rows(p.eval_rows or p.train_rows)
+    difficulty = None
+    if job.settings.difficulty_samples and toolset is None:
+        p.train_rows, difficulty = keep_mixed(p.model, p.tokenizer, p.train_rows, rewards, job.settings, reporter)
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked)
@@ -314,6 +356,7 @@ def train_reinforce(
         reference_tokens=longest_reference_tokens(p.tokenizer, p.train_rows + p.eval_rows),
         tools={"names": toolset.names, "rendering": rendering, **toolset.counts()} if toolset else None,
         guard_kinds={r.name: r.type for r in guard or []} | {m: "metric" for m in metrics},
+        difficulty=difficulty,
     )
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
@@ -337,6 +380,7 @@ def summarize(
     reference_tokens: int | None = None,
     tools: dict | None = None,
     guard_kinds: dict[str, str] | None = None,
+    difficulty: dict | None = None,
 ) -> ReinforceResult:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
@@ -364,6 +408,7 @@ def summarize(
         group_size=job.settings.group_size,
         beta=job.settings.beta,
         beta_end=trainer.beta if job.settings.kl_target is not None else None,
+        difficulty=difficulty,
         pass_samples=job.settings.pass_samples if after["pass"] else 0,
         pass_before=pass_rates(before["pass"], job.settings.pass_samples, job.settings.pass_k),
         pass_after=pass_rates(after["pass"], job.settings.pass_samples, job.settings.pass_k),

@@ -1,6 +1,6 @@
-"""The adaptive KL controller (train/reinforce/kl_control.py): the coefficient rises while the KL is over its target
-and falls while under, by the clipped proportional rule; in a training run it sets the trainer's beta after each
-logged step and the progress file shows it."""
+"""The reinforcement levers of train/reinforce/: the adaptive KL controller (beta up while the KL is over its target,
+down while under, by the clipped proportional rule, and in a training run the trainer's beta after each logged
+step), pass@k on the held-out prompts, and the difficulty filter (exactly the prompts right some of the time)."""
 
 import json
 
@@ -89,3 +89,62 @@ def test_a_stage_moves_beta_to_its_kl_target_and_measures_pass_at_k(tiny_model, 
     assert result.pass_samples == 4 and set(result.pass_change["numeric"]) == {"prompts_up", "prompts_down", "p_value"}
     assert "pass@2_after/numeric" in result.figures
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["beta_end"] == pytest.approx(beta)
+
+
+def test_the_difficulty_filter_keeps_exactly_the_prompts_right_some_of_the_time(tiny_model, tmp_path):
+    """On a fixed model and seed: a reward right on every sample of one prompt, on none of another, and on some of
+    the rest (by the sample's length) keeps the mixed ones and no other, as right_counts finds them."""
+    from dragon_dagster.engine import catalog, models
+    from dragon_dagster.engine.config.hardware import Hardware
+    from dragon_dagster.engine.config.reporter import Reporter
+    from dragon_dagster.engine.evaluate.pass_at_k import right_counts
+    from dragon_dagster.engine.rewards import RewardSet
+    from dragon_dagster.engine.train.reinforce.worker import keep_mixed
+
+    (tmp_path / "judge.py").write_text(
+        "def reward(prompt, completion, reference, row):\n"
+        "    if reference == 'always':\n        return 1.0\n"
+        "    if reference == 'never':\n        return 0.0\n"
+        "    return float(len(completion) % 2 == 0)\n"
+    )
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Question {i}?"}], "reference": ref}
+        for i, ref in enumerate(["always", "never", "mixed", "mixed", "mixed", "always"])
+    ]
+    settings = catalog.parse_stage(
+        {
+            "name": "g",
+            "kind": "grpo",
+            "dataset": "p",
+            "rewards": [{"type": "custom", "file": str(tmp_path / "judge.py"), "name": "judge"}],
+            "difficulty_samples": 6,
+            "temperature": 1.0,
+            "max_new_tokens": 6,
+        }
+    )
+    rewards = RewardSet(settings.rewards)
+    model, tokenizer = (
+        models.load_model(str(tiny_model), Hardware(device="cpu")),
+        models.load_tokenizer(str(tiny_model)),
+    )
+    kept, found = keep_mixed(model, tokenizer, rows, rewards, settings, Reporter())
+    counts = right_counts(model, tokenizer, rows, rewards, 6, 1.0, 6, settings.args.seed)["judge"]
+    assert counts[0] == counts[5] == 6 and counts[1] == 0  # the fixed ends
+    expected = [row for row, c in zip(rows, counts) if 0 < c < 6]
+    assert kept == expected and expected  # exactly the mixed ones, and there are some
+    assert found["always_right"] == 2 and found["never_right"] == 1 + sum(c == 0 for c in counts[2:5])
+    assert found["kept"] == len(expected) and found["kept_share"] == pytest.approx(len(expected) / 6)
+
+
+def test_the_difficulty_filter_needs_an_accuracy_reward_and_two_samples():
+    from dragon_dagster.engine import catalog
+
+    stage = {"name": "g", "kind": "rloo", "dataset": "p", "rewards": [{"type": "length", "max_chars": 9}]}
+    with pytest.raises(ValueError, match="keeps prompts by how often they are right"):
+        catalog.parse_stage({**stage, "difficulty_samples": 4})
+    with pytest.raises(ValueError, match="difficulty_samples 1 cannot tell"):
+        catalog.parse_stage({**stage, "rewards": [{"type": "numeric"}], "difficulty_samples": 1})
+    with pytest.raises(ValueError, match="pass_k \\(8\\) is more tries than the pass_samples \\(4\\)"):
+        catalog.parse_stage({**stage, "pass_samples": 4, "pass_k": 8})
+    with pytest.raises(ValueError, match="kl_target moves beta from its starting value, and beta is 0"):
+        catalog.parse_stage({**stage, "kl_target": 0.1, "beta": 0})
