@@ -148,3 +148,73 @@ def test_the_difficulty_filter_needs_an_accuracy_reward_and_two_samples():
         catalog.parse_stage({**stage, "pass_samples": 4, "pass_k": 8})
     with pytest.raises(ValueError, match="kl_target moves beta from its starting value, and beta is 0"):
         catalog.parse_stage({**stage, "kl_target": 0.1, "beta": 0})
+
+
+def test_kept_groups_drops_the_groups_that_all_scored_the_same():
+    import torch
+
+    from dragon_dagster.engine.train.reinforce.trainer import kept_groups
+
+    advantages = torch.tensor([0.0, 0.0, 0.0, 0.5, -0.5, 0.0, 0.0, 0.0, 0.0])  # groups of 3: flat, spread, flat
+    assert kept_groups(advantages, 3).tolist() == [False] * 3 + [True] * 3 + [False] * 3
+    assert kept_groups(torch.zeros(6), 3) is None  # every group flat: nothing to keep, nothing dropped
+    assert kept_groups(advantages[:8], 3) is None  # not whole groups (split across processes): left as TRL has it
+
+
+def test_a_grpo_stage_leaves_flat_groups_out_of_its_loss(tiny_model, tmp_path):
+    """Prompts the judge always passes make flat groups; each step drops exactly the share of groups that scored
+    the same (what the stage's groups.jsonl records per scoring round), and a step with no spread drops none."""
+    from dragon_dagster.engine import catalog
+    from dragon_dagster.engine.config.hardware import Hardware
+    from dragon_dagster.engine.config.job import TrainingInputs
+    from dragon_dagster.engine.config.reporter import Reporter
+    from dragon_dagster.engine.data import tables as data
+
+    (tmp_path / "judge.py").write_text(
+        "def reward(prompt, completion, reference, row):\n"
+        "    return 1.0 if reference == 'always' else float(len(completion) % 2 == 0)\n"
+    )
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Question {i}?"}], "reference": "always" if i % 2 else "mixed"}
+        for i in range(8)
+    ]
+    data.write_jsonl(tmp_path / "prompts.jsonl", rows)
+    (tmp_path / "out").mkdir()
+    settings = catalog.parse_stage(
+        {
+            "name": "grpo_adapter",
+            "kind": "grpo",
+            "dataset": "prompts",
+            "args": {
+                "max_steps": 3,
+                "batch_size": 2,
+                "grad_accum": 1,
+                "logging_steps": 1,
+                "save_steps": 100,
+                "learning_rate": 1e-2,
+                "warmup_ratio": 0.0,
+                "seed": 3,
+            },
+            "rewards": [{"type": "custom", "file": str(tmp_path / "judge.py"), "name": "judge"}],
+            "group_size": 4,
+            "drop_flat_groups": True,
+            "max_new_tokens": 6,
+            "max_eval_prompts": 2,
+            "n_samples": 0,
+        }
+    )
+    job = catalog.get("grpo").job_model()(
+        settings=settings,
+        inputs=TrainingInputs(
+            model=str(tiny_model), train_file=str(tmp_path / "prompts.jsonl"), checkpoint_dir=str(tmp_path / "ckpt")
+        ),
+        output_dir=str(tmp_path / "out"),
+        hardware=Hardware(device="cpu"),
+    )
+    catalog.get("grpo").load_worker()(job, Reporter())
+    logged = [json.loads(line) for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
+    dropped = [r["flat_groups_dropped"] for r in logged if "flat_groups_dropped" in r]
+    flat = [json.loads(line)["zero_std_frac"] for line in (tmp_path / "out" / "groups.jsonl").read_text().splitlines()]
+    assert len(dropped) == 3 and len(flat) == 3
+    assert dropped == [0.0 if share == 1.0 else share for share in flat]
+    assert any(0 < d < 1 for d in dropped)  # some step had both a flat group and one with spread

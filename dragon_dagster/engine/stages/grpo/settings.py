@@ -42,8 +42,18 @@ class GRPO(GRPOVariants):
                 "with tools: true"
             )
 
+    drop_flat_groups: bool = Field(
+        False,
+        description="Leave the groups whose completions all scored the same out of the loss (DAPO's dynamic "
+        "sampling, without its resampling): they carry no advantage, and counted in the loss's token average "
+        "they only dilute the groups that do. The share dropped per step is logged (flat_groups_dropped).",
+    )
+
     def trainer_config(self) -> dict[str, Any]:
         return self.variant_config()
+
+    def drops_flat_groups(self) -> bool:
+        return self.drop_flat_groups
 
     def uses_tools(self) -> bool:
         return self.tools

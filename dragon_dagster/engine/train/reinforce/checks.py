@@ -167,7 +167,8 @@ def variance_check(limit: float) -> CheckSpec:
             if share < limit
             else f"{share:.0%} of the groups had completions that all scored the same on {metadata['rewards']} "
             f"(zero_std_limit={limit}), so they taught nothing: raise temperature or group_size, or use prompts the "
-            "model gets right some of the time."
+            "model gets right some of the time (difficulty_samples keeps only those; on grpo, drop_flat_groups "
+            "leaves the flat groups out of the loss)."
         )
         return CheckOutcome(share < limit, metadata, description)
 

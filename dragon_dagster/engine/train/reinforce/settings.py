@@ -210,3 +210,8 @@ class ReinforceStage(TrainerStage):
     def uses_tools(self) -> bool:
         """Whether the rollouts run the pipeline's tools (a kind whose trainer has TRL's tool loop)."""
         return False
+
+    def drops_flat_groups(self) -> bool:
+        """Whether groups whose completions all scored the same are left out of the loss (a kind whose trainer
+        takes a token mask for its loss)."""
+        return False

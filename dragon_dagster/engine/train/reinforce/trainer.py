@@ -20,7 +20,7 @@ def fast_trainer(base: type):
     from .. import lm_head, rollout
 
     class FastTrainer(base):
-        chunked = unpad = grouped_sampling = False
+        chunked = unpad = grouped_sampling = drop_flat = False
         sampled = None  # (completions, tokens): the last round's sampled tokens' log-probabilities
 
         def _generate_single_turn(self, *args, **kwargs):
@@ -31,6 +31,25 @@ def fast_trainer(base: type):
                 result = super()._generate_single_turn(*args, **kwargs)
             self.sampled = torch.stack(record, dim=1) if record else None
             return result
+
+        def _generate_and_score_completions(self, inputs):
+            """TRL's batch, with the rows of groups that all scored the same left out of the loss (drop_flat:
+            DAPO's dynamic sampling, without the resampling) and the loss's token count taken without them."""
+            out = super()._generate_and_score_completions(inputs)
+            if not self.drop_flat or not self.model.training:
+                return out
+            keep = kept_groups(out["advantages"], self.num_generations)
+            self._metrics["train"]["flat_groups_dropped"].append(
+                0.0 if keep is None else 1 - keep.float().mean().item()
+            )
+            if keep is not None:
+                drop = keep[:, None].to(out["completion_mask"].dtype)
+                out["tool_mask"] = (
+                    drop * out["tool_mask"] if "tool_mask" in out else drop.expand_as(out["completion_mask"])
+                )
+                loss_mask = out["completion_mask"] * out["tool_mask"]
+                out["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+            return out
 
         def sampling_logps(self, model, input_ids, attention_mask, logits_to_keep, compute_entropy):
             """The old policy's log-probabilities as they were sampled, when this call asks for them: the first call
@@ -110,3 +129,16 @@ def adapter_on(model) -> bool:
     """Whether model's LoRA adapters are active (TRL switches them off for the reference pass)."""
     layer = next((m for m in model.modules() if hasattr(m, "disable_adapters") and hasattr(m, "lora_A")), None)
     return layer is not None and not layer.disable_adapters
+
+
+def kept_groups(advantages, group_size: int):
+    """1 for each row of a group with some reward spread, 0 for the rows of a group whose advantages are all zero
+    (every completion scored the same: no signal); None when the rows do not fall in whole groups (a group split
+    across processes) or no group has spread (dropping them all would leave nothing, and nothing is learned
+    either way)."""
+    if advantages.numel() % group_size:
+        return None
+    flat = (advantages.view(-1, group_size) == 0).all(dim=1)
+    if bool(flat.all()):
+        return None
+    return (~flat).repeat_interleave(group_size)

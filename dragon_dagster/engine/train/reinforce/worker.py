@@ -315,6 +315,7 @@ def train_reinforce(
     speed = {**apply_speed(trainer, p.speed, chunked, reporter), "sampling": sampling}
     trainer.chunked, trainer.unpad = chunked, speed["unpad"]
     trainer.grouped_sampling = p.speed.sampling == "grouped" and toolset is None
+    trainer.drop_flat = job.settings.drops_flat_groups()
     if kl_control:
         kl_control.trainer = trainer
     if toolset:
