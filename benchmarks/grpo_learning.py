@@ -93,6 +93,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=["grpo", "rloo"],
         help="the stage kind trained: grpo (TRL's GRPOTrainer) or rloo (RLOOTrainer), the same settings otherwise",
     )
+    p.add_argument(
+        "--stage",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other setting of the stage, the value read as YAML, e.g. drop_flat_groups=true, "
+        "difficulty_samples=4; repeatable",
+    )
     p.add_argument("--lora-r", type=int)
     p.add_argument("--lora-alpha", type=int)
     p.add_argument("--n-eval", type=int, default=64, help="held-out prompts")
@@ -118,6 +126,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", help="output directory (default: a temporary one)")
     args = p.parse_args(argv)
     args.speed = dict(item.split("=", 1) for item in args.speed)
+    import yaml
+
+    args.stage = {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.stage)}
     settings = {**DEFAULTS, **PROFILES[args.profile]}
     for key in DEFAULTS:
         if getattr(args, key) is not None:
@@ -248,6 +259,7 @@ def main(argv=None) -> dict:
         temperature=s["temperature"],
         max_eval_prompts=len(held),
         **({"loss_type": args.loss_type} if args.loss_type else {}),
+        **args.stage,
     )
     kind = catalog.get(args.kind)
     job = kind.job_model()(
@@ -291,6 +303,7 @@ def main(argv=None) -> dict:
             "speed": args.speed,
             "rewards": rewards,
             "kind": args.kind,
+            "stage": args.stage,
             "loss_type": getattr(settings, "loss_type", None),
         },
         "reward_before": round(summary["reward_before"], 4),
@@ -307,6 +320,8 @@ def main(argv=None) -> dict:
         "mean_chars_after": round(mean(len(x["after"]) for x in samples), 1),
         "steps": summary["global_step"],
         "train_wall_s": round(train_wall, 1),
+        "difficulty": summary.get("difficulty"),
+        "flat_groups_dropped_mean": column("flat_groups_dropped"),
         "zero_std_frac_mean": column("zero_std_frac"),
         "numeric_zero_std_frac": round(mean(min(g) == max(g) for g in groups), 4) if groups else None,
         "numeric_groups_all_wrong": round(mean(max(g) == 0 for g in groups), 4) if groups else None,
