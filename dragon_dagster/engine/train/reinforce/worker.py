@@ -215,7 +215,7 @@ def keep_mixed(model, tokenizer, rows: list[dict], rewards: RewardSet, settings,
     found["kept_share"] = found["kept"] / max(1, len(scored))
     reporter.log(
         f"difficulty filter: {found['kept']} of {len(scored)} prompts right some of the time in {n} samples "
-        f"(always right {found['always_right']}, never {found['never_right']}); training on those"
+        f"(always right {found['always_right']}, never {found['never_right']})"
     )
     if not found["kept"]:
         raise TrainingError(
