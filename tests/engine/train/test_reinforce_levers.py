@@ -9,6 +9,42 @@ import pytest
 from dragon_dagster.engine.train.reinforce.kl_control import AdaptiveKL
 
 
+def train(tiny_model, tmp_path, rows: list[dict], stage: dict, **args):
+    """Train a reinforcement stage of 3 logged steps on rows with the tiny model; (result, progress rows)."""
+    from dragon_dagster.engine import catalog
+    from dragon_dagster.engine.config.hardware import Hardware
+    from dragon_dagster.engine.config.job import TrainingInputs
+    from dragon_dagster.engine.config.reporter import Reporter
+    from dragon_dagster.engine.data import tables as data
+
+    data.write_jsonl(tmp_path / "prompts.jsonl", rows)
+    (tmp_path / "out").mkdir()
+    steps = {"max_steps": 3, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100}
+    settings = catalog.parse_stage(
+        {
+            "name": f"{stage['kind']}_adapter",
+            "dataset": "prompts",
+            "args": {**steps, "warmup_ratio": 0.0, **args},
+            "group_size": 4,
+            "max_new_tokens": 6,
+            "max_eval_prompts": 2,
+            **stage,
+        }
+    )
+    kind = catalog.get(settings.kind)
+    job = kind.job_model()(
+        settings=settings,
+        inputs=TrainingInputs(
+            model=str(tiny_model), train_file=str(tmp_path / "prompts.jsonl"), checkpoint_dir=str(tmp_path / "ckpt")
+        ),
+        output_dir=str(tmp_path / "out"),
+        hardware=Hardware(device="cpu"),
+    )
+    result = kind.load_worker()(job, Reporter())
+    logged = [json.loads(line) for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
+    return result, logged
+
+
 def test_the_coefficient_follows_the_kl_against_its_target():
     controller = AdaptiveKL(value=0.1, target=0.05, horizon=100)
     # KL twice the target: the error clips at +0.2, so 10 completions move beta by 1 + 0.2 * 10 / 100
@@ -22,10 +58,6 @@ def test_the_coefficient_follows_the_kl_against_its_target():
 
 
 def test_a_stage_moves_beta_to_its_kl_target_and_measures_pass_at_k(tiny_model, tmp_path):
-    from dragon_dagster.engine import catalog
-    from dragon_dagster.engine.config.hardware import Hardware
-    from dragon_dagster.engine.config.job import TrainingInputs
-    from dragon_dagster.engine.config.reporter import Reporter
     from dragon_dagster.engine.data import tables as data
     from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
     from dragon_dagster.engine.train.reinforce.kl_control import CLIP
@@ -33,44 +65,17 @@ def test_a_stage_moves_beta_to_its_kl_target_and_measures_pass_at_k(tiny_model, 
     prompts = data.map_prompts(
         data.read_table(EXAMPLE_DIR / "arithmetic.csv"), data.PromptsMapping(prompt="question", reference="answer")
     )[:12]
-    data.write_jsonl(tmp_path / "prompts.jsonl", prompts)
-    (tmp_path / "out").mkdir()
-    settings = catalog.parse_stage(
-        {
-            "name": "rloo_adapter",
-            "kind": "rloo",
-            "dataset": "prompts",
-            "args": {
-                "max_steps": 3,
-                "batch_size": 2,
-                "grad_accum": 1,
-                "logging_steps": 1,
-                "save_steps": 100,
-                "learning_rate": 5e-2,
-                "warmup_ratio": 0.0,
-            },
-            "rewards": [{"type": "length", "max_chars": 24}, {"type": "numeric", "weight": 0.5}],
-            "pass_samples": 4,  # pass@k, measured in the same run
-            "pass_k": 2,
-            "group_size": 4,
-            "beta": 0.05,
-            "kl_target": 1e-6,  # far below what an update reaches: beta rises after one, falls after a step at 0
-            "kl_horizon": 16,
-            "max_new_tokens": 6,
-            "max_eval_prompts": 2,
-            "n_samples": 1,
-        }
-    )
-    job = catalog.get("rloo").job_model()(
-        settings=settings,
-        inputs=TrainingInputs(
-            model=str(tiny_model), train_file=str(tmp_path / "prompts.jsonl"), checkpoint_dir=str(tmp_path / "ckpt")
-        ),
-        output_dir=str(tmp_path / "out"),
-        hardware=Hardware(device="cpu"),
-    )
-    result = catalog.get("rloo").load_worker()(job, Reporter())
-    logged = [json.loads(line) for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
+    stage = {
+        "kind": "rloo",
+        "rewards": [{"type": "length", "max_chars": 24}, {"type": "numeric", "weight": 0.5}],
+        "pass_samples": 4,  # pass@k, measured in the same run
+        "pass_k": 2,
+        "beta": 0.05,
+        "kl_target": 1e-6,  # far below what an update reaches: beta rises after one, falls after a step at 0
+        "kl_horizon": 16,
+        "n_samples": 1,
+    }
+    result, logged = train(tiny_model, tmp_path, prompts, stage, learning_rate=5e-2)
     rows = [r for r in logged if "beta" in r]
     assert [r["step"] for r in rows] == [1, 2, 3]
     beta = 0.05
@@ -164,12 +169,6 @@ def test_kept_groups_drops_the_groups_that_all_scored_the_same():
 def test_a_grpo_stage_leaves_flat_groups_out_of_its_loss(tiny_model, tmp_path):
     """Prompts the judge always passes make flat groups; each step drops exactly the share of groups that scored
     the same (what the stage's groups.jsonl records per scoring round), and a step with no spread drops none."""
-    from dragon_dagster.engine import catalog
-    from dragon_dagster.engine.config.hardware import Hardware
-    from dragon_dagster.engine.config.job import TrainingInputs
-    from dragon_dagster.engine.config.reporter import Reporter
-    from dragon_dagster.engine.data import tables as data
-
     (tmp_path / "judge.py").write_text(
         "def reward(prompt, completion, reference, row):\n"
         "    return 1.0 if reference == 'always' else float(len(completion) % 2 == 0)\n"
@@ -178,41 +177,13 @@ def test_a_grpo_stage_leaves_flat_groups_out_of_its_loss(tiny_model, tmp_path):
         {"prompt": [{"role": "user", "content": f"Question {i}?"}], "reference": "always" if i % 2 else "mixed"}
         for i in range(8)
     ]
-    data.write_jsonl(tmp_path / "prompts.jsonl", rows)
-    (tmp_path / "out").mkdir()
-    settings = catalog.parse_stage(
-        {
-            "name": "grpo_adapter",
-            "kind": "grpo",
-            "dataset": "prompts",
-            "args": {
-                "max_steps": 3,
-                "batch_size": 2,
-                "grad_accum": 1,
-                "logging_steps": 1,
-                "save_steps": 100,
-                "learning_rate": 1e-2,
-                "warmup_ratio": 0.0,
-                "seed": 3,
-            },
-            "rewards": [{"type": "custom", "file": str(tmp_path / "judge.py"), "name": "judge"}],
-            "group_size": 4,
-            "drop_flat_groups": True,
-            "max_new_tokens": 6,
-            "max_eval_prompts": 2,
-            "n_samples": 0,
-        }
-    )
-    job = catalog.get("grpo").job_model()(
-        settings=settings,
-        inputs=TrainingInputs(
-            model=str(tiny_model), train_file=str(tmp_path / "prompts.jsonl"), checkpoint_dir=str(tmp_path / "ckpt")
-        ),
-        output_dir=str(tmp_path / "out"),
-        hardware=Hardware(device="cpu"),
-    )
-    catalog.get("grpo").load_worker()(job, Reporter())
-    logged = [json.loads(line) for line in (tmp_path / "out" / "progress.jsonl").read_text().splitlines()]
+    stage = {
+        "kind": "grpo",
+        "rewards": [{"type": "custom", "file": str(tmp_path / "judge.py"), "name": "judge"}],
+        "drop_flat_groups": True,
+        "n_samples": 0,
+    }
+    _, logged = train(tiny_model, tmp_path, rows, stage, learning_rate=1e-2, seed=3)
     dropped = [r["flat_groups_dropped"] for r in logged if "flat_groups_dropped" in r]
     flat = [json.loads(line)["zero_std_frac"] for line in (tmp_path / "out" / "groups.jsonl").read_text().splitlines()]
     assert len(dropped) == 3 and len(flat) == 3
