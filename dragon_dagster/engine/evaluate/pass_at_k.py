@@ -13,6 +13,7 @@ from statistics import mean
 
 from ..infer.generation import generate
 from ..rewards import ACCURACY_TYPES, RewardSet
+from .stage_change import sign_test_p
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -60,6 +61,4 @@ def sign_test(before: list[int], after: list[int]) -> dict:
     """Prompts whose right count rose against those where it fell, and the exact two-sided sign test's p."""
     up = sum(a > b for b, a in zip(before, after))
     down = sum(a < b for b, a in zip(before, after))
-    n, low = up + down, min(up, down)
-    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
-    return {"prompts_up": up, "prompts_down": down, "p_value": float(f"{p:.4g}")}
+    return {"prompts_up": up, "prompts_down": down, "p_value": float(f"{sign_test_p(up, down):.4g}")}

@@ -18,6 +18,13 @@ SMALL = 0.01  # a measured change under this share of the NLL before it is said 
 TEST = "Wilcoxon signed-rank, two-sided, on per-row reply NLL"
 
 
+def sign_test_p(up: int, down: int) -> float:
+    """The exact two-sided sign test's p-value on paired outcomes that moved one way (up) or the other (down),
+    ties dropped: binomial with p = 1/2 (McNemar's exact test is this on the discordant pairs)."""
+    n, low = up + down, min(up, down)
+    return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
+
+
 def paired_change(before: list[float], after: list[float], alpha: float = ALPHA) -> dict:
     """The change from `before` to `after` (per-row NLLs of the same rows; lower is better): rows compared, the
     mean NLL of each, their mean difference (after - before), the test's p-value and the verdict."""

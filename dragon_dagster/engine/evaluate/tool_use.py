@@ -14,7 +14,6 @@ Per case:
 
 from __future__ import annotations
 
-import math
 from statistics import mean
 
 from ..infer.generation import generate
@@ -22,6 +21,7 @@ from ..infer.tool_loop import converse, final_answer
 from ..text.matchers import exact, token_f1
 from ..tools.declare import Toolset
 from ..tools.metrics import expected_call, tool_arguments_match, tool_call_valid, tool_name_match
+from .stage_change import sign_test_p
 
 
 def tool_cases(rows: list[dict]) -> list[dict]:
@@ -75,6 +75,5 @@ def mcnemar(before: list[float], after: list[float]) -> dict:
     Returns the counts and the two-sided p-value (binomial with p = 1/2 on the discordant pairs)."""
     only_before = sum(1 for b, a in zip(before, after) if b and not a)
     only_after = sum(1 for b, a in zip(before, after) if a and not b)
-    n, k = only_before + only_after, min(only_before, only_after)
-    p = 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+    p = sign_test_p(only_after, only_before)
     return {"cases": len(before), "only_base": only_before, "only_merged": only_after, "p_value": float(f"{p:.4g}")}
