@@ -164,8 +164,8 @@ def time_sampling(model, rows: int = 8, new_tokens: int = 32) -> dict:
     batch = prompt_rows(rows)
     config = generation_config(new_tokens)
     stamps = []
-    backbone = model.get_base_model().model
-    handle = backbone.register_forward_pre_hook(lambda *a: stamps.append(time.perf_counter()))
+    embeddings = model.get_base_model().model.embed_tokens  # called once a forward by generate and by our loop
+    handle = embeddings.register_forward_pre_hook(lambda *a: stamps.append(time.perf_counter()))
     try:
         record = []
         start = time.perf_counter()
@@ -280,6 +280,20 @@ def unfused():
         decode_weights.fused_groups = real
 
 
+@contextlib.contextmanager
+def generate_loop():
+    """Sampling through transformers' own decoding loop (generate's _sample, each group's prompt prefilled once by
+    rollout) instead of this project's (decode_loop.py)."""
+    from dragon_dagster.engine.infer import decode_loop
+
+    real = decode_loop.unsupported_model
+    decode_loop.unsupported_model = lambda model: "switched off by benchmarks/limits.py"
+    try:
+        yield
+    finally:
+        decode_loop.unsupported_model = real
+
+
 def interleaved(variants: dict, runs: int = 3, rows: int = 8, new_tokens: int = 32, model=None) -> dict:
     """Sampling calls of each variant (name: a function returning the context it runs in) in turn, `runs`
     rounds: the seconds of each call and of its median decoding step, with their median, min and max."""
@@ -348,6 +362,9 @@ def main() -> None:
     p.add_argument(
         "--ab-fused", action="store_true", help="also time sampling with and without fused q/k/v, gate/up, interleaved"
     )
+    p.add_argument(
+        "--ab-loop", action="store_true", help="also time sampling with generate's loop and with ours, interleaved"
+    )
     a = p.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -360,8 +377,13 @@ def main() -> None:
         )
     if a.profile:
         out["sampling_profile"] = profile_sampling()
-    if a.ab_fused:
-        runs = interleaved({"unfused": unfused, "fused": contextlib.nullcontext}, a.runs)
+    for flag, name, variants in (
+        (a.ab_fused, "fused_ab", {"unfused": unfused, "fused": contextlib.nullcontext}),
+        (a.ab_loop, "loop_ab", {"generate": generate_loop, "decode_loop": contextlib.nullcontext}),
+    ):
+        if not flag:
+            continue
+        runs = interleaved(variants, a.runs)
         bytes_per_step = decode_weight_bytes(smol_lora_model())["bytes_per_step"]
         for r in runs.values():
             r["step_weight_gb_s_median"] = round(bytes_per_step / r["step_ms_median"] / 1e6, 2)
@@ -369,7 +391,7 @@ def main() -> None:
             r["step_fraction_of_bandwidth"] = round(
                 r["step_weight_gb_s_median"] / out["memory_bandwidth"]["read_gb_s"], 3
             )
-        out["fused_ab"] = runs
+        out[name] = runs
     text = json.dumps(out, indent=2)
     print(text)
     if a.json:

@@ -414,7 +414,7 @@ def stream_generate(
     import torch
     from transformers import StoppingCriteriaList, TextIteratorStreamer
 
-    from . import decode_weights
+    from . import decode_loop, decode_weights
 
     text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, tools=tools or None)
     inputs = tokenizer([text], return_tensors="pt", add_special_tokens=False).to(next(model.parameters()).device)
@@ -436,7 +436,8 @@ def stream_generate(
                     **inputs,
                     max_new_tokens=max_new_tokens,
                     pad_token_id=tokenizer.pad_token_id,
-                    streamer=streamer,
+                    custom_generate=decode_loop.decode,  # generate hands its own `streamer` to built-in loops only
+                    token_streamer=streamer,
                     **sampling,
                     stopping_criteria=StoppingCriteriaList([_stop_criteria(stop, left)]),
                 )

@@ -152,9 +152,23 @@ class Fused:
             if not kept[1]:
                 self.kept = None  # the last part taken: no reference kept past the layer
             return out
-        parts = [part.contiguous() for part in packed_linear(self.packed, self.bias, x).split(self.sizes, dim=-1)]
+        parts = [part.contiguous() for part in self.stacked(x).split(self.sizes, dim=-1)]
         self.kept = (x, {i: part for i, part in enumerate(parts) if i != index})
         return parts[index]
+
+    def stacked(self, x: torch.Tensor) -> torch.Tensor:
+        """Every layer's output side by side (the decoding loop splits it into views, copying nothing)."""
+        return packed_linear(self.packed, self.bias, x)
+
+
+class FusedPart:
+    """One layer's forward inside a Fused group: which group, and its place in it (the decoding loop reads both)."""
+
+    def __init__(self, fused: Fused, index: int):
+        self.fused, self.index = fused, index
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fused.forward(self.index, x)
 
 
 @contextlib.contextmanager
@@ -189,7 +203,7 @@ def prepared(model, rows: int):
                     torch.ops.mkldnn._reorder_linear_weight(stacked, rows), bias, [m.out_features for m in group]
                 )
                 for index, module in enumerate(group):
-                    module.forward = functools.partial(fused.forward, index)
+                    module.forward = FusedPart(fused, index)
                     patched.append(module)
             stacked = None
             parts.clear()

@@ -1,5 +1,6 @@
-"""Replies from a local model: batched, left-padded generation over chat prompts, on folded and packed decoding
-weights on a CPU (decode_weights.py). Trainers sample with it, evaluation scores its replies, chat streams."""
+"""Replies from a local model: batched, left-padded generation over chat prompts through this project's decoding
+loop (decode_loop.py), on folded and packed decoding weights on a CPU (decode_weights.py). Trainers sample with it,
+evaluation scores its replies, chat streams."""
 
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ def generate_batch(
     """Replies to one batch of chat prompts, left-padded together."""
     import torch
 
+    from . import decode_loop
+
     texts = [
         tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True, tools=tools or None)
         for p in prompts
@@ -57,6 +60,12 @@ def generate_batch(
         else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     )
     with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id, **sampling)
+        out = model.generate(
+            **batch,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=tokenizer.pad_token_id,
+            custom_generate=decode_loop.decode,  # this project's loop (generate's own where it does not apply)
+            **sampling,
+        )
     new = out[:, batch["input_ids"].shape[1] :]
     return [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]

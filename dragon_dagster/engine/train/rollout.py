@@ -30,24 +30,8 @@ import functools
 
 import torch
 
-from ..infer import decode_weights
-
-
-def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
-    """How many consecutive rows repeat each prompt (TRL's rows: each prompt group_size times); 1 when they do not."""
-    rows = input_ids.shape[0]
-    size = 1
-    while (
-        size < rows
-        and torch.equal(input_ids[size], input_ids[0])
-        and torch.equal(attention_mask[size], attention_mask[0])
-    ):
-        size += 1
-    if size < 2 or rows % size:
-        return 1
-    firsts = torch.arange(rows, device=input_ids.device) // size * size
-    alike = torch.equal(input_ids, input_ids[firsts]) and torch.equal(attention_mask, attention_mask[firsts])
-    return size if alike else 1
+from ..infer import decode_loop, decode_weights
+from ..infer.decode_loop import groups_of
 
 
 def running_dtype(device_type: str) -> torch.dtype:
@@ -101,9 +85,14 @@ def sample(
     torch.multinomial = functools.partial(inverse_cdf, record=record)
     try:
         with decode_weights.prepared(model, input_ids.shape[0]):
-            size = groups_of(input_ids, attention_mask) if attention_mask is not None and input_ids.shape[1] > 1 else 1
-            if size > 1 and "past_key_values" not in kwargs and "cache" not in kwargs:
-                kwargs["cache"] = prefill(model, input_ids[::size, :-1], attention_mask[::size, :-1], size)
+            if decode_loop.unsupported_model(model) is None:
+                kwargs.setdefault("custom_generate", decode_loop.decode)  # prefills each group once itself
+            else:
+                size = (
+                    groups_of(input_ids, attention_mask) if attention_mask is not None and input_ids.shape[1] > 1 else 1
+                )
+                if size > 1 and "past_key_values" not in kwargs and "cache" not in kwargs:
+                    kwargs["cache"] = prefill(model, input_ids[::size, :-1], attention_mask[::size, :-1], size)
             return generate(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
     finally:
         torch.multinomial = _multinomial

@@ -725,9 +725,13 @@ def test_a_grpo_group_runs_its_prompt_once_and_scores_as_the_padded_batch():
     assert_same_grads(lora_grads(model), expected)
 
 
-def test_grouped_sampling_prefills_each_prompt_once_and_decodes_the_same_tokens():
+@pytest.mark.parametrize("loop", ["ours", "generate's"])
+def test_grouped_sampling_prefills_each_prompt_once_and_decodes_the_same_tokens(loop, monkeypatch):
+    from dragon_dagster.engine.infer import decode_loop
     from dragon_dagster.engine.train import rollout
 
+    if loop != "ours":  # a model the decoding loop does not run: generate's loop on a cache prefilled by rollout
+        monkeypatch.setattr(decode_loop, "unsupported_model", lambda model: "switched off by the test")
     model = small_lora_model()
     prompts = torch.tensor([[0, 0, 11, 12, 13], [21, 22, 23, 24, 25]])  # one left-padded
     ids = prompts.repeat_interleave(3, dim=0)  # each prompt three times, as TRL's rows repeat it
@@ -738,19 +742,16 @@ def test_grouped_sampling_prefills_each_prompt_once_and_decodes_the_same_tokens(
     model.eval()
     plain = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
     model.train()
-    calls = []
-    forward = model.forward
-
-    def counted(*args, **kwargs):
-        calls.append(((kwargs.get("input_ids") if "input_ids" in kwargs else args[0]).shape, model.training))
-        return forward(*args, **kwargs)
-
-    model.forward = counted
+    calls = []  # (the tokens a forward pass embeds, train mode): once a forward in either loop
+    embeddings = model.get_base_model().model.embed_tokens
+    handle = embeddings.register_forward_pre_hook(lambda module, args: calls.append((args[0].shape, model.training)))
     with rollout.sampling(model):
         grouped = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0)
-    del model.forward
+    handle.remove()
     assert torch.equal(grouped, plain)  # same tokens (greedy)
-    assert calls[0][0] == (2, 4)  # the prefill: one row per prompt, all but its last token
+    # the prefill: one row per prompt (generate's loop: all but its last token, which its first step runs)
+    assert calls[0][0] == ((2, 5) if loop == "ours" else (2, 4))
+    assert all(shape[0] == 6 for shape, _ in calls[1:])  # then every row decodes
     assert not any(training for _, training in calls)  # sampled in eval mode: no LoRA dropout
     assert model.training and "generate" not in model.__dict__  # train mode and the method are restored
 
