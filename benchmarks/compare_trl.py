@@ -51,8 +51,15 @@ CANDIDATES: dict[str, list[list[str]]] = {
     "kto": [[], ["precompute_ref"]],
     "grpo": [[]],
 }
-# The fastest of CANDIDATES on the RESULTS machine (2-core CPU), from `--explore`; --peer METHOD=... overrides.
-PEER_BEST: dict[str, list[str]] = {"sft": [], "dpo": [], "orpo": [], "kto": [], "grpo": []}
+# The fastest of CANDIDATES on the RESULTS machine (2-core CPU), from `--explore` (RESULTS, "The peer at its best":
+# the SFT options within noise of each other, the fastest run kept); --peer METHOD=... or --peer-from overrides.
+PEER_BEST: dict[str, list[str]] = {
+    "sft": ["workers=2"],
+    "dpo": ["precompute_ref"],
+    "orpo": [],
+    "kto": ["precompute_ref"],
+    "grpo": [],
+}
 
 
 @dataclass(frozen=True)
