@@ -15,7 +15,7 @@ The options (each off unless given) are the ones TRL and transformers document f
 --precompute-ref (DPO/KTO: the reference log-probabilities in one pass before training),
 --steps-per-generation K (GRPO: one sampling round serves K steps; off-policy for the later ones).
 
-Timing is the median seconds between consecutive logged steps after the first --skip steps. Work TRL does
+Timing is the median seconds between consecutive logged steps after the first --skip steps (GRPO: the mean). Work TRL does
 before the first step (precomputing reference log-probabilities, in the trainer's constructor) is reported as
 `setup_s` and, spread over the steps, in `step_s_with_setup`.
 """
@@ -204,7 +204,9 @@ def main() -> None:
     times = [t for t, _, _ in timer.rows]
     gaps = [later - before for before, later in zip(times, times[1:])]
     timed = gaps[a.skip :] if len(gaps) > a.skip else gaps
-    step_s = statistics.median(timed)
+    # GRPO: the mean step, as compare_trl times ours, so that a window of whole sampling rounds counts each round's
+    # sampling step once (with steps_per_generation 4 the median would be a step that samples nothing)
+    step_s = statistics.mean(timed) if a.method == "grpo" else statistics.median(timed)
     # what ran before the first logged step beyond a step's own time: loading the data, precomputing references
     # precompute_ref runs in the trainer's constructor (with the rows' tokenization, a second or two here): charged
     setup_s = max(0.0, times[0] - start - step_s) + (build_s if a.precompute_ref else 0.0)

@@ -69,8 +69,9 @@ class Speed(Settings):
     )
     sampling: Literal["auto", "grouped", "trl"] = Field(
         "auto",
-        description="GRPO sampling. grouped: each prompt's forward pass once for its group, and no LoRA dropout "
-        "while sampling; trl: TRL's generate as is. auto: grouped.",
+        description="GRPO sampling. grouped: each prompt's forward pass once for its group, no LoRA dropout "
+        "while sampling, and this project's decoding loop for Llama-family models; trl: TRL's generate as is. "
+        "auto: grouped.",
     )
 
     def resolve(self, device: str) -> Speed:
