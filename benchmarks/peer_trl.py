@@ -15,9 +15,9 @@ The options (each off unless given) are the ones TRL and transformers document f
 --precompute-ref (DPO/KTO: the reference log-probabilities in one pass before training),
 --steps-per-generation K (GRPO: one sampling round serves K steps; off-policy for the later ones).
 
-Timing is the median seconds between consecutive logged steps after the first --skip steps (GRPO: the mean). Work TRL does
-before the first step (precomputing reference log-probabilities, in the trainer's constructor) is reported as
-`setup_s` and, spread over the steps, in `step_s_with_setup`.
+Timing is the median seconds between consecutive logged steps after the first --skip steps (GRPO: the mean).
+Work TRL does before the first step (precomputing reference log-probabilities, in the trainer's constructor) is
+reported as `setup_s` and, spread over the steps, in `step_s_with_setup`.
 """
 
 from __future__ import annotations
