@@ -423,3 +423,34 @@ def forget_modules(names, folder) -> None:
 
     for name in [name for name in names if imported_from_folder(sys.modules.get(name))]:
         sys.modules.pop(name, None)
+
+
+def small_lora_model(vocab: int = 300, seed: int = 0, dropout: float = 0.0, kind: str = "llama"):
+    """A random two-layer decoder of `kind` (Llama, or Qwen2 with its q/k/v biases made nonzero) under a LoRA on
+    every linear layer whose B is not zero, so the adapter counts; in train mode, as PEFT returns it."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    shape = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**shape))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=False))
+        for layer in model.model.layers:  # Qwen2 starts its q/k/v biases at zero
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                torch.nn.init.normal_(proj.bias, std=0.5)
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=dropout))
+    for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.1)
+    return model

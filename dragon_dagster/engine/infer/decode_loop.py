@@ -53,20 +53,25 @@ def decode(
 ) -> torch.LongTensor:
     """generate's decoding method (pass as `custom_generate=decode`): the prompt and the new tokens, (rows, length)."""
     reason = unsupported(model, generation_config, synced_gpus, model_kwargs)
-    if reason:
-        return _fallback(
-            reason,
-            model,
-            input_ids,
-            logits_processor,
-            stopping_criteria,
-            generation_config,
-            synced_gpus,
-            token_streamer,
-            model_kwargs,
-        )
     if token_streamer is not None:
         token_streamer.put(input_ids.cpu())
+    if reason:  # the decoding method generate would have run
+        from transformers.generation.utils import GENERATION_MODES_MAPPING
+
+        if reason not in _said:
+            _said.add(reason)
+            log.info("decoding with transformers' own loop: this project's does not cover %s", reason)
+        method = getattr(type(model), GENERATION_MODES_MAPPING[generation_config.get_generation_mode()])
+        return method(
+            model,
+            input_ids,
+            logits_processor=logits_processor,
+            stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+            synced_gpus=synced_gpus,
+            streamer=token_streamer,
+            **model_kwargs,
+        )
     with torch.no_grad():
         return _decode(
             causal_lm(model),
@@ -124,37 +129,6 @@ def unsupported_call(generation_config, synced_gpus: bool = False) -> str | None
     if synced_gpus:
         return "synced_gpus"
     return None
-
-
-def _fallback(
-    reason,
-    model,
-    input_ids,
-    logits_processor,
-    stopping_criteria,
-    generation_config,
-    synced_gpus,
-    token_streamer,
-    model_kwargs,
-):
-    from transformers.generation.utils import GENERATION_MODES_MAPPING
-
-    if reason not in _said:
-        _said.add(reason)
-        log.info("decoding with transformers' own loop: this project's does not cover %s", reason)
-    if token_streamer is not None:
-        token_streamer.put(input_ids.cpu())
-    method = getattr(type(model), GENERATION_MODES_MAPPING[generation_config.get_generation_mode()])
-    return method(
-        model,
-        input_ids,
-        logits_processor=logits_processor,
-        stopping_criteria=stopping_criteria,
-        generation_config=generation_config,
-        synced_gpus=synced_gpus,
-        streamer=token_streamer,
-        **model_kwargs,
-    )
 
 
 def groups_of(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:

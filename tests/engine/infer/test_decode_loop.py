@@ -10,36 +10,12 @@ import torch
 from scipy.stats import chisquare
 
 from dragon_dagster.engine.infer import decode_loop, decode_weights
+from tests.support import small_lora_model
 
 
-def small_model(kind: str = "llama", vocab: int = 300, seed: int = 0, lora: bool = True):
-    """A random decoder of `kind` (Llama, or Qwen2 with its q/k/v biases) under a LoRA whose B is not zero."""
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    shape = dict(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**shape))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**shape, use_sliding_window=False))
-        for layer in model.model.layers:  # Qwen2 initializes its q/k/v biases to zero: make them count
-            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                torch.nn.init.normal_(proj.bias, std=0.5)
-    if lora:
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0))
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                torch.nn.init.normal_(param, std=0.1)
-    return model.eval()
+def small_model(kind: str = "llama", vocab: int = 300):
+    """A random two-layer Llama or Qwen2 under a LoRA that counts, in eval mode (as the loop decodes)."""
+    return small_lora_model(vocab=vocab, kind=kind).eval()
 
 
 def ragged_prompts(vocab: int = 300) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,9 +179,10 @@ def test_sampled_pairs_follow_the_models_distribution_as_generates_do(temperatur
     assert goodness_of_fit(sampled(True, temperature + 0.5, 0), expected) < 1e-6  # the test can tell
 
 
-def test_what_the_loop_does_not_cover_runs_generates_own_loop_and_says_so(caplog):
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM
+def test_what_the_loop_does_not_cover_runs_generates_own_loop_and_says_so(caplog, monkeypatch):
+    from transformers import MistralConfig, MistralForCausalLM
 
+    monkeypatch.setattr(decode_loop, "_said", set())  # each reason is said once a process
     ids, mask = ragged_prompts()
     model = small_model()
     with caplog.at_level(logging.INFO, logger="dragon_dagster"):
@@ -238,21 +215,7 @@ def test_what_the_loop_does_not_cover_runs_generates_own_loop_and_says_so(caplog
         assert torch.equal(ours, theirs)
     said = " ".join(r.getMessage() for r in caplog.records)
     assert "beam_search" in said and "'mistral' architecture" in said
-    assert (
-        decode_loop.unsupported_model(
-            LlamaForCausalLM(
-                LlamaConfig(
-                    vocab_size=300,
-                    hidden_size=32,
-                    intermediate_size=64,
-                    num_hidden_layers=1,
-                    num_attention_heads=4,
-                    num_key_value_heads=2,
-                )
-            )
-        )
-        is None
-    )
+    assert decode_loop.unsupported_model(model) is None  # the Llama above decoded in ours
 
 
 def test_a_streamer_gets_the_prompt_each_token_and_the_end():

@@ -21,15 +21,8 @@ import torch
 
 from dragon_dagster.engine.train import dropout as fast_dropout
 from dragon_dagster.engine.train import lm_head, unpadded
-from tests.engine.train.test_fast_paths import (
-    assert_same_grads,
-    collate,
-    dpo_batch,
-    examples,
-    lora_grads,
-    ragged_batch,
-    small_lora_model,
-)
+from tests.engine.train.test_fast_paths import assert_same_grads, collate, dpo_batch, examples, lora_grads, ragged_batch
+from tests.support import small_lora_model
 
 P = 0.125  # a multiple of 2^-16: the fast mask's rate and scale are then exactly torch's (1 / 0.875)
 

@@ -20,32 +20,9 @@ from dragon_dagster.engine.stages.grpo.settings import GRPO
 from dragon_dagster.engine.stages.sft.worker import train_sft
 from dragon_dagster.engine.train import lm_head
 from tests.support import sft_job as job
-from tests.support import ticket_files
+from tests.support import small_lora_model, ticket_files
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def small_lora_model(vocab=300, seed=0, dropout=0.0):
-    from peft import LoraConfig, get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
-    model = get_peft_model(
-        LlamaForCausalLM(config), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=dropout)
-    )
-    for name, param in model.named_parameters():  # LoRA B starts at zero; make the adapter matter
-        if "lora_B" in name:
-            torch.nn.init.normal_(param, std=0.1)
-    return model
 
 
 def examples(vocab=300, lengths=(9, 14, 6, 11), prompt=4, seed=1):
