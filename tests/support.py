@@ -425,6 +425,17 @@ def forget_modules(names, folder) -> None:
         sys.modules.pop(name, None)
 
 
+# The shape of the tests' small random decoders (any Llama-like config takes it): two layers, grouped-query attention.
+SMALL_DECODER = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
+
+
 def small_lora_model(vocab: int = 300, seed: int = 0, dropout: float = 0.0, kind: str = "llama"):
     """A random two-layer decoder of `kind` (Llama, or Qwen2 with its q/k/v biases made nonzero) under a LoRA on
     every linear layer whose B is not zero, so the adapter counts; in train mode, as PEFT returns it."""
@@ -433,15 +444,7 @@ def small_lora_model(vocab: int = 300, seed: int = 0, dropout: float = 0.0, kind
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    shape = dict(
-        vocab_size=vocab,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    shape = dict(SMALL_DECODER, vocab_size=vocab)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**shape))
     else:

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import chisquare
 
 from dragon_dagster.engine.infer import decode_loop, decode_weights
-from tests.support import small_lora_model
+from tests.support import SMALL_DECODER, small_lora_model
 
 
 def small_model(kind: str = "llama", vocab: int = 300):
@@ -200,16 +200,7 @@ def test_what_the_loop_does_not_cover_runs_generates_own_loop_and_says_so(caplog
         )
         assert torch.equal(beams, plain_beams)
         torch.manual_seed(0)
-        mistral = MistralForCausalLM(
-            MistralConfig(
-                vocab_size=300,
-                hidden_size=32,
-                intermediate_size=64,
-                num_hidden_layers=1,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-            )
-        ).eval()
+        mistral = MistralForCausalLM(MistralConfig(vocab_size=300, **SMALL_DECODER)).eval()
         theirs, _ = greedy(mistral, ids, mask, ours=False, max_new_tokens=5)
         ours, _ = greedy(mistral, ids, mask, ours=True, max_new_tokens=5)
         assert torch.equal(ours, theirs)
