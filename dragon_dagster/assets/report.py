@@ -38,6 +38,8 @@ def chain_of(merged: MergedManifest) -> list[ChainStage]:
                 loss_label=result.loss_label,
                 figures=result.figures,
                 rewards=result.rewards,
+                pass_at_k=result.pass_at_k,
+                temperature=result.temperature,
             )
         )
     return out

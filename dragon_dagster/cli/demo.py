@@ -73,6 +73,8 @@ def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
         console.print(f"check {check['asset']} {check['name']}: {verdict}{why}", soft_wrap=True, markup=False)
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
+        for line in pass_at_k_lines(outcome["report"]):
+            console.print(line, soft_wrap=True, markup=False)
     print_registry(found.name)
     print_exports(outcome["stages"])
     from ..resources.tracking import MLflowTracking, dagster_ui_url
@@ -96,6 +98,23 @@ def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
             console.print(f"{what} in MLflow: {url}", soft_wrap=True, markup=False)
     if not outcome["success"]:
         raise SystemExit(1)
+
+
+def pass_at_k_lines(report_dir: str) -> list[str]:
+    """The report's pass@1 and pass@k rows in a line each: what a sampling stage changed, and the verdict."""
+    from ..engine.stages.evaluate.result import ReportResult
+
+    try:
+        report = ReportResult.model_validate_json((Path(report_dir) / "report.json").read_text())
+    except (OSError, ValueError):
+        return []
+    return [
+        f"pass@k: {c.model} against {'its start' if c.against == 'start' else c.against}, {c.reward} on {c.prompts} "
+        f"held-out prompts x {c.samples} samples: pass@1 {c.pass1_before:.3f} -> {c.pass1_after:.3f}, pass@{c.k} "
+        f"{c.passk_before:.3f} -> {c.passk_after:.3f} ({c.prompts_up} prompts up, {c.prompts_down} down, sign test "
+        f"p = {c.p_value:.3g}): {c.verdict}"
+        for c in report.pass_at_k
+    ]
 
 
 def evaluation_link(report_dir: str | None) -> str | None:

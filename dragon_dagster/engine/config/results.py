@@ -62,6 +62,33 @@ class StageResult(Contract):
         return ", ".join(parts)
 
 
+class PassAtK(Contract):
+    """One accuracy-like reward's pass@1 and pass@k, a model against the one before it on the same prompts: each
+    prompt sampled `samples` times at `temperature` by both, the unbiased estimator averaged over the prompts, the
+    prompts whose right count rose or fell, the exact sign test's two-sided p-value and its verdict."""
+
+    reward: str
+    model: str = Field(description='What was measured: "merged", or a stage\'s name (its model after training).')
+    against: str = Field(description='What it is compared with: "base", or "start" (a stage\'s starting model).')
+    prompts: int
+    samples: int
+    k: int
+    temperature: float
+    pass1_before: float
+    pass1_after: float
+    passk_before: float
+    passk_after: float
+    prompts_up: int
+    prompts_down: int
+    p_value: float
+    verdict: str = Field(description='"better", "worse" or "no measurable change" at the sign test\'s level.')
+
+    def names(self) -> dict[str, str]:
+        """The MLflow names of its figures, the same on every run: pass_at_1_<reward>, pass_at_<k>_<reward> (MLflow
+        refuses '@' in a name)."""
+        return {"pass1": f"pass_at_1_{self.reward}", "passk": f"pass_at_{self.k}_{self.reward}"}
+
+
 class TrainingResult(StageResult):
     """What every training stage's result has. A kind fills `own_figures` (its held-out figures: the report's
     stage table, the model card, the asset page and the MLflow run's headline all show them)."""
@@ -78,6 +105,11 @@ class TrainingResult(StageResult):
     rewards: list[dict[str, Any]] = Field(
         default_factory=list, description="Rewards the stage optimized (custom files relative to its artifact)."
     )
+    pass_at_k: list[PassAtK] = Field(
+        default_factory=list,
+        description="A sampling stage's pass@1 and pass@k on its held-out prompts, its model against its start.",
+    )
+    temperature: float | None = Field(None, description="The temperature a sampling stage sampled at.")
 
     def own_figures(self) -> dict[str, Any]:
         return {}

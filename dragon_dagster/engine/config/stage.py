@@ -93,6 +93,15 @@ def known_metrics(names: list[str] | None) -> list[str] | None:
     return names
 
 
+def check_pass_k(stage) -> None:
+    """A stage that measures pass@k draws at least k samples per prompt (its pass_samples and pass_k)."""
+    if stage.pass_samples and stage.pass_k > stage.pass_samples:
+        raise ValueError(
+            f"{stage.kind} stage {stage.name!r}: pass_k ({stage.pass_k}) is more tries than the pass_samples "
+            f"({stage.pass_samples}) drawn per prompt: raise pass_samples or lower pass_k"
+        )
+
+
 METRICS_DOC = (
     "Task metrics of the held-out replies, from exact, contains, token_f1, json_valid, numeric, "
     "length_ratio. Default: exact, contains, token_f1 and length_ratio, plus numeric when most "
@@ -100,4 +109,13 @@ METRICS_DOC = (
 )
 MetricNames = Annotated[list[str] | None, AfterValidator(known_metrics)]
 
-__all__ = ["Stage", "StageInput", "ModelReference", "Continues", "MetricNames", "METRICS_DOC", "known_metrics"]
+__all__ = [
+    "Stage",
+    "StageInput",
+    "ModelReference",
+    "Continues",
+    "MetricNames",
+    "METRICS_DOC",
+    "known_metrics",
+    "check_pass_k",
+]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 from statistics import mean
 
+from ..config.results import PassAtK
 from ..infer.generation import generate
 from ..rewards import ACCURACY_TYPES, RewardSet
-from .stage_change import sign_test_p
+from .stage_change import sign_verdict
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -45,20 +46,40 @@ def right_counts(
     }
 
 
-def pass_rates(counts: dict[str, list[int]], n: int, k: int) -> dict[str, dict[str, float]]:
-    """{reward: {"pass@1": ..., "pass@k": ...}} from right_counts, the estimator averaged over the prompts."""
-    return {
-        name: {
-            "pass@1": mean(pass_at_k(n, c, 1) for c in per_row),
-            f"pass@{k}": mean(pass_at_k(n, c, k) for c in per_row),
-        }
-        for name, per_row in counts.items()
-        if per_row
-    }
-
-
-def sign_test(before: list[int], after: list[int]) -> dict:
-    """Prompts whose right count rose against those where it fell, and the exact two-sided sign test's p."""
-    up = sum(a > b for b, a in zip(before, after))
-    down = sum(a < b for b, a in zip(before, after))
-    return {"prompts_up": up, "prompts_down": down, "p_value": float(f"{sign_test_p(up, down):.4g}")}
+def compare(
+    before: dict[str, list[int]],
+    after: dict[str, list[int]],
+    samples: int,
+    k: int,
+    temperature: float,
+    model: str,
+    against: str,
+) -> list[PassAtK]:
+    """Each accuracy-like reward's pass@1 and pass@k, `model` against `against`, from right_counts of the same
+    prompts (before: against's, after: model's), with the sign test over the prompts whose right count moved."""
+    out = []
+    for reward, counts in after.items():
+        was = before[reward]
+        up = sum(a > b for b, a in zip(was, counts, strict=True))
+        down = sum(a < b for b, a in zip(was, counts, strict=True))
+        p, verdict = sign_verdict(up, down)
+        out.append(
+            PassAtK(
+                reward=reward,
+                model=model,
+                against=against,
+                prompts=len(counts),
+                samples=samples,
+                k=k,
+                temperature=temperature,
+                pass1_before=mean(pass_at_k(samples, c, 1) for c in was),
+                pass1_after=mean(pass_at_k(samples, c, 1) for c in counts),
+                passk_before=mean(pass_at_k(samples, c, k) for c in was),
+                passk_after=mean(pass_at_k(samples, c, k) for c in counts),
+                prompts_up=up,
+                prompts_down=down,
+                p_value=float(f"{p:.4g}"),
+                verdict=verdict,
+            )
+        )
+    return out

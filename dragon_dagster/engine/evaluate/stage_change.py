@@ -25,6 +25,14 @@ def sign_test_p(up: int, down: int) -> float:
     return 1.0 if n == 0 else min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2**n)
 
 
+def sign_verdict(up: int, down: int, alpha: float = ALPHA) -> tuple[float, str]:
+    """The sign test's p-value on outcomes that rose (up) or fell (down), and the verdict in plain words."""
+    p = sign_test_p(up, down)
+    if p >= alpha:
+        return p, "no measurable change"
+    return p, "better" if up > down else "worse"
+
+
 def paired_change(before: list[float], after: list[float], alpha: float = ALPHA) -> dict:
     """The change from `before` to `after` (per-row NLLs of the same rows; lower is better): rows compared, the
     mean NLL of each, their mean difference (after - before), the test's p-value and the verdict."""

@@ -1,9 +1,11 @@
 """pass@k (engine/evaluate/pass_at_k.py): the unbiased estimator against hand-computed cases, the rates over
-prompts, and the sign test on right counts before and after."""
+prompts, and the sign test and its verdict on right counts before and after."""
+
+import math
 
 import pytest
 
-from dragon_dagster.engine.evaluate.pass_at_k import pass_at_k, pass_rates, sign_test
+from dragon_dagster.engine.evaluate.pass_at_k import compare, pass_at_k
 
 
 def test_the_estimator_against_hand_computed_cases():
@@ -17,9 +19,28 @@ def test_the_estimator_against_hand_computed_cases():
 
 
 def test_rates_average_the_estimator_over_prompts_and_the_sign_test_counts_prompts():
-    rates = pass_rates({"numeric": [0, 2, 4]}, n=4, k=2)
-    assert rates["numeric"]["pass@1"] == pytest.approx((0 + 0.5 + 1) / 3)
-    assert rates["numeric"]["pass@2"] == pytest.approx((0 + (1 - 1 / 6) + 1) / 3)  # 1 - C(2,2)/C(4,2)
-    change = sign_test([0, 1, 2, 3, 0, 0, 0, 0, 0], [1, 2, 3, 4, 1, 1, 1, 1, 0])
-    assert change["prompts_up"] == 8 and change["prompts_down"] == 0
-    assert change["p_value"] == pytest.approx(2 / 2**8, rel=1e-3)  # rounded to 4 significant digits
+    (change,) = compare({"numeric": [0, 1, 2]}, {"numeric": [0, 2, 4]}, 4, 2, 0.7, "grpo", "start")
+    assert change.pass1_before == pytest.approx((0 + 0.25 + 0.5) / 3)
+    assert change.pass1_after == pytest.approx((0 + 0.5 + 1) / 3)
+    assert change.passk_after == pytest.approx((0 + (1 - 1 / 6) + 1) / 3)  # 1 - C(2,2)/C(4,2)
+    assert change.passk_before == pytest.approx((0 + 0.5 + (1 - 1 / 6)) / 3)  # 1 - C(3,2)/C(4,2) = 1/2
+    assert (change.prompts, change.samples, change.k, change.temperature) == (3, 4, 2, 0.7)
+    assert (change.prompts_up, change.prompts_down, change.verdict) == (2, 0, "no measurable change")  # p = 0.5
+    assert change.names() == {"pass1": "pass_at_1_numeric", "passk": "pass_at_2_numeric"}
+
+
+@pytest.mark.parametrize(
+    "before, after, verdict",
+    [
+        ([0, 1, 2, 3, 0, 0, 0, 0, 0], [1, 2, 3, 4, 1, 1, 1, 1, 0], "better"),  # 8 up, none down: p = 2/2^8
+        ([1, 2, 3, 4, 1, 1, 1, 1, 0], [0, 1, 2, 3, 0, 0, 0, 0, 0], "worse"),
+        ([0, 1, 2, 3, 0, 0, 0, 0, 0], [1, 0, 3, 2, 1, 0, 1, 0, 0], "no measurable change"),  # 4 up, 3 down
+    ],
+)
+def test_the_verdict_is_the_exact_sign_test_over_the_prompts_that_moved(before, after, verdict):
+    (change,) = compare({"numeric": before}, {"numeric": after}, 4, 4, 1.0, "merged", "base")
+    assert change.verdict == verdict
+    up, down = change.prompts_up, change.prompts_down
+    assert change.p_value == pytest.approx(
+        2 * sum(math.comb(up + down, i) for i in range(min(up, down) + 1)) / 2 ** (up + down), rel=1e-3
+    )

@@ -9,7 +9,7 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline
-from dragon_dagster.engine.artifacts.manifest import ReportManifest, read_manifest
+from dragon_dagster.engine.artifacts.manifest import AdapterManifest, ReportManifest, read_manifest
 from dragon_dagster.engine.pipeline import load
 from tests.support import component_yaml
 
@@ -40,9 +40,12 @@ def grpo_only(tiny_model, tmp_path_factory):
             n_samples: 1
             max_new_tokens: 6
             max_eval_prompts: 4
+            temperature: 0.9
+            pass_samples: 2
+            pass_k: 2
           - {{name: merged_model, kind: merge}}
           - {{name: evaluation_report, kind: evaluate, dataset: prompts, max_new_tokens: 6, n_samples: 2,
-              max_eval_rows: 6, n_judge: 0}}
+              max_eval_rows: 6, n_judge: 0, pass_samples: 4, pass_k: 2}}
         """)
         )
     )
@@ -98,6 +101,38 @@ def test_a_grpo_only_pipeline_is_reported_on_its_prompts_with_its_rewards(grpo_o
     assert "Loss and perplexity: absent" in md
 
 
+def test_pass_at_k_merged_against_base_and_the_grpo_stage_against_its_start(grpo_only):
+    art = Path(grpo_only["outcome"]["artifacts"]["evaluation_report"])
+    report = json.loads((art / "report.json").read_text())
+    stage, merged = report["pass_at_k"]
+    # the GRPO stage's own, from its result: its held-out prompts, its samples
+    assert (stage["model"], stage["against"], stage["reward"]) == ("grpo_adapter", "start", "numeric")
+    assert (stage["prompts"], stage["samples"], stage["k"], stage["temperature"]) == (4, 2, 2, 0.9)
+    # the report's own: the same 6 prompts sampled 4 times by base and merged, at the GRPO stage's temperature
+    assert (merged["model"], merged["against"], merged["reward"]) == ("merged", "base", "numeric")
+    assert (merged["prompts"], merged["samples"], merged["k"], merged["temperature"]) == (6, 4, 2, 0.9)
+    for change in (stage, merged):
+        for when in ("before", "after"):
+            right = change[f"pass1_{when}"] * change["prompts"] * change["samples"]
+            assert right == pytest.approx(round(right)), "pass@1 is a share of the samples"
+            assert 0 <= change[f"pass1_{when}"] <= change[f"passk_{when}"] <= 1
+        assert change["prompts_up"] + change["prompts_down"] <= change["prompts"]
+        assert change["verdict"] in ("better", "worse", "no measurable change")
+    md = (art / "report.md").read_text()
+    assert "## pass@1 and pass@k" in md
+    assert (
+        f"| merged | base | numeric | 6 x 4 | 0.9 | {merged['pass1_before']:.3f} -> {merged['pass1_after']:.3f} |" in md
+    )
+    assert f"**{stage['verdict']}** |" in md and "| grpo_adapter | its start | numeric | 4 x 2 |" in md
+    # and `dragon demo` says each in a line, with its verdict
+    from dragon_dagster.cli.demo import pass_at_k_lines
+
+    said = pass_at_k_lines(str(art))
+    assert said[0].startswith("pass@k: grpo_adapter against its start, numeric on 4 held-out prompts x 2 samples")
+    assert said[1].startswith("pass@k: merged against base, numeric on 6 held-out prompts x 4 samples: pass@1 ")
+    assert said[1].endswith(f"p = {merged['p_value']:.3g}): {merged['verdict']}")
+
+
 def test_mlflow_compares_rewards_on_the_base_and_report_runs_without_a_loss(grpo_only):
     from mlflow import MlflowClient
 
@@ -110,6 +145,17 @@ def test_mlflow_compares_rewards_on_the_base_and_report_runs_without_a_loss(grpo
         assert {"eval/reward", "eval/reward_numeric", "eval/reward_length", "eval/accuracy_numeric"} <= set(metrics)
         assert metrics["eval/reward_numeric"] == pytest.approx(report[side]["rewards"]["numeric"])
         assert "eval/loss" not in metrics and "eval/perplexity" not in metrics
+        # pass@k under the names the GRPO stage logs its own: base's on the base run, merged's on the report's
+        (change,) = [c for c in report["pass_at_k"] if c["against"] == "base"]
+        when = "before" if side == "base" else "after"
+        assert metrics["eval/pass_at_1_numeric"] == pytest.approx(change[f"pass1_{when}"])
+        assert metrics["eval/pass_at_2_numeric"] == pytest.approx(change[f"passk_{when}"])
+    # and the GRPO stage's own on its run, after and before (MLflow refuses '@' in a name: none is lost)
+    grpo = read_manifest(Path(grpo_only["outcome"]["artifacts"]["grpo_adapter"]), AdapterManifest)
+    metrics = client.get_run(grpo.mlflow_run_id).data.metrics
+    (change,) = [c for c in report["pass_at_k"] if c["against"] == "start"]
+    assert metrics["eval/pass_at_1_numeric"] == pytest.approx(change["pass1_after"])
+    assert metrics["eval/before_pass_at_2_numeric"] == pytest.approx(change["passk_before"])
 
 
 def test_the_asset_metadata_shows_each_reward_base_against_merged(grpo_only):
@@ -119,3 +165,4 @@ def test_the_asset_metadata_shows_each_reward_base_against_merged(grpo_only):
         assert f"base/eval/{name}" in metadata and f"merged/eval/{name}" in metadata, name
     assert "base_eval_loss" not in metadata
     assert "| numeric |" in metadata["rewards"].value
+    assert "| merged | base | numeric | 6 x 4 |" in metadata["pass_at_k"].value

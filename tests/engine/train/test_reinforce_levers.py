@@ -88,11 +88,19 @@ def test_a_stage_moves_beta_to_its_kl_target_and_measures_pass_at_k(tiny_model, 
     assert any(r["kl"] > 1e-6 for r in rows)  # and a later one moved past it
     assert result.beta_end == pytest.approx(rows[-1]["beta"])
     # pass@1 and pass@2 of the accuracy-like reward (numeric) on the held-out prompts, before and after
-    for rates in (result.pass_before, result.pass_after):
-        assert set(rates) == {"numeric"} and set(rates["numeric"]) == {"pass@1", "pass@2"}
-        assert 0 <= rates["numeric"]["pass@1"] <= rates["numeric"]["pass@2"] <= 1
-    assert result.pass_samples == 4 and set(result.pass_change["numeric"]) == {"prompts_up", "prompts_down", "p_value"}
-    assert "pass@2_after/numeric" in result.figures
+    (change,) = result.pass_at_k
+    assert (change.reward, change.model, change.against, change.samples, change.k) == (
+        "numeric",
+        "rloo_adapter",
+        "start",
+        4,
+        2,
+    )
+    assert change.prompts == result.eval_prompts and change.temperature == result.temperature
+    for when in ("before", "after"):
+        assert 0 <= getattr(change, f"pass1_{when}") <= getattr(change, f"passk_{when}") <= 1
+    assert change.prompts_up + change.prompts_down <= change.prompts and 0 < change.p_value <= 1
+    assert "pass_at_2_after/numeric" in result.figures
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["beta_end"] == pytest.approx(beta)
 
 

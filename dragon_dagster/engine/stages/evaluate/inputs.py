@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from ...config.job import Contract, JobPath, RewardModelInput, ToolsInput
+from ...config.results import PassAtK
 from ...rewards import RewardSpec
 
 
@@ -20,6 +21,8 @@ class ChainStage(Contract):
     loss_label: str
     figures: dict[str, float] = Field(default_factory=dict)
     rewards: list[dict[str, Any]] = Field(default_factory=list)  # custom files relative to dir
+    pass_at_k: list[PassAtK] = Field(default_factory=list)  # a sampling stage's, its model against its start
+    temperature: float | None = None  # what a sampling stage sampled at (the report's pass@k samples at it)
 
 
 class FeedbackInputs(Contract):

@@ -77,6 +77,8 @@ def markdown(report: dict) -> str:
         lines.append("")
     if report.get("stage_changes"):
         lines += stage_change_markdown(report["stage_changes"])
+    if report.get("pass_at_k"):
+        lines += pass_at_k_markdown(report)
     if report.get("stages"):
         columns = sorted({k for s in report["stages"] for k in s} - {"stage", "method"})
         lines += [
@@ -281,3 +283,28 @@ def tool_markdown(report: dict) -> list[str]:
         "",
     ]
     return lines
+
+
+def pass_at_k_markdown(report: dict) -> list[str]:
+    """pass@1 and pass@k, each model against the one it is compared with, and the sign test's verdict."""
+    lines = [
+        "## pass@1 and pass@k (sampled replies, scored by the accuracy-like rewards)",
+        "",
+        "Each prompt sampled n times by both models: pass@1 is the share of samples scoring 1, pass@k the chance "
+        "that k tries hold one (the unbiased estimator over the n). A stage's row compares its model with the model "
+        "it started from, on its own held-out prompts; merged against base is on this report's prompts. The verdict "
+        f"is the exact sign test over the prompts whose right count rose or fell, at p < {ALPHA}.",
+        "",
+        "| model | against | reward | prompts x samples | temperature | pass@1 | pass@k | prompts up / down | p-value "
+        "| verdict |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in report["pass_at_k"]:
+        against = "its start" if c["against"] == "start" else c["against"]
+        lines.append(
+            f"| {c['model']} | {against} | {c['reward']} | {c['prompts']} x {c['samples']} | {c['temperature']:g} | "
+            f"{c['pass1_before']:.3f} -> {c['pass1_after']:.3f} | pass@{c['k']} {c['passk_before']:.3f} -> "
+            f"{c['passk_after']:.3f} | {c['prompts_up']} / {c['prompts_down']} | {_fmt(c['p_value'])} | "
+            f"**{c['verdict']}** |"
+        )
+    return lines + [""]

@@ -7,11 +7,11 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from ...config.results import Markdown, StageResult, finite
+from ...config.results import Markdown, PassAtK, StageResult, finite
 from ...evaluate.replies import eval_metrics
 from ...release.card import cell
 from . import skills
-from .markdown import stage_change_markdown, tool_markdown
+from .markdown import pass_at_k_markdown, stage_change_markdown, tool_markdown
 
 
 class ReportResult(StageResult):
@@ -37,6 +37,8 @@ class ReportResult(StageResult):
     loss_plot: str | None = None
     feedback: dict[str, Any] | None = None  # a retraining: the figures on held-out feedback
     objectives: list[dict[str, Any]] = Field(default_factory=list)
+    # pass@1 and pass@k: each sampling stage's model against its start, and merged against base on prompt data
+    pass_at_k: list[PassAtK] = Field(default_factory=list)
     tool_use: dict[str, Any] | None = None  # the tools, the paired test, samples (figures: base/merged["tools"])
     skills: dict[str, Any] | None = None  # general skills, base against merged (skills.py)
     # the held-out rows as an MLflow evaluation: dataset, base and merged runs, the UI link (or the error)
@@ -63,7 +65,18 @@ class ReportResult(StageResult):
 
     def base_metrics(self) -> dict[str, float]:
         """What the `base` MLflow run logs: the base model's held-out figures."""
-        return {**eval_metrics(self.base), **skills.run_metrics(self.skills, "base")}
+        return {**eval_metrics(self.base), **self.pass_metrics("before"), **skills.run_metrics(self.skills, "base")}
+
+    def pass_metrics(self, when: str) -> dict[str, float]:
+        """pass@1 and pass@k of base ("before") or merged ("after") on the report's prompts, under the names a
+        sampling stage logs its own (eval/pass_at_1_<reward>, eval/pass_at_<k>_<reward>)."""
+        out = {}
+        for change in self.pass_at_k:
+            if change.against == "base":
+                names = change.names()
+                out[f"eval/{names['pass1']}"] = getattr(change, f"pass1_{when}")
+                out[f"eval/{names['passk']}"] = getattr(change, f"passk_{when}")
+        return out
 
     def run_metrics(self) -> dict[str, float]:
         """What the report's MLflow run logs: the merged model's figures, the judge's win rates and a retraining's
@@ -79,6 +92,7 @@ class ReportResult(StageResult):
         )
         return {
             **eval_metrics(self.merged),
+            **self.pass_metrics("after"),
             **judged,
             **self.feedback_metrics(),
             **skills.run_metrics(self.skills, "merged"),
@@ -125,6 +139,8 @@ class ReportResult(StageResult):
         out.update(self.feedback_metrics())
         if self.stage_changes:  # did each stage help: where people look, beside the asset
             out["stage_changes"] = Markdown("\n".join(stage_change_markdown(self.stage_changes)))
+        if self.pass_at_k:
+            out["pass_at_k"] = Markdown("\n".join(pass_at_k_markdown(self.model_dump())))
         if self.tool_use:
             out["tool_use"] = Markdown("\n".join(tool_markdown(self.model_dump())))
         if self.skills:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ...config.settings import Backend
-from ...config.stage import METRICS_DOC, MetricNames, Stage
+from ...config.stage import METRICS_DOC, MetricNames, Stage, check_pass_k
 from ...evaluate.general_skills import SUITE_TAG, local_tasks
 
 
@@ -25,6 +25,20 @@ class Evaluate(Stage):
         description="The pairwise judge: a model or a server {url, model}; default: the base model (weak, offline).",
     )
     metrics: MetricNames = Field(None, description=METRICS_DOC)
+    pass_samples: int = Field(
+        8,
+        ge=0,
+        description="On prompt data with an accuracy-like reward in the chain: completions sampled per prompt by the "
+        "base and the merged model for pass@1 and pass@k (eval/pass_at_1_<reward>, eval/pass_at_<k>_<reward> on both "
+        "runs), with a sign test over the prompts. 0: greedy accuracy only.",
+    )
+    pass_k: int = Field(4, ge=1, description="The k of pass@k: tries per prompt, at most pass_samples.")
+    pass_temperature: float | None = Field(
+        None,
+        gt=0,
+        description="The temperature pass@k samples at; null: that of the chain's last sampling stage (GRPO's, "
+        "RLOO's), else 1.0.",
+    )
     skills: list[str] = Field(
         default_factory=list,
         description="General-skill tasks run on base and merged through lm-evaluation-harness, to see what the "
@@ -35,6 +49,11 @@ class Evaluate(Stage):
     skills_limit: int | None = Field(
         None, gt=0, description="At most this many items of each skills task (null: all of them)."
     )
+
+    @model_validator(mode="after")
+    def _pass_k_fits(self):
+        check_pass_k(self)
+        return self
 
     def reads(self) -> list[str]:
         return [self.dataset]

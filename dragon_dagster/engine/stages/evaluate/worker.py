@@ -12,6 +12,7 @@ from ...config.job import Job
 from ...config.reporter import Reporter
 from ...data.tables import read_jsonl
 from ...evaluate.feedback_gain import gain, held_out_feedback, model_figures
+from ...evaluate.pass_at_k import compare, right_counts
 from ...evaluate.per_row import REPLIES_FILE, per_row, write_replies
 from ...evaluate.plots import plot_stages
 from ...evaluate.replies import evaluate_rows, has_replies, score_prompt_rows
@@ -50,7 +51,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
     if rewards is not None:
         rewards.bind_tools(toolset.schemas if toolset else None)
     split = "held-out" if held_out else "training"
-    results, feedback_raw, skill_scores = {}, {}, {}
+    results, feedback_raw, skill_scores, right = {}, {}, {}, {}
+    temperature = pass_temperature(job)
     rated, pairs, taste = held_out_feedback_of(job)
     for name, path in (("base", inputs.base_model), ("merged", inputs.merged_model)):
         reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
@@ -67,6 +69,21 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
                 max_new_tokens=job.settings.max_new_tokens,
                 metric_names=job.settings.metrics,
             )
+            if job.settings.pass_samples:
+                reporter.log(
+                    f"pass@k: {job.settings.pass_samples} samples of each of {len(rows)} prompts at temperature "
+                    f"{temperature:g}"
+                )
+                right[name] = right_counts(
+                    model,
+                    tokenizer,
+                    rows,
+                    rewards,
+                    job.settings.pass_samples,
+                    temperature,
+                    job.settings.max_new_tokens,
+                    seed=0,
+                )
         else:
             results[name] = evaluate_rows(
                 model,
@@ -137,6 +154,19 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
             "adapter's metrics.json is on its first n_samples rows only)",
             "samples": f"the first {n_samples} of those rows",
         }
+    # each sampling stage's pass@k against its start, then merged against base on this report's prompts
+    changes = [change for stage in inputs.chain for change in stage.pass_at_k]
+    if right.get("merged"):
+        changes += compare(
+            right["base"],
+            right["merged"],
+            job.settings.pass_samples,
+            job.settings.pass_k,
+            temperature,
+            "merged",
+            "base",
+        )
+    report["pass_at_k"] = [change.model_dump() for change in changes]
     if cases:
         report["tool_use"] = {
             "tools": toolset.names,
@@ -170,6 +200,14 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     (out / "report.md").write_text(markdown(report))
     return ReportResult.model_validate(report)
+
+
+def pass_temperature(job: ReportJob) -> float:
+    """The temperature pass@k samples at: the stage's setting, else the chain's last sampling stage's, else 1.0."""
+    if job.settings.pass_temperature is not None:
+        return job.settings.pass_temperature
+    sampled = [s.temperature for s in job.inputs.chain if s.temperature is not None]
+    return sampled[-1] if sampled else 1.0
 
 
 def held_out_feedback_of(job: ReportJob):

@@ -23,14 +23,6 @@ class ReinforceResult(TrainingResult):
     )
     guard_before: dict[str, float] = Field(default_factory=dict)  # each guard's mean on the held-out prompts
     guard_after: dict[str, float] = Field(default_factory=dict)
-    pass_samples: int = 0  # completions sampled per held-out prompt for pass@k (0: not measured)
-    pass_before: dict[str, dict[str, float]] = Field(
-        default_factory=dict, description="Per accuracy-like reward: pass@1 and pass@k before training."
-    )
-    pass_after: dict[str, dict[str, float]] = Field(default_factory=dict)
-    pass_change: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="Per reward: prompts whose right count rose and fell, the sign test's p."
-    )
     difficulty: dict[str, float] | None = Field(
         None,
         description="The difficulty filter's findings: prompts scored, samples each, kept (right some of the time), "
@@ -59,8 +51,10 @@ class ReinforceResult(TrainingResult):
         figures.update({f"reward_after/{n}": v for n, v in self.per_reward_after.items()})
         figures.update({f"guard_before/{n}": v for n, v in self.guard_before.items()})
         figures.update({f"guard_after/{n}": v for n, v in self.guard_after.items()})
-        for when, rates in (("before", self.pass_before), ("after", self.pass_after)):
-            figures.update({f"{at}_{when}/{n}": v for n, by_k in rates.items() for at, v in by_k.items()})
+        for change in self.pass_at_k:
+            for when in ("before", "after"):
+                figures[f"pass_at_1_{when}/{change.reward}"] = getattr(change, f"pass1_{when}")
+                figures[f"pass_at_{change.k}_{when}/{change.reward}"] = getattr(change, f"passk_{when}")
         if self.kl is not None:
             figures["kl"] = self.kl
         return figures

@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from ...config.stage import METRICS_DOC, MetricNames
+from ...config.stage import METRICS_DOC, MetricNames, check_pass_k
 from ...config.training import TrainArgs
 from ...rewards import ACCURACY_TYPES, LEARNED_TYPES, Reward, RewardSpec, known_types
 from ..stage import TrainerStage
@@ -60,7 +60,7 @@ class ReinforceStage(TrainerStage):
         0,
         ge=0,
         description="Completions sampled per held-out prompt at the stage's temperature, before and after training, "
-        "for pass@1 and pass@k of each accuracy-like reward (eval/pass@1_<reward>, eval/pass@<k>_<reward>) and a "
+        "for pass@1 and pass@k of each accuracy-like reward (eval/pass_at_1_<reward>, eval/pass_at_<k>_<reward>) and a "
         "sign test over the prompts. 0: greedy accuracy only (each sample costs a held-out reply, twice).",
     )
     pass_k: int = Field(4, ge=1, description="The k of pass@k: tries per prompt, at most pass_samples.")
@@ -150,11 +150,7 @@ class ReinforceStage(TrainerStage):
 
     @model_validator(mode="after")
     def _pass_k_fits(self):
-        if self.pass_samples and self.pass_k > self.pass_samples:
-            raise ValueError(
-                f"{self.kind} stage {self.name!r}: pass_k ({self.pass_k}) is more tries than the pass_samples "
-                f"({self.pass_samples}) drawn per prompt: raise pass_samples or lower pass_k"
-            )
+        check_pass_k(self)
         return self
 
     @model_validator(mode="after")

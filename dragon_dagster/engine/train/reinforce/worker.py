@@ -16,7 +16,7 @@ from statistics import mean
 
 from ...artifacts import progress
 from ...config.reporter import Reporter
-from ...evaluate.pass_at_k import pass_rates, right_counts, sign_test
+from ...evaluate.pass_at_k import compare, right_counts
 from ...evaluate.plots import plot_loss
 from ...infer.generation import generate
 from ...infer.tool_loop import converse, transcript
@@ -410,10 +410,15 @@ def summarize(
         beta=job.settings.beta,
         beta_end=trainer.beta if job.settings.kl_target is not None else None,
         difficulty=difficulty,
-        pass_samples=job.settings.pass_samples if after["pass"] else 0,
-        pass_before=pass_rates(before["pass"], job.settings.pass_samples, job.settings.pass_k),
-        pass_after=pass_rates(after["pass"], job.settings.pass_samples, job.settings.pass_k),
-        pass_change={n: sign_test(before["pass"][n], counts) for n, counts in after["pass"].items()},
+        pass_at_k=compare(
+            before["pass"],
+            after["pass"],
+            job.settings.pass_samples,
+            job.settings.pass_k,
+            job.settings.temperature,
+            model=job.settings.name,
+            against="start",
+        ),
         temperature=job.settings.temperature,
         max_new_tokens=job.settings.max_new_tokens,
         clipped_ratio=mean_clipped_ratio(logged),
@@ -443,7 +448,11 @@ def summarize(
     final.update({f"eval/reward_{n}": v for n, v in after["per_reward"].items()})
     final.update({f"eval/guard_{n}": v for n, v in after["guard"].items()})
     final.update({f"eval/guard_before_{n}": v for n, v in before["guard"].items()})
-    for when, rates in (("", summary.pass_after), ("before_", summary.pass_before)):
-        final.update({f"eval/{when}{at}_{n}": v for n, by_k in rates.items() for at, v in by_k.items()})
+    for change in summary.pass_at_k:  # the report logs the same names on the merged and the base run
+        names = change.names()
+        final.update({f"eval/{names['pass1']}": change.pass1_after, f"eval/{names['passk']}": change.passk_after})
+        final.update(
+            {f"eval/before_{names['pass1']}": change.pass1_before, f"eval/before_{names['passk']}": change.passk_before}
+        )
     reporter.metrics(trainer.state.global_step, final)
     return summary
