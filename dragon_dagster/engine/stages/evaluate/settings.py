@@ -28,9 +28,9 @@ class Evaluate(Stage):
     pass_samples: int = Field(
         8,
         ge=0,
-        description="On prompt data with an accuracy-like reward in the chain: completions sampled per prompt by the "
-        "base and the merged model for pass@1 and pass@k (eval/pass_at_1_<reward>, eval/pass_at_<k>_<reward> on both "
-        "runs), with a sign test over the prompts. 0: greedy accuracy only.",
+        description="On prompt data with an accuracy-like reward in the chain (and no tools): completions sampled "
+        "per prompt by the base and the merged model for pass@1 and pass@k (eval/pass_at_1_<reward>, "
+        "eval/pass_at_<k>_<reward> on both runs), with a sign test over the prompts. 0: greedy accuracy only.",
     )
     pass_k: int = Field(4, ge=1, description="The k of pass@k: tries per prompt, at most pass_samples.")
     pass_temperature: float | None = Field(

@@ -69,7 +69,7 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
                 max_new_tokens=job.settings.max_new_tokens,
                 metric_names=job.settings.metrics,
             )
-            if job.settings.pass_samples:
+            if job.settings.pass_samples and toolset is None:  # with tools a sample is a conversation: not here
                 reporter.log(
                     f"pass@k: {job.settings.pass_samples} samples of each of {len(rows)} prompts at temperature "
                     f"{temperature:g}"
