@@ -8,11 +8,12 @@ sets it for the call and restores it after, under a lock, so nothing leaks into 
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 from ..engine.evaluate import metrics as task_metrics
@@ -175,7 +176,10 @@ def evaluate_replies(
             for model in MODELS:
                 with mlflow.start_run(run_id=runs[model]):
                     scorers = scorers_for(model, records, metric_names)
-                    mlflow.genai.evaluate(data=eval_rows(records, model), scorers=scorers)
+                    # evaluate prints a notebook-style summary to stdout ("Evaluation completed", the run's name and
+                    # id) under a demo's table and a benchmark's JSON line: the report links the evaluation instead
+                    with redirect_stdout(io.StringIO()):
+                        mlflow.genai.evaluate(data=eval_rows(records, model), scorers=scorers)
                     # the run's input is the evaluation dataset (evaluate logs the rows it was given as "dataset")
                     used = DatasetInput(
                         dataset._to_mlflow_entity(), tags=[InputTag("mlflow.data.context", "evaluation")]

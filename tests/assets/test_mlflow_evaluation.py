@@ -64,7 +64,7 @@ def traces_of(client, experiment_id: str, run_id: str) -> dict:
     return out
 
 
-def test_replies_become_an_evaluation_dataset_and_a_scored_run_per_model(mlflow_server, tmp_path):
+def test_replies_become_an_evaluation_dataset_and_a_scored_run_per_model(mlflow_server, tmp_path, capsys):
     from mlflow import MlflowClient
 
     client = MlflowClient(mlflow_server["url"])
@@ -77,6 +77,7 @@ def test_replies_become_an_evaluation_dataset_and_a_scored_run_per_model(mlflow_
         mlflow_server["url"], experiment, replies, ["exact", "token_f1"], "replies-evaluated.rows", runs, {"p": "x"}
     )
     assert mlflow_globals() == before, "the tracking URI, its variable and the experiment are put back"
+    assert "Evaluation completed" not in capsys.readouterr().out, "MLflow's notebook summary stays off stdout"
     assert done["rows"] == 2 and done["dataset_name"] == "replies-evaluated.rows"
     experiments, rows = dataset_rows(client, done["dataset_id"])
     assert experiments == [experiment]
