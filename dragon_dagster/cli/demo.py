@@ -109,7 +109,7 @@ def pass_at_k_lines(report_dir: str) -> list[str]:
     except (OSError, ValueError):
         return []
     return [
-        f"pass@k: {c.model} against {'its start' if c.against == 'start' else c.against}, {c.reward} on {c.prompts} "
+        f"pass@k: {c.model} against {c.compared_with()}, {c.reward} on {c.prompts} "
         f"held-out prompts x {c.samples} samples: pass@1 {c.pass1_before:.3f} -> {c.pass1_after:.3f}, pass@{c.k} "
         f"{c.passk_before:.3f} -> {c.passk_after:.3f} ({c.prompts_up} prompts up, {c.prompts_down} down, sign test "
         f"p = {c.p_value:.3g}): {c.verdict}"

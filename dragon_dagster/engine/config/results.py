@@ -83,10 +83,17 @@ class PassAtK(Contract):
     p_value: float
     verdict: str = Field(description='"better", "worse" or "no measurable change" at the sign test\'s level.')
 
-    def names(self) -> dict[str, str]:
-        """The MLflow names of its figures, the same on every run: pass_at_1_<reward>, pass_at_<k>_<reward> (MLflow
-        refuses '@' in a name)."""
-        return {"pass1": f"pass_at_1_{self.reward}", "passk": f"pass_at_{self.k}_{self.reward}"}
+    def figures(self, when: str) -> dict[str, float]:
+        """Its pass@1 and pass@k "before" or "after", under the names every run logs them by: pass_at_1_<reward>,
+        pass_at_<k>_<reward> (MLflow refuses '@' in a name)."""
+        return {
+            f"pass_at_1_{self.reward}": getattr(self, f"pass1_{when}"),
+            f"pass_at_{self.k}_{self.reward}": getattr(self, f"passk_{when}"),
+        }
+
+    def compared_with(self) -> str:
+        """What it is compared with, in words."""
+        return "its start" if self.against == "start" else self.against
 
 
 class TrainingResult(StageResult):

@@ -26,7 +26,8 @@ def test_rates_average_the_estimator_over_prompts_and_the_sign_test_counts_promp
     assert change.passk_before == pytest.approx((0 + 0.5 + (1 - 1 / 6)) / 3)  # 1 - C(3,2)/C(4,2) = 1/2
     assert (change.prompts, change.samples, change.k, change.temperature) == (3, 4, 2, 0.7)
     assert (change.prompts_up, change.prompts_down, change.verdict) == (2, 0, "no measurable change")  # p = 0.5
-    assert change.names() == {"pass1": "pass_at_1_numeric", "passk": "pass_at_2_numeric"}
+    assert change.figures("after") == {"pass_at_1_numeric": change.pass1_after, "pass_at_2_numeric": change.passk_after}
+    assert change.compared_with() == "its start"
 
 
 @pytest.mark.parametrize(

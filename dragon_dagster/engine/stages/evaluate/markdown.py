@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ...config.results import PassAtK
 from ...evaluate.per_row import mlflow_markdown
 from ...evaluate.stage_change import ALPHA, TEST
 from .skills import markdown as skills_markdown
@@ -299,12 +300,10 @@ def pass_at_k_markdown(report: dict) -> list[str]:
         "| verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for c in report["pass_at_k"]:
-        against = "its start" if c["against"] == "start" else c["against"]
+    for c in map(PassAtK.model_validate, report["pass_at_k"]):
         lines.append(
-            f"| {c['model']} | {against} | {c['reward']} | {c['prompts']} x {c['samples']} | {c['temperature']:g} | "
-            f"{c['pass1_before']:.3f} -> {c['pass1_after']:.3f} | pass@{c['k']} {c['passk_before']:.3f} -> "
-            f"{c['passk_after']:.3f} | {c['prompts_up']} / {c['prompts_down']} | {_fmt(c['p_value'])} | "
-            f"**{c['verdict']}** |"
+            f"| {c.model} | {c.compared_with()} | {c.reward} | {c.prompts} x {c.samples} | {c.temperature:g} | "
+            f"{c.pass1_before:.3f} -> {c.pass1_after:.3f} | pass@{c.k} {c.passk_before:.3f} -> {c.passk_after:.3f} "
+            f"| {c.prompts_up} / {c.prompts_down} | {_fmt(c.p_value)} | **{c.verdict}** |"
         )
     return lines + [""]

@@ -70,13 +70,12 @@ class ReportResult(StageResult):
     def pass_metrics(self, when: str) -> dict[str, float]:
         """pass@1 and pass@k of base ("before") or merged ("after") on the report's prompts, under the names a
         sampling stage logs its own (eval/pass_at_1_<reward>, eval/pass_at_<k>_<reward>)."""
-        out = {}
-        for change in self.pass_at_k:
-            if change.against == "base":
-                names = change.names()
-                out[f"eval/{names['pass1']}"] = getattr(change, f"pass1_{when}")
-                out[f"eval/{names['passk']}"] = getattr(change, f"passk_{when}")
-        return out
+        return {
+            f"eval/{name}": v
+            for change in self.pass_at_k
+            if change.against == "base"
+            for name, v in change.figures(when).items()
+        }
 
     def run_metrics(self) -> dict[str, float]:
         """What the report's MLflow run logs: the merged model's figures, the judge's win rates and a retraining's

@@ -449,10 +449,7 @@ def summarize(
     final.update({f"eval/guard_{n}": v for n, v in after["guard"].items()})
     final.update({f"eval/guard_before_{n}": v for n, v in before["guard"].items()})
     for change in summary.pass_at_k:  # the report logs the same names on the merged and the base run
-        names = change.names()
-        final.update({f"eval/{names['pass1']}": change.pass1_after, f"eval/{names['passk']}": change.passk_after})
-        final.update(
-            {f"eval/before_{names['pass1']}": change.pass1_before, f"eval/before_{names['passk']}": change.passk_before}
-        )
+        final.update({f"eval/{name}": v for name, v in change.figures("after").items()})
+        final.update({f"eval/before_{name}": v for name, v in change.figures("before").items()})
     reporter.metrics(trainer.state.global_step, final)
     return summary
