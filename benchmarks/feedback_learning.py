@@ -446,8 +446,28 @@ def run_variant(
         "after": _strip(after),
         "vs_start": mcnemar(before["flags"], after["flags"]) if after else None,
         "liked_flags": after["flags"] if after else None,  # per held-out ticket, to compare variants paired
+        "stages": stage_results(loop.runs),
         "wall_s": round(time.time() - started, 1),
     }
+
+
+# what a reader of the comparison needs from the feedback stages' manifests beyond the liked share
+STAGE_FIGURES = {
+    "feedback_reward_model": ("train_pairs", "eval_pairs", "accuracy", "margin", "train_accuracy"),
+    "rlhf_on_feedback": ("global_step", "kl", "reward_before", "reward_after", "clipped_ratio"),
+}
+
+
+def stage_results(runs: Path) -> dict:
+    """The reward model's and the RLHF stage's figures (held-out pairs ranked right, KL, learned reward) from the
+    newest manifest of each under a runs folder; stages that did not run are left out."""
+    found = {}
+    for asset, keys in STAGE_FIGURES.items():
+        manifests = sorted((runs / "artifacts" / NAME / asset).glob("*/manifest.json"))
+        if manifests:
+            result = json.loads(manifests[-1].read_text())["result"]
+            found[asset] = {k: result.get(k) for k in keys}
+    return found
 
 
 def _strip(m: dict | None) -> dict | None:
