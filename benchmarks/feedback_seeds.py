@@ -18,16 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from feedback_learning import mcnemar, stage_results  # noqa: E402
+from feedback_learning import mcnemar  # noqa: E402
 
 
 def seed_row(result: dict) -> dict:
     """One seed's figures: liked counts, the paired test between the retrainings, the reward model's held-out pairs."""
     main = result["rounds"][0]
     variant = next(v for v in result["variants"] if "rlhf" in v["objectives"])
-    # runs of before the variant recorded its stages: read from the run's folder while it is still there
-    folder = Path(result["out"]) / f"variant-{'+'.join(variant['objectives'])}" / "runs"
-    stages = variant.get("stages") or stage_results(folder)
+    stages = variant.get("stages") or {}
     return {
         "seed": result["settings"]["seed"],
         "n": result["start"]["n"],
@@ -73,7 +71,7 @@ def markdown(s: dict) -> str:
         right = round((rm.get("accuracy") or 0) * (rm.get("eval_pairs") or 0))
         lines.append(
             f"| {row['seed']} | {row['records']} | {right}/{rm.get('eval_pairs')} ({rm.get('train_pairs')}) | "
-            f"{rl.get('kl', 0):.3f} | {row['start']}/{row['n']} | {row['main']}/{row['n']} | "
+            f"{rl.get('kl') or 0:.3f} | {row['start']}/{row['n']} | {row['main']}/{row['n']} | "
             f"{row['rlhf']}/{row['n']} | {t['gained']} / {t['lost']}, p = {t['p']} |"
         )
     m = {k: s[k] for k in ("start", "main", "rlhf")}
