@@ -6,22 +6,80 @@ positions; elsewhere it projects every position, prompt and padding included, an
 backward. use_chunked_head puts lm_head.ChunkedLogProbs in its place: the same FusedCausalLMOutput fields,
 from the labelled positions only, optionally over the real tokens only (unpadded.py). ORPO
 (trl.experimental.orpo) builds the full logits instead; chunked_orpo_trainer scores it the same way.
+
+A forward can also score Continuations: other replies to its rows' prompts (KTO's mismatched pairs), without
+gradient, from the prompts' keys and values of the forward itself, so those prompts do not run again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
+from dataclasses import dataclass
 
 import torch
 
-from . import lm_head
+from . import lm_head, unpadded
+
+
+@dataclass
+class Continuations:
+    """Other replies to the prompts of the rows a forward scores: row i here is row i's prompt (the same tokens at
+    the same columns) followed by another reply, right-padded, as TRL's KTO collator gives its KL rows. The
+    forward writes each row's summed reply log-probability into logps (no gradient), before it returns."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor
+    logps: torch.Tensor  # (rows,): filled by the forward
+
+
+def score_continuations(causal_lm, recorded: unpadded.Recorded, rows: Continuations) -> torch.Tensor:
+    """Each continuation row's summed reply log-probability, from a recorded padding-free pass over its prompt.
+
+    A reply's first token is predicted by its prompt's last hidden state, which the recorded pass has; the rest
+    by the reply's own tokens, run attending to the prompt's recorded keys and values. A reply's last token is
+    not run: what it predicts is not scored.
+    """
+    backbone, head = lm_head.backbone_and_head(causal_lm)
+    reply = rows.completion_mask.bool() & rows.attention_mask.bool()
+    last_prompt, first_targets, run_columns, run_rows, prefixes, bounds = [], [], [], [], [], [0]
+    for row in range(reply.shape[0]):
+        columns = reply[row].nonzero().flatten()
+        if not len(columns):
+            continue
+        start = int(columns[0])
+        prompt = recorded.index[row, :start][rows.attention_mask[row, :start].bool()]
+        if len(prompt) == 0 or bool((prompt < 0).any()) or bool((prompt.diff() != 1).any()):
+            raise ValueError(f"continuation row {row}: its prompt is not a run of the recorded pass's tokens")
+        last_prompt.append(int(prompt[-1]))
+        first_targets.append(int(rows.input_ids[row, start]))
+        if len(columns) > 1:
+            run_columns.append(columns[:-1])
+            run_rows.append(row)
+            prefixes.append((int(prompt[0]), int(prompt[-1]) + 1))
+            bounds.append(bounds[-1] + len(columns) - 1)
+    device = rows.input_ids.device
+    hidden = [recorded.hidden[torch.tensor(last_prompt, dtype=torch.long, device=device)]]
+    targets = [torch.tensor(first_targets, dtype=torch.long, device=device)]
+    owners = [reply.any(dim=1).nonzero().flatten()]
+    if run_columns:
+        tokens = torch.cat([rows.input_ids[r, c] for r, c in zip(run_rows, run_columns)])
+        positions = torch.cat(run_columns)
+        hidden.append(unpadded.continue_pass(backbone, recorded, tokens, positions, bounds, prefixes))
+        targets.append(torch.cat([rows.input_ids[r, c + 1] for r, c in zip(run_rows, run_columns)]))
+        owners.append(torch.cat([torch.full_like(c, r) for r, c in zip(run_rows, run_columns)]))
+    logps = lm_head.logprobs(torch.cat(hidden), head.weight, torch.cat(targets), stats=())["log_probs"]
+    return torch.zeros(reply.shape[0], device=device).index_add_(0, torch.cat(owners), logps)
 
 
 def use_chunked_head(causal_lm, unpad: bool = False, weighting: bool = False, paired: bool = False) -> None:
     """Replace the fused forward that TRL's add_fused_lm_head put on causal_lm (the model under the PEFT wrapper).
 
     paired (DPO: the batch is [chosen; rejected]): with unpad, a pair's common prompt runs once for both replies.
+    A scoring call may pass continuations (with unpad): other replies to its rows' prompts, scored without
+    gradient; a call without fused_lm_head (TRL's logits for compute_metrics, after the scoring one) ignores them.
 
     Calls without fused_lm_head (generation) and the cases it does not cover (pre-shifted labels, MoE router
     logits, positional arguments) go to TRL's forward unchanged.
@@ -29,8 +87,20 @@ def use_chunked_head(causal_lm, unpad: bool = False, weighting: bool = False, pa
     trl_forward = causal_lm.forward
     stats = ("entropy", "mean_logits", "is_top1") + (("log_sum_sq_probs",) if weighting else ())
 
-    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kwargs):
-        if not fused_lm_head or args or shift_labels is not None or kwargs.get("output_router_logits"):
+    def forward(
+        self,
+        *args,
+        fused_lm_head=False,
+        labels=None,
+        shift_labels=None,
+        num_items_in_batch=None,
+        continuations: Continuations | None = None,
+        **kwargs,
+    ):
+        trls = not fused_lm_head or args or shift_labels is not None or kwargs.get("output_router_logits")
+        if continuations is not None and fused_lm_head and (trls or not unpad):
+            raise ValueError("continuations are scored by the padding-free chunked head only (unpad, keywords)")
+        if trls:
             return trl_forward(
                 *args,
                 fused_lm_head=fused_lm_head,
@@ -44,7 +114,11 @@ def use_chunked_head(causal_lm, unpad: bool = False, weighting: bool = False, pa
         kwargs.pop("use_cache", None)
         targets = labels[:, 1:]
         score = targets != -100
-        hidden = lm_head.scored_hidden(self, score, unpad, score if paired else None, **kwargs)
+        with unpadded.recording() if continuations is not None else contextlib.nullcontext() as recorded:
+            hidden = lm_head.scored_hidden(self, score, unpad, score if paired else None, **kwargs)
+        if continuations is not None:
+            with torch.no_grad():
+                continuations.logps.copy_(score_continuations(self, recorded, continuations))
         out = lm_head.logprobs(hidden, self.get_output_embeddings().weight, targets[score], stats=stats)
         per_token = {name: value.new_zeros(score.shape).masked_scatter(score, value) for name, value in out.items()}
         count = score.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch

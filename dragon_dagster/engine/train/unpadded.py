@@ -9,19 +9,47 @@ block mask is built, which is what made plain packing slower than padding on a C
 Each token keeps the position id it had in the padded batch, so the hidden states are those of the padded
 forward (tests/test_fast_paths.py compares values and gradients, left and right padding).
 
+A pass can also continue an earlier one (continue_pass): its segments attend first to a stretch of the earlier
+pass's keys and values, recorded while it ran (recording), as a KV cache would hold them. KTO's mismatched replies
+take their prompts' keys and values from the pass that ran those prompts with the rated replies.
+
 The attention is registered with transformers' AttentionInterface under NAME. Calls that carry no segment
 boundaries (generation, evaluation) fall through to transformers' own SDPA, mask included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 NAME = "dragon_unpadded"
 _unpadding = contextvars.ContextVar("dragon_unpadded", default=False)
+_recording = contextvars.ContextVar("dragon_unpadded_recording", default=None)  # Recorded being filled
+_continuing = contextvars.ContextVar("dragon_unpadded_continuing", default=None)  # Recorded prefixes index into
+
+
+@dataclass
+class Recorded:
+    """What a padding-free pass leaves for a pass that continues it: each attention layer's keys and values over
+    the flat row (detached, as a KV cache holds them), and the last hidden states with layout's index into them."""
+
+    keys_values: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    hidden: torch.Tensor | None = None  # (flat tokens, hidden), detached
+    index: torch.Tensor | None = None  # (rows, length): flat position of each padded position, -1 for padding
+
+
+@contextlib.contextmanager
+def recording():
+    """Record the padding-free passes run inside (the last one wins) into the Recorded this yields."""
+    recorded = Recorded()
+    token = _recording.set(recorded)
+    try:
+        yield recorded
+    finally:
+        _recording.reset(token)
 
 
 def attention(
@@ -39,7 +67,8 @@ def attention(
     """SDPA over each segment of a padding-free row when cu_seq_lens_q bounds them; transformers' SDPA otherwise.
 
     shared_prefixes[i] = (start, end) gives segment i a prefix elsewhere in the row that it attends to in full
-    before its own tokens (a prompt shared by a chosen and a rejected reply); None for none.
+    before its own tokens (a prompt shared by a chosen and a rejected reply); None for none. In a pass that
+    continues a recorded one, the prefixes are stretches of the recorded pass's row instead.
     """
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -47,6 +76,10 @@ def attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
+    recorded, continued = _recording.get(), _continuing.get()
+    if recorded is not None and continued is None:
+        recorded.keys_values[module.layer_idx] = (key.detach(), value.detach())
+    prefix_key, prefix_value = continued.keys_values[module.layer_idx] if continued is not None else (key, value)
     bounds = cu_seq_lens_q.tolist()
     outputs = []
     for i, (start, end) in enumerate(zip(bounds, bounds[1:])):
@@ -57,8 +90,8 @@ def attention(
                 sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)[0]
             )
             continue
-        k = torch.cat([key[:, :, prefix[0] : prefix[1]], k], dim=2)
-        v = torch.cat([value[:, :, prefix[0] : prefix[1]], v], dim=2)
+        k = torch.cat([prefix_key[:, :, prefix[0] : prefix[1]], k], dim=2)
+        v = torch.cat([prefix_value[:, :, prefix[0] : prefix[1]], v], dim=2)
         n, m = end - start, prefix[1] - prefix[0]
         allowed = torch.ones(n, m + n, dtype=torch.bool, device=query.device)
         allowed[:, m:] = torch.ones(n, n, dtype=torch.bool, device=query.device).tril()
@@ -154,28 +187,56 @@ def hidden_states(
     """The backbone's last hidden states of the real tokens, (flat tokens, hidden), and layout's index into them.
 
     kwargs go to the backbone (the padded batch's other inputs); position ids are those the padded batch has.
+    Inside recording(), the pass's keys, values and hidden states are recorded.
     """
+    flat = layout(input_ids, attention_mask, kwargs.pop("position_ids", None), reply_starts)
+    hidden = flat_hidden_states(backbone, flat.tokens, flat.positions, flat.bounds, flat.prefixes, **kwargs)
+    recorded = _recording.get()
+    if recorded is not None:
+        recorded.hidden, recorded.index = hidden.detach(), flat.index
+    return hidden, flat.index
+
+
+def continue_pass(
+    backbone,
+    recorded: Recorded,
+    tokens: torch.Tensor,
+    positions: torch.Tensor,
+    bounds: list[int],
+    prefixes: list[tuple[int, int]],
+) -> torch.Tensor:
+    """The last hidden states of segments (tokens laid end to end, bounds between them) each continuing a stretch
+    of a recorded pass: segment i attends to the recorded keys and values at flat positions prefixes[i] first, as
+    if those tokens came before it in its row. positions are the segment tokens' position ids."""
+    token = _continuing.set(recorded)
+    try:
+        return flat_hidden_states(backbone, tokens, positions, bounds, prefixes)
+    finally:
+        _continuing.reset(token)
+
+
+def flat_hidden_states(backbone, tokens, positions, bounds: list[int], prefixes: list, **kwargs) -> torch.Tensor:
+    """The backbone over one padding-free row of segments; (tokens, hidden)."""
     if backbone.config._attn_implementation != NAME:  # SDPA would ignore the bounds and attend across rows
         raise RuntimeError(
             f"unpadded forward on a model whose attention is {backbone.config._attn_implementation!r}; "
             f"call unpadded.use(model) first"
         )
-    flat = layout(input_ids, attention_mask, kwargs.pop("position_ids", None), reply_starts)
-    bounds = torch.tensor(flat.bounds, dtype=torch.int32, device=input_ids.device)
-    longest = int(bounds.diff().max())
+    cu = torch.tensor(bounds, dtype=torch.int32, device=tokens.device)
+    longest = int(cu.diff().max())
     token = _unpadding.set(True)
     try:
         out = backbone(
-            input_ids=flat.tokens[None],
-            position_ids=flat.positions[None],
+            input_ids=tokens[None],
+            position_ids=positions[None],
             use_cache=False,
-            cu_seq_lens_q=bounds,
-            cu_seq_lens_k=bounds,
+            cu_seq_lens_q=cu,
+            cu_seq_lens_k=cu,
             max_length_q=longest,
             max_length_k=longest,
-            shared_prefixes=flat.prefixes if any(flat.prefixes) else None,
+            shared_prefixes=prefixes if any(prefixes) else None,
             **kwargs,
         )
     finally:
         _unpadding.reset(token)
-    return out.last_hidden_state[0], flat.index
+    return out.last_hidden_state[0]

@@ -929,3 +929,76 @@ def test_adapters_that_a_folded_model_would_not_run_stay_as_they_are():
             with decode_weights.prepared(model, rows=1):  # unfolded, the linear layers still packed
                 assert not any(getattr(m, "merged", False) for m in model.modules())
                 assert torch.allclose(model(input_ids=ids).logits, expected, atol=1e-5)
+
+
+def kto_batch(vocab=300, seed=9):
+    """TRL's KTO batch of four rated replies (rows 0 and 2 answer one prompt, as unpaired pairs do) and the
+    mismatched rows its KL term pairs them with (each prompt with the previous row's reply), as its collator pads."""
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (5, 3, 5, 4)]
+    prompts[2] = prompts[0]
+    replies = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (4, 1, 6, 3)]
+    rows = [
+        {"prompt_ids": p, "completion_ids": r, "KL_completion_ids": replies[i - 1], "label": i % 2 == 0}
+        for i, (p, r) in enumerate(zip(prompts, replies))
+    ]
+    return DataCollatorForUnpairedPreference(pad_token_id=0)(rows), prompts, replies
+
+
+def test_kto_mismatched_replies_continue_the_rated_prompts_and_the_reference_runs_once(monkeypatch):
+    from types import SimpleNamespace
+
+    from trl.trainer.utils import add_fused_lm_head
+
+    from dragon_dagster.engine.stages.kto.trainer import same_prompts, shared_prompt_trainer
+    from dragon_dagster.engine.train import unpadded
+    from dragon_dagster.engine.train.preference_head import Continuations, use_chunked_head
+
+    model = small_lora_model()
+    batch, prompts, replies = kto_batch()
+    assert same_prompts(batch)
+    labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    kl_labels = batch["KL_input_ids"].masked_fill(batch["KL_completion_mask"] == 0, -100)
+    add_fused_lm_head(model.get_base_model(), outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
+    weights = torch.randn(labels.shape[0], labels.shape[1] - 1)
+
+    def trl_pass(ids, mask, scored):
+        return model(input_ids=ids, attention_mask=mask, labels=scored, fused_lm_head=True).log_probs.sum(-1)
+
+    with torch.no_grad():  # TRL's four passes: policy and reference, over the mismatched and the rated rows
+        kl = trl_pass(batch["KL_input_ids"], batch["KL_attention_mask"], kl_labels)
+        with model.disable_adapter():
+            ref = trl_pass(batch["input_ids"], batch["attention_mask"], labels)
+            ref_kl = trl_pass(batch["KL_input_ids"], batch["KL_attention_mask"], kl_labels)
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels, fused_lm_head=True)
+    (out.log_probs * weights).sum().backward()
+    expected_grads = lora_grads(model)
+
+    unpadded.use(model)
+    use_chunked_head(model.get_base_model(), unpad=True, paired=True)
+    ran = []  # tokens of each padding-free pass
+    flat = unpadded.flat_hidden_states
+    monkeypatch.setattr(
+        unpadded, "flat_hidden_states", lambda b, tokens, *a, **k: ran.append(len(tokens)) or flat(b, tokens, *a, **k)
+    )
+    rows = Continuations(batch["KL_input_ids"], batch["KL_attention_mask"], batch["KL_completion_mask"], torch.zeros(4))
+    ours = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        labels=labels,
+        fused_lm_head=True,
+        continuations=rows,
+    )
+    assert torch.allclose(rows.logps, kl, atol=1e-4) and not rows.logps.requires_grad
+    assert torch.allclose(ours.log_probs, out.log_probs, atol=1e-5)
+    (ours.log_probs * weights).sum().backward()
+    assert_same_grads(lora_grads(model), expected_grads)
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(unwrap_model=lambda m: m), model=model)
+    ours_ref, ours_ref_kl = shared_prompt_trainer()._reference_logps(trainer, batch)
+    assert torch.allclose(ours_ref, ref, atol=1e-4) and torch.allclose(ours_ref_kl, ref_kl, atol=1e-4)
+    # the rated pass lays prompt 0 down once for rows 0 and 2; the mismatched replies run without their prompts
+    # or their last token; the reference runs each distinct prompt once for all four rows and both replies
+    tokens = sum(map(len, prompts)) + sum(map(len, replies))
+    assert ran == [tokens - 5, sum(len(r) - 1 for r in replies), tokens - 5 + sum(map(len, replies))]

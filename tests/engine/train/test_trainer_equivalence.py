@@ -85,9 +85,20 @@ def train_preference_kind(kind: str, kernel: str, model: Path, train: Path, work
 
 
 @pytest.mark.parametrize("kind", ["dpo", "orpo", "kto"])
-def test_preference_kinds_with_the_chunked_head_train_like_trls_head(kind, tiny_model, pairs_file, tmp_path):
+def test_preference_kinds_with_the_chunked_head_train_like_trls_head(
+    kind, tiny_model, pairs_file, tmp_path, monkeypatch
+):
+    from dragon_dagster.engine.train import preference_head
+
     trl_rows, trl_weights = train_preference_kind(kind, "trl", tiny_model, pairs_file, tmp_path / "trl")
+    continued = []  # KTO's mismatched replies, scored from the rated pass's prompts (stages/kto/trainer.py)
+    score = preference_head.score_continuations
+    monkeypatch.setattr(preference_head, "score_continuations", lambda *a: continued.append(1) or score(*a))
     ours_rows, our_weights = train_preference_kind(kind, "chunked", tiny_model, pairs_file, tmp_path / "chunked")
+    assert len(continued) == (STEPS if kind == "kto" else 0)
+    if kind == "kto":  # the KL term moves off zero as the policy moves, and is TRL's at every step
+        assert trl_rows[-1]["kl"] > 0.1
+        assert [r["kl"] for r in ours_rows] == pytest.approx([r["kl"] for r in trl_rows], rel=1e-4, abs=1e-6)
     assert [r["step"] for r in trl_rows] == [r["step"] for r in ours_rows] == list(range(1, STEPS + 1))
     assert trl_rows[0]["grad_norm"] > 0 and trl_rows[-1]["loss"] != trl_rows[0]["loss"]  # it trains
     for key in ("loss", "grad_norm"):

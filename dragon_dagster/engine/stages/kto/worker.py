@@ -1,5 +1,6 @@
-"""The kto kind's worker: TRL's KTOConfig and KTOTrainer on rated replies, loss weights balanced by default, and
-the per-reply accuracy TRL's KTO does not log."""
+"""The kto kind's worker: TRL's KTOConfig and KTOTrainer on rated replies (with the chunked head, the subclass
+that runs each prompt fewer times: trainer.py), loss weights balanced by default, and the per-reply accuracy TRL's
+KTO does not log."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from ...train.preference_head import use_chunked_head
 from ...train.trainer import TrainingError, TrainingJob
 from .result import KTOResult
 from .settings import KTO
+from .trainer import shared_prompt_trainer
 
 
 class KTOMethod(PreferenceMethod):
@@ -33,10 +35,14 @@ class KTOMethod(PreferenceMethod):
         evals = Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None
         weights = kto_weights(job.settings, [bool(r["label"]) for r in train])
         parts = trainer_parts(p, callback, train, evals)
-        return KTOTrainer(model=p.model, ref_model=None, args=KTOConfig(**args, **weights), **parts)
+        trainer_class = shared_prompt_trainer() if chunked else KTOTrainer
+        return trainer_class(model=p.model, ref_model=None, args=KTOConfig(**args, **weights), **parts)
 
     def use_head(self, trainer, speed: dict) -> None:
-        use_chunked_head(trainer.model.get_base_model(), speed["unpad"], getattr(trainer, "use_weighting", False))
+        # paired: rated replies unpaired from preference pairs share their prompt, which then runs once
+        base = trainer.model.get_base_model()
+        use_chunked_head(base, speed["unpad"], getattr(trainer, "use_weighting", False), paired=speed["unpad"])
+        trainer.shares_prompts = speed["unpad"]
 
     def train_figures(self, job: TrainingJob, p) -> dict:
         labels = [bool(r["label"]) for r in unpaired(p.train_rows)]
