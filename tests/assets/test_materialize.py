@@ -179,6 +179,8 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
         "unpad": True,  # CPU defaults
         "dropout_mask": "fast",
         "fast_dropouts": 14,
+        "lora_product": "accumulated",
+        "accumulated_lora_layers": 14,
         "torch_compile": False,
     }
     history = client.get_metric_history(sft.info.run_id, "train/loss")

@@ -67,6 +67,12 @@ class Speed(Settings):
         description="LoRA dropout masks: fast draws 16 bits per element (CPU), torch one 32-bit number. auto: "
         "fast except for CUDA.",
     )
+    lora_product: Literal["auto", "accumulated", "peft"] = Field(
+        "auto",
+        description="LoRA layers in training: accumulated adds each adapter's product into the base layer's output "
+        "inside the matrix product (its scaling as the product's factor), with no pass over the output for the "
+        "scaling and the sum; peft: PEFT's forward. The same values. auto: accumulated except for CUDA.",
+    )
     sampling: Literal["auto", "grouped", "trl"] = Field(
         "auto",
         description="GRPO sampling. grouped: each prompt's forward pass once for its group, no LoRA dropout "
@@ -77,13 +83,15 @@ class Speed(Settings):
     def resolve(self, device: str) -> Speed:
         """Concrete choices for a device. On CUDA, packing fills the GPU and TRL's Triton head is used; elsewhere
         the chunked head wins (3-4x faster than TRL's torch fallback on a CPU) and rows stay unpacked, so a step
-        holds batch_size examples as the user set it, but run without their padding (unpad), and LoRA dropout
-        draws its masks 16 bits at a time (torch's per-element draws cost a CPU more than the attention)."""
+        holds batch_size examples as the user set it, but run without their padding (unpad), LoRA dropout
+        draws its masks 16 bits at a time (torch's per-element draws cost a CPU more than the attention) and LoRA
+        layers accumulate their adapter's product into the base output (measured on CPUs only)."""
         gpu = device == "cuda"
         packing = self.packing if self.packing != "auto" else ("on" if gpu else "off")
         kernel = self.loss_kernel if self.loss_kernel != "auto" else ("trl" if gpu else "chunked")
         unpad = self.unpad if self.unpad != "auto" else ("off" if gpu else "on")
         mask = self.dropout_mask if self.dropout_mask != "auto" else ("torch" if gpu else "fast")
+        lora_product = self.lora_product if self.lora_product != "auto" else ("peft" if gpu else "accumulated")
         sampling = "grouped" if self.sampling == "auto" else self.sampling  # less work on any device
         return self.model_copy(
             update={
@@ -91,6 +99,7 @@ class Speed(Settings):
                 "loss_kernel": kernel,
                 "unpad": unpad,
                 "dropout_mask": mask,
+                "lora_product": lora_product,
                 "sampling": sampling,
             }
         )

@@ -70,16 +70,20 @@ def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dic
     """
     from . import unpadded
     from .dropout import use_fast_dropout
+    from .lora_products import use_lora_products
 
     used = {
         "loss_kernel": "chunked" if chunked else "trl",
         "unpad": speed.unpad == "on" and chunked,
         "dropout_mask": speed.dropout_mask,
+        "lora_product": speed.lora_product,
     }
     if used["unpad"]:
         unpadded.use(trainer.model)
     if speed.dropout_mask == "fast":
         used["fast_dropouts"] = use_fast_dropout(trainer.model)
+    if speed.lora_product == "accumulated":
+        used["accumulated_lora_layers"] = use_lora_products(trainer.model)
     reporter.log("speed: " + ", ".join(f"{k} {v}" for k, v in used.items()))
     return used
 

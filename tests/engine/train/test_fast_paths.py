@@ -274,10 +274,15 @@ def test_sft_packing_trains_and_says_so(tiny_model, tmp_path):
 
 def test_speed_settings_resolve_per_device_and_name_bad_values():
     assert Speed().resolve("cuda") == Speed(
-        packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch", sampling="grouped"
+        packing="on", loss_kernel="trl", unpad="off", dropout_mask="torch", lora_product="peft", sampling="grouped"
     )
     assert Speed().resolve("cpu") == Speed(
-        packing="off", loss_kernel="chunked", unpad="on", dropout_mask="fast", sampling="grouped"
+        packing="off",
+        loss_kernel="chunked",
+        unpad="on",
+        dropout_mask="fast",
+        lora_product="accumulated",
+        sampling="grouped",
     )
     assert Speed(packing="off", loss_kernel="chunked").resolve("cuda").packing == "off"  # overrides win
     with pytest.raises(SettingsError, match="speed.packing"):
@@ -308,6 +313,7 @@ def test_training_resource_sends_speed_to_trainer_jobs_only(tmp_path, monkeypatc
         "torch_compile": False,
         "unpad": "auto",
         "dropout_mask": "auto",
+        "lora_product": "auto",
         "sampling": "auto",
     }
     missing = tmp_path / "no-model"  # the jobs name no model that exists: the worker fails, the job file stays
@@ -1002,3 +1008,34 @@ def test_kto_mismatched_replies_continue_the_rated_prompts_and_the_reference_run
     # or their last token; the reference runs each distinct prompt once for all four rows and both replies
     tokens = sum(map(len, prompts)) + sum(map(len, replies))
     assert ran == [tokens - 5, sum(len(r) - 1 for r in replies), tokens - 5 + sum(map(len, replies))]
+
+
+def test_lora_layers_accumulate_their_product_into_the_base_output_with_peft_values_and_gradients():
+    from torch.profiler import profile
+
+    from dragon_dagster.engine.train.dropout import use_fast_dropout
+    from dragon_dagster.engine.train.lora_products import use_lora_products
+
+    model = small_lora_model(kind="qwen2", dropout=0.1)  # q/k/v with biases, LoRA dropout drawn in the adapters
+    use_fast_dropout(model)
+    ids = torch.randint(0, 300, (3, 7), generator=torch.Generator().manual_seed(2))
+
+    def run():
+        torch.manual_seed(3)  # the same dropout masks on both paths
+        logits = model(input_ids=ids).logits
+        (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+        return logits.detach(), lora_grads(model)
+
+    peft_logits, peft_grads = run()
+    with torch.no_grad(), model.disable_adapter():
+        base_logits = model(input_ids=ids).logits
+    assert use_lora_products(model) == 14  # seven adapted projections per layer
+    with profile() as prof:
+        logits, grads = run()
+    ops = {e.key: e.count for e in prof.key_averages()}
+    assert ops.get("aten::addmm_") == 14  # each adapter's product accumulated into its layer's output
+    assert torch.allclose(logits, peft_logits, atol=1e-5)
+    assert_same_grads(grads, peft_grads)
+    with torch.no_grad(), model.disable_adapter():  # adapters off: the base layers alone, as PEFT runs them
+        assert torch.equal(model(input_ids=ids).logits, base_logits)
+    assert use_lora_products(model) == 0  # once per layer
