@@ -9,7 +9,7 @@ scaling lands on the small (tokens x rank) factors in backward and nothing runs 
 products. The values are PEFT's sum; the gradients reach the same parameters.
 
 A call runs PEFT's own forward when this does not apply: adapters off or merged, another adapter variant (DoRA)
-or a LoRA bias, per-row adapter names, other dtypes than the base output's, autocast.
+or a LoRA bias, per-row adapter names, adapters or a base weight in another dtype than the input, autocast.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def applies(layer, x: torch.Tensor, args: tuple, kwargs: dict) -> bool:
     """Whether this call can take the accumulated product (otherwise PEFT's forward runs it)."""
     if args or kwargs or layer.disable_adapters or layer.merged or torch.is_autocast_enabled(x.device.type):
         return False
+    if getattr(layer.get_base_layer(), "weight", x).dtype != x.dtype:
+        return False
     for name in layer.active_adapters:
         if name not in layer.lora_A:
             continue
@@ -52,9 +54,7 @@ def accumulated_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     if not applies(self, x, args, kwargs):
         return LoraLinear.forward(self, x, *args, **kwargs)
     flat = x.reshape(-1, x.shape[-1])
-    result = self.base_layer(flat)
-    if result.dtype != x.dtype or not result.is_contiguous():
-        return LoraLinear.forward(self, x, *args, **kwargs)
+    result = self.base_layer(flat).contiguous()  # a copy only where a patched base returned a view
     for name in self.active_adapters:
         if name not in self.lora_A:
             continue
