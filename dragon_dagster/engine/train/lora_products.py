@@ -49,10 +49,8 @@ def applies(layer, x: torch.Tensor, args: tuple, kwargs: dict) -> bool:
 
 def accumulated_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """PEFT's LoRA Linear forward with each adapter's last product accumulated into the base output."""
-    from peft.tuners.lora.layer import Linear as LoraLinear
-
     if not applies(self, x, args, kwargs):
-        return LoraLinear.forward(self, x, *args, **kwargs)
+        return type(self).forward(self, x, *args, **kwargs)  # the class's: PEFT's own
     flat = x.reshape(-1, x.shape[-1])
     result = self.base_layer(flat).contiguous()  # a copy only where a patched base returned a view
     for name in self.active_adapters:
