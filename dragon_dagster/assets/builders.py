@@ -163,7 +163,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
         settings = effective(stage, config)
         inputs = local_inputs(store, inputs)
         return reuse_or_make(
-            context, pipeline, settings, inputs, lambda: _map(context, settings, store, tracking, inputs)
+            context, pipeline, settings, inputs, lambda: _map(context, settings, store, tracking, inputs), tracking
         )
 
     def _map(context, settings, store: ArtifactStore, tracking: MLflowTracking, inputs: dict) -> Output[str]:
@@ -296,12 +296,17 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
         code_version=stage_version(pipeline, stage),
     )
     def _synthesize(
-        context, config: launchpad_config(stage), store: ArtifactStore, training: TrainingResource, **inputs
+        context,
+        config: launchpad_config(stage),
+        store: ArtifactStore,
+        training: TrainingResource,
+        tracking: MLflowTracking,
+        **inputs,
     ) -> Output[str]:
         settings = effective(stage, config)
         inputs = local_inputs(store, inputs)
         return reuse_or_make(
-            context, pipeline, settings, inputs, lambda: _generate(context, settings, store, training, inputs)
+            context, pipeline, settings, inputs, lambda: _generate(context, settings, store, training, inputs), tracking
         )
 
     def _generate(context, settings, store: ArtifactStore, training: TrainingResource, inputs: dict) -> Output[str]:

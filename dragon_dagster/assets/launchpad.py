@@ -12,8 +12,9 @@ from pydantic import Field, ValidationError, create_model
 
 from ..engine.config.settings import Settings, overlay, tunable_fields
 from ..engine.config.stage import Stage
-from ..engine.pipeline import describe
+from ..engine.pipeline import Pipeline, describe
 
+LAUNCH_ONLY = {"resume"}  # launchpad fields that are not settings of the stage
 RESUME = (bool, Field(False, description="Continue from the last complete checkpoint a cancelled or failed run left."))
 
 
@@ -36,11 +37,26 @@ def _config_class(settings: Settings, class_name: str, extra: dict | None = None
 
 def effective(stage: Stage, config: Config) -> Stage:
     """The stage's settings with this run's launchpad values put in, checked by the stage's model."""
-    values = config.model_dump(exclude={"resume"})
+    return effective_values(stage, config.model_dump())
+
+
+def effective_values(stage: Stage, values: dict[str, Any]) -> Stage:
+    """The stage's settings with a run's config values for it (as its run config holds them) put in."""
+    values = {k: v for k, v in values.items() if k not in LAUNCH_ONLY}
     try:
         return type(stage).model_validate(overlay(stage.model_dump(), values))
     except ValidationError as exc:
         raise Failure(description=f"{stage.name}: run config: {describe(exc)}") from None
+
+
+def run_settings(pipeline: Pipeline, run_config: dict) -> dict[str, Stage]:
+    """Every stage's effective settings in a Dagster run of the pipeline, by stage name: its YAML with the run's
+    config for it (a profile's, a sweep point's, the launchpad's) put in, as each stage's asset computes them."""
+    ops = (run_config or {}).get("ops") or {}
+    return {
+        stage.name: effective_values(stage, (ops.get(f"{pipeline.name}__{stage.name}") or {}).get("config") or {})
+        for stage in pipeline.stages
+    }
 
 
 def _camel(name: str) -> str:

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 
+from dagster import AssetKey
+
 from ..engine.pipeline import Pipeline
+from ..resources.tracking import flatten
+from .launchpad import run_settings
 from .sweep_tags import POINT_TAG as SWEEP_POINT_TAG
 from .sweep_tags import SETTINGS_TAG as SWEEP_SETTINGS_TAG
 from .sweep_tags import SWEEP_TAG
@@ -36,6 +40,28 @@ def sweep_run(context, pipeline: Pipeline, tracking) -> str | None:
     )
 
 
+def settings_params(pipeline: Pipeline, run) -> dict[str, str]:
+    """The pipeline run's params: every stage's effective settings in the Dagster run (those of the stages it
+    selected), flattened as `<stage>.<setting>` (`dpo_adapter.beta`, `sft_adapter.args.learning_rate`) and each
+    value as its type writes it (a list as JSON), so MLflow's compare view with "show diff only" on two pipeline
+    runs lists the settings that differ and nothing else."""
+    selected = run.asset_selection
+    out: dict[str, str] = {}
+    for name, stage in run_settings(pipeline, run.run_config).items():
+        if selected and AssetKey([pipeline.name, name]) not in selected:  # none: the whole job
+            continue
+        values = stage.model_dump(mode="json", exclude={"name"})
+        out.update(flatten(name, _lists_as_json(values)))
+    return out
+
+
+def _lists_as_json(values: dict) -> dict:
+    return {
+        k: _lists_as_json(v) if isinstance(v, dict) else json.dumps(v) if isinstance(v, list) else v
+        for k, v in values.items()
+    }
+
+
 def pipeline_run(context, pipeline: Pipeline, tracking) -> str:
     """The MLflow run of this Dagster run (created by its first step that logs to MLflow), marked running."""
     run = context.run
@@ -48,7 +74,7 @@ def pipeline_run(context, pipeline: Pipeline, tracking) -> str:
         {"dagster_run_id": run.run_id, "level": "pipeline"},
         run_name=f"{run.job_name} {label} {run.run_id[:8]}",
         tags={"pipeline": pipeline.name, "dagster_job": run.job_name, "profile": profile or None, **tags},
-        params={"model": pipeline.model, "profile": profile or "none", **settings},
+        params={"model": pipeline.model, "profile": profile or "none", **settings, **settings_params(pipeline, run)},
         description=(pipeline.description or f"The {pipeline.name} pipeline.")
         + f"\n\nDagster run `{run.run_id}` of job `{run.job_name}`"
         + (f", profile `{profile}`" if profile else "")

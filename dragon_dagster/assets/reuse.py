@@ -20,18 +20,19 @@ from dagster import BetaWarning, DataVersion, MetadataValue, Output
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.versions import stage_version
 
+REUSED_TAG = "dragon/reused_from"  # a reused stage's materialization: the Dagster run that made its artifact
 FRESH_TAG = "dragon/fresh"  # "true": make every stage of the run anew, whatever was made before
 VERSION_KEY = "settings_version"  # the materialization's: the stage's version with the run's own settings
 INPUTS_KEY = "inputs"  # the artifact directories it read, by input name
 LOOKBACK = 20  # of a stage's materializations, the newest ones searched for a match
 
 
-def _output(value: str, metadata: dict, data_version: DataVersion) -> Output:
+def _output(value: str, metadata: dict, data_version: DataVersion, tags: dict[str, str] | None = None) -> Output:
     # Output's data_version is how an asset gives its materialization its own data version (Dagster's documented
     # way); its beta notice is for whoever writes definitions, and would print once per stage of every run.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", BetaWarning)
-        return Output(value, metadata=metadata, data_version=data_version)
+        return Output(value, metadata=metadata, data_version=data_version, tags=tags)
 
 
 def artifact_version(artifact: str | Path) -> DataVersion:
@@ -83,7 +84,10 @@ def reusable(context, inputs: dict[str, str], version: str) -> Output[str] | Non
         made_by = _value(metadata.get("reused_from_run")) or record.run_id
         context.log.info(f"{context.asset_key.to_user_string()}: reused {artifact} (made by run {made_by})")
         return _output(
-            str(artifact), {**metadata, "reused": True, "reused_from_run": made_by}, artifact_version(artifact)
+            str(artifact),
+            {**metadata, "reused": True, "reused_from_run": made_by},
+            artifact_version(artifact),
+            tags={REUSED_TAG: made_by},  # on the materialization, where the asset's events show it
         )
     return None
 
@@ -99,6 +103,12 @@ def versioned(out: Output, inputs: dict[str, str], version: str) -> Output:
     return _output(out.value, metadata, artifact_version(out.value))
 
 
+def code_version(context) -> str | None:
+    """The asset's code version as Dagster has it (its stage's version with the YAML's settings): the one version
+    of the stage that the Dagster UI, `dragon status` and the pipeline's MLflow run (`version.<stage>`) show."""
+    return context.assets_def.code_versions_by_key.get(context.asset_key)
+
+
 def reuse_or_make(
     context,
     pipeline: Pipeline,
@@ -110,17 +120,18 @@ def reuse_or_make(
     allow: bool = True,
 ) -> Output:
     """The earlier artifact when one matches (reusable), else make(), versioned. tracking: where the pipeline's
-    MLflow run records each stage's version and the stages reused (stages that log to MLflow). version: the
-    stage's version when it is not its settings' (a source file's content). allow: False where a run must make it
-    anew whatever the versions say (resuming from a checkpoint)."""
+    MLflow run records each stage's version and the stages reused. version: the stage's version when it is not its
+    settings' (a source file's content). allow: False where a run must make it anew whatever the versions say
+    (resuming from a checkpoint)."""
     version = version or stage_version(pipeline, settings)
     out = reusable(context, inputs, version) if allow else None
     reused = out is not None
     if not reused:
         out = versioned(make(), inputs, version)
     if tracking is not None:
-        tags = {f"version.{settings.name}": version}
+        name = context.asset_key.path[-1]
+        tags = {f"version.{name}": code_version(context) or version}
         if reused:
-            tags[f"reused.{settings.name}"] = str(_value(out.metadata["reused_from_run"]))
+            tags[f"reused.{name}"] = str(_value(out.metadata["reused_from_run"]))
         _tag_pipeline_run(context, pipeline, tracking, tags)
     return out

@@ -1,8 +1,9 @@
 """Two pipeline runs told apart setting by setting, read from MLflow: what `dragon compare --runs A B` prints.
 
-A pipeline run's MLflow run carries each stage's version (`version.<stage>`) and the stages it reused
-(`reused.<stage>`: the Dagster run that made them); each stage's own run has the settings it ran with as params. A
-reused stage has no run of its own in the pipeline run: its settings are read from the run that made it.
+A pipeline run's MLflow run carries every stage's effective settings as params (`<stage>.<setting>`), each stage's
+version (`version.<stage>`) and the stages it reused (`reused.<stage>`: the Dagster run that made them). A run
+logged before the pipeline run had the settings has them on each stage's own run: a reused stage, which has no run
+of its own in the pipeline run, is then read from the run that made it.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def pipeline_run_settings(client, experiment_id: str, dagster_run_id: str) -> Pi
     out = PipelineRunSettings(tags["dagster_run_id"], parent.info.run_name, figures=dict(parent.data.metrics))
     out.versions = {k.split(".", 1)[1]: v for k, v in tags.items() if k.startswith("version.")}
     out.reused = {k.split(".", 1)[1]: v for k, v in tags.items() if k.startswith("reused.")}
+    out.settings = {k: v for k, v in parent.data.params.items() if "." in k}  # `<stage>.<setting>`: all of them
+    if out.settings:
+        return out
     stage_runs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'")
     by_stage = {r.data.tags.get("stage"): r for r in stage_runs if r.data.tags.get("stage")}
     for stage, made_by in out.reused.items():  # its settings are those of the run that made it

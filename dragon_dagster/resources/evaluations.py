@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import io
 import logging
-import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, redirect_stdout
+from contextlib import redirect_stdout
 from pathlib import Path
 
 from ..engine.evaluate import metrics as task_metrics
 from ..engine.evaluate.per_row import MODELS, read_replies
 from ..engine.text.uris import without_password
+from .tracking import mlflow_scope
 
 logger = logging.getLogger(__name__)
 # mlflow.genai.evaluate says at INFO that it turns tracing on for the evaluation and which integrations it traced
@@ -26,7 +24,6 @@ logger = logging.getLogger(__name__)
 for _name in ("mlflow.models.evaluation.utils.trace", "mlflow.bedrock"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
-_MLFLOW_GLOBALS = threading.Lock()  # mlflow's fluent state is one per process
 RUN_KIND_TAG = "evaluation"  # base | merged, on each evaluation run
 REPORT_RUN_TAG = "report_mlflow_run_id"  # the report's run, on each evaluation run
 
@@ -42,34 +39,6 @@ REFERENCE = "expected_response"  # MLflow's name for a reference answer in expec
 
 class MLflowEvaluationError(RuntimeError):
     """The MLflow evaluation of the report's rows failed (a tracking server down, a store without datasets)."""
-
-
-@contextmanager
-def mlflow_scope(uri: str, experiment_id: str) -> Iterator[None]:
-    """MLflow's global tracking URI and active experiment set to uri and experiment_id within the block, and
-    put back after it, $MLFLOW_TRACKING_URI included (mlflow.set_tracking_uri writes and unsets that variable).
-    Traces are flushed before the URI goes back: they are exported in the background, to the current URI."""
-    import mlflow
-    from mlflow.tracking import fluent
-    from mlflow.tracking._tracking_service import utils
-
-    with _MLFLOW_GLOBALS:
-        uri_before, env_before = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-        experiment_before = fluent._active_experiment_id
-        try:
-            mlflow.set_tracking_uri(uri)
-            fluent._active_experiment_id = experiment_id
-            yield
-        finally:
-            try:
-                mlflow.flush_trace_async_logging()
-            finally:
-                fluent._active_experiment_id = experiment_before
-                mlflow.set_tracking_uri(uri_before)
-                if env_before is None:
-                    os.environ.pop("MLFLOW_TRACKING_URI", None)
-                else:
-                    os.environ["MLFLOW_TRACKING_URI"] = env_before
 
 
 def metric_scorer(name: str):

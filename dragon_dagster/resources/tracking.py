@@ -8,8 +8,9 @@ import math
 import os
 import re
 import sqlite3
-from collections.abc import Callable
-from contextlib import closing
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -160,6 +161,37 @@ def _create_store_once(uri: str, lock_path: Path) -> None:
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
     _READY.add(uri)
+
+
+_MLFLOW_GLOBALS = threading.Lock()  # mlflow's fluent state is one per process
+
+
+@contextmanager
+def mlflow_scope(uri: str, experiment_id: str) -> Iterator[None]:
+    """MLflow's global tracking URI and active experiment set to uri and experiment_id within the block, and
+    put back after it, $MLFLOW_TRACKING_URI included (mlflow.set_tracking_uri writes and unsets that variable).
+    Traces are flushed before the URI goes back: they are exported in the background, to the current URI."""
+    import mlflow
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils
+
+    with _MLFLOW_GLOBALS:
+        uri_before, env_before = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
+        experiment_before = fluent._active_experiment_id
+        try:
+            mlflow.set_tracking_uri(uri)
+            fluent._active_experiment_id = experiment_id
+            yield
+        finally:
+            try:
+                mlflow.flush_trace_async_logging()
+            finally:
+                fluent._active_experiment_id = experiment_before
+                mlflow.set_tracking_uri(uri_before)
+                if env_before is None:
+                    os.environ.pop("MLFLOW_TRACKING_URI", None)
+                else:
+                    os.environ["MLFLOW_TRACKING_URI"] = env_before
 
 
 def flatten(prefix: str, values: dict) -> dict[str, str]:
@@ -505,16 +537,18 @@ class MLflowTracking(ConfigurableResource):
     ) -> str:
         """Log model_dir as an MLflow model on run_id (the run that trained it) and register it as a new
         version of the pipeline's registered model, aliased `challenger`; returns the version."""
-        return registry.log_and_register(
-            self.client(),
-            self.experiment_id(pipeline),
-            pipeline,
-            Path(model_dir),
-            run_id,
-            {k: str(v)[:5000] for k, v in tags.items() if v is not None},
-            scratch=self.root / ".staging",
-            description=description,
-        )
+        client, experiment = self.client(), self.experiment_id(pipeline)
+        with mlflow_scope(self.uri, experiment):  # the registry resolves models:/<model_id> through MLflow's globals
+            return registry.log_and_register(
+                client,
+                experiment,
+                pipeline,
+                Path(model_dir),
+                run_id,
+                {k: str(v)[:5000] for k, v in tags.items() if v is not None},
+                scratch=self.root / ".staging",
+                description=description,
+            )
 
     def promote(self, pipeline: str, version: str, reason: str) -> str | None:
         """Make version the champion; returns the version it replaced (None for the first)."""

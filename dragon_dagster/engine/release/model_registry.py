@@ -168,18 +168,34 @@ def log_and_register(
     except MlflowException as exc:
         if "already exists" not in str(exc).lower() and "RESOURCE_ALREADY_EXISTS" not in str(exc):
             raise
-    # source: the logged model's location, not models:/<id>, which MLflow's sqlite registry looks up through the
-    # process-wide tracking URI (not this client's); likewise model_id without a run_id
+    # registered from the logged model (models:/<model_id>), so the version's page links to it and the logged
+    # model lists the version. MLflow's sqlite registry resolves that URI through the process-wide tracking URI,
+    # not this client's: the caller sets it to the client's (resources/tracking.py's register_model)
     version = client.create_model_version(
         name,
-        source=logged.artifact_location,
+        source=f"models:/{logged.model_id}",
         run_id=run_id,
         tags=tags,
-        model_id=logged.model_id if run_id else None,
+        model_id=logged.model_id,
         description=description or None,
     )
+    link_logged_model(client, logged.model_id, name, version.version)
     client.set_registered_model_alias(name, CHALLENGER, version.version)
     return str(version.version)
+
+
+def link_logged_model(client, model_id: str, name: str, version: int | str) -> None:
+    """Record a registered version on the logged model it was made from (the `mlflow.modelVersions` tag that
+    `mlflow.register_model` and a tracking server write, the version as the registry returned it): the
+    experiment's Models tab shows it as Registered."""
+    import json
+
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    versions = json.loads(client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    if {"name": name, "version": version} not in versions:
+        versions.append({"name": name, "version": version})
+        client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(versions)})
 
 
 def version_of(client, ref: ModelRef):

@@ -55,7 +55,8 @@ def test_a_merged_model_is_a_registered_version_and_the_passing_report_makes_it_
     run = client.get_run(merge["mlflow_run_id"])
     [output] = run.outputs.model_outputs
     logged = client.get_logged_model(output.model_id)
-    assert logged.artifact_location == registered.source
+    assert registered.source == f"models:/{logged.model_id}"  # made from the logged model, which lists it
+    assert json.loads(logged.tags["mlflow.modelVersions"]) == [{"name": "tiny", "version": int(version)}]
     assert {"heldout/nll", "heldout/perplexity"} <= {m.key for m in logged.metrics or []}
     assert float(registered.tags["heldout/nll"]) == pytest.approx(run.data.metrics["heldout/nll"], rel=1e-5)
     import mlflow.pyfunc
