@@ -122,8 +122,11 @@ test-slow: install
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)
 # and checks the pipelines' defs.yaml first. VIRTUAL_ENV names the project's .venv, which dg runs the code in;
 # without it dg warns that the active environment (none) is not the project's.
+# MLflow's link names the model-training view (resources/tracking.py's TRAINING_VIEW): its bare address opens on
+# the GenAI overview, which has nothing of a training pipeline to show
+MLFLOW_LINK = http://127.0.0.1:$(MLFLOW_PORT)/\#/experiments?workflowType=machine_learning
 ui: install
-	@echo "Dagster UI: http://127.0.0.1:$(DAGSTER_PORT)    MLflow UI: http://127.0.0.1:$(MLFLOW_PORT)    (Ctrl-C stops both)"
+	@echo "Dagster UI: http://127.0.0.1:$(DAGSTER_PORT)    MLflow UI: $(MLFLOW_LINK)    (Ctrl-C stops both)"
 	@mkdir -p $(DRAGON_RUNS_DIR)
 	@trap 'kill 0' EXIT; \
 	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(DRAGON_RUNS_DIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT) & \
