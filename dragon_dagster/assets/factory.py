@@ -20,12 +20,19 @@ def overrides_run_config(pipeline: Pipeline, overrides: dict[str, dict]) -> dict
     return {"ops": {f"{pipeline.name}__{stage}": {"config": values} for stage, values in overrides.items()}}
 
 
+def job_name(pipeline: Pipeline, profile: str | None = None) -> str:
+    """The pipeline's job a run with this profile is listed under in the UI (never an ephemeral job): the profile's
+    own (profile_jobs), whose launchpad opens on the profile's values, so opening the launchpad after
+    `dragon demo` starts from what the demo ran; the pipeline's job, on the YAML's values, without a profile."""
+    return f"{pipeline.name}_{profile}" if profile else f"{pipeline.name}_pipeline"
+
+
 def profile_jobs(pipeline: Pipeline, selection) -> list:
     """One job per profile, `<pipeline>_<profile>`: its launchpad opens on the profile's values (the pipeline's
     own job shows the YAML's), and its runs carry the dragon/profile tag the MLflow runs and assets show."""
     return [
         define_asset_job(
-            f"{pipeline.name}_{profile}",
+            job_name(pipeline, profile),
             selection=selection,
             description=f"Every stage of the {pipeline.name} pipeline with the `{profile}` profile's settings "
             "(the launchpad starts from them).",
@@ -44,7 +51,7 @@ def build_pipeline_defs(pipeline: Pipeline) -> dict:
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
     selection = AssetSelection.assets(*[key(pipeline, n) for n in names])
     job = define_asset_job(
-        f"{pipeline.name}_pipeline",
+        job_name(pipeline),
         selection=selection,
         description=pipeline.description or f"Every stage of the {pipeline.name} pipeline.",
         executor_def=POOL_EXECUTOR,

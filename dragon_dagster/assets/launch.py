@@ -11,7 +11,7 @@ from dagster import AssetKey, DagsterInstance, Definitions, RunConfig
 
 from ..engine.pipeline import Pipeline
 from .console_log import console_logger
-from .factory import PIPELINE_METADATA, build_pipeline_defs
+from .factory import PIPELINE_METADATA, build_pipeline_defs, job_name
 from .mlflow_runs import PROFILE_TAG
 
 DEFAULT_MODULE = "dragon_dagster.definitions"
@@ -90,9 +90,8 @@ def materialize_pipeline(
         ops.setdefault(op, {"config": {}})["config"].update(values)
     instance = instance or DagsterInstance.get()
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
-    # the pipeline's own job, so the run is listed under its name in the UI (not an ephemeral job)
     defs = Definitions(**parts, resources=resources or default_resources(), loggers={"console": console_logger})
-    result = defs.resolve_job_def(f"{pipeline.name}_pipeline").execute_in_process(
+    result = defs.resolve_job_def(job_name(pipeline, profile)).execute_in_process(
         run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
         instance=instance,
         raise_on_error=False,

@@ -72,7 +72,8 @@ def pipeline_run(context, pipeline: Pipeline, tracking) -> str:
     return tracking.parent_run(
         pipeline.name,
         {"dagster_run_id": run.run_id, "level": "pipeline"},
-        run_name=f"{run.job_name} {label} {run.run_id[:8]}",
+        # a profile's own job names its profile already
+        run_name=f"{run.job_name}{'' if run.job_name.endswith(f'_{label}') else f' {label}'} {run.run_id[:8]}",
         tags={"pipeline": pipeline.name, "dagster_job": run.job_name, "profile": profile or None, **tags},
         params={"model": pipeline.model, "profile": profile or "none", **settings, **settings_params(pipeline, run)},
         description=(pipeline.description or f"The {pipeline.name} pipeline.")
