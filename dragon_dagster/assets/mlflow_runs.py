@@ -85,6 +85,14 @@ def pipeline_run(context, pipeline: Pipeline, tracking) -> str:
     )
 
 
+def log_step(tracking, run_id: str, parent: str, stage: str, step: int, values: dict) -> None:
+    """A training step's figures on the stage's run, and on the pipeline run under `<stage>/` (`sft_adapter/
+    train/loss`): MLflow's chart view draws the first 10 runs of its table, where the pipeline runs come first and
+    their stages' runs after, so each stage's curves are also where that view draws them, a section per stage."""
+    tracking.log_metrics(run_id, values, step, finite_only=False)
+    tracking.log_metrics(parent, {f"{stage}/{key}": value for key, value in values.items()}, step, finite_only=False)
+
+
 def stage_source(context) -> str:
     """The Source column of a stage's run: the Dagster job and asset that ran it."""
     return f"dagster: {context.run.job_name} / {context.asset_key.to_user_string()}"

@@ -91,10 +91,22 @@ def log_held_out(
     for step, name in enumerate(chain):
         if name not in figures:
             continue
-        tracking.log_metrics(parent, figures[name], step=step)
+        tracking.log_metrics(parent, on_pipeline_run(chain, figures, name), step=step)
         if runs.get(name):
             tracking.log_metrics(runs[name], figures[name], step=step, model_id=model_id if name == "merged" else None)
     context.log.info("held-out figures logged on " + ", ".join(f"{n} ({r or 'no run'})" for n, r in runs.items()))
+
+
+def on_pipeline_run(chain: list[str], figures: dict[str, dict[str, float]], name: str) -> dict[str, float]:
+    """Of the figures of the chain's model `name`, those the pipeline run logs at its step: a figure every model of
+    the chain has (a line over the stages), else only the merged model's (one point at the last step). MLflow
+    draws a series as a line through its points, so a figure measured on base and merged alone would otherwise
+    read as a straight line across the stages between, which nothing measured."""
+    return {
+        key: value
+        for key, value in figures[name].items()
+        if name == "merged" or all(key in figures.get(model, {}) for model in chain)
+    }
 
 
 def evaluation_metadata(evaluation: dict | None) -> dict:

@@ -19,7 +19,7 @@ from ..engine.rewards import RewardSet
 from ..engine.train.stage import SCORER, TrainerStage
 from ..resources.launchers.base import ENDED
 from .metadata import as_metadata, image_markdown
-from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
+from .mlflow_runs import PROFILE_TAG, log_step, pipeline_run, stage_source
 from .prompts import PROMPT_TAG, dataset_prompt_uri, link_prompt
 from .sweep_tags import sweep_tags_of
 
@@ -266,7 +266,7 @@ def run_training_stage(
                 env=tracking.env(),
                 store=store,
                 final=final,
-                on_metrics=lambda step, values: tracking.log_metrics(run_id, values, step, finite_only=False),
+                on_metrics=lambda step, values: log_step(tracking, run_id, parent, stage.name, step, values),
             )
             write_manifest(
                 tmp,

@@ -175,6 +175,16 @@ def evaluation_url(ui_url: str, experiment_id: str, runs: dict[str, str]) -> str
     )
 
 
+def pipeline_run_name(tracking, report_run: str | None) -> str:
+    """The name of the pipeline run the report's run is nested in (`support_quick 1a2b3c4d`), which the evaluation
+    runs carry in theirs: the Evaluations tab then tells one pipeline run's pair from another's. "" when none."""
+    if not report_run:
+        return ""
+    client = tracking.client()
+    parent = client.get_run(report_run).data.tags.get("mlflow.parentRunId")
+    return client.get_run(parent).info.run_name if parent else ""
+
+
 def log_evaluation(
     tracking,
     pipeline: str,
@@ -188,7 +198,8 @@ def log_evaluation(
 ) -> dict:
     """The report in report_dir (its replies.jsonl) as an MLflow evaluation in the pipeline's evaluations
     experiment (evaluation_experiment): the dataset `<pipeline>.<stage>.<name>` (name: the report's artifact
-    directory, unique per report) and the runs `<stage>: base` and `<stage>: merged`, tagged with the report's run
+    directory, unique per report) and the runs `<stage>: base · <pipeline run>` and `<stage>: merged · <pipeline
+    run>` (the name of the pipeline run the report's is nested in), tagged with the report's run
     (parent). Not nested under it: MLflow's Evaluations tab lists no run whose parent is not an evaluation run
     itself, and the report's run is in the pipeline's own experiment. Returns what the report records:
     {"tracking_uri", "experiment", "dataset_id", "dataset_name", "rows", "runs": {model: run id}, "url"}; on a
@@ -202,10 +213,11 @@ def log_evaluation(
         replies = Path(report_dir) / REPLIES_FILE
         if not replies.exists():
             raise MLflowEvaluationError(f"the report wrote no {REPLIES_FILE} in {report_dir}: no rows to log")
+        label = pipeline_run_name(tracking, parent)
         for model in MODELS:
             runs[model] = tracking.start_run(
                 evaluation_experiment(pipeline),
-                f"{stage}: {model}",
+                f"{stage}: {model}" + (f" · {label}" if label else ""),
                 {**tags, RUN_KIND_TAG: model, "evaluation_of": stage, "level": "evaluation", REPORT_RUN_TAG: parent},
                 {"model": model},
                 description=f"The {model} model's replies to the held-out rows of {stage}, scored row by row "

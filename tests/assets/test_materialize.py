@@ -157,7 +157,8 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
             f"tags.dagster_run_id = '{materialized['outcome']['run_id']}'",
         )
     }
-    assert set(evaluations) == {"evaluation_report: base", "evaluation_report: merged"}
+    # named with their pipeline run: one run's pair told from another's in the Evaluations tab
+    assert set(evaluations) == {f"evaluation_report: {m} · {parent.info.run_name}" for m in ("base", "merged")}
     assert {r.data.tags["report_mlflow_run_id"] for r in evaluations.values()} == {
         runs["evaluation_report"].info.run_id
     }
@@ -185,6 +186,9 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     }
     history = client.get_metric_history(sft.info.run_id, "train/loss")
     assert len(history) >= 4 and history[-1].value < history[0].value and history[-1].step == 8
+    # and on the pipeline run, under the stage's name: where MLflow's chart view (its first 10 runs) draws it
+    on_parent = client.get_metric_history(parent.info.run_id, "sft_adapter/train/loss")
+    assert [(m.step, m.value) for m in on_parent] == [(m.step, m.value) for m in history]
     assert "eval/loss" in sft.data.metrics and "eval/perplexity" in sft.data.metrics
     artifacts = {a.path for a in client.list_artifacts(sft.info.run_id)}
     assert {"samples.jsonl", "loss.png", "adapter_config.json", "metrics.json"} <= artifacts

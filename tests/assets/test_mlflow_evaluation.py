@@ -159,8 +159,10 @@ def test_the_report_shows_both_models_rows_in_mlflows_evaluations_tab(
     assert experiments == [experiment] and {r.inputs["prompt"] for r in rows} == {r["prompt"] for r in records}
     for model, run_id in evaluation["runs"].items():
         run = client.get_run(run_id)
-        assert run.info.run_name == f"evaluation_report: {model}" and run.info.status == "FINISHED"
-        assert client.get_run(run.data.tags["report_mlflow_run_id"]).info.run_name == "evaluation_report"
+        report_run = client.get_run(run.data.tags["report_mlflow_run_id"])
+        pipeline_run = client.get_run(report_run.data.tags["mlflow.parentRunId"]).info.run_name
+        assert run.info.run_name == f"evaluation_report: {model} · {pipeline_run}" and run.info.status == "FINISHED"
+        assert report_run.info.run_name == "evaluation_report"
         traces = traces_of(client, experiment, run_id)
         assert len(traces) == evaluation["rows"]
         for record in records:

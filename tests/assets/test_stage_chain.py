@@ -188,6 +188,14 @@ def test_report_adds_stage_figures_and_a_position_swapped_judge(chain):
     chain_order = ["base", "sft_adapter", "dpo_adapter", "grpo_adapter", "merged"]
     assert parent.data.tags["chain"] == " -> ".join(f"{i} {name}" for i, name in enumerate(chain_order))
     series = {m.step: m.value for m in client.get_metric_history(parent.info.run_id, "heldout/nll")}
+    # a figure only base and merged have (a task metric) is the merged model's one point, not a line drawn
+    # across the stages between, which nothing measured
+    only_ends = [
+        k for k in parent.data.metrics if k.startswith("heldout/") and k not in ("heldout/nll", "heldout/perplexity")
+    ]
+    assert only_ends and all(
+        [m.step for m in client.get_metric_history(parent.info.run_id, k)] == [4] for k in only_ends
+    ), only_ends
     by_stage = {s.get("stage"): s["eval_loss"] for s in nll}
     assert [series[i] for i in (1, 2, 3)] == pytest.approx([by_stage[n] for n in chain_order[1:4]])
     for against in ("vs_base", "vs_first_stage"):
