@@ -210,7 +210,7 @@ def ended_as(exc: BaseException) -> tuple[str, str, str]:
     BaseExceptions, not Exceptions, and a trainer stopped on request raises Cancelled; anything else FAILED."""
     from ..engine.train.trainer import Cancelled
 
-    what = f"{type(exc).__name__}: {exc}".rstrip(": ")
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     if isinstance(exc, Cancelled) or not isinstance(exc, Exception):
         return "KILLED", CANCELLED_TAG, what
     return "FAILED", ERROR_TAG, what

@@ -204,3 +204,9 @@ def test_a_stage_that_did_not_move_the_model_reads_no_measurable_change(tiny_mod
     assert changes["grpo_adapter"]["verdict"] == "no measurable change" and changes["grpo_adapter"]["p_value"] == 1.0
     markdown = (art["evaluation_report"] / "report.md").read_text()
     assert "**no measurable change**" in markdown
+    from dragon_dagster.resources import MLflowTracking
+
+    tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))  # every MLflow run the stages opened has ended
+    for experiment in ("tools_flat", "tools_flat-evaluations"):
+        runs = tracking.client().search_runs([tracking.experiment_id(experiment)])
+        assert runs and {r.info.status for r in runs} == {"FINISHED"}, [(r.info.run_name, r.info.status) for r in runs]
