@@ -124,9 +124,9 @@ def test_a_stage_that_did_not_move_the_model_reads_no_measurable_change(tiny_mod
     folder.mkdir(parents=True)
     (folder / "tools.py").write_text(COUNTING_BUMP.format(counter=str(tmp_path / "counter.txt")))
     (folder / "constant.py").write_text(CONSTANT)
-    things = (  # 20 rows: the fewest a dataset holds some out of (eval_frac 0.2: 4 held out)
+    things = (  # held out: 8 of 24 rows, enough for the paired test to find a change (4 rows never can)
         "apples boxes crates parcels letters pallets bottles tickets coins keys cups plates forks spoons pens "
-        "books bags hats shoes lamps"
+        "books bags hats shoes lamps chairs tables cards jars"
     ).split()
 
     def conversation(i: int, thing: str) -> list[dict]:  # a tool call, its result, an answer built on it
@@ -156,7 +156,7 @@ def test_a_stage_that_did_not_move_the_model_reads_no_measurable_change(tiny_mod
             prompts: {{path: prompts.csv}}
             traces: {{path: traces.jsonl}}
           stages:
-            - {{name: trace_dataset, kind: chat_dataset, source: traces, layout: messages, eval_frac: 0.2}}
+            - {{name: trace_dataset, kind: chat_dataset, source: traces, layout: messages, eval_frac: 0.34}}
             - name: sft_adapter
               kind: sft
               dataset: trace_dataset
@@ -195,15 +195,17 @@ def test_a_stage_that_did_not_move_the_model_reads_no_measurable_change(tiny_mod
     nll = {entry["model"]: entry["eval_loss"] for entry in report["stage_nll"]}
     assert list(nll) == ["base", "after sft_adapter", "after grpo_adapter"]
     # the model after SFT, scored by the report, is the model SFT measured: the same rows, the same template
-    assert report["held_out"] and report["rows"] == len((art["trace_dataset"] / "eval.jsonl").read_text().splitlines())
+    held_out = (art["trace_dataset"] / "eval.jsonl").read_text().splitlines()
+    assert report["held_out"] and report["rows"] == len(held_out) >= 6
     assert nll["after sft_adapter"] == pytest.approx(sft["eval_loss"], rel=1e-4)
     assert nll["after grpo_adapter"] == report["merged"]["eval_loss"] == pytest.approx(sft["eval_loss"], rel=1e-4)
     changes = {c["stage"]: c for c in report["stage_changes"]}
     assert changes["sft_adapter"]["against"] == "base"
     assert changes["grpo_adapter"]["against"] == "after sft_adapter"
     assert changes["grpo_adapter"]["verdict"] == "no measurable change" and changes["grpo_adapter"]["p_value"] == 1.0
-    markdown = (art["evaluation_report"] / "report.md").read_text()
-    assert "**no measurable change**" in markdown
+    markdown = (art["evaluation_report"] / "report.md").read_text().splitlines()
+    [row] = [line for line in markdown if line.startswith("| grpo_adapter | after sft_adapter |")]
+    assert row.endswith("| **no measurable change** |"), row
     from dragon_dagster.resources import MLflowTracking
 
     tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))  # every MLflow run the stages opened has ended
