@@ -372,30 +372,31 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
         adapter_manifest = read_manifest(adapter, AdapterManifest)
         inputs = ModelInputs(model=adapter_manifest.resolved_model, adapters=adapter_manifest.chain)
         parent = pipeline_run(context, pipeline, tracking)
-        run_id = tracking.start_run(  # the run the registered version links to: it logs the merged model
-            pipeline.name,
-            stage.name,
-            {
-                "pipeline": pipeline.name,
-                "stage": stage.name,
-                "kind": "merge",
-                "asset_key": context.asset_key.to_user_string(),
-                "dagster_run_id": context.op_execution_context.run_id,
-                "base_model": adapter_manifest.base_model,
-                "upstream_mlflow_run_id": adapter_manifest.mlflow_run_id,
-            },
-            {
-                "model": adapter_manifest.resolved_model,
-                "adapters": len(adapter_manifest.chain),
-                **settings.model_dump(),
-            },
-            parent=parent,
-            description=f"The adapters of {', '.join(Path(a).parent.parent.name for a in adapter_manifest.chain)} "
-            f"folded into `{adapter_manifest.base_model}`; the registered model version's source run.",
-            source=stage_source(context),
-        )
-        status = "FAILED"
-        try:
+        with (
+            tracking.owning(parent, where=stage.name),
+            tracking.started(  # the run the registered version links to: it logs the merged model
+                pipeline.name,
+                stage.name,
+                {
+                    "pipeline": pipeline.name,
+                    "stage": stage.name,
+                    "kind": "merge",
+                    "asset_key": context.asset_key.to_user_string(),
+                    "dagster_run_id": context.op_execution_context.run_id,
+                    "base_model": adapter_manifest.base_model,
+                    "upstream_mlflow_run_id": adapter_manifest.mlflow_run_id,
+                },
+                {
+                    "model": adapter_manifest.resolved_model,
+                    "adapters": len(adapter_manifest.chain),
+                    **settings.model_dump(),
+                },
+                parent=parent,
+                description=f"The adapters of {', '.join(Path(a).parent.parent.name for a in adapter_manifest.chain)} "
+                f"folded into `{adapter_manifest.base_model}`; the registered model version's source run.",
+                source=stage_source(context),
+            ) as run_id,
+        ):
             with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
                 job = catalog.kind_of(stage).job_model()(settings=settings, inputs=inputs, output_dir=str(tmp))
                 info = training.run_job(context, job, tmp, store=store, final=final)
@@ -417,13 +418,6 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
             tracking.log_metrics(run_id, {"size_mb": info.size_mb, "parameters": info.parameters})
             # after the artifact is published: a registry that fails cannot take the merged model with it
             version = register_merged_model(context, pipeline, tracking, final)
-            status = "FINISHED"
-        except BaseException as exc:
-            status = "FAILED" if isinstance(exc, Exception) else "KILLED"
-            raise
-        finally:
-            tracking.end_run(run_id, status)
-            tracking.end_run(parent, status)
         return Output(
             str(final),
             metadata={

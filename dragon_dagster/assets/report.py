@@ -138,9 +138,12 @@ def run_report_stage(
     settings = stage.model_dump()
     started = time.time()  # the base and report runs span the evaluation, not only their logging
     parent = pipeline_run(context, pipeline, tracking)  # before the work, so its duration includes it
-    merged_manifest = read_manifest(merged, MergedManifest)
-    first_stage = merged_manifest.adapters[:1] if len(merged_manifest.adapters) > 1 else []
-    with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
+    with (
+        tracking.owning(parent, where=stage.name),
+        store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final),
+    ):
+        merged_manifest = read_manifest(merged, MergedManifest)
+        first_stage = merged_manifest.adapters[:1] if len(merged_manifest.adapters) > 1 else []
         feedback_inputs = None
         if feedback:  # the held-out feedback and taste files travel with the report (and to a remote worker)
             (tmp / "feedback").mkdir()
@@ -186,19 +189,18 @@ def run_report_stage(
             **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         }
         common = {"parent": parent, "source": stage_source(context), "start_time": started}
-        base_run = tracking.start_run(
+        with tracking.started(
             pipeline.name,
             "base",
             {**tags, "stage": "base"},
             {"model": pipeline.model, "rows": report.rows},
             description=f"The base model `{pipeline.model}` on the held-out rows {stage.name} scores every model on.",
             **common,
-        )
-        tracking.log_metrics(base_run, report.base_metrics())
-        (tmp / "base.json").write_text(json_figures(report.base))
-        tracking.log_artifacts(base_run, [tmp / "base.json"])
-        tracking.end_run(base_run)
-        report_run = tracking.start_run(
+        ) as base_run:
+            tracking.log_metrics(base_run, report.base_metrics())
+            (tmp / "base.json").write_text(json_figures(report.base))
+            tracking.log_artifacts(base_run, [tmp / "base.json"])
+        with tracking.started(
             pipeline.name,
             stage.name,
             {
@@ -211,25 +213,23 @@ def run_report_stage(
             description=f"Base against merged on {report.rows} rows of `{Path(dataset).parent.name}`: the "
             "report, the judge, and the held-out loss after each stage.",
             **common,
-        )
-        tracking.log_metrics(report_run, report.run_metrics())
-        link_prompt(tracking, report_run, prompt_uri)
-        # before report.md is logged: it links the evaluation (or says why there is none)
-        evaluation = log_evaluation(
-            tracking, pipeline.name, stage.name, tmp, final.name, report.metrics, tags, report_run, common["source"]
-        )
-        if "error" in evaluation:  # the report's own outputs stand: the failure is recorded in it, not raised
-            context.log.warning(f"no MLflow evaluation of the report's rows: {evaluation['error']}")
-        record_evaluation(tmp, evaluation)
-        report = report.model_copy(update={"mlflow_evaluation": evaluation})
-        chain_plot = plot_chain(report.held_out_figures(), tmp / "heldout.png")  # None: no NLL (prompt data)
-        tracking.log_artifacts(
-            report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png", tmp / "heldout.png"]
-        )
-        tracking.end_run(report_run)
+        ) as report_run:
+            tracking.log_metrics(report_run, report.run_metrics())
+            link_prompt(tracking, report_run, prompt_uri)
+            # before report.md is logged: it links the evaluation (or says why there is none)
+            evaluation = log_evaluation(
+                tracking, pipeline.name, stage.name, tmp, final.name, report.metrics, tags, report_run, common["source"]
+            )
+            if "error" in evaluation:  # the report's own outputs stand: the failure is recorded in it, not raised
+                context.log.warning(f"no MLflow evaluation of the report's rows: {evaluation['error']}")
+            record_evaluation(tmp, evaluation)
+            report = report.model_copy(update={"mlflow_evaluation": evaluation})
+            chain_plot = plot_chain(report.held_out_figures(), tmp / "heldout.png")  # None: no NLL (prompt data)
+            tracking.log_artifacts(
+                report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png", tmp / "heldout.png"]
+            )
         log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent, chain_plot)
         tracking.log_metrics(parent, report.run_metrics())  # the pipeline run's own figures: the merged model's
-        tracking.end_run(parent)
         write_manifest(
             tmp,
             ReportManifest(

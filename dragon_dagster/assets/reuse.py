@@ -61,9 +61,9 @@ def _tag_pipeline_run(context, pipeline: Pipeline, tracking, tags: dict[str, str
     from .mlflow_runs import pipeline_run
 
     parent = pipeline_run(context, pipeline, tracking)
-    for key, value in tags.items():
-        tracking.client().set_tag(parent, key, value)
-    tracking.end_run(parent)
+    with tracking.owning(parent):
+        for key, value in tags.items():
+            tracking.client().set_tag(parent, key, value)
 
 
 def reusable(context, inputs: dict[str, str], version: str) -> Output[str] | None:

@@ -204,29 +204,30 @@ def run_training_stage(
             f"MLflow run {dead} of {stage.name} was left running by a Dagster run that is over: marked KILLED"
         )
     parent = pipeline_run(context, pipeline, tracking)
-    run_id = tracking.start_run(
-        pipeline.name,
-        stage.name,
-        tags,
-        {
-            "model": pipeline.model,
-            "method": method,
-            **settings,
-            "dataset": dataset,
-            "hardware": training.hardware(),
-            "speed": training.speed(),
-        },
-        parent=parent,
-        description=f"{stage.kind.upper()} stage `{stage.name}` of the {pipeline.name} pipeline ({method}), "
-        f"trained on `{Path(dataset).parent.name}`"
-        + (f", continuing `{previous_manifest.stage}`" if previous_manifest else f", from `{pipeline.model}`")
-        + ".",
-        source=stage_source(context),
-    )
-    context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
-    link_prompt(tracking, run_id, tags.get(PROMPT_TAG))  # the dataset's, or the live one a retraining names
-    status = "FAILED"
-    try:
+    with (
+        tracking.owning(parent, where=stage.name),  # set running again by the Dagster run's next stage, if any
+        tracking.started(
+            pipeline.name,
+            stage.name,
+            tags,
+            {
+                "model": pipeline.model,
+                "method": method,
+                **settings,
+                "dataset": dataset,
+                "hardware": training.hardware(),
+                "speed": training.speed(),
+            },
+            parent=parent,
+            description=f"{stage.kind.upper()} stage `{stage.name}` of the {pipeline.name} pipeline ({method}), "
+            f"trained on `{Path(dataset).parent.name}`"
+            + (f", continuing `{previous_manifest.stage}`" if previous_manifest else f", from `{pipeline.model}`")
+            + ".",
+            source=stage_source(context),
+        ) as run_id,
+    ):
+        context.log.info(f"MLflow run {run_id}: {tracking.run_url(pipeline.name, run_id)}")
+        link_prompt(tracking, run_id, tags.get(PROMPT_TAG))  # the dataset's, or the live one a retraining names
         tracking.log_datasets(
             run_id, Path(dataset), Path(dataset).parent.name, {"training": train_file, "evaluation": eval_file}
         )
@@ -287,13 +288,6 @@ def run_training_stage(
                 ),
             )
             tracking.log_artifacts(run_id, [tmp / name for name in ARTIFACTS_TO_MLFLOW])
-        status = "FINISHED"
-    except BaseException as exc:
-        status = "FAILED" if isinstance(exc, Exception) else "KILLED"  # run termination is a BaseException
-        raise
-    finally:
-        tracking.end_run(run_id, status)
-        tracking.end_run(parent, status)  # set again by the Dagster run's next stage, if it has one
     # the adapter is saved: this run's checkpoints and the ones it resumed from are moot; another run's are not
     store.discard_checkpoints(pipeline.name, stage.name, context.op_execution_context.run_id, resumed_from=resume_from)
     return Output(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import logging
-from contextlib import redirect_stdout
+from contextlib import ExitStack, redirect_stdout
 from pathlib import Path
 
 from ..engine.evaluate import metrics as task_metrics
@@ -214,31 +214,35 @@ def log_evaluation(
         if not replies.exists():
             raise MLflowEvaluationError(f"the report wrote no {REPLIES_FILE} in {report_dir}: no rows to log")
         label = pipeline_run_name(tracking, parent)
-        for model in MODELS:
-            runs[model] = tracking.start_run(
-                evaluation_experiment(pipeline),
-                f"{stage}: {model}" + (f" · {label}" if label else ""),
-                {**tags, RUN_KIND_TAG: model, "evaluation_of": stage, "level": "evaluation", REPORT_RUN_TAG: parent},
-                {"model": model},
-                description=f"The {model} model's replies to the held-out rows of {stage}, scored row by row "
-                "(the Evaluations tab; compare with the other model's run).",
-                source=source,
+        with ExitStack() as owned:  # each run, once made, ends with the evaluation: FAILED if it fails
+            for model in MODELS:
+                runs[model] = owned.enter_context(
+                    tracking.started(
+                        evaluation_experiment(pipeline),
+                        f"{stage}: {model}" + (f" · {label}" if label else ""),
+                        {
+                            **tags,
+                            RUN_KIND_TAG: model,
+                            "evaluation_of": stage,
+                            "level": "evaluation",
+                            REPORT_RUN_TAG: parent,
+                        },
+                        {"model": model},
+                        description=f"The {model} model's replies to the held-out rows of {stage}, scored row by row "
+                        "(the Evaluations tab; compare with the other model's run).",
+                        source=source,
+                    )
+                )
+            done = evaluate_replies(
+                uri,
+                experiment,
+                replies,
+                metric_names,
+                dataset_name=f"{pipeline}.{stage}.{name}",
+                runs=runs,
+                dataset_tags={**tags, "evaluation_of": stage},
             )
-        done = evaluate_replies(
-            uri,
-            experiment,
-            replies,
-            metric_names,
-            dataset_name=f"{pipeline}.{stage}.{name}",
-            runs=runs,
-            dataset_tags={**tags, "evaluation_of": stage},
-        )
     except Exception as e:
-        for run in runs.values():  # best effort: the server may be the thing that is down
-            try:
-                tracking.end_run(run, status="FAILED")
-            except Exception:
-                pass
         error = (
             str(e)
             if isinstance(e, MLflowEvaluationError)

@@ -233,6 +233,21 @@ def dagster_ui_url() -> str:
     return ui_url("DAGSTER", 3000)
 
 
+ERROR_TAG, CANCELLED_TAG = "error", "cancelled"  # on a run that ended FAILED, KILLED: why
+
+
+def ended_as(exc: BaseException) -> tuple[str, str, str]:
+    """How a run whose work raised exc ends: (MLflow status, the tag that says why, why). A cancel is KILLED:
+    Dagster's run termination (DagsterExecutionInterruptedError), Ctrl-C and a worker's own stop are
+    BaseExceptions, not Exceptions, and a trainer stopped on request raises Cancelled; anything else FAILED."""
+    from ..engine.train.trainer import Cancelled
+
+    what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, Cancelled) or not isinstance(exc, Exception):
+        return "KILLED", CANCELLED_TAG, what
+    return "FAILED", ERROR_TAG, what
+
+
 @dataclass(frozen=True)
 class LiveModel:
     """The model people chat with: its directory, its name for people, and its registry URI and version when it
@@ -509,6 +524,36 @@ class MLflowTracking(ConfigurableResource):
 
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client().set_terminated(run_id, status=status)
+
+    @contextmanager
+    def started(self, pipeline: str, run_name: str, tags: dict[str, str], params: dict, **run) -> Iterator[str]:
+        """A run (start_run's arguments) whose life the block owns (owning): yields its id."""
+        run_id = self.start_run(pipeline, run_name, tags, params, **run)
+        with self.owning(run_id):
+            yield run_id
+
+    @contextmanager
+    def owning(self, *run_ids: str | None, where: str = "") -> Iterator[None]:
+        """The life of the MLflow runs a block of work opened (a stage's run, the pipeline run it set running): they
+        end when the block does, FINISHED when it returns, FAILED with the error as their `error` tag when it
+        raises, KILLED with what stopped it as their `cancelled` tag when it is cancelled (ended_as). where: what
+        the block is (a stage's name), written before the error, since a pipeline run outlives its stages. Ending
+        after a failure is best effort: the store may be what failed, and the block's own error is what goes on."""
+        try:
+            yield
+        except BaseException as exc:
+            status, tag, why = ended_as(exc)
+            why = f"{where}: {why}" if where else why
+            for run_id in filter(None, run_ids):
+                try:
+                    client = self.client()
+                    client.set_tag(run_id, tag, why[:5000])
+                    client.set_terminated(run_id, status=status)
+                except Exception as problem:  # noqa: BLE001 - the block's error is the one to raise
+                    logger.warning(f"MLflow run {run_id} could not be ended {status} ({why}): {problem}")
+            raise
+        for run_id in filter(None, run_ids):
+            self.end_run(run_id)
 
     def run_url(self, pipeline: str, run_id: str) -> str:
         return f"{self.ui}/#/experiments/{self.experiment_id(pipeline)}/runs/{run_id}?{TRAINING_VIEW}"

@@ -8,7 +8,10 @@ import json
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.support import BUMP_TOOLS as TOOLS
+from tests.support import COUNTING_BUMP
 
 SEEN = """
 from pathlib import Path
@@ -102,3 +105,110 @@ def test_grpo_runs_the_pipelines_tools_in_its_rollouts(tool_caller, tmp_path, re
         assert 0 < figures["answer_token_f1"] <= 1  # its answer after a result (or an error) is mostly "Done."
     assert report["tool_use"]["paired"] == {"cases": 3, "only_base": 0, "only_merged": 0, "p_value": 1.0}
     assert "## Tool use" in (Path(outcome["artifacts"]["evaluation_report"]) / "report.md").read_text()
+
+
+CONSTANT = "def reward(prompt, completion, reference, row):\n    return 1.5\n"
+
+
+def test_a_stage_that_did_not_move_the_model_reads_no_measurable_change(tiny_model, tmp_path, resources_for):
+    """SFT on every assistant turn with the tools, then GRPO whose reward is constant: every group has zero
+    reward variance, so GRPO teaches nothing. The report scores each model of the chain through the template it
+    was trained with, so the model after SFT scores what SFT itself measured on the same held-out rows, and GRPO
+    is credited with nothing."""
+    from dagster import DagsterInstance
+
+    from dragon_dagster.assets.launch import materialize_pipeline
+    from dragon_dagster.engine.pipeline import load
+
+    folder = tmp_path / "defs" / "tools_flat"
+    folder.mkdir(parents=True)
+    (folder / "tools.py").write_text(COUNTING_BUMP.format(counter=str(tmp_path / "counter.txt")))
+    (folder / "constant.py").write_text(CONSTANT)
+    things = (  # held out: 8 of 24 rows, enough for the paired test to find a change (4 rows never can)
+        "apples boxes crates parcels letters pallets bottles tickets coins keys cups plates forks spoons pens "
+        "books bags hats shoes lamps chairs tables cards jars"
+    ).split()
+
+    def conversation(i: int, thing: str) -> list[dict]:  # a tool call, its result, an answer built on it
+        return [
+            {"role": "user", "content": f"How many {thing} are on the counter?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": "bump", "arguments": {}}}],
+            },
+            {"role": "tool", "name": "bump", "content": f"count {i}"},
+            {"role": "assistant", "content": f"There are {i} {thing}."},
+        ]
+
+    (folder / "traces.jsonl").write_text(
+        "".join(json.dumps({"messages": conversation(i, t)}) + "\n" for i, t in enumerate(things))
+    )
+    (folder / "prompts.csv").write_text("prompt\n" + "".join(f"Count the {t}\n" for t in things[:4]))
+    (folder / "defs.yaml").write_text(
+        textwrap.dedent(f"""\
+        type: dragon_dagster.PostTrainingPipeline
+        attributes:
+          name: tools_flat
+          model: {tiny_model}
+          tools: {{file: tools.py, timeout: 1, max_calls: 1}}
+          datasets:
+            prompts: {{path: prompts.csv}}
+            traces: {{path: traces.jsonl}}
+          stages:
+            - {{name: trace_dataset, kind: chat_dataset, source: traces, layout: messages, eval_frac: 0.34}}
+            - name: sft_adapter
+              kind: sft
+              dataset: trace_dataset
+              train_on: all_assistant_turns
+              n_samples: 1
+              max_new_tokens: 4
+              args: {{max_steps: 3, batch_size: 3, grad_accum: 1, logging_steps: 1, save_steps: 50, max_seq_len: 512,
+                      learning_rate: 5.0e-3}}
+            - {{name: count_prompts, kind: prompt_dataset, source: prompts, prompt: prompt, eval_frac: 0}}
+            - name: grpo_adapter
+              kind: grpo
+              dataset: count_prompts
+              tools: true
+              rewards: [{{type: custom, file: constant.py, name: constant}}]
+              group_size: 2
+              max_new_tokens: 8
+              max_eval_prompts: 2
+              n_samples: 1
+              args: {{max_steps: 2, batch_size: 2, grad_accum: 1, logging_steps: 1, save_steps: 50}}
+            - {{name: merged_model, kind: merge}}
+            - {{name: evaluation_report, kind: evaluate, dataset: trace_dataset, max_new_tokens: 4, n_samples: 1,
+                n_judge: 0}}
+        """)
+    )
+    outcome = materialize_pipeline(
+        load(folder / "defs.yaml"), resources=resources_for(tmp_path / "runs"), instance=DagsterInstance.ephemeral()
+    )
+    assert outcome["success"], outcome["stages"]
+    art = {name: Path(path) for name, path in outcome["artifacts"].items()}
+    sft = json.loads((art["sft_adapter"] / "manifest.json").read_text())["result"]
+    grpo = json.loads((art["grpo_adapter"] / "manifest.json").read_text())["result"]
+    assert sft["held_out"] and sft["rendering"] == "fallback" and grpo["tools"]["rendering"] == "fallback"
+    flat = [json.loads(line) for line in (art["grpo_adapter"] / "groups.jsonl").read_text().splitlines()]
+    assert flat and all(g["zero_std_frac"] == 1.0 for g in flat)  # no group had a reward to learn from
+    report = json.loads((art["evaluation_report"] / "report.json").read_text())
+    nll = {entry["model"]: entry["eval_loss"] for entry in report["stage_nll"]}
+    assert list(nll) == ["base", "after sft_adapter", "after grpo_adapter"]
+    # the model after SFT, scored by the report, is the model SFT measured: the same rows, the same template
+    held_out = (art["trace_dataset"] / "eval.jsonl").read_text().splitlines()
+    assert report["held_out"] and report["rows"] == len(held_out) >= 6
+    assert nll["after sft_adapter"] == pytest.approx(sft["eval_loss"], rel=1e-4)
+    assert nll["after grpo_adapter"] == report["merged"]["eval_loss"] == pytest.approx(sft["eval_loss"], rel=1e-4)
+    changes = {c["stage"]: c for c in report["stage_changes"]}
+    assert changes["sft_adapter"]["against"] == "base"
+    assert changes["grpo_adapter"]["against"] == "after sft_adapter"
+    assert changes["grpo_adapter"]["verdict"] == "no measurable change" and changes["grpo_adapter"]["p_value"] == 1.0
+    markdown = (art["evaluation_report"] / "report.md").read_text().splitlines()
+    [row] = [line for line in markdown if line.startswith("| grpo_adapter | after sft_adapter |")]
+    assert row.endswith("| **no measurable change** |"), row
+    from dragon_dagster.resources import MLflowTracking
+
+    tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))  # every MLflow run the stages opened has ended
+    for experiment in ("tools_flat", "tools_flat-evaluations"):
+        runs = tracking.client().search_runs([tracking.experiment_id(experiment)])
+        assert runs and {r.info.status for r in runs} == {"FINISHED"}, [(r.info.run_name, r.info.status) for r in runs]

@@ -4,7 +4,8 @@ Each row's reply NLL (mean over its reply tokens) before and after the stage is 
 test (scipy) on the pairs says whether the change is more than noise, with no assumption that the differences are
 normal (a few rows often move a lot). The verdict is plain words: "better" or "worse" when the test finds a change
 at ALPHA ("better, by under 1%" when the change is that small), else "no measurable change" (which, on a few
-rows, is not proof of none).
+rows, is not proof of none). A stage that did not move its model (every row within ROUNDING) is "no measurable
+change" with p = 1.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ ALPHA = 0.05  # the two-sided level at which a change counts as measured
 SMALL = 0.01  # a measured change under this share of the NLL before it is said to be small: every row can move
 # together by a hair (a DPO stage at a low learning rate), which the test finds and nobody would call an improvement
 TEST = "Wilcoxon signed-rank, two-sided, on per-row reply NLL"
+ROUNDING = 1e-6  # nats per token: a row's NLL moving less than this is float rounding (the same weights loaded
+# another way, batched another way), not a change, however consistent its sign
 
 
 def sign_test_p(up: int, down: int) -> float:
@@ -47,7 +50,7 @@ def paired_change(before: list[float], after: list[float], alpha: float = ALPHA)
             "p_value": None,
             "verdict": "not measured (no row has a reply to score)",
         }
-    differences = [a - b for b, a in pairs]
+    differences = [a - b if abs(a - b) > ROUNDING else 0.0 for b, a in pairs]
     out.update(
         mean_before=sum(b for b, _ in pairs) / len(pairs),
         mean_after=sum(a for _, a in pairs) / len(pairs),

@@ -122,6 +122,16 @@ def is_chatml(tokenizer) -> bool:
     return all(token in vocab for token in CHATML)
 
 
+def uses_tools(rows: list[dict]) -> bool:
+    """Whether any row declares tools or has a turn that calls one or answers for one: rows a template must render
+    tools for (training readied the template for them, so whatever scores the model renders them the same)."""
+    for row in rows:
+        turns = row.get("prompt", []) + row.get("completion", [])
+        if row.get("tools") or any(m.get("role") == "tool" or m.get("tool_calls") for m in turns):
+            return True
+    return False
+
+
 def prepare(tokenizer, needed: bool = True) -> Rendering:
     """Make tokenizer render tools and tool turns; which way it does. needed=False (no tools, no tool turns)
     leaves a template alone ("none") unless it is ChatML, where the fallback renders the same text and adds

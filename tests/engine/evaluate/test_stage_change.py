@@ -27,6 +27,9 @@ def test_noise_and_no_change_are_no_measurable_change():
     assert same == {**same, "verdict": "no measurable change", "p_value": 1.0, "mean_difference": 0.0}
     few = paired_change([2.0, 2.0], [1.0, 1.0])  # two rows cannot show a change at 0.05, however large
     assert few["verdict"] == "no measurable change"
+    # the same weights scored another way: every row a rounding error higher, which the test alone would call worse
+    rounded = paired_change(BEFORE, [b + 5e-8 * (1 + i) for i, b in enumerate(BEFORE)])
+    assert rounded["verdict"] == "no measurable change" and rounded["p_value"] == 1.0
 
 
 def test_rows_without_a_reply_are_left_out_and_none_left_is_said():

@@ -19,10 +19,11 @@ from ...evaluate.replies import evaluate_rows, has_replies, score_prompt_rows
 from ...evaluate.stage_change import stage_changes
 from ...evaluate.tool_use import mcnemar, measure, tool_cases
 from ...infer.logprobs import completion_loss
-from ...models import load_model, load_tokenizer
+from ...models import chain_tokenizer, load_model
 from ...rewards import ACCURACY_TYPES, Reward, RewardSet
 from ...tools import template
 from ...tools.declare import Toolset, with_tools
+from ...tools.template import uses_tools
 from . import skills
 from .inputs import ChainStage, ReportInputs
 from .markdown import markdown
@@ -54,12 +55,10 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
     results, feedback_raw, skill_scores, right = {}, {}, {}, {}
     temperature = pass_temperature(job)
     rated, pairs, taste = held_out_feedback_of(job)
+    tools_needed = toolset is not None or uses_tools(rows)
     for name, path in (("base", inputs.base_model), ("merged", inputs.merged_model)):
         reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
-        tokenizer = load_tokenizer(path)
-        if toolset is not None:  # the base model's own template may render no tools: the same fallback as training
-            template.prepare(tokenizer, needed=True)
-        model = load_model(path, hardware)
+        model, tokenizer = chain_model(path, [], hardware, tools_needed)
         if prompts_only:
             results[name] = score_prompt_rows(
                 model,
@@ -143,7 +142,7 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         )
     else:
         not_worse = _not_worse(results["base"]["eval_loss"], results["merged"]["eval_loss"])
-        models = stage_nll(job, rows, results, hardware, reporter) if len(inputs.chain) > 1 else []
+        models = stage_nll(job, rows, results, hardware, reporter, tools_needed) if len(inputs.chain) > 1 else []
         report["stage_changes"] = stage_changes(models)  # per-row pairs, then only the figures are kept
         report["stage_nll"] = [{k: v for k, v in m.items() if k != "row_nll"} for m in models]
         report["computed_on"] = {
@@ -313,8 +312,7 @@ def pairwise(
     if rows_out is not None:
         rows_out["vs_base"] = vs_base.rows
     if inputs.first_stage_adapters:
-        tokenizer = load_tokenizer(inputs.base_model)
-        model = load_model(inputs.base_model, hardware, adapters=inputs.first_stage_adapters)
+        model, tokenizer = chain_model(inputs.base_model, inputs.first_stage_adapters, hardware, False)
         first = generate(model, tokenizer, prompts, max_new_tokens=job.settings.max_new_tokens)
         vs_first = judge.compare(prompts, merged, first, references)
         out["vs_first_stage"] = vs_first.summary()
@@ -327,10 +325,25 @@ def _not_worse(base: float, merged: float) -> bool:
     return math.isfinite(merged) and (not math.isfinite(base) or merged <= base + 1e-6)
 
 
-def stage_nll(job: ReportJob, rows: list[dict], results: dict, hardware, reporter: Reporter) -> list[dict]:
+def chain_model(path: str, adapters: list[str], hardware, tools_needed: bool):
+    """(model, tokenizer) of one model of the report's chain, scored as it was trained: base (no adapters), the
+    model after a stage (the chain up to it folded in) or merged (a directory). Every one of them is loaded here, so
+    all render the rows alike: the tokenizer saved with the last adapter, whose template training readied (tools,
+    generation marks: tools/template.py), else the model's own (a merged model's was saved from its last
+    adapter's); with tools or tool turns, a template that renders them, readied as training readies it (a base
+    model's own template may render no tools)."""
+    tokenizer = chain_tokenizer(path, adapters)
+    if tools_needed:
+        template.prepare(tokenizer, needed=True)
+    return load_model(path, hardware, adapters=adapters), tokenizer
+
+
+def stage_nll(
+    job: ReportJob, rows: list[dict], results: dict, hardware, reporter: Reporter, tools_needed: bool = False
+) -> list[dict]:
     """Held-out NLL of base, of each stage's model (the chain up to it, folded in) and so of merged, all on the
-    same rows: the one figure every stage compares on, whatever its own objective (a preference loss is not an
-    NLL)."""
+    same rows and each through chain_model, as base and merged are: the one figure every stage compares on,
+    whatever its own objective (a preference loss is not an NLL)."""
     inputs = job.inputs
     adapters = [str(Path(s.dir) / "adapter") for s in inputs.chain]
     base = results["base"]
@@ -342,8 +355,8 @@ def stage_nll(job: ReportJob, rows: list[dict], results: dict, hardware, reporte
             figures = results["merged"]  # the whole chain is the merged model
         else:
             reporter.log(f"held-out loss of the model after {stage.name} on the same {len(rows)} rows")
-            model = load_model(inputs.base_model, hardware, adapters=adapters[: i + 1])
-            figures = completion_loss(model, load_tokenizer(inputs.base_model), rows, max_len=inputs.max_len)
+            model, tokenizer = chain_model(inputs.base_model, adapters[: i + 1], hardware, tools_needed)
+            figures = completion_loss(model, tokenizer, rows, max_len=inputs.max_len)
             del model
         out.append(
             {

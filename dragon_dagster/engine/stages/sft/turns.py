@@ -15,18 +15,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ...tools.template import Rendering, TemplateError, prepare
+from ...tools.template import Rendering, TemplateError, prepare, uses_tools
 
 TrainOn = Literal["final_turn", "all_assistant_turns"]
-
-
-def uses_tools(rows: list[dict]) -> bool:
-    """Whether any row declares tools or has a turn that calls one or answers for one."""
-    for row in rows:
-        turns = row.get("prompt", []) + row.get("completion", [])
-        if row.get("tools") or any(m.get("role") == "tool" or m.get("tool_calls") for m in turns):
-            return True
-    return False
 
 
 def prepare_template(tokenizer, rows: list[dict], train_on: TrainOn) -> Rendering:
