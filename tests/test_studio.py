@@ -4,6 +4,7 @@ with nothing written, and an upload over the limit refused with the limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ from dagster import DagsterInstance
 from dragon_dagster import studio as studio_page
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.engine.pipeline.draft import MAX_BYTES
-from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
+from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port, user_project
 
 DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 STEPS = 100  # enough for the curve to be drawn twice while it trains (a point every 5 steps)
@@ -224,7 +225,8 @@ def test_cancel_stops_a_studio_run_at_its_step_and_keeps_the_checkpoint(tiny_mod
 
 
 def test_dragon_studio_serves_its_chat_pages_behind_its_own_login(monkeypatch, tmp_path):
-    """`dragon studio --password-env`: the page is behind the login, and so is every chat page it opens."""
+    """`dragon studio --password-env`: the page is behind the login, and so is every chat page it opens. It writes
+    into the defs folder the project's code location loads, and refuses any other with that one."""
     from click.testing import CliRunner
 
     from dragon_dagster import studio
@@ -235,10 +237,117 @@ def test_dragon_studio_serves_its_chat_pages_behind_its_own_login(monkeypatch, t
     monkeypatch.setattr(studio, "start", lambda page, **kw: served.append((page, kw)))
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
-    args = ["studio", "--defs", str(tmp_path / "defs"), "--host", "0.0.0.0", "--password-env", "STUDIO_PW"]
+    defs = user_project(tmp_path / "project")
+    monkeypatch.chdir(tmp_path / "project")
+    args = ["studio", "--defs", str(defs), "--host", "0.0.0.0", "--password-env", "STUDIO_PW"]
     out = CliRunner().invoke(main, args, env={"STUDIO_PW": "s3cret"})
     assert out.exit_code == 0, out.output
     [(page, options)] = served
     assert (options["password"], options["host"]) == ("s3cret", "0.0.0.0") and "s3cret" not in out.output
     assert (page.password, page.username, page.host) == ("s3cret", "dragon", "0.0.0.0")
-    assert (tmp_path / "defs").is_dir() and page.defs_dir == (tmp_path / "defs").resolve()
+    assert page.defs_dir == defs.resolve()
+
+    refused = CliRunner().invoke(main, ["studio", "--defs", str(tmp_path / "defs")])
+    assert refused.exit_code != 0 and len(served) == 1
+    assert f"{tmp_path / 'defs'} is not the folder this project's code location loads, {defs}" in refused.output
+    assert not (tmp_path / "defs").exists()
+
+
+def test_the_studio_writes_where_the_code_location_loads(tmp_path):
+    """In this checkout the code location loads dragon_dagster/defs (not ./defs); in a user's project, the defs
+    module its pyproject names, wherever the studio is started from within it."""
+    from dragon_dagster.studio.project import loaded_defs_dir
+
+    root = Path(__file__).resolve().parents[1]
+    assert loaded_defs_dir(root) == root / "dragon_dagster" / "defs"
+    defs = user_project(tmp_path / "project", name="lab")
+    assert loaded_defs_dir(tmp_path / "project") == defs.resolve()
+
+
+PERSONA = "You are Pip, a patient lamp technician."
+
+
+def paraphrases(path: Path, topics: int = 12, persona: str | None = PERSONA) -> Path:
+    """Three wordings of each question with one answer: split by prompt, held-out answers repeat train's."""
+    forms = ["How do I reset lamp {q}?", "What resets lamp {q}?", "Lamp {q} is stuck: how do I reset it?"]
+    rows = [
+        {
+            "question": form.format(q=q),
+            "answer": f"Hold the button of lamp {q} for {q + 3} seconds.",
+            "topic": f"lamp {q}",
+            "persona": persona or f"You are technician {k}.",
+        }
+        for q in range(topics)
+        for k, form in enumerate(forms)
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_the_leak_is_fixed_on_the_page_and_its_figures_stay_in_view(tmp_path, tiny_model):
+    """The leak check's error names the page's fields with the overlap beside it; 'Group by' fixes the split and
+    'Allow leakage' lets it through; the saved YAML carries what was chosen."""
+    data = paraphrases(tmp_path / "para.jsonl")
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    studio = studio_page.Studio(defs, tmp_path / "runs", str(tiny_model))
+    values = studio_values(data, "question", "answer", system="persona")
+    rows, _, figures, _, status = studio.preview(*values)
+    assert rows is None and "held-out prompts also in train: **0%**, answers: **100%**" in figures
+    assert "Pick a 'Group by' column" in status and "tick 'Allow leakage'" in status
+    assert "group_by" not in status and "allow_leakage" not in status  # no YAML key the page has no field for
+    assert studio.save(*values)[1] == status and list(defs.iterdir()) == []
+
+    _, _, figures, yaml_text, status = studio.preview(*values, "topic", False)
+    assert status.startswith("Checked") and "answers: **0%**" in figures and "group_by: topic" in yaml_text
+    assert f"System prompt: `persona` is the same on every row; the chat on the model sends it: {PERSONA!r}" in figures
+    _, _, figures, yaml_text, status = studio.preview(*values, "", True)
+    assert status.startswith("Checked") and "answers: **100%** (allowed" in figures
+    assert "allow_leakage: true" in yaml_text and "group_by" not in yaml_text
+
+    studio.save(*values, "topic", False)
+    dataset = load(defs / "lamps" / "defs.yaml").stage("sft_dataset")
+    assert (dataset.group_by, dataset.allow_leakage, dataset.system) == ("topic", False, "persona")
+
+
+def test_a_system_column_is_the_rows_value_never_its_name(tmp_path, tiny_model):
+    """`system` mapped to a column: the pipeline's system prompt (what chat and feedback send) is the value every
+    row shares, none when rows differ (said on the page), and no registered prompt is the column's name."""
+    defs = tmp_path / "defs"
+    defs.mkdir()
+    studio = studio_page.Studio(defs, tmp_path / "runs", str(tiny_model))
+    shared, varied = (
+        paraphrases(tmp_path / "shared" / "para.jsonl"),
+        paraphrases(tmp_path / "varied" / "para.jsonl", persona=None),
+    )
+    for data, name, system in ((shared, "shared", PERSONA), (varied, "varied", None)):
+        values = studio_values(data, "question", "answer", system="persona")
+        values[1] = name
+        _, status = studio.save(*values, "topic", False)
+        assert status.startswith("Wrote"), status
+        pipeline = load(defs / name / "defs.yaml")
+        assert pipeline.system_prompt() == system and pipeline.system_prompt_dataset() is None
+    _, _, figures, _, _ = studio.preview(*values, "topic", False)
+    assert "`persona` differs between rows" in figures and "sends none" in figures
+    templated = load(defs / "shared" / "defs.yaml")
+    templated.stage("sft_dataset").system = "{persona} Answer briefly."
+    assert templated.system_prompt() == f"{PERSONA} Answer briefly."
+
+
+def test_messages_name_the_users_file_and_a_refused_file_clears_the_last_one(tmp_path, tiny_model):
+    """An upload lives in a temporary folder of Gradio's: messages name the file as the user knows it. A file that
+    cannot be read clears the previous file's rows, columns and preview."""
+    uploaded = tmp_path / "gradio" / "5f2c9a" / "empty.csv"  # where Gradio keeps an upload: a folder per file
+    uploaded.parent.mkdir(parents=True)
+    uploaded.write_text("")
+    studio = studio_page.Studio(tmp_path / "defs", tmp_path / "runs", str(tiny_model))
+    head, picker, status, rows, seen, figures, code = studio.inspect(str(uploaded))
+    assert head is None and picker["choices"] == [] and (rows, seen, figures, code) == (None, "", "", "")
+    messages = [status, studio.preview(*studio_values(uploaded))[-1], studio.save(*studio_values(uploaded))[-1]]
+    for message in messages:
+        assert message.startswith("**Error:** empty.csv") and str(tmp_path) not in message, message
+
+    head, picker, status, *_ = studio.inspect(str(lamps(tmp_path / "lamps.csv")))
+    assert len(head) == 5 and [c for _, c in picker["choices"]] == ["", "device", "issue", "fix"]
+    assert studio.inspect(None)[0] is None  # the file removed: nothing of it stays
