@@ -220,7 +220,7 @@ class Studio:
                 "model sends none (type one in its system prompt box)."
             )
         if made.system and made.system != spec:
-            return f"System prompt: `{spec}` is the same on every row; the chat on the model sends it: {made.system!r}."
+            return f"System prompt: `{spec}` is the same on every row; the chat on the model sends it: {made.system!r}"
         if made.system:
             return f"System prompt: {made.system!r}, on every row and in the chat on the model."
         return "No system prompt."
@@ -427,7 +427,7 @@ def build_studio(studio: Studio) -> gr.Blocks:
     described = recipes()
     with gr.Blocks(title="dragon studio") as app:
         gr.Markdown("### From a data file to a trained model")
-        status = gr.Markdown("Drop a data file to start.", elem_id="studio_status")
+        status = gr.Markdown(elem_id="studio_status")  # the runs': started, followed, ended, the chat's link
         with gr.Row():
             with gr.Column():
                 upload = gr.File(
@@ -436,7 +436,7 @@ def build_studio(studio: Studio) -> gr.Blocks:
                     type="filepath",
                     elem_id="data_file",
                 )
-                upload_status = gr.Markdown(elem_id="upload_status")
+                upload_status = gr.Markdown("Drop a data file to start.", elem_id="upload_status")
             head = gr.Dataframe(label="First rows", interactive=False, elem_id="head")
         with gr.Row():
             name = gr.Textbox(label="Pipeline name", placeholder="my_pipeline", elem_id="name")
