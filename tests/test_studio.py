@@ -396,6 +396,7 @@ def test_a_paraphrased_file_fixed_on_the_page_runs_from_dg_and_chats_with_its_pe
             expect(head).not_to_contain_text("flickers after update")
             expect(rows).not_to_contain_text("flickers after update")
             expect(figures).not_to_contain_text("held out")
+            expect(preview_status).not_to_contain_text("Checked")
             page.locator(".toast-close").click()
 
             upload.set_input_files(str(paraphrases(tmp_path / "para.jsonl")))
@@ -468,8 +469,8 @@ def test_messages_name_the_users_file_and_a_refused_file_clears_the_last_one(tmp
     uploaded.parent.mkdir(parents=True)
     uploaded.write_text("")
     studio = studio_page.Studio(tmp_path / "defs", tmp_path / "runs", str(tiny_model))
-    head, picker, status, rows, seen, figures, code = studio.inspect(str(uploaded))
-    assert head is None and picker["choices"] == [] and (rows, seen, figures, code) == (None, "", "", "")
+    head, picker, status, *shown = studio.inspect(str(uploaded))
+    assert head is None and picker["choices"] == [] and shown == [None, "", "", "", "", ""]  # rows ... Save's status
     messages = [status, studio.preview(*studio_values(uploaded))[-1], studio.save(*studio_values(uploaded))[-1]]
     for message in messages:
         assert message.startswith("**Error:** empty.csv") and str(tmp_path) not in message, message

@@ -131,10 +131,10 @@ class Studio:
     # ------------------------------------------------------------------------------------------- data
 
     def inspect(self, path: str | None) -> tuple:
-        """Outputs (first rows, the Group by column picker, status beside the upload, then the preview's outputs:
-        training rows, rendered rows, figures, YAML): the file's columns and first rows, or why it cannot be read.
-        A new file, a refused one or none clears what the page showed of the one before."""
-        cleared = (None, "", "", "")
+        """Outputs (first rows, the Group by column picker, status beside the upload, then what Preview and Save
+        showed: training rows, rendered rows, figures, YAML, their statuses): the file's columns and first rows, or
+        why it cannot be read. A new file, a refused one or none clears what the page showed of the one before."""
+        cleared = (None, "", "", "", "", "")
         no_columns = gr.update(choices=[], value=None)
         if not path:
             return None, no_columns, "Drop a CSV, JSONL, JSON or Parquet file (up to 50 MB).", *cleared
@@ -516,7 +516,7 @@ def build_studio(studio: Studio) -> gr.Blocks:
         values = [upload, name, model, layout, conversations, prompt, response, system, rejected]
         values += [recipe, steps, learning_rate, rank, tune_steps, beta, rewards, group_by, allow_leakage]
         shown = [rows, seen, figures, code]
-        upload.change(studio.inspect, [upload], [head, group_by, upload_status, *shown])
+        upload.change(studio.inspect, [upload], [head, group_by, upload_status, *shown, preview_status, save_status])
         check.click(studio.preview, values, [*shown, preview_status])
         # the split's figures follow the two settings that change it, as they are changed
         group_by.input(studio.preview, values, [*shown, preview_status])
