@@ -223,7 +223,7 @@ class Studio:
             return f"System prompt: `{spec}` is the same on every row; the chat on the model sends it: {made.system!r}"
         if made.system:
             return f"System prompt: {made.system!r}, on every row and in the chat on the model."
-        return "No system prompt."
+        return "No system prompt in the data (the model's chat template may add its own default, as above)."
 
     def save(self, *values) -> tuple:
         """Outputs (YAML, status beside Save): the component written, or why not (nothing written then); a running
