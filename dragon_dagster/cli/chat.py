@@ -6,15 +6,7 @@ from pathlib import Path
 
 import click
 
-from .common import (
-    console,
-    ensure_dagster_home,
-    login_options,
-    password_from,
-    pipeline_argument,
-    project_defs_dir,
-    runs_dir,
-)
+from .common import console, ensure_dagster_home, login_options, password_from, pipeline_argument, runs_dir
 from .group import main
 
 
@@ -93,8 +85,8 @@ def chat(pipeline, model, server_model, system, context_turns):
     "defs_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="The folder pipelines are written into. Default: the defs folder of the Dagster project in the current "
-    "directory (its pyproject's root module), else ./defs.",
+    help="The folder pipelines are written into: the defs folder the code location of the Dagster project in the "
+    "current directory loads (the default); any other folder is refused with that one.",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="The model the page starts with.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Anything but loopback needs --password-env.")
@@ -119,10 +111,14 @@ def studio(
     defs/<name>/defs.yaml, run it (through the running Dagster webserver, else in-process) and follow it."""
     from ..resources.tracking import dagster_ui_url
     from ..studio import Studio, build_studio, start
+    from ..studio.project import ProjectError, writable_defs_dir
 
     password = password_from(password_env)
     ensure_dagster_home()
-    defs_dir = (defs_dir or project_defs_dir()).resolve()
+    try:
+        defs_dir = writable_defs_dir(defs_dir)
+    except ProjectError as exc:
+        raise click.ClickException(str(exc)) from None
     defs_dir.mkdir(parents=True, exist_ok=True)
     console.print(
         f"studio on http://{host}:{port}  (pipelines written to {defs_dir}; runs in {runs_dir()}; "

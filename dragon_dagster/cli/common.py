@@ -85,16 +85,6 @@ def password_from(password_env: str | None) -> str | None:
     return password
 
 
-def project_defs_dir() -> Path:
-    """The defs folder of the Dagster project in the current directory (its pyproject's root module), else ./defs."""
-    from ..assets.launch import DEFAULT_MODULE, project_module
-
-    module = project_module()
-    if module == DEFAULT_MODULE:
-        return Path.cwd() / "defs"
-    return Path.cwd() / Path(*module.split(".")[:-1]) / "defs"
-
-
 def fmt(value) -> str:
     """A figure in a table: floats to four significant digits, None as nothing."""
     if isinstance(value, float):

@@ -6,12 +6,14 @@ columns or `{column}` templates into prompt, response, system (and rejected, for
 conversations (messages, ShareGPT, Alpaca: detected as chat_dataset does), and takes a model, a recipe and the few
 settings people change. *Preview* checks all of it as a run would (engine/pipeline/draft.py: the stage models, the
 dataset asset's own split, leak and quality figures) and shows the training rows through the model's chat
-template, the figures, the component YAML and the command that runs it; a problem shows where it was made, in the
-stage models' words, and nothing is written. *Save* writes `defs/<name>/defs.yaml` with the data file beside it: a
-normal component, which `dg check yaml` passes and `dg dev` lists. *Run* starts its job through the running Dagster
-webserver, or in a process of the studio when none answers (launch.py), and the page follows each stage's state,
-the training curves as the workers log them and the time left, with *Cancel*; *Chat* opens the chat page on the
-newest model the run made.
+template, the figures (the held-out split's overlap with train among them, shown again as 'Group by' or 'Allow
+leakage' change), the component YAML and the command that runs it; a problem shows beside the button that found
+it, in the page's words, and nothing is written. *Save* writes `<name>/defs.yaml` with the data file beside it into
+the defs folder the project's code location loads (project.py): a normal component, which `dg check yaml` passes,
+`dg list defs` lists and `dg launch` runs, and a running Dagster webserver is asked to reload it. *Run* starts its
+job through the running Dagster webserver, or in a process of the studio when none answers (launch.py), and the
+page follows each stage's state, the training curves as the workers log them and the time left, with *Cancel*;
+*Chat* opens the chat page on the newest model the run made.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..engine.pipeline.draft import (  # noqa: E402
     MAX_BYTES,
     Draft,
     DraftError,
+    LeakError,
     Mapping,
     Recipe,
     draft,
@@ -50,11 +53,29 @@ from ..engine.pipeline.draft import (  # noqa: E402
 from ..engine.runs import latest_artifact  # noqa: E402
 from ..web import USERNAME, is_loopback, serve  # noqa: E402
 from .launch import ENDED, Launched, LocalRun, WebserverRun, webserver_answers  # noqa: E402
+from .project import reload_code_locations  # noqa: E402
 
-CSS = "#studio_status {min-height: 2em} footer {display: none !important}"
+CSS = (
+    "#studio_status, #upload_status, #preview_status, #save_status {min-height: 2em} footer {display: none !important}"
+)
 HEAD_ROWS = 5
 SEEN_ROWS = 2  # rows shown whole as the model sees them
 LAYOUTS = ["auto", "columns", "messages", "sharegpt", "alpaca"]
+
+
+def said(exc: Exception, path: str | None) -> str:
+    """An error in the user's words: the uploaded file by its own name, not the folder Gradio keeps it in."""
+    text = str(exc)
+    if path:
+        text = text.replace(f"{Path(path).parent}{os.sep}", "")
+    return f"**Error:** {text}"
+
+
+def overlap_line(figures: dict) -> str:
+    return (
+        f"held-out prompts also in train: **{figures['prompt_overlap']:.0%}**, answers: "
+        f"**{figures['answer_overlap']:.0%}**"
+    )
 
 
 def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
@@ -110,20 +131,45 @@ class Studio:
     # ------------------------------------------------------------------------------------------- data
 
     def inspect(self, path: str | None) -> tuple:
-        """Outputs (first rows, status): the file's columns and first rows, or why it cannot be read."""
+        """Outputs (first rows, the Group by column picker, status beside the upload, then what Preview and Save
+        showed: training rows, rendered rows, figures, YAML, their statuses): the file's columns and first rows, or
+        why it cannot be read. A new file, a refused one or none clears what the page showed of the one before."""
+        cleared = (None, "", "", "", "", "")
+        no_columns = gr.update(choices=[], value=None)
         if not path:
-            return gr.skip(), "Drop a CSV, JSONL, JSON or Parquet file (up to 50 MB)."
+            return None, no_columns, "Drop a CSV, JSONL, JSON or Parquet file (up to 50 MB).", *cleared
         try:
             df = read_data(path)
         except DraftError as exc:
-            return None, f"**Error:** {exc}"
+            return None, no_columns, said(exc, path), *cleared
         columns = ", ".join(f"`{c}`" for c in df.columns)
-        return df.head(HEAD_ROWS), f"{Path(path).name}: {len(df)} rows; columns {columns}. Map them below."
+        picker = gr.update(choices=[("(none: rows with the same prompt)", "")] + [(c, c) for c in df.columns], value="")
+        status = f"{Path(path).name}: {len(df)} rows; columns {columns}. Map them below."
+        return df.head(HEAD_ROWS), picker, status, *cleared
 
-    def _draft(self, path, name, model, layout, conversations, prompt, response, system, rejected, *settings) -> Draft:
+    def _draft(
+        self,
+        path,
+        name,
+        model,
+        layout,
+        conversations,
+        prompt,
+        response,
+        system,
+        rejected,
+        recipe_name,
+        steps,
+        learning_rate,
+        rank,
+        tune_steps,
+        beta,
+        rewards,
+        group_by=None,
+        allow_leakage=False,
+    ) -> Draft:
         if not path:
             raise DraftError("no data file yet: drop one above")
-        recipe_name, steps, learning_rate, rank, tune_steps, beta, rewards = settings
         recipe = Recipe(
             stages=recipe_name,
             max_steps=int(steps),
@@ -133,22 +179,26 @@ class Studio:
             beta=float(beta) if beta else None,
             rewards=list(rewards or []),
         )
-        mapping = Mapping(prompt, response, system, rejected, layout, conversations)
+        mapping = Mapping(prompt, response, system, rejected, layout, conversations, group_by, bool(allow_leakage))
         return draft((name or "").strip(), (model or self.model).strip(), path, mapping, recipe)
 
     def preview(self, *values) -> tuple:
-        """Outputs (training rows, the first ones as the model sees them, figures, YAML, status)."""
+        """Outputs (training rows, the first ones as the model sees them, figures, YAML, status beside Preview)."""
         try:
             made = self._draft(*values)
             rendered = render(made.attributes["model"], made)
+        except LeakError as exc:  # the split's figures stay in view while 'Group by' or 'Allow leakage' change
+            return None, "", f"{overlap_line(exc.figures)}.", "", said(exc, values[0])
         except (DraftError, ValueError) as exc:
-            return None, "", "", "", f"**Error:** {exc}"
+            return None, "", "", "", said(exc, values[0])
         figures = made.figures
+        leaking = figures["prompt_overlap"] or figures["answer_overlap"]
+        allowed = " (allowed: 'Allow leakage' is ticked)" if leaking else ""
         lines = [
             f"**{figures['train_rows']}** training rows, **{figures['eval_rows']}** held out "
-            f"({figures['duplicates_dropped']} duplicates dropped); held-out prompts also in train: "
-            f"{figures['prompt_overlap']:.0%}, answers: {figures['answer_overlap']:.0%}; "
+            f"({figures['duplicates_dropped']} duplicates dropped); {overlap_line(figures)}{allowed}; "
             f"duplicate share {figures['duplicate_share']:.0%}.",
+            self.system_line(made),
             f"Run it from a terminal: `{made.command()}`",
         ]
         seen = "\n".join(f"--- row {i + 1} ---\n{text}" for i, text in enumerate(rendered[:SEEN_ROWS]))
@@ -160,14 +210,37 @@ class Studio:
             "Checked: save it to write the pipeline.",
         )
 
+    @staticmethod
+    def system_line(made: Draft) -> str:
+        """What the chat on its model will send as the system prompt, and why."""
+        spec = made.attributes["stages"][0].get("system")
+        if made.system_varies:
+            return (
+                f"System prompt: `{spec}` differs between rows, so each row trains with its own; the chat on the "
+                "model sends none (type one in its system prompt box)."
+            )
+        if made.system and made.system != spec:
+            return f"System prompt: `{spec}` is the same on every row; the chat on the model sends it: {made.system!r}"
+        if made.system:
+            return f"System prompt: {made.system!r}, on every row and in the chat on the model."
+        return "No system prompt in the data (the model's chat template may add its own default, as above)."
+
     def save(self, *values) -> tuple:
-        """Outputs (YAML, status): the component written, or why not (nothing written then)."""
+        """Outputs (YAML, status beside Save): the component written, or why not (nothing written then); a running
+        Dagster webserver is asked to reload its code location so its UI lists the new pipeline."""
         try:
             made = self._draft(*values)
             path = write(made, self.defs_dir)
         except (DraftError, ValueError) as exc:
-            return gr.skip(), f"**Error:** {exc}"
-        return made.yaml, f"Wrote `{path}` (and `{made.data_file.name}` beside it). `dg check yaml` checks it."
+            return gr.skip(), said(exc, values[0])
+        status = (
+            f"Wrote `{path}` (and `{made.data_file.name}` beside it), in the folder the project's code location "
+            f"loads: `dg list defs` lists it, `{made.command().split('  ')[0]}` runs it."
+        )
+        if self.dagster_url and webserver_answers(self.dagster_url):
+            reloaded = reload_code_locations(self.dagster_url, f"{made.name}_pipeline")
+            status += f" {reloaded[0].upper()}{reloaded[1:]}"
+        return made.yaml, status
 
     # -------------------------------------------------------------------------------------------- run
 
@@ -328,7 +401,14 @@ class Studio:
             return f"**Error:** the chat page on {artifact} did not start (the studio's terminal says why)"
         app, url = made[0], f"http://{self.host}:{port}/"
         self.chats[name] = (str(artifact), app, url)
-        return f"[Chat with {name}'s {stage}]({url}): its feedback goes to {target.store.where}."
+        dataset = pipeline.system_dataset()
+        varies = target.system is None and dataset is not None and dataset.per_row_system(pipeline)
+        sends = (
+            f"no system prompt (`{dataset.system}` differs between the rows it trained on)"
+            if varies
+            else target.system_note
+        )
+        return f"[Chat with {name}'s {stage}]({url}): it sends {sends}; its feedback goes to {target.store.where}."
 
     def close(self) -> None:
         """Stop the chat pages the studio opened."""
@@ -347,14 +427,16 @@ def build_studio(studio: Studio) -> gr.Blocks:
     described = recipes()
     with gr.Blocks(title="dragon studio") as app:
         gr.Markdown("### From a data file to a trained model")
-        status = gr.Markdown("Drop a data file to start.", elem_id="studio_status")
+        status = gr.Markdown(elem_id="studio_status")  # the runs': started, followed, ended, the chat's link
         with gr.Row():
-            upload = gr.File(
-                label="Data file (CSV, JSONL, JSON, Parquet; up to 50 MB)",
-                file_types=[".csv", ".jsonl", ".json", ".parquet"],
-                type="filepath",
-                elem_id="data_file",
-            )
+            with gr.Column():
+                upload = gr.File(
+                    label="Data file (CSV, JSONL, JSON, Parquet; up to 50 MB)",
+                    file_types=[".csv", ".jsonl", ".json", ".parquet"],
+                    type="filepath",
+                    elem_id="data_file",
+                )
+                upload_status = gr.Markdown("Drop a data file to start.", elem_id="upload_status")
             head = gr.Dataframe(label="First rows", interactive=False, elem_id="head")
         with gr.Row():
             name = gr.Textbox(label="Pipeline name", placeholder="my_pipeline", elem_id="name")
@@ -386,6 +468,18 @@ def build_studio(studio: Studio) -> gr.Blocks:
             system = gr.Textbox(label="System prompt (optional; text or a template)", elem_id="system")
             rejected = gr.Textbox(label="Rejected reply (a pairs file only)", elem_id="rejected")
         with gr.Row():
+            group_by = gr.Dropdown(
+                choices=[],
+                value=None,
+                label="Group by: rows with the same value stay on one side of the held-out split (none: the same "
+                "prompt)",
+                elem_id="group_by",
+            )
+            allow_leakage = gr.Checkbox(
+                label="Allow leakage: train even when held-out rows repeat training rows (the check only warns)",
+                elem_id="allow_leakage",
+            )
+        with gr.Row():
             steps = gr.Number(label="SFT steps", value=60, precision=0, minimum=1, elem_id="steps")
             learning_rate = gr.Number(label="Learning rate", value=2.0e-4, elem_id="learning_rate")
             rank = gr.Number(label="LoRA rank", value=16, precision=0, minimum=1, elem_id="rank")
@@ -393,8 +487,13 @@ def build_studio(studio: Studio) -> gr.Blocks:
             beta = gr.Number(label="DPO / GRPO beta (0: the stage kind's default)", value=0, elem_id="beta")
             rewards = gr.CheckboxGroup(plain_rewards(), value=["contains"], label="GRPO rewards", elem_id="rewards")
         with gr.Row():
-            check = gr.Button("Preview", elem_id="preview")
-            save = gr.Button("Save pipeline", variant="primary", elem_id="save")
+            with gr.Column():
+                check = gr.Button("Preview", elem_id="preview")
+                preview_status = gr.Markdown(elem_id="preview_status")
+            with gr.Column():
+                save = gr.Button("Save pipeline", variant="primary", elem_id="save")
+                save_status = gr.Markdown(elem_id="save_status")
+        with gr.Row():
             run = gr.Button("Run", elem_id="run")
             cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
             talk = gr.Button("Chat with it", elem_id="chat")
@@ -415,10 +514,14 @@ def build_studio(studio: Studio) -> gr.Blocks:
         timer = gr.Timer(2.0)
 
         values = [upload, name, model, layout, conversations, prompt, response, system, rejected]
-        values += [recipe, steps, learning_rate, rank, tune_steps, beta, rewards]
-        upload.change(studio.inspect, [upload], [head, status])
-        check.click(studio.preview, values, [rows, seen, figures, code, status])
-        save.click(studio.save, values, [code, status])
+        values += [recipe, steps, learning_rate, rank, tune_steps, beta, rewards, group_by, allow_leakage]
+        shown = [rows, seen, figures, code]
+        upload.change(studio.inspect, [upload], [head, group_by, upload_status, *shown, preview_status, save_status])
+        check.click(studio.preview, values, [*shown, preview_status])
+        # the split's figures follow the two settings that change it, as they are changed
+        group_by.input(studio.preview, values, [*shown, preview_status])
+        allow_leakage.input(studio.preview, values, [*shown, preview_status])
+        save.click(studio.save, values, [code, save_status])
         run.click(studio.run, [name], [status])
         cancel.click(studio.cancel, [name], [status])
         talk.click(studio.chat, [name], [status])

@@ -54,15 +54,17 @@ def quality_check() -> CheckSpec:
     )
 
 
-def leak_problem(prompt: float, answer: float, answers_count: bool = True) -> str | None:
-    """What is wrong with a split whose held-out rows repeat train (shares of prompts and answers), and the fix;
-    None when nothing leaks."""
+LEAK_FIX = "Set group_by to a column that keeps related rows together, or allow_leakage: true."
+
+
+def leak_problem(prompt: float, answer: float, answers_count: bool = True, fix: str = LEAK_FIX) -> str | None:
+    """What is wrong with a split whose held-out rows repeat train (shares of prompts and answers), and the fix
+    (in the words of where the settings are made: the YAML's keys by default); None when nothing leaks."""
     if not (prompt > MAX_OVERLAP or (answers_count and answer > MAX_OVERLAP)):
         return None
     return (
         f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
-        "appear in train: held-out figures would measure recall. Set group_by to a column that "
-        "keeps related rows together, or allow_leakage: true."
+        f"appear in train: held-out figures would measure recall. {fix}"
     )
 
 

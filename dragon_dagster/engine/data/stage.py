@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from ..config.checks import CheckSpec
 from ..config.stage import Stage
 from .checks import leakage_check, quality_check
-from .tables import DataError, template_fields
+from .tables import DataError, read_table, render, template_fields
 
 # Settings of a dataset stage that name a column or a {column} template (checked against the file's header).
 MAPPING_FIELDS = ("prompt", "response", "conversations", "chosen", "rejected", "reply", "label", "reference", "system")
@@ -80,12 +80,43 @@ class DatasetStage(Stage):
     def checks(self) -> list[CheckSpec]:
         return [quality_check(), leakage_check(self.allow_leakage, answers_count=self.answers_are_text)]
 
+    def source_file(self, pipeline) -> tuple[str | Path, str | None]:
+        """(path, format) of the file this stage reads: its `datasets:` entry's, else its own."""
+        source = pipeline.datasets[self.source] if self.source else None
+        return (source.path if source else self.path), self.format or (source.format if source else None)
+
+    def per_row_system(self, pipeline) -> bool:
+        """Whether `system` is filled from each row (a column's name, as the mapping reads it, or a {column}
+        template) rather than one text for every row."""
+        spec = self.system
+        if not spec:
+            return False
+        if "{" in spec or "}" in spec:
+            return True
+        path, fmt = self.source_file(pipeline)
+        try:
+            columns = columns_of(path, fmt)
+            return spec in (columns if columns is not None else read_table(path, fmt).columns)
+        except (DataError, OSError, ValueError):  # unreadable here: preflight and the dataset step say why
+            return False
+
+    def one_system(self, pipeline) -> str | None:
+        """The system prompt every row of this stage gets: its `system:` text, or the value its column (or
+        template) has on every row of the file; None when it has none or the value differs between rows."""
+        if not self.per_row_system(pipeline):
+            return self.system or None
+        path, fmt = self.source_file(pipeline)
+        try:
+            values = {render(self.system, record) for record in read_table(path, fmt).to_dict("records")}
+        except (DataError, OSError, ValueError, KeyError):
+            return None
+        return values.pop() or None if len(values) == 1 else None
+
     def preflight(self, pipeline) -> list[str]:
         """Every column this stage's mapping names, checked against the file's header (a missing column fails the
         run before minutes of training, not after)."""
-        source = pipeline.datasets[self.source] if self.source else None
-        path = source.path if source else self.path
-        columns = columns_of(path, self.format or (source.format if source else None))
+        path, fmt = self.source_file(pipeline)
+        columns = columns_of(path, fmt)
         if columns is None:
             return []
         found = self.layout_problems(columns)

@@ -38,7 +38,6 @@ from .retraining import Feedback
 from .sweeps import Sweep, nested
 
 log = logging.getLogger("dragon_dagster")
-TEMPLATED = re.compile(r"\{[^{}]+\}")  # a system prompt filled from each row's columns: no single prompt
 EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "example_data"
 
 
@@ -275,23 +274,30 @@ class Pipeline(Settings):
         return catalog.kinds_training_on(rows)
 
     def system_prompt(self, before: str | None = None) -> str | None:
-        """The fixed system prompt of the chat dataset the first training stage (before stage `before`, default
-        anywhere) trained on: what the model learned to answer after, so chat and feedback should send it too.
-        None when that dataset has none, or fills it per row from a template such as '{persona}'."""
-        name = self.system_prompt_dataset(before)
-        return getattr(self.stage(name), "system", None) if name else None
+        """The one system prompt of the chat dataset the first training stage (before stage `before`, default
+        anywhere) trained on: what the model learned to answer after, so chat and feedback should send it too. Its
+        `system:` text, or the value its column or template has on every row; None when it has none or the value
+        differs between rows (each row taught its own: no single prompt to send)."""
+        dataset = self.system_dataset(before)
+        return dataset.one_system(self) if dataset else None
 
     def system_prompt_dataset(self, before: str | None = None) -> str | None:
-        """The chat dataset whose fixed `system:` is the pipeline's system prompt (see system_prompt), or None. Its
-        build registers that text in MLflow's Prompt Registry (engine/release/prompt_registry.py)."""
+        """The chat dataset whose `system:` is one text (not a column's or template's value per row) that is the
+        pipeline's system prompt (see system_prompt), or None. Its build registers that text in MLflow's Prompt
+        Registry (engine/release/prompt_registry.py)."""
+        dataset = self.system_dataset(before)
+        return dataset.name if dataset and not dataset.per_row_system(self) else None
+
+    def system_dataset(self, before: str | None = None):
+        """The chat dataset with a `system:` that the first training stage in the chain trains on, or None."""
         names = [st.name for st in self.stages]
         stages = self.stages[: names.index(before)] if before else self.stages
         training = [st for st in stages if self.role_of(st) == "training" and st.in_chain]
         if not training or training[0].dataset not in names:
             return None
         dataset = self.stage(training[0].dataset)
-        system = getattr(dataset, "system", None) if getattr(dataset, "makes", None) == "chat" else None
-        return dataset.name if system and not TEMPLATED.search(system) else None
+        chat = getattr(dataset, "makes", None) == "chat"
+        return dataset if chat and getattr(dataset, "system", None) else None
 
     def upstream(self, name: str) -> list[str]:
         """Asset names the stage reads, in the order its asset takes them."""

@@ -40,6 +40,21 @@ class DraftError(ValueError):
     """A draft that cannot be written, with what is wrong and where."""
 
 
+class LeakError(DraftError):
+    """Held-out rows that repeat train: the split's figures come along, so the page can show them beside it."""
+
+    def __init__(self, message: str, figures: dict[str, Any]):
+        super().__init__(message)
+        self.figures = figures
+
+
+# The leak check's fix in the page's words: its fields, not the YAML keys they write
+PAGE_LEAK_FIX = (
+    "Pick a 'Group by' column that keeps related rows (say, paraphrases of one question) on one side of the "
+    "split, or tick 'Allow leakage'."
+)
+
+
 RECIPES = Path(__file__).parent / "recipes"  # one YAML file of stages per recipe, named by it
 # In a recipe's stages, a value "$slot" takes the mapping's or the settings' value of that slot, and a slot left
 # empty drops its key (the kind's default applies): so the recipes, not this module, know the kinds they use.
@@ -85,9 +100,11 @@ class Mapping:
     rejected: str | None = None  # the worse reply, for a pairs file
     layout: str = "auto"  # columns, messages, sharegpt, alpaca, or detected (as chat_dataset does)
     conversations: str | None = None  # the column of whole conversations (messages, sharegpt)
+    group_by: str | None = None  # the column (or template) whose rows stay on one side of the held-out split
+    allow_leakage: bool = False  # held-out rows may repeat train (the leak check then only warns)
 
     def __post_init__(self):
-        for name in ("prompt", "response", "system", "rejected", "conversations"):
+        for name in ("prompt", "response", "system", "rejected", "conversations", "group_by"):
             setattr(self, name, (getattr(self, name) or "").strip() or None)
         self.layout = self.layout or "auto"
 
@@ -120,7 +137,11 @@ def fill(value: Any, slots: dict[str, Any]) -> Any:
 
 def recipe_slots(mapping: Mapping, recipe: Recipe) -> dict[str, Any]:
     return {
-        **{k: getattr(mapping, k) for k in ("prompt", "response", "system", "rejected", "layout", "conversations")},
+        **{
+            k: getattr(mapping, k)
+            for k in ("prompt", "response", "system", "rejected", "layout", "conversations", "group_by")
+        },
+        "allow_leakage": True if mapping.allow_leakage else None,  # false is the default: no key written
         "eval_frac": recipe.eval_frac,
         "lora": {"r": recipe.lora_rank, "alpha": 2 * recipe.lora_rank},
         # a loss point every twentieth of the run (at least every step): a curve on the page, not a dot
@@ -143,6 +164,8 @@ class Draft:
     preview: list[dict] = field(default_factory=list)  # the first training rows: prompt, response, system
     prompts: list[list[dict]] = field(default_factory=list)  # those rows' prompt turns and replies, as messages
     replies: list[list[dict]] = field(default_factory=list)
+    system: str | None = None  # the system prompt chat and feedback send with its model (Pipeline.system_prompt)
+    system_varies: bool = False  # `system` is a column or template whose value differs between rows
 
     @property
     def yaml(self) -> str:
@@ -170,8 +193,8 @@ def read_data(path: str | Path):
         raise DraftError(f"{path.name} is {size / 1e6:.1f} MB: the studio takes files up to {MAX_BYTES / 1e6:.0f} MB")
     try:
         return tables.read_table(path, data_format(path))
-    except tables.DataError as exc:
-        raise DraftError(f"{path.name}: {exc}") from None
+    except tables.DataError as exc:  # in the file's own name: where it was uploaded to says nothing to the user
+        raise DraftError(f"{path.name}: {str(exc).replace(str(path), path.name)}") from None
 
 
 def _first_error(exc: ValidationError, kind: str) -> str:
@@ -198,14 +221,7 @@ def draft(
     readers = [s for s in stages if role[s["name"]] == "dataset" and s.get("source") == DATA]
     checked = [_check(stage, df) for stage in readers]  # every reader of the file, each as its asset will map it
     settings, prepared = checked[0]  # the first is the one trained on first: its rows are previewed
-    figures = {
-        "rows": prepared.quality["rows"],
-        "train_rows": len(prepared.train),
-        "eval_rows": len(prepared.held),
-        "duplicates_dropped": prepared.duplicates,
-        **prepared.leakage,
-        **{k: v for k, v in prepared.quality.items() if k != "rows"},
-    }
+    figures = _figures(prepared)
     attributes = {"name": name, "model": model, "datasets": {DATA: {"path": data_file.name}}, "stages": stages}
     preview = [
         {
@@ -225,6 +241,18 @@ def draft(
     return out
 
 
+def _figures(prepared) -> dict[str, Any]:
+    """Train and held-out rows, the leak, the quality of a prepared dataset."""
+    return {
+        "rows": prepared.quality["rows"],
+        "train_rows": len(prepared.train),
+        "eval_rows": len(prepared.held),
+        "duplicates_dropped": prepared.duplicates,
+        **prepared.leakage,
+        **{k: v for k, v in prepared.quality.items() if k != "rows"},
+    }
+
+
 def _check(stage: dict, df):
     """A dataset stage's settings and prepared rows, or the first problem in the words of its model and checks."""
     try:
@@ -237,9 +265,10 @@ def _check(stage: dict, df):
     q = prepared.quality
     if q["rows"] == 0 or q["empty_prompts"] or q["empty_replies"]:
         raise DraftError(f"{stage['name']}: {quality_reason(q)}")
-    leak = leak_problem(prepared.leakage["prompt_overlap"], prepared.leakage["answer_overlap"])
-    if leak:
-        raise DraftError(f"{stage['name']}: {leak}")
+    overlap = prepared.leakage["prompt_overlap"], prepared.leakage["answer_overlap"]
+    leak = leak_problem(*overlap, answers_count=settings.answers_are_text, fix=PAGE_LEAK_FIX)
+    if leak and not settings.allow_leakage:
+        raise LeakError(f"{stage['name']}: {leak}", _figures(prepared))
     return settings, prepared
 
 
@@ -268,9 +297,13 @@ def _validate(out: Draft) -> None:
         (folder / "defs.yaml").write_text(yaml.safe_dump(out.attributes, sort_keys=False))
         os.symlink(out.data_file.resolve(), folder / out.data_file.name)
         try:
-            load(folder / "defs.yaml")
+            pipeline = load(folder / "defs.yaml")
         except ValueError as exc:  # where the scratch copy was says nothing to the user
-            raise DraftError(str(exc).replace(f"{folder / 'defs.yaml'}: ", "")) from None
+            raise DraftError(str(exc).replace(f"{folder / 'defs.yaml'}: ", "").replace(str(folder), ".")) from None
+        # what chat and feedback will send with its model: the dataset's one system prompt, never a column's name
+        out.system = pipeline.system_prompt()
+        dataset = pipeline.system_dataset()
+        out.system_varies = out.system is None and dataset is not None and dataset.per_row_system(pipeline)
 
 
 def write(out: Draft, defs_dir: str | Path) -> Path:
