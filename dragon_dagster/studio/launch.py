@@ -21,13 +21,15 @@ from typing import Protocol
 from urllib.parse import urlparse
 
 import requests
-from dagster import DagsterInstance, DagsterRunStatus
+from dagster import DagsterEventType, DagsterInstance, DagsterRunStatus
 from dagster._core.storage.dagster_run import RunsFilter
 
 from ..engine.pipeline import load
 
 STUDIO_TAG = "dragon/studio"  # on every run the studio starts: its launch's token
 ENDED = {"SUCCESS", "FAILURE", "CANCELED"}
+# what a stage that reused an earlier artifact records on its materialization (assets/reuse.py: reusable)
+REUSED, REUSED_FROM = "reused", "reused_from_run"
 
 
 @dataclass
@@ -35,12 +37,14 @@ class StepState:
     stage: str  # the pipeline's asset, pipeline/stage
     status: str  # Dagster's step status, RUNNING while it has started and not ended, NOT RUN before
     seconds: float
+    reused_from: str | None = None  # the Dagster run that made the artifact this step handed on, when it reused one
 
 
 class Launched(Protocol):
     run_id: str | None
     where: str  # for people: where the run runs
     log: Path | None  # the run's output, where it is not in the Dagster UI
+    dagster_url: str | None  # the Dagster webserver that serves the run's page, None where none was asked
 
     def status(self) -> str: ...  # Dagster's run status (QUEUED ... SUCCESS), STARTING before the run exists
 
@@ -49,11 +53,13 @@ class Launched(Protocol):
     def cancel(self) -> None: ...
 
 
-def _step_state(pipeline: str, key: str, status: str | None, start: float | None, end: float | None) -> StepState:
+def _step_state(
+    pipeline: str, key: str, status: str | None, start: float | None, end: float | None, reused: dict[str, str]
+) -> StepState:
     stage = key.removeprefix(f"{pipeline}__")
     shown = status if end else ("RUNNING" if start else "NOT RUN")
     seconds = round((end or time.time()) - start, 1) if start else 0.0
-    return StepState(f"{pipeline}/{stage}", shown or "NOT RUN", seconds)
+    return StepState(f"{pipeline}/{stage}", shown or "NOT RUN", seconds, reused.get(key))
 
 
 # ---------------------------------------------------------------------------------------------------- webserver
@@ -72,7 +78,9 @@ LOCATIONS = "query { workspaceOrError { ... on Workspace { locationEntries { nam
 REPOSITORIES = """query { repositoriesOrError { ... on RepositoryConnection {
   nodes { name location { name } jobs { name } } } } }"""
 RUN = """query Run($runId: ID!) { runOrError(runId: $runId) { __typename ... on Run {
-  status stepStats { stepKey status startTime endTime } } } }"""
+  status stepStats { stepKey status startTime endTime }
+  assetMaterializations { stepKey metadataEntries { label
+    ... on BoolMetadataEntry { boolValue } ... on TextMetadataEntry { text } } } } } }"""
 
 
 class WebserverRun:
@@ -85,6 +93,7 @@ class WebserverRun:
 
         parsed = urlparse(url)
         self.url, self.pipeline = url.rstrip("/"), pipeline
+        self.dagster_url = self.url
         self.where = f"the Dagster webserver at {self.url}"
         self.client = DagsterGraphQLClient(parsed.hostname, port_number=parsed.port, timeout=60)
         job = f"{pipeline}_pipeline"
@@ -112,9 +121,15 @@ class WebserverRun:
         return self._run().get("status", "STARTING")
 
     def steps(self) -> list[StepState]:
+        run = self._run()
+        reused = {}
+        for event in run.get("assetMaterializations", []):
+            entries = {e["label"]: e.get("boolValue", e.get("text")) for e in event["metadataEntries"]}
+            if entries.get(REUSED) is True:
+                reused[event["stepKey"]] = entries.get(REUSED_FROM)
         return [
-            _step_state(self.pipeline, s["stepKey"], s["status"], s["startTime"], s["endTime"])
-            for s in self._run().get("stepStats", [])
+            _step_state(self.pipeline, s["stepKey"], s["status"], s["startTime"], s["endTime"], reused)
+            for s in run.get("stepStats", [])
         ]
 
     def cancel(self) -> None:
@@ -141,6 +156,8 @@ def _materialize(path: str, resources: dict | None, instance_ref, tags: dict[str
 
 class LocalRun:
     """A run in a child process of the studio (spawned: the studio's threads are not forked along)."""
+
+    dagster_url = None  # no webserver answered: the run is in the instance, with no page served for it
 
     def __init__(self, path: Path, pipeline: str, instance: DagsterInstance, logs: Path, resources: dict | None = None):
         self.pipeline, self.instance, self.run_id = pipeline, instance, None
@@ -178,8 +195,15 @@ class LocalRun:
     def steps(self) -> list[StepState]:
         if self._find() is None:
             return []
+        reused = {}
+        for event in self.instance.all_logs(self.run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION):
+            metadata = event.dagster_event.step_materialization_data.materialization.metadata
+            if REUSED in metadata and metadata[REUSED].value is True:
+                reused[event.step_key] = metadata[REUSED_FROM].value
         return [
-            _step_state(self.pipeline, s.step_key, s.status.value if s.status else None, s.start_time, s.end_time)
+            _step_state(
+                self.pipeline, s.step_key, s.status.value if s.status else None, s.start_time, s.end_time, reused
+            )
             for s in self.instance.get_run_step_stats(self.run_id)
         ]
 

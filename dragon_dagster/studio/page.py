@@ -52,14 +52,18 @@ from ..engine.pipeline.draft import (  # noqa: E402
 )
 from ..engine.runs import latest_artifact  # noqa: E402
 from ..web import USERNAME, is_loopback, serve  # noqa: E402
+from . import run_view  # noqa: E402
 from .launch import ENDED, Launched, LocalRun, WebserverRun, webserver_answers  # noqa: E402
 from .project import reload_code_locations  # noqa: E402
+from .run_view import ended_line, kept_checkpoint, replace_saved, stage_rows, unsaved  # noqa: E402
 
 CSS = (
-    "#studio_status, #upload_status, #preview_status, #save_status {min-height: 2em} footer {display: none !important}"
+    "#studio_status, #upload_status, #preview_status, #save_status, #run_note {min-height: 2em} "
+    "footer {display: none !important}"
 )
 HEAD_ROWS = 5
 SEEN_ROWS = 2  # rows shown whole as the model sees them
+STAGE_COLUMNS = ["stage", "status", "seconds", "note"]
 LAYOUTS = ["auto", "columns", "messages", "sharegpt", "alpaca"]
 
 
@@ -94,6 +98,7 @@ class StudioRun:
     name: str
     launched: Launched
     training: list[str]  # its training stages, in the pipeline's order: whose curves the page draws
+    assets: list[str]  # the pipeline's assets (pipeline/name): the steps that are stages, not checks
     started: float = field(default_factory=time.time)
     drawn: int = 0  # training points drawn so far
     reported: bool = False  # its end shown: later polls leave the page alone (the status may be the chat's link)
@@ -244,8 +249,47 @@ class Studio:
 
     # -------------------------------------------------------------------------------------------- run
 
-    def run(self, name: str) -> str:
-        """Start the saved pipeline's job; returns the status line."""
+    def run(self, *values) -> tuple:
+        """Run, with the form's values as Save takes them: the saved pipeline's job when the form is what was
+        saved; else what differs, with the choice to save the form first or run what was saved. Outputs (the run's
+        note, the choice's visibility)."""
+        name = (values[1] or "").strip()
+        saved = self.defs_dir / name / "defs.yaml"
+        if not saved.exists():
+            return f"**Error:** no pipeline {name!r} saved in {self.defs_dir}: save it first", gr.update(visible=False)
+        try:
+            changed = unsaved(self._draft(*values), saved)
+        except (DraftError, ValueError) as exc:
+            problem = f"The form has a problem ({said(exc, values[0])}): Run would not start what it shows. *Run saved* starts"
+            return f"{problem} `{saved}` as it was saved.", gr.update(visible=True)
+        if changed:
+            return (
+                f"**Not saved:** the form differs from `{saved}` in {', '.join(changed)}, and Run starts what was "
+                "saved. *Save and run* writes the form over it, then runs it; *Run saved* runs it as it was saved.",
+                gr.update(visible=True),
+            )
+        return self.launch(name), gr.update(visible=False)
+
+    def run_saved(self, name: str) -> tuple:
+        """Outputs (the run's note, the choice hidden)."""
+        return self.launch(name), gr.update(visible=False)
+
+    def save_and_run(self, *values) -> tuple:
+        """The form written over the saved pipeline of its name, then run. Outputs (YAML, the run's note, the
+        choice's visibility)."""
+        name = (values[1] or "").strip()
+        current = self.runs.get(name)
+        if current is not None and current.launched.status() not in ENDED:
+            return gr.skip(), f"**Error:** {name} is running: cancel it before saving over it", gr.update(visible=True)
+        try:
+            made = self._draft(*values)
+            path = replace_saved(made, self.defs_dir)
+        except (DraftError, ValueError) as exc:
+            return gr.skip(), said(exc, values[0]), gr.update(visible=True)
+        return made.yaml, f"Saved `{path}`. {self.launch(name)}", gr.update(visible=False)
+
+    def launch(self, name: str) -> str:
+        """Start the saved pipeline's job; returns the run's note."""
         name = (name or "").strip()
         path = self.defs_dir / name / "defs.yaml"
         if not path.exists():
@@ -262,7 +306,8 @@ class Studio:
         except ValueError as exc:
             return f"**Error:** {exc}"
         training = [s.name for s in pipeline.stages if pipeline.role_of(s) == "training"]
-        self.runs[name] = StudioRun(name, launched, training)
+        assets = [f"{name}/{asset}" for asset in [*pipeline.datasets, *(s.name for s in pipeline.stages)]]
+        self.runs[name] = StudioRun(name, launched, training, assets)
         return f"Running {name} on {launched.where}: each stage's state and the training curves follow below."
 
     def cancel(self, name: str) -> str:
@@ -311,13 +356,17 @@ class Studio:
             return ""
         return f" {running[0]}: step {rows[-1]['step']}, about {rows[-1]['eta_s']:.0f} s left in it."
 
-    def links(self, name: str, run_id: str) -> str:
-        """Where the run is in the Dagster UI and its pipeline's runs in MLflow (the addresses `make ui` serves)."""
-        from ..resources.tracking import MLflowTracking, dagster_ui_url
+    def links(self, name: str, launched: Launched):
+        """Where the run can be looked at: its Dagster run page and its pipeline's MLflow runs, where served."""
+        from ..resources.tracking import MLflowTracking
 
-        tracking = (self.resources or {}).get("tracking") or MLflowTracking()
-        ui = self.dagster_url or dagster_ui_url()
-        return f"[the run in Dagster]({ui}/runs/{run_id}), [its MLflow runs]({tracking.runs_url(name)})"
+        return run_view.links(launched, name, (self.resources or {}).get("tracking") or MLflowTracking())
+
+    def checkpoints_root(self, pipeline: str, stage: str) -> Path:
+        from ..resources.storage import ArtifactStore
+
+        store = (self.resources or {}).get("store") or ArtifactStore(runs_dir=str(self.runs_dir))
+        return store.checkpoints_root(pipeline, stage)
 
     def follow(self, name: str) -> tuple:
         """Outputs (stages, curves, status), polled while the page is open."""
@@ -327,25 +376,20 @@ class Studio:
             return gr.skip(), gr.skip(), gr.skip()
         launched = studio_run.launched
         state, steps = launched.status(), launched.steps()
-        table = pd.DataFrame([{"stage": s.stage, "seconds": s.seconds, "status": s.status} for s in steps])
+        rows = stage_rows(
+            state,
+            steps,
+            lambda stage: kept_checkpoint(self.checkpoints_root, launched.run_id, stage),
+            studio_run.assets,
+        )
+        table = pd.DataFrame([{c: getattr(r, c) for c in STAGE_COLUMNS} for r in rows], columns=STAGE_COLUMNS)
         curve = self.curve_plot(name)
         took = time.time() - studio_run.started
         if state not in ENDED:
             doing = {"STARTED": "Running"}.get(state, state.capitalize())
             return table, curve, f"{doing} {name}: {took:.0f} s so far.{self.eta(name, steps)}"
         studio_run.reported = True
-        links = self.links(name, launched.run_id) if launched.run_id else "no Dagster run was made"
-        if state == "SUCCESS":
-            status = (
-                f"**SUCCESS**: Dagster run `{launched.run_id}` ({links}). Talk to the result: *Chat* below, or "
-                f"`dragon chat-ui {name}` (`dragon chat {name}` in a terminal)."
-            )
-        else:
-            failed = [s.stage for s in steps if s.status not in ("SUCCESS", "NOT RUN", "SKIPPED")]
-            where = f" at {', '.join(failed)}" if failed else ""
-            log = f"; its output: `{launched.log}`" if launched.log else ""
-            status = f"**{state}**: Dagster run `{launched.run_id}`{where} ({links}{log})."
-        return table, curve, status
+        return table, curve, ended_line(name, state, launched, rows, self.links(name, launched))
 
     # ------------------------------------------------------------------------------------------- chat
 
@@ -497,6 +541,11 @@ def build_studio(studio: Studio) -> gr.Blocks:
             run = gr.Button("Run", elem_id="run")
             cancel = gr.Button("Cancel", variant="stop", elem_id="cancel")
             talk = gr.Button("Chat with it", elem_id="chat")
+        # beside Run: what it started and how it went, and the choice it offers when the form is not what was saved
+        run_note = gr.Markdown(elem_id="run_note")
+        with gr.Row(visible=False) as offer:
+            save_run = gr.Button("Save and run", variant="primary", elem_id="save_and_run")
+            run_saved = gr.Button("Run saved", elem_id="run_saved")
         rows = gr.Dataframe(label="Training rows", interactive=False, elem_id="rows")
         seen = gr.Textbox(
             label="The first rows as the model sees them (through its chat template)",
@@ -507,9 +556,7 @@ def build_studio(studio: Studio) -> gr.Blocks:
         )
         figures = gr.Markdown(elem_id="figures")
         code = gr.Code(label="defs.yaml", language="yaml", interactive=False, elem_id="yaml")
-        stages = gr.Dataframe(
-            pd.DataFrame(columns=["stage", "seconds", "status"]), label="Stages", interactive=False, elem_id="stages"
-        )
+        stages = gr.Dataframe(pd.DataFrame(columns=STAGE_COLUMNS), label="Stages", interactive=False, elem_id="stages")
         curve = gr.Image(label="Training curves", type="filepath", interactive=False, elem_id="loss")
         timer = gr.Timer(2.0)
 
@@ -522,10 +569,12 @@ def build_studio(studio: Studio) -> gr.Blocks:
         group_by.input(studio.preview, values, [*shown, preview_status])
         allow_leakage.input(studio.preview, values, [*shown, preview_status])
         save.click(studio.save, values, [code, save_status])
-        run.click(studio.run, [name], [status])
-        cancel.click(studio.cancel, [name], [status])
+        run.click(studio.run, values, [run_note, offer])
+        save_run.click(studio.save_and_run, values, [code, run_note, offer])
+        run_saved.click(studio.run_saved, [name], [run_note, offer])
+        cancel.click(studio.cancel, [name], [run_note])
         talk.click(studio.chat, [name], [status])
-        timer.tick(studio.follow, [name], [stages, curve, status], show_progress="hidden")
+        timer.tick(studio.follow, [name], [stages, curve, run_note], show_progress="hidden")
     return app
 
 

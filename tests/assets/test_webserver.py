@@ -239,7 +239,7 @@ def studio_launches_through_the_webserver(server, defs: Path, runs: Path, tiny_m
     values = [str(tmp_path / "lamps.csv"), "lamps", "", "auto", "", "q", "a", "", "", "supervised", 2000, 2.0e-4, 4, 2]
     _, saved = studio.save(*values, None, ["contains"])
     assert saved.startswith("Wrote"), saved
-    started = studio.run("lamps")
+    started = studio.launch("lamps")
     assert f"the Dagster webserver at http://127.0.0.1:{server.port}" in started, started
     wait_until(lambda: len(studio.loss_rows("lamps")) >= 3, 240, "the studio's run to train", alive=server.gone)
     launched = studio.runs["lamps"].launched
