@@ -61,7 +61,6 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
             page = browser.new_page(viewport={"width": 1400, "height": 1800})
             page.set_default_timeout(WAIT_MS)
             page.goto(url)
-            status = page.locator("#studio_status")
             upload_status, saved = page.locator("#upload_status"), page.locator("#save_status")
             upload = page.locator("#data_file input[type=file]")
 

@@ -67,12 +67,15 @@ STAGE_COLUMNS = ["stage", "status", "seconds", "note"]
 LAYOUTS = ["auto", "columns", "messages", "sharegpt", "alpaca"]
 
 
-def said(exc: Exception, path: str | None) -> str:
-    """An error in the user's words: the uploaded file by its own name, not the folder Gradio keeps it in."""
+def in_users_words(exc: Exception, path: str | None) -> str:
+    """An error's text with the uploaded file by its own name, not the folder Gradio keeps it in."""
     text = str(exc)
-    if path:
-        text = text.replace(f"{Path(path).parent}{os.sep}", "")
-    return f"**Error:** {text}"
+    return text.replace(f"{Path(path).parent}{os.sep}", "") if path else text
+
+
+def said(exc: Exception, path: str | None) -> str:
+    """An error in the user's words, as a status line."""
+    return f"**Error:** {in_users_words(exc, path)}"
 
 
 def overlap_line(figures: dict) -> str:
@@ -260,8 +263,12 @@ class Studio:
         try:
             changed = unsaved(self._draft(*values), saved)
         except (DraftError, ValueError) as exc:
-            problem = f"The form has a problem ({said(exc, values[0])}): Run would not start what it shows. *Run saved* starts"
-            return f"{problem} `{saved}` as it was saved.", gr.update(visible=True)
+            problem = in_users_words(exc, values[0])
+            return (
+                f"The form has a problem ({problem}): Run would not start what it shows. *Run saved* starts "
+                f"`{saved}` as it was saved.",
+                gr.update(visible=True),
+            )
         if changed:
             return (
                 f"**Not saved:** the form differs from `{saved}` in {', '.join(changed)}, and Run starts what was "
