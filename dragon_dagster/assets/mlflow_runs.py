@@ -25,11 +25,13 @@ def dagster_tags(context) -> dict[str, str]:
 
 
 def sweep_run(context, pipeline: Pipeline, tracking) -> str | None:
-    """The sweep's parent run, when this Dagster run is a point of one."""
+    """The sweep's parent run, when this Dagster run is a point of one. No process lives as long as a sweep (its
+    points are separate Dagster runs, queued or run in turn), so the run is ended as soon as a point has found it:
+    FINISHED, its end time the latest point's start, never left RUNNING in the dashboards."""
     sweep = context.run.tags.get(SWEEP_TAG)
     if not sweep:
         return None
-    return tracking.parent_run(
+    run_id = tracking.parent_run(
         pipeline.name,
         {"sweep": sweep, "level": "sweep"},
         run_name=f"sweep {sweep.split('/', 1)[-1]}",
@@ -38,6 +40,8 @@ def sweep_run(context, pipeline: Pipeline, tracking) -> str | None:
         description=f"Sweep `{sweep}` of the {pipeline.name} pipeline: each nested run is one point.",
         artifact=("sweep.json", json.dumps({"sweep": sweep, "pipeline": pipeline.name}, indent=2)),
     )
+    tracking.end_run(run_id)
+    return run_id
 
 
 def settings_params(pipeline: Pipeline, run) -> dict[str, str]:

@@ -89,8 +89,10 @@ def check_points_nest_under_their_sweep(tmp_path, tag: str) -> None:
     experiment = client.get_experiment_by_name("tiny").experiment_id
     [sweep] = client.search_runs([experiment], f"tags.level = 'sweep' and tags.sweep = '{tag}'")
     assert "mlflow.parentRunId" not in sweep.data.tags
+    assert sweep.info.status == "FINISHED"  # no process outlives a point to end it later
     points = client.search_runs([experiment], "tags.level = 'pipeline'")
     assert len(points) == 3 and {r.data.tags["mlflow.parentRunId"] for r in points} == {sweep.info.run_id}
+    assert {r.info.status for r in points} == {"FINISHED"}
 
 
 def check_compare_names_the_best(tmp_path, tag: str, points: dict[str, int]) -> None:
