@@ -172,7 +172,7 @@ class StageView(logging.Handler):
 
     def advance(self, stage: Stage, progress: StepProgress) -> None:
         if self.progress is not None and stage.task is not None:
-            self.progress.update(stage.task, completed=progress.done, total=progress.total)
+            self.progress.update(stage.task, completed=progress.done, total=progress.total, refresh=True)
 
     def end(self, stage: Stage, ok: bool) -> None:
         if self.progress is not None and stage.task is not None:

@@ -1,7 +1,9 @@
 """The terminal's Dagster log: a line per stage by default (the records at or above the log level besides, each
 training step's at INFO); a failed blocking check is one line; any other failure keeps its stack trace."""
 
+import io
 import re
+import sys
 
 from dagster import AssetCheckResult, Definitions, MaterializeResult, asset, asset_check, define_asset_job
 
@@ -93,3 +95,21 @@ def test_log_level_info_brings_back_each_step_s_line(capfd):
     assert [line.split(" - trained - ")[1].split(" loss")[0] for line in steps] == ["step 1/3", "step 2/3", "step 3/3"]
     assert "an ordinary line of the stage's" in err
     assert "✓ trained  " in err  # the stage lines stay
+
+
+class Terminal(io.StringIO):
+    """stderr as a terminal: what the console logger draws there, kept."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_on_a_terminal_a_stage_is_a_progress_bar_and_then_its_line(capfd, monkeypatch):
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    run(["tickets", "trained"], capfd, log_level="WARNING")
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal.getvalue())  # without the colours and cursor moves
+    assert "3/3 steps" in shown, shown  # the bar, drawn from the steps' records
+    lines = [line.split("\r")[-1] for line in shown.splitlines() if line.split("\r")[-1].startswith("✓ ")]
+    assert [line.split()[1] for line in lines] == ["tickets", "trained"], shown
+    assert "… trained" not in shown  # the bar is its start
