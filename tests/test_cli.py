@@ -247,7 +247,7 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
 
 
 STAGE_LINE = re.compile(r"^(… |✓ |✗ )")
-STEP_LINE = re.compile(r"small__sft_adapter - step (\d+)/4 loss ")
+STEP_LINE = re.compile(r"small__sft_adapter - step (\d+)/6 loss ")
 
 
 def test_the_demo_says_a_line_per_stage_and_verbose_brings_each_step_back(tiny_model, tmp_path):
@@ -259,21 +259,25 @@ def test_the_demo_says_a_line_per_stage_and_verbose_brings_each_step_back(tiny_m
     project = tmp_path / "project"
     defs = user_project(project)
     (defs / "small").mkdir()
-    args = "{max_steps: 4, batch_size: 4, grad_accum: 1, logging_steps: 2, save_steps: 4, max_seq_len: 128}"
-    (defs / "small" / "defs.yaml").write_text(
-        component_yaml(
-            textwrap.dedent(f"""\
-        name: small
-        model: {tiny_model}
-        datasets:
-          tickets: {{path: "example:tickets.csv"}}
-        stages:
-          - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{{subject}}", response: reply,
-             group_by: subject}}
-          - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 1, max_new_tokens: 4}}
-        """)
+
+    def write(steps: int) -> None:
+        args = f"{{max_steps: {steps}, batch_size: 4, grad_accum: 1, logging_steps: 2, max_seq_len: 128}}"
+        (defs / "small" / "defs.yaml").write_text(
+            component_yaml(
+                textwrap.dedent(f"""\
+            name: small
+            model: {tiny_model}
+            datasets:
+              tickets: {{path: "example:tickets.csv"}}
+            stages:
+              - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{{subject}}", response: reply,
+                 group_by: subject}}
+              - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 1, max_new_tokens: 4}}
+            """)
+            )
         )
-    )
+
+    write(steps=4)
     env = {
         **os.environ,
         "DAGSTER_HOME": str(tmp_path / "home"),
@@ -301,15 +305,18 @@ def test_the_demo_says_a_line_per_stage_and_verbose_brings_each_step_back(tiny_m
     said = [line for line in quiet if STAGE_LINE.match(line)]
     assert [line.split()[1] for line in said] == [name for name in stages for _ in (0, 1)], quiet
     assert re.fullmatch(r"✓ small/sft_adapter  \d+\.\d s  new  train loss [\d.]+, held-out loss .+", said[5]), said
-    assert not [line for line in quiet if STEP_LINE.search(line) or "STEP_START" in line or "%|" in line], quiet
+    assert not [line for line in quiet if " - step " in line or "STEP_START" in line or "%|" in line], quiet
     table = [line for line in quiet if line.startswith(("│", "┏", "┃", "┡", "└")) or "pipeline, profile" in line]
     assert len(table) == len(stages) + 5, quiet
     closing = len(quiet) - len(said) - len(table)
     assert closing <= 10, quiet  # the profile notice, the total, the registry, the UIs' links
 
-    verbose = demo("--verbose", "--fresh")
-    assert {2, 4} <= {int(m.group(1)) for line in verbose if (m := STEP_LINE.search(line))}, verbose
-    assert [line.split()[1] for line in verbose if STAGE_LINE.match(line)] == [n for n in stages for _ in (0, 1)]
+    write(steps=6)  # the adapter is trained again, the datasets are reused
+    verbose = demo("--verbose")
+    assert {2, 4, 6} <= {int(m.group(1)) for line in verbose if (m := STEP_LINE.search(line))}, verbose
+    said = [line for line in verbose if STAGE_LINE.match(line)]
+    assert [line.split()[1] for line in said] == [name for name in stages for _ in (0, 1)], verbose
+    assert "  reused (run " in said[1] and "  reused (run " in said[3] and "  new  " in said[5], said
 
 
 def test_demo_prints_why_a_check_failed_and_what_fixes_it(tmp_path):
