@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -118,18 +117,18 @@ class StageView(logging.Handler):
         self.console = Console(file=self.stream, highlight=False, soft_wrap=True)
         self.stages: dict[str, Stage] = {}
         self.progress = None
-        self.lock_ = threading.Lock()  # records come from the step and from a Pipes reader's thread
 
     def emit(self, record: logging.LogRecord) -> None:
         meta = getattr(record, LOG_RECORD_METADATA_ATTR, None) or {}
         step_key = meta.get("step_key")
         progress: StepProgress | None = getattr(record, STEP_RECORD_ATTR, None)
         event = meta.get("dagster_event")
-        with self.lock_:
-            if progress is not None and step_key in self.stages:
-                self.advance(self.stages[step_key], progress)
-            elif event is not None and event.step_key:
-                self.on_event(event)
+        # one record at a time (logging.Handler.handle holds the handler's lock), from the step's thread or a
+        # Pipes reader's
+        if progress is not None and step_key in self.stages:
+            self.advance(self.stages[step_key], progress)
+        elif event is not None and event.step_key:
+            self.on_event(event)
 
     def on_event(self, event) -> None:
         kind, key = event.event_type, event.step_key
@@ -192,7 +191,7 @@ class StageView(logging.Handler):
         self.console.print(line, markup=False)
 
     def close(self) -> None:
-        with self.lock_:
+        with self.lock:
             if self.progress is not None:
                 self.progress.stop()
                 self.progress = None
