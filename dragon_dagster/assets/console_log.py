@@ -28,25 +28,26 @@ from ..engine.config.reporter import STEP_RECORD_ATTR, StepProgress
 
 TRACE = "\n\nStack Trace:"
 CHECK_FAILED = "DagsterAssetCheckFailedError: "  # after its module's name: dagster._core.errors.
-# A stage's headline figures on its line, from its materialization's metadata, in this order (at most HEADLINE_MAX):
-# a dataset's rows, a training stage's loss and own held-out figures, a merge's size, the report's verdict.
+# A stage's headline figures on its line, from its materialization's metadata, in this order (at most HEADLINE_MAX),
+# each in its words: a dataset's rows, a training stage's loss and own held-out figures, a merge's size, the report's
+# losses and verdict.
 HEADLINE = {
-    "rows": "rows",
-    "train_rows": "train rows",
-    "eval_rows": "held-out rows",
-    "train_loss": "train loss",
-    "eval_loss": "held-out loss",
-    "perplexity": "perplexity",
-    "pref_accuracy": "preference accuracy",
-    "reward_margin": "reward margin",
-    "reward_before": "reward before",
-    "reward_after": "after",
-    "kl": "KL",
-    "parameters": "parameters",
-    "size_mb": "MB",
-    "base_eval_loss": "held-out loss base",
-    "merged_eval_loss": "merged",
-    "merged_not_worse": "merged not worse",
+    "rows": "{} rows",
+    "train_rows": "{} train rows",
+    "eval_rows": "{} held-out",
+    "train_loss": "train loss {}",
+    "eval_loss": "held-out loss {}",
+    "perplexity": "perplexity {}",
+    "pref_accuracy": "preference accuracy {}",
+    "reward_margin": "reward margin {}",
+    "reward_before": "reward {}",
+    "reward_after": "-> {}",
+    "kl": "KL {}",
+    "parameters": "{} parameters",
+    "size_mb": "{} MB",
+    "base_eval_loss": "held-out loss base {}",
+    "merged_eval_loss": "-> merged {}",
+    "merged_not_worse": "merged not worse: {}",
 }
 HEADLINE_MAX = 4
 
@@ -74,8 +75,11 @@ def figure(value) -> str:
 
 def headline(metadata: dict) -> str:
     """The stage's headline figures from its materialization's metadata (raw values by key), in a few words."""
-    shown = [f"{label} {figure(metadata[key])}" for key, label in HEADLINE.items() if key in metadata]
-    return ", ".join(shown[:HEADLINE_MAX])
+    shown = [words.format(figure(metadata[key])) for key, words in HEADLINE.items() if key in metadata]
+    text = ""
+    for part in shown[:HEADLINE_MAX]:  # "reward 0.1 -> 0.3": an after follows its before
+        text += (" " if part.startswith("->") else ", ") + part if text else part
+    return text
 
 
 @dataclass

@@ -49,7 +49,7 @@ def trained(context) -> MaterializeResult:
         context.log.info(line, extra={STEP_RECORD_ATTR: StepProgress(done, 3, line)})
     context.log.info("an ordinary line of the stage's")
     context.log.warning("a warning the user should see")
-    return MaterializeResult(metadata={"train_loss": 1.5, "eval_loss": 1.25, "global_step": 3})
+    return MaterializeResult(metadata={"train_loss": 1.5, "reward_before": 0.25, "reward_after": 0.5, "global_step": 3})
 
 
 def run(selection, capfd, log_level: str = "INFO") -> str:
@@ -82,10 +82,10 @@ def test_by_default_a_stage_is_a_line_when_it_starts_and_one_when_it_ends(capfd)
     """Not a terminal here (pytest captures stderr): a plain line per stage as it starts instead of a bar. No
     step's line, no Dagster event, nothing at INFO; the warning does show; the check's own step says nothing."""
     lines = run(["tickets", "trained"], capfd, log_level="WARNING").splitlines()
-    assert lines[0] == "… tickets" and re.fullmatch(r"✓ tickets  \d+\.\d s  new  rows 200", lines[1]), lines
+    assert lines[0] == "… tickets" and re.fullmatch(r"✓ tickets  \d+\.\d s  new  200 rows", lines[1]), lines
     assert lines[2] == "… trained"
     assert "a warning the user should see" in lines[3] and "WARNING" in lines[3]
-    assert re.fullmatch(r"✓ trained  \d+\.\d s  new  train loss 1\.5, held-out loss 1\.25", lines[4]), lines
+    assert re.fullmatch(r"✓ trained  \d+\.\d s  new  train loss 1\.5, reward 0\.25 -> 0\.5", lines[4]), lines
     assert len(lines) == 5, lines
 
 
