@@ -16,6 +16,7 @@ description, which `dragon demo` prints with the checks after the run. Any other
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,17 @@ def stage_names(job_def) -> dict[str, str] | None:
     return names
 
 
+def terminal():
+    """stderr as it is now, when the run starts: Dagster's compute-log capture points fd 2 at a file while a step
+    runs (a `tail` copies it to the terminal), where a bar would go into the step's captured output in the UI and
+    would not be drawn (not a terminal). A copy of the descriptor keeps writing where stderr pointed."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without one (a test's StringIO)
+        return sys.stderr
+    return os.fdopen(os.dup(fd), "w", buffering=1, encoding=getattr(sys.stderr, "encoding", None) or "utf-8")
+
+
 class StageView(logging.Handler):
     """A line per stage and a progress bar while one runs, from the run's events and step records."""
 
@@ -116,9 +128,9 @@ class StageView(logging.Handler):
         self.names = names
         from rich.console import Console
 
-        self.stream = stream or sys.stderr
+        self.stream = stream or terminal()
         self.tty = self.stream.isatty()
-        self.console = Console(file=self.stream, highlight=False, soft_wrap=True)
+        self.console = Console(file=self.stream, highlight=False, soft_wrap=True, force_terminal=self.tty)
         self.stages: dict[str, Stage] = {}
         self.progress = None
 
