@@ -71,9 +71,9 @@ $(STAMP): pyproject.toml $(LOCK)
 $(DAGSTER_HOME)/dagster.yaml: $(INSTANCE_YAML) $(STORAGE_YAML) $(STAMP)
 	@mkdir -p $(DAGSTER_HOME)
 	@$(if $(filter postgres,$(DAGSTER_INSTANCE)),test -n "$$DAGSTER_POSTGRES_URL" || { echo "DAGSTER_INSTANCE=postgres: set DAGSTER_POSTGRES_URL (postgresql+psycopg2://user:password@host:5432/db)" >&2; exit 1; })
-	cat $(INSTANCE_YAML) $(STORAGE_YAML) > $@
-	# the pool's limit now, not when the daemon first meets a run that needs it (two first runs could both start)
-	$(VENV)/bin/dagster instance concurrency set training 1 >/dev/null
+	@cat $(INSTANCE_YAML) $(STORAGE_YAML) > $@
+	@# the pool's limit now, not when the daemon first meets a run that needs it (two first runs could both start)
+	@$(VENV)/bin/dagster instance concurrency set training 1 >/dev/null
 
 demo: install
 	$(VENV)/bin/dragon demo

@@ -246,6 +246,79 @@ def test_demo_runs_a_pipeline_without_a_quick_profile_and_says_so(tmp_path):
     ]
 
 
+STAGE_LINE = re.compile(r"^(… |✓ |✗ )")
+STEP_LINE = re.compile(r"small__sft_adapter - step (\d+)/6 loss ")
+
+
+def test_the_demo_says_a_line_per_stage_and_verbose_brings_each_step_back(tiny_model, tmp_path):
+    """`make demo`'s terminal on the smallest training pipeline: not a terminal here (captured, as `make demo >
+    log` is), so a line per stage as it starts and one as it ends, then the table and the closing lines; no
+    training step's line. The same bounds on the demo's ten stages: 2 x 10 + the table's 15 + 10 closing lines,
+    with room left under 60 for its report's and GGUF files' lines. --verbose brings back every step's line (the
+    event log and MLflow have them either way: tests/assets/test_materialize.py)."""
+    project = tmp_path / "project"
+    defs = user_project(project)
+    (defs / "small").mkdir()
+
+    def write(steps: int) -> None:
+        args = f"{{max_steps: {steps}, batch_size: 4, grad_accum: 1, logging_steps: 2, max_seq_len: 128}}"
+        (defs / "small" / "defs.yaml").write_text(
+            component_yaml(
+                textwrap.dedent(f"""\
+            name: small
+            model: {tiny_model}
+            datasets:
+              tickets: {{path: "example:tickets.csv"}}
+            stages:
+              - {{name: sft_dataset, kind: chat_dataset, source: tickets, prompt: "{{subject}}", response: reply,
+                 group_by: subject}}
+              - {{name: sft_adapter, kind: sft, dataset: sft_dataset, args: {args}, n_samples: 1, max_new_tokens: 4}}
+            """)
+            )
+        )
+
+    write(steps=4)
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(tmp_path / "home"),
+        "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
+        "PYTHONPATH": str(project),
+        "HF_HUB_OFFLINE": "1",
+    }
+    for name in ("DRAGON_DEBUG", "DRAGON_LOG_LEVEL"):
+        env.pop(name, None)
+
+    def demo(*flags) -> list[str]:
+        done = subprocess.run(
+            [str(BIN / "dragon"), "demo", "--pipeline", "small", "--defs-module", "trainlab.definitions", *flags],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stderr.splitlines() + done.stdout.splitlines()
+
+    quiet = demo()
+    stages = ["small/tickets", "small/sft_dataset", "small/sft_adapter"]
+    said = [line for line in quiet if STAGE_LINE.match(line)]
+    assert [line.split()[1] for line in said] == [name for name in stages for _ in (0, 1)], quiet
+    assert re.fullmatch(r"✓ small/sft_adapter  \d+\.\d s  new  train loss [\d.]+, held-out loss .+", said[5]), said
+    assert not [line for line in quiet if " - step " in line or "STEP_START" in line or "%|" in line], quiet
+    table = [line for line in quiet if line.startswith(("│", "┏", "┃", "┡", "└")) or "pipeline, profile" in line]
+    assert len(table) == len(stages) + 5, quiet
+    closing = len(quiet) - len(said) - len(table)
+    assert closing <= 10, quiet  # the profile notice, the total, the registry, the UIs' links
+
+    write(steps=6)  # the adapter is trained again, the datasets are reused
+    verbose = demo("--verbose")
+    assert {2, 4, 6} <= {int(m.group(1)) for line in verbose if (m := STEP_LINE.search(line))}, verbose
+    said = [line for line in verbose if STAGE_LINE.match(line)]
+    assert [line.split()[1] for line in said] == [name for name in stages for _ in (0, 1)], verbose
+    assert "  reused (run " in said[1] and "  reused (run " in said[3] and "  new  " in said[5], said
+
+
 def test_demo_prints_why_a_check_failed_and_what_fixes_it(tmp_path):
     """A held-out split that leaks (ten customers ask each of four questions and get the same reply; no group_by,
     so rows are split by prompt and held-out replies appear in train): the demo prints the check's verdict with its
@@ -299,7 +372,10 @@ def test_demo_prints_why_a_check_failed_and_what_fixes_it(tmp_path):
     reason = why.removeprefix("FAILED - ")
     assert re.search(r"\d+% of the held-out rows have a prompt and \d+% an answer that also appear in train", reason)
     assert "group_by" in reason and "allow_leakage: true" in reason  # the settings that fix it
-    assert "check leaky/sft_dataset dataset_quality: passed" in demo.stdout.splitlines()  # a pass says no more
+    # a pass says no more than the table's count: the checks column of the stage's row
+    [row] = [line for line in demo.stdout.splitlines() if "│ leaky/sft_dataset " in line]
+    assert "1 passed, held_out_not_leaking FAILED" in row, row
+    assert not [line for line in demo.stdout.splitlines() if line.startswith("check ") and ": passed" in line]
     with DagsterInstance.from_config(str(tmp_path / "home")) as instance:  # what the UI shows with the check
         key = AssetCheckKey(AssetKey(["leaky", "sft_dataset"]), "held_out_not_leaking")
         (record,) = instance.event_log_storage.get_asset_check_execution_history(key, limit=1)

@@ -79,8 +79,10 @@ def materialize_pipeline(
     extra_config: dict | None = None,
     only: list[str] | None = None,
     tags: dict[str, str] | None = None,
+    log_level: str = "WARNING",
 ) -> dict:
-    """only: the names of the assets to materialize (default: every one of the pipeline's job)."""
+    """only: the names of the assets to materialize (default: every one of the pipeline's job). log_level: the
+    records the terminal shows besides a line per stage (console_log.py; INFO: each training step's)."""
     from ..resources import default_resources
 
     parts = build_pipeline_defs(pipeline)
@@ -92,7 +94,7 @@ def materialize_pipeline(
     names = [*pipeline.datasets, *(s.name for s in pipeline.stages)]
     defs = Definitions(**parts, resources=resources or default_resources(), loggers={"console": console_logger})
     result = defs.resolve_job_def(job_name(pipeline, profile)).execute_in_process(
-        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": "INFO"}}}},
+        run_config={"ops": ops, "loggers": {"console": {"config": {"log_level": log_level}}}},
         instance=instance,
         raise_on_error=False,
         # the profile is shown on the run, its MLflow run and its assets

@@ -13,6 +13,8 @@ from rich.table import Table
 from .common import console, ensure_dagster_home, one_line, pipeline_argument
 from .group import main
 
+LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
 
 @main.command()
 @click.option("--pipeline", default="support", show_default=True, help="Pipeline name (its attributes' name:).")
@@ -28,16 +30,40 @@ from .group import main
     is_flag=True,
     help="Make every stage anew, even where an earlier run made the same thing (same settings, same inputs).",
 )
-def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
-    """Materialize a whole pipeline end to end and print stage times and artifact paths.
+@click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Show the run's log lines too, each training step's figures among them (--log-level INFO).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
+    default="WARNING",
+    show_default=True,
+    envvar="DRAGON_LOG_LEVEL",
+    help="The run's records the terminal shows besides a line per stage: INFO adds each stage's log lines (every "
+    "training step's figures), DEBUG Dagster's own events. Also DRAGON_LOG_LEVEL. The run's event log and MLflow "
+    "keep everything either way.",
+)
+def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool, verbose: bool, log_level: str):
+    """Materialize a whole pipeline end to end: a line per stage as it ends (a progress bar while it runs),
+    then a table of the stages, the checks' verdicts, the report's and where to look next.
 
     A stage whose settings and inputs have not changed since a run made it is reused, not trained again (the
     table says so); --fresh makes everything anew. A pipeline without the asked profile runs without one (and
     says so)."""
     ensure_dagster_home()
     from ..assets.launch import find_pipeline, load_definitions, materialize_pipeline
+    from ..engine.runtime import library_noise
     from ..engine.runtime.warm import client as warm
 
+    log_level = log_level.upper()
+    if verbose and LOG_LEVELS.index(log_level) > LOG_LEVELS.index("INFO"):
+        log_level = "INFO"
+    # the stage lines draw the progress: the libraries' own bars (here and in the workers) would scribble over them
+    os.environ[library_noise.BARS_ENV] = "off"
+    library_noise.hide_progress_bars(importing=False)
     started = time.time()
     warm.prestart(dict(os.environ))  # its imports overlap the dataset steps; the first training job forks from it
     found = find_pipeline(pipeline, load_definitions(defs_module))
@@ -47,13 +73,21 @@ def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
         profile = ""
     from ..assets.reuse import FRESH_TAG
 
-    outcome = materialize_pipeline(found, profile or None, tags={FRESH_TAG: "true"} if fresh else None)
+    outcome = materialize_pipeline(
+        found, profile or None, tags={FRESH_TAG: "true"} if fresh else None, log_level=log_level
+    )
     table = Table(title=f"{pipeline} pipeline, profile {profile or 'none'}")
-    for column in ("asset", "seconds", "status", "made"):
+    for column in ("asset", "seconds", "status", "made", "checks"):
         table.add_column(column)
     for row in outcome["stages"]:
         made = f"reused (run {row['reused_from_run'][:8]})" if row.get("reused_from_run") else ""
-        table.add_row(row["asset"], f"{row['seconds']:.1f}", row["status"], made or ("new" if row["artifact"] else ""))
+        table.add_row(
+            row["asset"],
+            f"{row['seconds']:.1f}",
+            row["status"],
+            made or ("new" if row["artifact"] else ""),
+            checks_cell([c for c in outcome["checks"] if c["asset"] == row["asset"]]),
+        )
     console.print(table)
     reused = [row for row in outcome["stages"] if row.get("reused_from_run")]
     if reused:
@@ -63,14 +97,17 @@ def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
             + (", so nothing was trained" if everything else "")
             + " (`--fresh` makes them anew; `dragon status` says what is out of date)."
         )
-    for row in outcome["stages"]:
-        if row.get("artifact"):
-            console.print(f"{row['asset']}: {row['artifact']}", soft_wrap=True)
-    console.print(f"total {time.time() - started:.1f} s; Dagster run {outcome['run_id']}")
-    for check in outcome["checks"]:  # a failed WARN check is a warning: the run went on, its figures are worth a look
-        verdict = "passed" if check["passed"] else ("FAILED" if check["severity"] == "ERROR" else "warning")
-        why = "" if check["passed"] or not check.get("description") else f" - {one_line(check['description'])}"
-        console.print(f"check {check['asset']} {check['name']}: {verdict}{why}", soft_wrap=True, markup=False)
+    console.print(
+        f"total {time.time() - started:.1f} s; Dagster run {outcome['run_id']}; each stage's folder: "
+        f"`dragon runs --pipeline {found.name}`",
+        soft_wrap=True,
+        markup=False,
+    )
+    for check in outcome["checks"]:  # the table counts the passes; a failure or a warning says why, in a line
+        if not check["passed"]:  # a failed WARN check is a warning: the run went on, its figures are worth a look
+            verdict = "FAILED" if check["severity"] == "ERROR" else "warning"
+            why = f" - {one_line(check['description'])}" if check.get("description") else ""
+            console.print(f"check {check['asset']} {check['name']}: {verdict}{why}", soft_wrap=True, markup=False)
     if outcome.get("report"):
         console.print(f"evaluation report: {outcome['report']}/report.md")
         for line in pass_at_k_lines(outcome["report"]):
@@ -98,6 +135,13 @@ def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool):
             console.print(f"{what} in MLflow: {url}", soft_wrap=True, markup=False)
     if not outcome["success"]:
         raise SystemExit(1)
+
+
+def checks_cell(checks: list[dict]) -> str:
+    """A stage's checks in its table row: how many passed, the others by name ("2 passed", "1 passed, leak FAILED")."""
+    passed = sum(1 for c in checks if c["passed"])
+    others = [f"{c['name']} {'FAILED' if c['severity'] == 'ERROR' else 'warning'}" for c in checks if not c["passed"]]
+    return ", ".join(([f"{passed} passed"] if passed else []) + others)
 
 
 def pass_at_k_lines(report_dir: str) -> list[str]:
@@ -134,9 +178,12 @@ def print_registry(pipeline: str) -> None:
     from ..resources.tracking import MLflowTracking
 
     client = MLflowTracking().client()
-    for alias in (CHAMPION, CHALLENGER):
-        version = alias_version(client, pipeline, alias)
-        console.print(f"models:/{pipeline}@{alias}: " + (f"version {version}" if version else "none yet"))
+    versions = {alias: alias_version(client, pipeline, alias) for alias in (CHAMPION, CHALLENGER)}
+    console.print(
+        "; ".join(
+            f"models:/{pipeline}@{alias}: " + (f"version {v}" if v else "none yet") for alias, v in versions.items()
+        )
+    )
 
 
 def print_exports(stages: list[dict]) -> None:

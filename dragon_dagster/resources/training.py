@@ -126,7 +126,7 @@ class TrainingResource(HardwareAndSpeed):
         run_file = Path(workdir) / RUN_FILE  # absolute paths (or URIs); removed after the run
         run_file.write_text(job.model_dump_json())
         status_file = Path(workdir) / "status.json"
-        tap = PipesTap(on_metrics, warn=context.log.warning)
+        tap = PipesTap(on_metrics, warn=context.log.warning, log=context.log)
         output_uri = (
             store.staging_uri(final, context.op_execution_context.run_id) if store and store.artifact_uri else None
         )

@@ -293,3 +293,25 @@ def test_an_unloadable_model_fails_fast_with_the_fix_named(tmp_path, resources_f
     message = failed_message(instance, outcome["run_id"])
     assert "someone/unreachable-model" in message and "preset" in message
     assert not (tmp_path / "runs" / "artifacts" / "tiny" / "sft_adapter").exists()
+
+
+def test_each_training_step_is_in_the_event_log_with_the_figures_mlflow_has(materialized):
+    """The terminal shows a line per stage (assets/console_log.py); each training step's line, with its figures,
+    is still in the run's event log (the Dagster UI's), the same figures as the step's MLflow metrics."""
+    from mlflow import MlflowClient
+
+    run_id = materialized["outcome"]["run_id"]
+    lines = [
+        e.user_message
+        for e in materialized["instance"].all_logs(run_id)
+        if e.step_key == "tiny__sft_adapter" and e.user_message.startswith("step ") and " loss " in e.user_message
+    ]
+    client = MlflowClient(materialized["tracking"].uri)
+    [sft] = client.search_runs(
+        [client.get_experiment_by_name("tiny").experiment_id],
+        f"tags.dagster_run_id = '{run_id}' and attributes.run_name = 'sft_adapter'",
+    )
+    history = client.get_metric_history(sft.info.run_id, "train/loss")
+    assert [m.step for m in history] == [int(line.split()[1].split("/")[0]) for line in lines], lines
+    assert [f"loss {m.value:.4g}," for m in history] == [line.split(" ", 2)[2].split(" grad_norm")[0] for line in lines]
+    assert all(line.split()[1].endswith("/8") for line in lines)

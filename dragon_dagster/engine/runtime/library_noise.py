@@ -4,6 +4,7 @@ reason there: lm-eval's hints (evaluate/general_skills.py), MLflow's CloudPickle
 
 from __future__ import annotations
 
+import os
 import warnings
 
 KNOWN: list[tuple[type[Warning], str, str]] = [
@@ -17,6 +18,37 @@ KNOWN: list[tuple[type[Warning], str, str]] = [
 
 
 def quiet() -> None:
-    """Install the filters for KNOWN in this process."""
+    """Install the filters for KNOWN in this process; hide the libraries' progress bars where BARS_ENV says."""
     for category, message, _reason in KNOWN:
         warnings.filterwarnings("ignore", message=message, category=category)
+    if bars_hidden():
+        hide_progress_bars()
+
+
+# Set to "off" by a launcher whose terminal draws its own progress (`dragon demo`): the worker then shows none of
+# the libraries' tqdm bars (the datasets' map, the weights' loading, the trainer's own), which it shares that
+# terminal with. Read when a job starts, not when the libraries are imported: a warm worker's jobs differ here.
+BARS_ENV = "DRAGON_LIBRARY_PROGRESS_BARS"
+
+
+def bars_hidden() -> bool:
+    return os.environ.get(BARS_ENV, "").lower() == "off"
+
+
+def hide_progress_bars(importing: bool = True) -> None:
+    """Turn off the tqdm bars of huggingface_hub, transformers and datasets in this process, through each one's
+    own switch. transformers takes the hub's at its import; importing=False leaves a library not yet imported to
+    that (a launcher that may never import datasets), a worker imports both here."""
+    import sys
+
+    from huggingface_hub.utils import disable_progress_bars
+
+    disable_progress_bars()
+    if importing or "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    if importing or "datasets" in sys.modules:
+        import datasets
+
+        datasets.disable_progress_bars()

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 
 from ..config.job import Parallel
-from ..config.reporter import Reporter
+from ..config.reporter import Reporter, StepProgress
 from ..train import distributed
 
 POLL_S = 0.2  # how often the driver drains the channel and passes a stop request on
@@ -66,6 +66,9 @@ class ChannelReporter(Reporter):
 
     def log(self, message: str) -> None:
         self.channel.put.remote("log", message)
+
+    def step(self, progress: StepProgress) -> None:
+        self.channel.put.remote("step", progress)
 
     def metrics(self, step: int, values: dict[str, float]) -> None:
         if values:
@@ -125,6 +128,8 @@ def drain(channel, reporter: Reporter, done: threading.Event) -> None:
         for kind, payload in ray.get(channel.take.remote()):
             if kind == "log":
                 reporter.log(payload)
+            elif kind == "step":
+                reporter.step(payload)
             else:
                 reporter.metrics(payload["step"], payload["values"])
         if finished:

@@ -17,7 +17,7 @@ from ..artifacts import progress
 from ..artifacts.checkpoints import checkpoint_problem, last_checkpoint
 from ..config.hardware import Hardware, Speed
 from ..config.job import Job, TrainingInputs
-from ..config.reporter import Reporter
+from ..config.reporter import Reporter, StepProgress
 from ..config.training import Lora, TrainArgs
 from ..data.tables import read_jsonl
 from ..models import load_model, load_tokenizer, pick_device, pick_dtype
@@ -297,7 +297,8 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
             metrics = {f"{prefix}/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
             reporter.metrics(state.global_step, metrics)
             shown = ", ".join(f"{k} {v:.4g}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "epoch")
-            reporter.log(f"step {state.global_step}/{state.max_steps} {shown} | elapsed {elapsed:.0f}s eta {eta:.0f}s")
+            line = f"step {state.global_step}/{state.max_steps} {shown} | elapsed {elapsed:.0f}s eta {eta:.0f}s"
+            reporter.step(StepProgress(state.global_step, state.max_steps, line))
 
         def on_train_begin(self, args, state, control, **kwargs):
             self.first_step = state.global_step
@@ -312,14 +313,17 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
 
 
 def quiet_progress_bar(trainer) -> None:
-    """Keep transformers' tqdm bar but drop its printed log dicts: our callback reports each step once."""
+    """Keep transformers' tqdm bar but drop its printed log dicts: our callback reports each step once. No bar
+    at all where the libraries' bars are off (huggingface_hub's switch, which the worker turns off where the
+    launcher's terminal draws its own: runtime/library_noise.py)."""
+    from huggingface_hub.utils import are_progress_bars_disabled
     from transformers.trainer_callback import ProgressCallback
 
     class BarOnly(ProgressCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             pass
 
-    if trainer.pop_callback(ProgressCallback) is not None:
+    if trainer.pop_callback(ProgressCallback) is not None and not are_progress_bars_disabled():
         trainer.add_callback(BarOnly())
 
 

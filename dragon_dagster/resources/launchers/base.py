@@ -22,6 +22,8 @@ import psutil
 from dagster import DagsterRunStatus, PipesMessageReader, PreviewWarning
 from dagster._core.storage.tags import HIDDEN_TAG_PREFIX
 
+from ...engine.config.reporter import STEP_RECORD_ATTR, StepProgress
+
 logger = logging.getLogger(__name__)
 
 ENDED = (DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS)
@@ -155,15 +157,22 @@ def run_gone(context, run_process: RunProcess) -> str | None:
 
 class PipesTap:
     """Takes the worker's own custom Pipes messages off the channel, whichever reader carries it (a temp
-    file, a Ray job's log, a pod's log): step metrics go to on_metrics as they arrive, the outcome (result or
-    error) is kept. Everything else goes on to Dagster's handler.
+    file, a Ray job's log, a pod's log): step metrics go to on_metrics as they arrive, a training step's line
+    goes to the step's log (the Dagster run's event log) with its StepProgress on the record, for the terminal's
+    progress bar (assets/console_log.py); the outcome (result or error) is kept. Everything else goes on to
+    Dagster's handler.
 
     Metrics are a view of the run, not its result: one that fails to log is reported once and skipped, and
     never fails or blocks the training it describes.
     """
 
-    def __init__(self, on_metrics: Callable[[int, dict], None] | None = None, warn: Callable[[str], None] = print):
-        self.on_metrics, self.warn = on_metrics, warn
+    def __init__(
+        self,
+        on_metrics: Callable[[int, dict], None] | None = None,
+        warn: Callable[[str], None] = print,
+        log: logging.Logger | None = None,
+    ):
+        self.on_metrics, self.warn, self.log = on_metrics, warn, log
         self.outcome: dict = {}
         self.failures = 0
 
@@ -175,10 +184,16 @@ class PipesTap:
         if message.get("method") != "report_custom_message":
             return False
         payload = (message.get("params") or {}).get("payload")
-        if not isinstance(payload, dict) or payload.get("kind") not in ("metrics", "outcome"):
+        if not isinstance(payload, dict) or payload.get("kind") not in ("metrics", "outcome", "step"):
             return False
         if payload["kind"] == "outcome":
             self.outcome = {k: v for k, v in payload.items() if k != "kind"}
+        elif payload["kind"] == "step":
+            progress = StepProgress(int(payload["done"]), int(payload["total"]), str(payload["line"]))
+            if self.log is None:
+                print(progress.line, flush=True)
+            else:
+                self.log.info(progress.line, extra={STEP_RECORD_ATTR: progress})
         elif self.on_metrics is not None:
             try:
                 self.on_metrics(int(payload["step"]), dict(payload["values"]))

@@ -41,3 +41,30 @@ def test_saving_a_chat_model_does_not_warn_about_cloudpickle_and_keeps_other_rec
         pyfunc_log.removeHandler(kept)
     assert (tmp_path / "chat_model" / "MLmodel").exists()
     assert kept.messages == ["a later warning of mlflow.pyfunc"]  # the CloudPickle notice went, the filter too
+
+
+def test_a_worker_told_so_draws_none_of_the_libraries_progress_bars(monkeypatch, capfd):
+    """`dragon demo` draws its own bar: its workers get BARS_ENV=off and the libraries' tqdm bars stay off."""
+    import datasets
+    from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from transformers.utils import logging as transformers_logging
+
+    def draw() -> str:
+        datasets.Dataset.from_dict({"n": list(range(50))}).map(lambda row: row, desc="Tokenizing")
+        for _ in transformers_logging.tqdm(range(3), desc="Loading weights"):
+            pass
+        return capfd.readouterr().err
+
+    capfd.readouterr()
+    monkeypatch.setenv(library_noise.BARS_ENV, "off")
+    try:
+        library_noise.quiet()
+        assert are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()
+        hidden = draw()
+    finally:  # as every other test expects them
+        enable_progress_bars()
+        transformers_logging.enable_progress_bar()
+        datasets.enable_progress_bars()
+    assert "Tokenizing" not in hidden and "Loading weights" not in hidden, hidden
+    shown = draw()  # the same bars, on again: what the worker would have drawn
+    assert "Tokenizing" in shown and "Loading weights" in shown, shown
