@@ -4,6 +4,7 @@ reason there: lm-eval's hints (evaluate/general_skills.py), MLflow's CloudPickle
 
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 
@@ -52,3 +53,39 @@ def hide_progress_bars(importing: bool = True) -> None:
         import datasets
 
         datasets.disable_progress_bars()
+    # MLflow reads its switch when it downloads (a merge's adapters, the registry's files)
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    hide_tqdm()
+
+
+TQDM_OFF = "_dragon_bars_off"
+
+
+def hide_tqdm() -> None:
+    """Every tqdm bar made from now on in this process is off. tqdm's own switch (TQDM_DISABLE) is read once, when
+    tqdm is first imported, which in a warm worker or the `dragon` command is before a job says whether bars are
+    wanted; and lm-eval's requests, MLflow's evaluate and transformers' GGUF reader draw bars with no switch of
+    their own (lm-eval passes disable=False), so the bar's constructor is told disable=True here."""
+    import tqdm.std
+
+    init = tqdm.std.tqdm.__init__
+    if getattr(init, TQDM_OFF, False):
+        return
+
+    @functools.wraps(init)
+    def off(self, *args, **kwargs):
+        if len(args) < 10:  # disable is the tenth positional argument after self: nobody passes it so
+            kwargs["disable"] = True
+        init(self, *args, **kwargs)
+
+    setattr(off, TQDM_OFF, True)
+    tqdm.std.tqdm.__init__ = off
+
+
+def show_tqdm() -> None:
+    """tqdm's bars as tqdm draws them again (for tests, which share a process)."""
+    import tqdm.std
+
+    init = tqdm.std.tqdm.__init__
+    if getattr(init, TQDM_OFF, False):
+        tqdm.std.tqdm.__init__ = init.__wrapped__

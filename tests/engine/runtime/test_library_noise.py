@@ -2,6 +2,7 @@
 every other still shows."""
 
 import logging
+import os
 import warnings
 
 from dragon_dagster.engine.runtime import library_noise
@@ -47,24 +48,35 @@ def test_a_worker_told_so_draws_none_of_the_libraries_progress_bars(monkeypatch,
     """`dragon demo` draws its own bar: its workers get BARS_ENV=off and the libraries' tqdm bars stay off."""
     import datasets
     from huggingface_hub.utils import are_progress_bars_disabled, enable_progress_bars
+    from tqdm import tqdm
+    from tqdm.auto import tqdm as auto_tqdm
     from transformers.utils import logging as transformers_logging
 
     def draw() -> str:
         datasets.Dataset.from_dict({"n": list(range(50))}).map(lambda row: row, desc="Tokenizing")
         for _ in transformers_logging.tqdm(range(3), desc="Loading weights"):
             pass
+        # lm-eval's requests and transformers' GGUF reader: plain tqdm, with no switch of their own
+        for _ in tqdm(range(3), desc="Running loglikelihood requests", disable=False):
+            pass
+        for _ in auto_tqdm(range(3), desc="Converting GGUF tensors"):
+            pass
         return capfd.readouterr().err
 
     capfd.readouterr()
     monkeypatch.setenv(library_noise.BARS_ENV, "off")
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")  # restored after the test
     try:
         library_noise.quiet()
         assert are_progress_bars_disabled() and not transformers_logging.is_progress_bar_enabled()
+        assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"  # MLflow's downloads
         hidden = draw()
     finally:  # as every other test expects them
         enable_progress_bars()
         transformers_logging.enable_progress_bar()
         datasets.enable_progress_bars()
-    assert "Tokenizing" not in hidden and "Loading weights" not in hidden, hidden
+        library_noise.show_tqdm()
+    bars = ("Tokenizing", "Loading weights", "Running loglikelihood requests", "Converting GGUF tensors")
+    assert not [bar for bar in bars if bar in hidden], hidden
     shown = draw()  # the same bars, on again: what the worker would have drawn
-    assert "Tokenizing" in shown and "Loading weights" in shown, shown
+    assert all(bar in shown for bar in bars), shown
