@@ -73,7 +73,10 @@ def test_a_training_stage_whose_worker_fails_ends_its_runs_failed(tiny_model, tm
     assert not materialize(["sft_adapter"], broken)["success"]
     found = runs_of(tracking, pipeline.name)
     assert found and all(status != "RUNNING" for status, _ in found.values()), found
-    [parent] = [name for name, (_, tags) in found.items() if tags.get("level") == "pipeline"]
+    # the datasets' Dagster run has a pipeline run of its own (FINISHED); the failed stage's is the one it nests under
+    pipelines = {name for name, (_, tags) in found.items() if tags.get("level") == "pipeline"}
+    [parent] = [n for n in pipelines if found[n][1].get("dagster_run_id") == found["sft_adapter"][1]["dagster_run_id"]]
+    assert {found[n][0] for n in pipelines - {parent}} == {"FINISHED"}
     assert found["sft_adapter"][0] == found[parent][0] == "FAILED"
     assert "exited with code 1" in found["sft_adapter"][1]["error"]
     assert found[parent][1]["error"].startswith("sft_adapter: ") and "exited with code 1" in found[parent][1]["error"]

@@ -79,7 +79,8 @@ def test_a_wrong_database_password_is_one_error_naming_the_setting_without_the_p
 
 
 def test_a_wrong_database_password_fails_the_asset_with_that_error(postgres, tiny_model, tmp_path, no_tracking_env):
-    """What a Dagster user sees: the training step fails before its worker starts, with the one message."""
+    """What a Dagster user sees: the first step that writes to MLflow (the dataset, which opens the pipeline's run)
+    fails with the one message, before anything is trained."""
     database = postgres.create_database().rsplit("/", 1)[1]
     runs = tmp_path / "runs"
     resources = {
@@ -99,7 +100,7 @@ def test_a_wrong_database_password_fails_the_asset_with_that_error(postgres, tin
     assert not result.success
     [failure] = result.get_step_failure_events()
     error = failure.step_failure_data.error  # Dagster's "error while executing op", caused by ours
-    assert failure.step_key == "tiny__sft_adapter" and error.cause.cls_name == "TrackingStoreError"
+    assert failure.step_key == "tiny__sft_dataset" and error.cause.cls_name == "TrackingStoreError"
     assert error.cause.message.startswith("dragon_dagster.resources.tracking.TrackingStoreError: MLflowTracking.")
     assert "password authentication failed" in error.cause.message
     assert error.cause.cause is None and error.cause.context is None, "one error, not a chain"

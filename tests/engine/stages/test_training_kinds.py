@@ -88,13 +88,13 @@ def test_nan_loss_stops_with_a_clear_error_and_keeps_checkpoints(tiny_model, tmp
 class StopAfter(Reporter):
     def __init__(self, step):
         super().__init__()
-        self.step, self.seen = step, 0
+        self.stop_at, self.seen = step, 0
 
     def metrics(self, step, values):
         self.seen = max(self.seen, step)
 
     def should_stop(self):
-        return self.seen >= self.step
+        return self.seen >= self.stop_at
 
 
 def test_cancel_saves_a_checkpoint_and_resume_continues_from_it(tiny_model, tmp_path):
