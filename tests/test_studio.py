@@ -112,6 +112,8 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
             assert load(defs / "lamps" / "defs.yaml").stage("sft_adapter").args.learning_rate == 3.0e-4
             # the curve is drawn while the adapter trains, and drawn again with the points that came after
             curve = page.locator("#loss img")
+            # the image loads lazily: below the fold (the form's rows above it) it stays unloaded, so bring it in view
+            page.locator("#loss").scroll_into_view_if_needed()
             expect(curve).to_be_visible(timeout=240_000)  # a loaded machine takes its time to load the model
             first = curve.get_attribute("src")
             page.wait_for_function(
