@@ -18,6 +18,7 @@ from ..engine.stages.evaluate.inputs import ChainStage, FeedbackInputs, ReportIn
 from ..engine.stages.evaluate.result import ReportResult
 from ..engine.stages.evaluate.settings import Evaluate
 from ..resources.evaluations import log_evaluation, record_evaluation
+from ..resources.run_colours import colour_tag
 from .metadata import as_metadata, image_markdown
 from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
 from .prompts import PROMPT_TAG, link_prompt, live_system, rows_with_system
@@ -192,7 +193,7 @@ def run_report_stage(
         with tracking.started(
             pipeline.name,
             "base",
-            {**tags, "stage": "base"},
+            {**tags, "stage": "base", **colour_tag("base", parent)},
             {"model": pipeline.model, "rows": report.rows},
             description=f"The base model `{pipeline.model}` on the held-out rows {stage.name} scores every model on.",
             **common,
@@ -208,6 +209,7 @@ def run_report_stage(
                 "stage": stage.name,
                 "upstream_mlflow_run_id": merged_manifest.upstream_mlflow_run_id,
                 "base_mlflow_run_id": base_run,
+                **colour_tag("merged", parent),
             },
             {"model": pipeline.model, "merged": merged, **settings},
             description=f"Base against merged on {report.rows} rows of `{Path(dataset).parent.name}`: the "

@@ -16,6 +16,7 @@ from pathlib import Path
 from ..engine.evaluate import metrics as task_metrics
 from ..engine.evaluate.per_row import MODELS, read_replies
 from ..engine.text.uris import without_password
+from .run_colours import colour_tag
 from .tracking import mlflow_scope
 
 logger = logging.getLogger(__name__)
@@ -226,6 +227,7 @@ def log_evaluation(
                             "evaluation_of": stage,
                             "level": "evaluation",
                             REPORT_RUN_TAG: parent,
+                            **colour_tag(model, tags.get("dagster_run_id")),
                         },
                         {"model": model},
                         description=f"The {model} model's replies to the held-out rows of {stage}, scored row by row "

@@ -9,6 +9,7 @@ from dagster import DagsterInstance
 from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.engine.artifacts.manifest import read_manifest
 from dragon_dagster.engine.pipeline import load
+from dragon_dagster.resources.run_colours import BASE_COLOUR, COLOUR_TAG, PALETTE
 from tests.support import failed_message, write_pipeline
 
 
@@ -162,6 +163,10 @@ def test_mlflow_holds_one_run_per_training_with_metrics_params_and_lineage(mater
     assert {r.data.tags["report_mlflow_run_id"] for r in evaluations.values()} == {
         runs["evaluation_report"].info.run_id
     }
+    # base is grey and merged one of the palette's colours, in the charts and in the Evaluations tab alike
+    colours = {r.data.tags["evaluation"]: r.data.tags[COLOUR_TAG] for r in evaluations.values()}
+    assert colours["base"] == runs["base"].data.tags[COLOUR_TAG] == BASE_COLOUR
+    assert colours["merged"] == runs["evaluation_report"].data.tags[COLOUR_TAG] in PALETTE
     assert set(runs) == {"sft_adapter", "merged_model", "base", "evaluation_report"}
     assert {r.data.tags["mlflow.parentRunId"] for r in runs.values()} == {parent.info.run_id}
     sft = runs["sft_adapter"]

@@ -134,3 +134,30 @@ def test_an_evaluation_that_fails_ends_its_runs_failed_with_the_error(tmp_path):
     assert set(found) == {"evaluation_report: base", "evaluation_report: merged"}
     for status, tags in found.values():
         assert status == "FAILED" and tags["error"] == f"MLflowEvaluationError: {evaluation['error']}"
+
+
+def test_a_merge_whose_worker_fails_ends_its_run_and_the_pipeline_run_failed(chain_copy):
+    """The merge opens the run the registered version would link to; its worker cannot run, so that run and the
+    pipeline run it nests under end FAILED with the worker's error (the built chain's adapter, merged anew)."""
+    from dragon_dagster.assets.launch import materialize_pipeline
+    from dragon_dagster.assets.reuse import FRESH_TAG
+
+    pipeline, tracking = chain_copy["pipeline"], chain_copy["tracking"]
+    before = {r.info.run_id for r in tracking.client().search_runs([tracking.experiment_id(pipeline.name)])}
+    resources = {
+        "store": ArtifactStore(runs_dir=str(chain_copy["runs"])),
+        "tracking": tracking,
+        "training": TrainingResource(device="cpu", python="/bin/false", warm_start=False),
+    }
+    outcome = materialize_pipeline(
+        pipeline, resources=resources, instance=chain_copy["instance"], only=["merged_model"], tags={FRESH_TAG: "true"}
+    )
+    assert not outcome["success"]
+    client = tracking.client()
+    new = [r for r in client.search_runs([tracking.experiment_id(pipeline.name)]) if r.info.run_id not in before]
+    by_level = {r.data.tags.get("level", r.info.run_name): r for r in new}
+    assert set(by_level) == {"pipeline", "merged_model"}, {r.info.run_name for r in new}
+    merge, parent = by_level["merged_model"], by_level["pipeline"]
+    assert merge.info.status == parent.info.status == "FAILED"
+    assert "exited with code 1" in merge.data.tags["error"]
+    assert parent.data.tags["error"].startswith("merged_model: ")
