@@ -193,7 +193,7 @@ def run_report_stage(
         with tracking.started(
             pipeline.name,
             "base",
-            {**tags, "stage": "base", **colour_tag("base", parent)},
+            {**tags, "stage": "base", **colour_tag("base", tags["dagster_run_id"])},
             {"model": pipeline.model, "rows": report.rows},
             description=f"The base model `{pipeline.model}` on the held-out rows {stage.name} scores every model on.",
             **common,
@@ -209,7 +209,7 @@ def run_report_stage(
                 "stage": stage.name,
                 "upstream_mlflow_run_id": merged_manifest.upstream_mlflow_run_id,
                 "base_mlflow_run_id": base_run,
-                **colour_tag("merged", parent),
+                **colour_tag("merged", tags["dagster_run_id"]),
             },
             {"model": pipeline.model, "merged": merged, **settings},
             description=f"Base against merged on {report.rows} rows of `{Path(dataset).parent.name}`: the "
