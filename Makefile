@@ -15,8 +15,10 @@ TORCH_INDEX ?=
 # Dagster's records (runs, event log, schedules) in SQLite files in .dagster_home; `make ui DAGSTER_INSTANCE=postgres`
 # (and demo, install) keeps them on PostgreSQL instead (instance/postgres-storage.yaml after dagster.yaml's
 # settings), in a home of its own: set
-# DAGSTER_POSTGRES_URL=postgresql+psycopg2://user:password@host:5432/db first (psycopg2 named: see that file)
-DAGSTER_INSTANCE ?= sqlite
+# DAGSTER_POSTGRES_URL=postgresql+psycopg2://user:password@host:5432/db first (psycopg2 named: see that file).
+# With DAGSTER_POSTGRES_URL set (a deployment's env file loaded), postgres is the default: the UI shows the configured
+# store, not a local file beside it (DAGSTER_INSTANCE=sqlite still picks the local one)
+DAGSTER_INSTANCE ?= $(if $(DAGSTER_POSTGRES_URL),postgres,sqlite)
 ifeq ($(DAGSTER_INSTANCE),postgres)
 export DAGSTER_HOME := $(CURDIR)/.dagster_home_postgres
 STORAGE_YAML := dragon_dagster/instance/postgres-storage.yaml
@@ -25,7 +27,10 @@ export DAGSTER_HOME := $(CURDIR)/.dagster_home
 STORAGE_YAML :=
 endif
 INSTANCE_YAML := dragon_dagster/instance/dagster.yaml
-export DRAGON_RUNS_DIR := $(CURDIR)/runs
+# the runs directory: $DRAGON_RUNS_DIR when set (a deployment's), else ./runs. `make clean` removes only ./runs
+LOCAL_RUNS_DIR := $(CURDIR)/runs
+DRAGON_RUNS_DIR ?= $(LOCAL_RUNS_DIR)
+export DRAGON_RUNS_DIR
 export PYTHONUNBUFFERED := 1
 # the UIs' ports: `make ui DAGSTER_PORT=3001 MLFLOW_PORT=5001` beside another project's
 DAGSTER_PORT ?= 3000
@@ -122,15 +127,15 @@ test-slow: install
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)
 # and checks the pipelines' defs.yaml first. VIRTUAL_ENV names the project's .venv, which dg runs the code in;
 # without it dg warns that the active environment (none) is not the project's.
-# MLflow's link names the model-training view (resources/tracking.py's TRAINING_VIEW): its bare address opens on
-# the GenAI overview, which has nothing of a training pipeline to show
-MLFLOW_LINK = http://127.0.0.1:$(MLFLOW_PORT)/\#/experiments?workflowType=machine_learning
+# MLflow's UI is `dragon mlflow-ui` (cli/deploy.py), which serves the store the tracking settings name: the server of
+# an http(s) MLFLOW_TRACKING_URI is the UI itself (its address is printed, nothing started), a database URI is
+# served by `mlflow ui` here, and with none set the runs directory's sqlite store is. It prints MLflow's link (the
+# model-training view: the bare address opens on the GenAI overview, which has nothing of a training pipeline).
 ui: install
-	@echo "Dagster UI: http://127.0.0.1:$(DAGSTER_PORT)    MLflow UI: $(MLFLOW_LINK)    (Ctrl-C stops both)"
-	@mkdir -p $(DRAGON_RUNS_DIR)
+	@echo "Dagster UI: http://127.0.0.1:$(DAGSTER_PORT)  (instance: $(DAGSTER_INSTANCE), $(DAGSTER_HOME); Ctrl-C stops the UIs)"
 	@trap 'kill 0' EXIT; \
-	$(VENV)/bin/mlflow ui --backend-store-uri sqlite:///$(DRAGON_RUNS_DIR)/mlflow.db --host 127.0.0.1 --port $(MLFLOW_PORT) & \
+	$(VENV)/bin/dragon mlflow-ui --host 127.0.0.1 --port $(MLFLOW_PORT) & \
 	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/dg dev -h 127.0.0.1 -p $(DAGSTER_PORT)
 
 clean:
-	chmod -R u+w $(DRAGON_RUNS_DIR) 2>/dev/null; rm -rf $(DAGSTER_HOME) $(DRAGON_RUNS_DIR)  # finished artifacts are read-only
+	chmod -R u+w $(LOCAL_RUNS_DIR) 2>/dev/null; rm -rf $(DAGSTER_HOME) $(LOCAL_RUNS_DIR)  # finished artifacts are read-only

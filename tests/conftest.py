@@ -431,20 +431,23 @@ def chromium() -> Path:
 
 
 @contextmanager
-def running_mlflow_server(root: Path, backend_store_uri: str, artifacts_destination: str, env: dict | None = None):
-    """A real `mlflow server` on a free loopback port, serving (proxying) artifacts: yields its URL, killed after.
-    env: added to this process's environment for the server (an object store's endpoint and keys). The backend
-    store's URI goes in MLFLOW_BACKEND_STORE_URI, as a deployment passes it: a command line is visible to every
-    user of the machine (ps), and a database URI holds a password."""
-    port = free_port()
+def running_mlflow_server(
+    root: Path, backend_store_uri: str, artifacts_destination: str | None, env: dict | None = None, port: int = 0
+):
+    """A real `mlflow server` on a loopback port (port, else a free one), serving (proxying) artifacts: yields its
+    URL, killed after. env: added to this process's environment for the server (an object store's endpoint and
+    keys; MLFLOW_ARTIFACTS_DESTINATION where artifacts_destination is None, as the deployment page's env file
+    gives it). The backend store's URI goes in MLFLOW_BACKEND_STORE_URI, as a deployment passes it: a command line
+    is visible to every user of the machine (ps), and a database URI holds a password."""
+    port = port or free_port()
     log_path = root / "server.log"
+    destination = ["--artifacts-destination", artifacts_destination] if artifacts_destination else []
     with log_path.open("w") as log:
         process = subprocess.Popen(
             [
                 str(Path(sys.executable).with_name("mlflow")),
                 "server",
-                "--artifacts-destination",
-                artifacts_destination,
+                *destination,
                 "--serve-artifacts",
                 "--host",
                 "127.0.0.1",
@@ -487,13 +490,15 @@ def mlflow_server(tmp_path_factory):
 
 @pytest.fixture()
 def start_mlflow_server(tmp_path_factory):
-    """Starts a real `mlflow server` of the test's own: start(backend_store_uri, artifacts_destination, env)
+    """Starts a real `mlflow server` of the test's own: start(backend_store_uri, artifacts_destination, env, port)
     returns its URL; stopped when the test ends."""
     with ExitStack() as servers:
 
-        def start(backend_store_uri: str, artifacts_destination: str, env: dict | None = None) -> str:
+        def start(backend_store_uri: str, artifacts_destination: str | None, env: dict | None = None, port: int = 0):
             root = tmp_path_factory.mktemp("mlflow_server")
-            return servers.enter_context(running_mlflow_server(root, backend_store_uri, artifacts_destination, env))
+            return servers.enter_context(
+                running_mlflow_server(root, backend_store_uri, artifacts_destination, env, port)
+            )
 
         yield start
 

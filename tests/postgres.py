@@ -84,11 +84,11 @@ class PostgresServer:
             )
         self.start()
 
-    def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    def _run(self, tool: str, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
         command = [str(self.bin / tool), *args]
         if self.owner:
             command = ["runuser", "-u", self.owner, "--", *command]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=120)
         if check and done.returncode != 0:
             log = self.log.read_text()[-3000:] if self.log.exists() else ""
             raise RuntimeError(f"{tool} failed (rc {done.returncode}): {done.stdout}\n{done.stderr}\n{log}")
@@ -127,6 +127,34 @@ class PostgresServer:
             "psql", "-h", str(self.sockets), "-p", str(self.port), "-U", USER, "-d", database, "-Atc", statement
         )
         return done.stdout.strip()
+
+    def script(self, text: str, stdin: str = "") -> str:
+        """Run an SQL script as the superuser, as `psql -v ON_ERROR_STOP=1 -f FILE` does (the first error stops it,
+        and its \\prompt commands read stdin, one line each); its output. The file lies in the cluster's folder,
+        which the cluster's user can read."""
+        path = self.root / f"script-{secrets.token_hex(4)}.sql"
+        path.write_text(text)
+        if self.owner:
+            shutil.chown(path, self.owner)
+        try:
+            return self._run(
+                "psql",
+                "-h",
+                str(self.sockets),
+                "-p",
+                str(self.port),
+                "-U",
+                USER,
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-f",
+                str(path),
+                stdin=stdin,
+            ).stdout
+        finally:
+            path.unlink()
 
     def dump(self, database: str) -> str:
         """The database's rows as pg_dump writes them (SQL text), to search for what must not be stored."""

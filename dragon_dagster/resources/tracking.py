@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from ..engine.release import model_registry as registry
 from ..engine.release.model_registry import RegistryError, local_path
-from ..engine.text.uris import scrub, without_password
+from ..engine.text.uris import TRAINING_VIEW, scrub, tracking_server, without_password
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
@@ -139,9 +139,6 @@ def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
 
 
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
-# MLflow 3.17 decides the experiment page's view (GenAI traces or model-training runs) from the browser's stored
-# toggle, not from the kind tag, unless the URL names it: every link this project prints names it.
-TRAINING_VIEW = "workflowType=machine_learning"
 LEVEL_TAG = "level"  # sweep > pipeline (one per Dagster run) > stage: how the runs nest (mlflow.parentRunId)
 _READY: set[str] = set()  # sqlite stores this process has seen created
 
@@ -225,8 +222,11 @@ def ui_url(ui: str, default_port: int, configured: str = "") -> str:
     return (configured or os.environ.get(f"{ui}_UI_URL") or f"http://127.0.0.1:{port}").rstrip("/")
 
 
-def mlflow_ui_url(configured: str = "") -> str:
-    return ui_url("MLFLOW", 5000, configured)
+def mlflow_ui_url(configured: str = "", tracking_uri: str = "") -> str:
+    """MLflow's UI for links: configured, else $MLFLOW_UI_URL, else the tracking server when tracking_uri names
+    one (a server is its own UI: a loopback port would show another store, or nothing), else where `make ui`
+    serves it on loopback."""
+    return ui_url("MLFLOW", 5000, configured or os.environ.get("MLFLOW_UI_URL") or tracking_server(tracking_uri) or "")
 
 
 def dagster_ui_url() -> str:
@@ -271,15 +271,16 @@ class MLflowTracking(ConfigurableResource):
     )
     ui_url: str = Field(
         default="",
-        description="Where MLflow's UI is served, for links. Empty: $MLFLOW_UI_URL when set, else where `make ui` "
-        "serves it (http://127.0.0.1:$MLFLOW_PORT, port 5000 by default).",
+        description="Where MLflow's UI is served, for links. Empty: $MLFLOW_UI_URL when set, else the tracking "
+        "server when the tracking URI names one, else where `make ui` serves it (http://127.0.0.1:$MLFLOW_PORT, "
+        "port 5000 by default).",
     )
     runs_dir: str = Field(default="", description="Runs directory for the default sqlite store and artifacts.")
 
     @property
     def ui(self) -> str:
         """The MLflow UI's address that links start with (ui_url, resolved; no trailing slash)."""
-        return mlflow_ui_url(self.ui_url)
+        return mlflow_ui_url(self.ui_url, self.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
 
     @property
     def root(self) -> Path:

@@ -1,4 +1,5 @@
-"""URIs shown to people: a store's URL in a message, a log or a record never carries its password."""
+"""URIs shown to people: a store's URL in a message, a log or a record never carries its password; a tracking
+server's address for links."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 HIDDEN = "***"
 SECRET_PARAMETERS = {"password", "passwd", "pwd", "secret", "token", "access_token"}
+# MLflow 3.17 decides the experiment page's view (GenAI traces or model-training runs) from the browser's stored
+# toggle, not from the kind tag, unless the URL names it: every link this project prints names it.
+TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def without_password(uri: str) -> str:
@@ -48,3 +52,12 @@ def scrub(text: str, uri: str) -> str:
     for secret in passwords_of(uri):
         text = text.replace(secret, HIDDEN)
     return text
+
+
+def tracking_server(uri: str) -> str | None:
+    """The address of the MLflow tracking server uri names (scheme://host:port[/prefix], without a user or a
+    password, no trailing slash); None for a database, a file store or an empty URI."""
+    parts = urlsplit(uri)
+    if parts.scheme.lower() not in ("http", "https"):
+        return None
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path.rstrip("/"), "", ""))
