@@ -31,12 +31,15 @@ class ProbeResult(TrainingResult):
     tracking_uri: str  # mlflow.get_tracking_uri() in the worker
     experiments: list[str]  # the experiments an MlflowClient made in the worker finds
     cwd: str
+    start_folder: str  # multiprocessing's ORIGINAL_DIR: where a spawned child of the job resolves its paths
     umask: int
     cpus: list[int]
     warm_parent: int | None  # the warm worker that forked it (None: a fresh interpreter)
 
 
 def probe(job: Job[EnvironmentProbe, TrainingInputs], reporter: Reporter) -> ProbeResult:
+    import multiprocessing.process
+
     import mlflow
 
     status = Path("/proc/self/status").read_text().splitlines()
@@ -50,6 +53,7 @@ def probe(job: Job[EnvironmentProbe, TrainingInputs], reporter: Reporter) -> Pro
         tracking_uri=mlflow.get_tracking_uri(),
         experiments=experiments,
         cwd=os.getcwd(),
+        start_folder=multiprocessing.process.ORIGINAL_DIR,
         umask=umask,
         cpus=sorted(os.sched_getaffinity(0)),
         warm_parent=int(os.environ["DRAGON_WORKER_WARM_PARENT"]) if "DRAGON_WORKER_WARM_PARENT" in os.environ else None,

@@ -131,7 +131,7 @@ def test_two_projects_share_a_warm_worker_and_each_job_keeps_to_its_own_stores(
         assert result.stores == {k: env[k] for k in probe_kind.STORES}, name
         assert result.tracking_uri == env["MLFLOW_TRACKING_URI"] and name in result.experiments, name
         assert not {"alpha", "beta"} - {name} & set(result.experiments), name
-        assert result.cwd == str(roots[name])
+        assert result.cwd == result.start_folder == str(roots[name])
         # its records are in its own stores: artifacts, MLflow runs, Dagster runs
         assert all(Path(path).is_relative_to(roots[name] / "runs") for path in outcome["artifacts"].values())
         runs = MlflowClient(env["MLFLOW_TRACKING_URI"]).search_runs(

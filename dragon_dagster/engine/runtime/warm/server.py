@@ -13,8 +13,9 @@ From its launch (the request on the socket), a forked job takes:
 - its environment, whole: the warm worker's is cleared first, so the stores a job writes to (DAGSTER_HOME,
   MLFLOW_TRACKING_URI, DRAGON_RUNS_DIR, DRAGON_FEEDBACK_URL, AWS_* for an object store) and every other variable
   are its launcher's, as a fresh interpreter's would be;
-- its command line (the job file, which names its output directory), working directory and sys.path (the working
-  directory, its own PYTHONPATH, then the interpreter's folders);
+- its command line (the job file, which names its output directory), working directory (also where the libraries'
+  start-folder constants point: START_FOLDER) and sys.path (the working directory, its own PYTHONPATH, then the
+  interpreter's folders);
 - its stdin, stdout and stderr (passed over the socket), umask and CPUs (sched_setaffinity);
 - this package, imported afresh: the warm worker's own modules of it are dropped, so its module-level caches
   (lru_caches, settings read at import) are computed from the job's environment, and an edited checkout runs as
@@ -140,6 +141,15 @@ def job_sys_path(cwd: str, env: dict[str, str]) -> list[str]:
     return [cwd, *python_path(env), *(p for p in sys.path[1:] if p not in own)]
 
 
+# Module constants that libraries set, as they import, to the folder their process started in: the warm worker's
+# ("/") until a child sets them to its job's (multiprocessing's is where a spawned child resolves its paths).
+START_FOLDER = (
+    ("multiprocessing.process", "ORIGINAL_DIR"),
+    ("multiprocess.process", "ORIGINAL_DIR"),
+    ("rich", "_IMPORT_CWD"),
+)
+
+
 def become_worker(request: dict, fds: list[int], close: list[socket.socket]) -> None:
     """In the forked child: turn into the job's worker process, run it, and exit with its code. Never returns."""
     code = 1
@@ -157,6 +167,9 @@ def become_worker(request: dict, fds: list[int], close: list[socket.socket]) -> 
         if os.isatty(1):
             sys.stdout.reconfigure(line_buffering=True)
         os.chdir(request["cwd"])
+        for module, name in START_FOLDER:
+            if module in sys.modules and getattr(sys.modules[module], name, None):
+                setattr(sys.modules[module], name, os.getcwd())
         if request.get("umask") is not None:
             os.umask(request["umask"])
         if request.get("cpus"):
