@@ -18,7 +18,19 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .protocol import WORKER_MODULE, Lines, home, key, pid_path, send, socket_path
+from .protocol import (
+    SERVER_VARIABLES,
+    WORKER_MODULE,
+    Lines,
+    home,
+    import_environment,
+    key,
+    package_root,
+    pid_path,
+    python_path,
+    send,
+    socket_path,
+)
 
 READY_S = 180  # the warm worker's imports on a busy 2-core machine; past this a job starts cold
 LOST = 1  # the exit status of a forked worker whose warm worker died before it could say
@@ -94,7 +106,14 @@ def fork(argv: list[str], env: dict[str, str]) -> tuple[WarmProcess | None, str]
     if isinstance(conn, str):
         return None, conn
     lines = Lines(conn)
-    request = {"argv": argv, "env": env, "cwd": os.getcwd(), "launcher": os.getpid()}
+    request = {
+        "argv": argv,
+        "env": env,
+        "cwd": os.getcwd(),
+        "launcher": os.getpid(),
+        "umask": umask(),
+        "cpus": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
     with standard_streams() as fds:
         send(conn, request, fds=fds)
     conn.settimeout(60)
@@ -104,6 +123,17 @@ def fork(argv: list[str], env: dict[str, str]) -> tuple[WarmProcess | None, str]
         conn.close()
         return None, (answer or {}).get("cold") or "the warm worker closed the connection"
     return WarmProcess(conn, lines, int(answer["pid"]), argv), f"warm start (forked by warm worker {answer['server']})"
+
+
+def umask() -> int | None:
+    """This process's umask, read without setting it (os.umask sets one, for every thread meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 @contextmanager
@@ -163,8 +193,17 @@ def prestart(env: dict[str, str]) -> int:
 
 def launch_server(path: Path, env: dict[str, str]) -> subprocess.Popen:
     """The warm worker, detached: a session of its own, no terminal, its output in a log beside its socket.
-    Its import environment is the job's; nothing of a Dagster step's own (the Pipes channel) goes with it."""
-    env = {k: v for k, v in env.items() if not k.startswith(("DAGSTER_PIPES_", "DRAGON_WORKER_"))}
+    Its environment is the job's import environment, PATH and its own settings, and a PYTHONPATH only where the
+    job's names this checkout (how an uninstalled checkout is found): nothing else of the launch that starts it
+    (the project's stores, a Dagster step's Pipes channel, credentials, a project's own path) goes with it, so
+    what it imports is the same whichever project's job starts it."""
+    root = str(package_root())
+    checkout = [p for p in python_path(env) if os.path.realpath(p) == root]
+    env = {
+        **{name: env[name] for name in SERVER_VARIABLES if name in env},
+        **import_environment(env),
+        **({"PYTHONPATH": checkout[0]} if checkout else {}),
+    }
     with open(log_path(), "a") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "dragon_dagster.engine.runtime.warm.server", "--socket", str(path)],
@@ -192,7 +231,8 @@ def _connect(path: Path) -> socket.socket | None:
 
 
 def status() -> dict | None:
-    """The running warm worker's pid, its jobs and its import environment; None when none runs."""
+    """The running warm worker's pid, its jobs, its import environment (`env`) and the names of every variable in
+    its own environment (`variables`); None when none runs."""
     return _ask("ping")
 
 

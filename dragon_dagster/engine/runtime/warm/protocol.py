@@ -1,9 +1,14 @@
 """Where a warm worker listens, and what makes a job's environment fit it.
 
-One warm worker serves one interpreter, one checkout of this package and one set of library versions: the socket's
-name hashes them, so an upgrade or another virtual environment gets a warm worker of its own. A job fits a warm
-worker when the variables read while torch, transformers and their native libraries import (thread counts, HF_*
-settings, the Python path) are the same in both: a forked child keeps what its parent's imports read.
+One warm worker serves one interpreter, one checkout of this package, one set of library versions and one control
+group: the socket's name hashes them, so an upgrade or another virtual environment gets a warm worker of its own,
+and a job never runs in (is limited, counted and stopped with) another service's cgroup. A job fits a warm worker
+when the variables read while torch, transformers and the other preloaded libraries import are the same in both
+(`import_environment`: thread counts, HF_* settings, the interpreter's, and the home, temporary, cache and config
+folders, locale and time zone that libraries turn into module constants): a forked child keeps what its parent's
+imports read. Everything else a job reads it reads from its own launch: its whole environment (the stores it
+writes to among them: DAGSTER_HOME, MLFLOW_TRACKING_URI, DRAGON_RUNS_DIR, DRAGON_FEEDBACK_URL), its working
+directory, PYTHONPATH, umask and CPUs (server.py's docstring lists both sides).
 """
 
 from __future__ import annotations
@@ -45,7 +50,38 @@ IMPORT_TIME_PREFIXES = (
     "DATASETS_",
     "PYTHON",
     "LD_",
+    "LC_",
+    "PANDAS_",
+    "NPY_",
+    "NUMPY_",
+    "FSSPEC_",
 )
+# Read whole at import, by exact name: the folders libraries turn into module constants (Hugging Face's hub,
+# datasets' and accelerate's caches, botocore's and matplotlib's folders under HOME; tempfile's and dill's
+# temporary folder), matplotlib's configuration, the locale and the time zone, mlflow's logging set-up.
+IMPORT_TIME_NAMES = frozenset(
+    {
+        "HOME",
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "MPLCONFIGDIR",
+        "MPLBACKEND",
+        "MATPLOTLIBRC",
+        "MLFLOW_CONFIGURE_LOGGING",
+        "MLFLOW_LOGGING_LEVEL",
+    }
+)
+# What the warm worker's own process is started with besides its import environment: nothing of the launch that
+# started it (the stores it named, its Pipes channel, its credentials), so what it imports never depends on which
+# project's job came first.
+SERVER_VARIABLES = ("PATH", "DRAGON_WARM_DIR", "DRAGON_WARM_IDLE_S")
 IDLE_S = float(os.environ.get("DRAGON_WARM_IDLE_S", "600"))  # a warm worker with no job for this long exits
 # Set in a forked child: the warm worker's pid (its parent), so the watchdog follows the launcher instead.
 WARM_PARENT = "DRAGON_WORKER_WARM_PARENT"
@@ -60,7 +96,11 @@ PER_JOB = ("PYTHONPATH", "TORCHINDUCTOR_CACHE_DIR")
 
 def import_environment(env: Mapping[str, str]) -> dict[str, str]:
     """The variables of env that imports read."""
-    return {k: v for k, v in sorted(env.items()) if k.startswith(IMPORT_TIME_PREFIXES) and k not in PER_JOB}
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if (k.startswith(IMPORT_TIME_PREFIXES) or k in IMPORT_TIME_NAMES) and k not in PER_JOB
+    }
 
 
 def python_path(env: Mapping[str, str]) -> list[str]:
@@ -76,17 +116,31 @@ def difference(warm: Mapping[str, str], job: Mapping[str, str]) -> str:
     return ""
 
 
+def package_root() -> Path:
+    """The folder that holds this checkout's dragon_dagster package."""
+    return Path(__file__).resolve().parents[4]
+
+
+def cgroup() -> str:
+    """This process's control groups (/proc/self/cgroup): a warm worker's children are counted, limited and
+    stopped with it, so a job is forked only by a warm worker of its own launcher's cgroup ("" off Linux)."""
+    try:
+        return Path("/proc/self/cgroup").read_text()
+    except OSError:
+        return ""
+
+
 @lru_cache(maxsize=1)
 def key() -> str:
-    """The interpreter, this package's checkout and the preloaded libraries' versions, hashed."""
+    """The interpreter, this package's checkout, the preloaded libraries' versions and the cgroup, hashed."""
     versions = {}
     for name in PRELOADED:
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = ""
-    package = str(Path(__file__).resolve().parents[3])
-    described = json.dumps([sys.executable, sys.version, package, versions])
+    package = str(package_root() / "dragon_dagster")
+    described = json.dumps([sys.executable, sys.version, package, versions, cgroup()])
     return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 

@@ -1,13 +1,37 @@
 """The warm worker: `python -m dragon_dagster.engine.runtime.warm.server --socket PATH`.
 
 It imports the heavy libraries once (no torch op runs and CUDA is never touched, so a fork is safe), listens on a
-Unix socket, and for each job forks a child that becomes the worker: its own session and process group, the
-launcher's stdin/stdout/stderr, the job's environment and working directory, default signal handlers, and the
-worker's command line as its title. It reaps each child and sends the launcher its exit status. It exits after
-IDLE_S without a job, or when its socket is removed or taken over by another warm worker.
+Unix socket, and for each job forks a child that becomes the worker, and reaps it and sends the launcher its exit
+status. It exits after IDLE_S without a job, or when its socket is removed or taken over by another warm worker.
 
-This package's own modules are not kept across jobs: a child imports them afresh, so an edited checkout runs as
-edited (only the libraries stay loaded).
+One warm worker serves every launcher of its user, interpreter, checkout, library versions and cgroup (the key,
+protocol.py), whichever project, Dagster home or store that launcher belongs to: one project's job may be forked
+by a warm worker that another project's job started. That is safe because a job takes from its launch all that
+tells projects apart, and from the warm worker only what is the same for both.
+
+From its launch (the request on the socket), a forked job takes:
+- its environment, whole: the warm worker's is cleared first, so the stores a job writes to (DAGSTER_HOME,
+  MLFLOW_TRACKING_URI, DRAGON_RUNS_DIR, DRAGON_FEEDBACK_URL, AWS_* for an object store) and every other variable
+  are its launcher's, as a fresh interpreter's would be;
+- its command line (the job file, which names its output directory), working directory (also where the libraries'
+  start-folder constants point: START_FOLDER) and sys.path (the working directory, its own PYTHONPATH, then the
+  interpreter's folders);
+- its stdin, stdout and stderr (passed over the socket), umask and CPUs (sched_setaffinity);
+- this package, imported afresh: the warm worker's own modules of it are dropped, so its module-level caches
+  (lru_caches, settings read at import) are computed from the job's environment, and an edited checkout runs as
+  edited;
+- a session and process group of its own, default signal handlers, and the worker's command line as its title.
+
+From the warm worker, it takes:
+- the libraries it imported (torch, transformers, TRL, PEFT, datasets, mlflow through TRL, ...) and what they
+  computed while importing: the warm worker forks only a job whose import environment (protocol.py's
+  `import_environment`: thread counts, HF_*, CUDA, the home, temporary, cache and config folders, locale, time
+  zone) is the same as its own, so these are what the job's own imports would have computed. None of them holds a
+  store: mlflow reads its tracking URI when a client is made, not at import. The warm worker itself is started
+  with only its import environment (client.py's `launch_server`): nothing of the project whose job started it;
+- its cgroup (the key: every launcher it serves is in it), user (its socket's folder is its user's alone), groups,
+  resource limits (ulimit) and nice value, as the launch that started it had them;
+- its parent: the warm worker, so its watchdog follows the launcher's pid instead.
 """
 
 from __future__ import annotations
@@ -117,6 +141,15 @@ def job_sys_path(cwd: str, env: dict[str, str]) -> list[str]:
     return [cwd, *python_path(env), *(p for p in sys.path[1:] if p not in own)]
 
 
+# Module constants that libraries set, as they import, to the folder their process started in: the warm worker's
+# ("/") until a child sets them to its job's (multiprocessing's is where a spawned child resolves its paths).
+START_FOLDER = (
+    ("multiprocessing.process", "ORIGINAL_DIR"),
+    ("multiprocess.process", "ORIGINAL_DIR"),
+    ("rich", "_IMPORT_CWD"),
+)
+
+
 def become_worker(request: dict, fds: list[int], close: list[socket.socket]) -> None:
     """In the forked child: turn into the job's worker process, run it, and exit with its code. Never returns."""
     code = 1
@@ -134,8 +167,15 @@ def become_worker(request: dict, fds: list[int], close: list[socket.socket]) -> 
         if os.isatty(1):
             sys.stdout.reconfigure(line_buffering=True)
         os.chdir(request["cwd"])
+        for module, name in START_FOLDER:
+            if module in sys.modules and getattr(sys.modules[module], name, None):
+                setattr(sys.modules[module], name, os.getcwd())
+        if request.get("umask") is not None:
+            os.umask(request["umask"])
+        if request.get("cpus"):
+            os.sched_setaffinity(0, request["cpus"])
         sys.path[:] = job_sys_path(request["cwd"], request["env"])
-        os.environ.clear()
+        os.environ.clear()  # the warm worker's own environment goes whole: the job's is its launcher's
         os.environ.update(request["env"])
         os.environ[WARM_PARENT] = str(os.getppid())
         for name in [n for n in sys.modules if n == "dragon_dagster" or n.startswith("dragon_dagster.")]:
@@ -248,7 +288,9 @@ class Server:
         if op in ("ping", "stop"):
             if op == "stop":  # off the socket before the answer: a job that follows goes to a new warm worker
                 self.stop_listening("asked to stop")
-            send(conn, {"pid": os.getpid(), "jobs": len(self.children), "env": self.env})
+            send(
+                conn, {"pid": os.getpid(), "jobs": len(self.children), "env": self.env, "variables": sorted(os.environ)}
+            )
             conn.close()
             return
         why = refusal(request, self.env) or (len(lines.fds) != 3 and "no stdin, stdout and stderr came with it")
