@@ -40,7 +40,8 @@ import uuid
 import zlib
 from contextlib import contextmanager
 
-from ..text.uris import scrub, without_password
+from ..outages import StoreUnavailable
+from ..text.uris import without_password
 from .feedback_store import MAX_MESSAGE_CHARS, SCHEMA_VERSION, FeedbackRecords, insert_turns
 from .feedback_turns import FeedbackError
 
@@ -90,8 +91,9 @@ def schema_name(name: str) -> str:
     return f"feedback_{name}"
 
 
-class StoreUnreachable(FeedbackError):
-    """The PostgreSQL server cannot be reached or refuses the connection (the message names the setting)."""
+class StoreUnreachable(StoreUnavailable, FeedbackError):
+    """The PostgreSQL server cannot be reached or refuses the connection: one line naming the store, the setting,
+    the host and the fix (engine/outages.py)."""
 
 
 class PostgresFeedbackStore(FeedbackRecords):
@@ -146,9 +148,8 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     # ----------------------------------------------------------------------------------- connections
 
-    def _problem(self, exc: BaseException) -> str:
-        text = scrub(" ".join(str(exc).split()), self.url)
-        return f"feedback store {without_password(self.url)} ({self.setting}): {text}"
+    def _problem(self, exc: BaseException) -> StoreUnreachable:
+        return StoreUnreachable.of(f"the feedback store (schema {self.schema})", self.setting, self.url, str(exc))
 
     def _connect(self):
         conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
@@ -184,7 +185,7 @@ class PostgresFeedbackStore(FeedbackRecords):
                     self._drop_connection()
                     fatal = getattr(exc, "sqlstate", None) in _FATAL_SQLSTATES
                     if fatal or not self._ready or time.monotonic() > deadline:
-                        raise StoreUnreachable(self._problem(exc)) from None
+                        raise self._problem(exc) from None
             attempt += 1
             time.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * (0.5 + random.random()))
 
