@@ -1,0 +1,185 @@
+"""Every store outage or bad credential is one line naming the store, the setting, the host and the fix, within
+10 s (issue 59): Dagster's instance storage, MLflow's tracking store (a database; a server, and the database behind
+it) and the feedback store, for the `dragon` command (a real process, timed from its start: imports count), the
+chat server and the chat page; `--debug` still shows the traceback. Against a real PostgreSQL (the session's
+throwaway cluster, stopped for real) and, in the slow test, a real `mlflow server` whose database is stopped under
+it while it stays up.
+
+Before: `dragon status` with PostgreSQL stopped exited after 15 s with six retry warnings and a 199-line traceback;
+`dragon models` with MLflow's database stopped said nothing for 250 s, then `too many 503 error responses`; a chat
+turn waited 249 s for its trace and a rating 247 s for its assessment."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dragon_dagster.cli import PROJECT_DAGSTER_YAML
+from tests.support import closed_port
+
+DRAGON = Path(sys.executable).with_name("dragon")
+POSTGRES_INSTANCE = (
+    PROJECT_DAGSTER_YAML.read_text() + PROJECT_DAGSTER_YAML.with_name("postgres-storage.yaml").read_text()
+)
+WITHIN_S = 10
+# what the machine running the tests may have set, which would change which store a command reaches
+STORE_VARIABLES = ("MLFLOW_TRACKING_URI", "DRAGON_FEEDBACK_URL", "DAGSTER_POSTGRES_URL", "DRAGON_DEBUG")
+
+
+def dragon(*args: str, env: dict, debug: bool = False) -> tuple[subprocess.CompletedProcess, float]:
+    """The `dragon` command as people run it, and how long it took from its start."""
+    began = time.monotonic()
+    done = subprocess.run(
+        [str(DRAGON), *(["--debug"] if debug else []), *args],
+        env={**{k: v for k, v in os.environ.items() if k not in STORE_VARIABLES}, **env},
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
+    return done, time.monotonic() - began
+
+
+def one_line(done: subprocess.CompletedProcess, took: float, *named: str, secret: str = "") -> str:
+    """The command failed in time with one line on stderr naming each of `named` and a fix; that line."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("Error: "), done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr and "Fix: " in lines[0], lines[0]
+    for name in named:
+        assert name in lines[0], (name, lines[0])
+    assert not secret or secret not in done.stdout + done.stderr
+    assert took < WITHIN_S, f"{took:.1f} s: {lines[0]}"
+    return lines[0]
+
+
+@pytest.fixture()
+def dagster_home(tmp_path) -> Path:
+    """A Dagster home with the shipped instance settings and the PostgreSQL storage block, as the deployment guide
+    and `make ui DAGSTER_INSTANCE=postgres` write it."""
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(POSTGRES_INSTANCE)
+    return home
+
+
+def test_dagster_storage_down_refused_or_unset_is_one_line_within_10_s(postgres, dagster_home, tmp_path):
+    """`dragon status` reaches Dagster's storage before it loads anything: a closed port, a wrong password, a host
+    that takes the connection and never answers, an unset variable, and a user that may not create Dagster's
+    tables (on PostgreSQL 15, one that does not own the database) are each one line; --debug shows the
+    traceback."""
+    database = postgres.create_database().rsplit("/", 1)[1]
+    base = {"DAGSTER_HOME": str(dagster_home), "DRAGON_RUNS_DIR": str(tmp_path / "runs")}
+    setting = "$DAGSTER_POSTGRES_URL"
+
+    def status(url: str | None, debug: bool = False):
+        return dragon("status", "support", env={**base, **({"DAGSTER_POSTGRES_URL": url} if url else {})}, debug=debug)
+
+    port = closed_port()
+    refused = f"postgresql+psycopg2://dragon:pw-5150@127.0.0.1:{port}/dagster"
+    line = one_line(*status(refused), "Dagster's instance storage", setting, f"127.0.0.1:{port}", secret="pw-5150")
+    assert line.endswith(
+        f"Connection refused. Fix: start PostgreSQL on 127.0.0.1:{port}, or correct the host and port in {setting}."
+    )
+    done, _ = status(refused, debug=True)
+    assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr
+    assert "DagsterStorageError: Dagster's instance storage" in done.stderr
+
+    wrong = postgres.url(database, password="not-it-7", driver="postgresql+psycopg2")
+    line = one_line(*status(wrong), setting, f"127.0.0.1:{postgres.port}", secret="not-it-7")
+    assert 'password authentication failed for user "dragon". Fix: correct the user or password in' in line
+
+    with socket.socket() as silent:  # accepts, never speaks: libpq would wait as long as the kernel lets it
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        hung = f"postgresql+psycopg2://dragon:pw-hung-1@127.0.0.1:{silent.getsockname()[1]}/dagster"
+        assert "timeout expired. Fix: check that 127.0.0.1:" in one_line(*status(hung), setting)
+
+    line = one_line(*status(None), setting)
+    assert "$DAGSTER_POSTGRES_URL is not set" in line and "Fix: set DAGSTER_POSTGRES_URL=postgresql+psycopg2://" in line
+
+    postgres.sql("CREATE ROLE viewer LOGIN PASSWORD 'viewer-pw'")
+    viewer = postgres.url(database, driver="postgresql+psycopg2").replace(
+        f"dragon:{postgres.password}@", "viewer:viewer-pw@"
+    )
+    line = one_line(*status(viewer), setting, secret="viewer-pw")
+    assert f"user viewer may not create tables in schema public of database {database}" in line
+    assert "Fix: make the user in $DAGSTER_POSTGRES_URL the owner of its database" in line
+
+
+def test_with_postgresql_stopped_each_store_is_one_line_within_10_s(postgres, dagster_home, tmp_path):
+    """One server with the three databases, as the deployment guide has it, stopped for real: Dagster's storage
+    (`dragon status`), MLflow's database as the tracking URI (`dragon models`), and the feedback store (`dragon chat`,
+    and the chat server, `dragon chat-ui`, which stops before it serves) each say so in one line."""
+    urls = {name: postgres.create_database() for name in ("dagster", "mlflow", "feedback")}
+    env = {
+        "DAGSTER_HOME": str(dagster_home),
+        "DRAGON_RUNS_DIR": str(tmp_path / "runs"),
+        "DAGSTER_POSTGRES_URL": urls["dagster"].replace("postgresql://", "postgresql+psycopg2://"),
+        "MLFLOW_TRACKING_URI": urls["mlflow"],
+        "DRAGON_FEEDBACK_URL": urls["feedback"],
+    }
+    host, secret = f"127.0.0.1:{postgres.port}", postgres.password
+    postgres.stop()
+    try:
+        one_line(
+            *dragon("status", "support", env=env),
+            "Dagster's instance storage",
+            "$DAGSTER_POSTGRES_URL",
+            host,
+            secret=secret,
+        )
+        one_line(*dragon("models", "tiny", env=env), "MLflow's database", "$MLFLOW_TRACKING_URI", host, secret=secret)
+        for command in ("chat", "chat-ui"):
+            done, took = dragon(command, "tiny", "--model", "http://127.0.0.1:9/v1", env=env)
+            line = one_line(done, took, "the feedback store", "$DRAGON_FEEDBACK_URL", host, secret=secret)
+            assert line.endswith(
+                f"Fix: start PostgreSQL on {host}, or correct the host and port in $DRAGON_FEEDBACK_URL."
+            )
+    finally:
+        postgres.start()
+
+
+def test_the_storage_urls_read_are_the_ones_dagster_postgres_builds(tmp_path, monkeypatch):
+    """cli/dagster_storage.py reads dagster.yaml without importing dagster (seconds a down database's message must
+    not wait for): its URLs are the ones dagster-postgres connects to, in both of the storage's forms."""
+    import yaml
+    from dagster._config import process_config
+    from dagster_postgres import DagsterPostgresStorage
+    from dagster_postgres.utils import pg_url_from_config
+
+    from dragon_dagster.cli.dagster_storage import postgres_storage
+
+    monkeypatch.setenv("PG_PASSWORD", "p@ss:w/rd%")
+    forms = {
+        "postgres_url": {"postgres_url": {"env": "PG_URL"}},
+        "postgres_db": {
+            "postgres_db": {
+                "username": "dagster",
+                "password": {"env": "PG_PASSWORD"},
+                "hostname": "db.internal",
+                "db_name": "dagster",
+                "port": 6543,
+                "params": {"sslmode": "require"},
+            }
+        },
+    }
+    monkeypatch.setenv("PG_URL", "postgresql+psycopg2://dagster:s3cret@db.internal:5432/dagster")
+    for form, config in forms.items():
+        (tmp_path / "dagster.yaml").write_text(yaml.safe_dump({"storage": {"postgres": config}}))
+        expected = pg_url_from_config(process_config(DagsterPostgresStorage.config_type(), config).value)
+        setting = "$PG_URL" if form == "postgres_url" else f"postgres_db in {tmp_path / 'dagster.yaml'}"
+        assert postgres_storage(tmp_path) == [(expected, setting)], form
+    separate = {
+        key: {"module": f"dagster_postgres.{key}", "class": "X", "config": forms["postgres_url"]}
+        for key in ("run_storage", "event_log_storage", "schedule_storage")
+    }
+    (tmp_path / "dagster.yaml").write_text(yaml.safe_dump(separate))
+    assert [setting for _, setting in postgres_storage(tmp_path)] == ["$PG_URL"], "one database, reached once"
+    (tmp_path / "dagster.yaml").write_text(PROJECT_DAGSTER_YAML.read_text())  # the shipped default: SQLite files
+    assert postgres_storage(tmp_path) == []
