@@ -183,3 +183,137 @@ def test_the_storage_urls_read_are_the_ones_dagster_postgres_builds(tmp_path, mo
     assert [setting for _, setting in postgres_storage(tmp_path)] == ["$PG_URL"], "one database, reached once"
     (tmp_path / "dagster.yaml").write_text(PROJECT_DAGSTER_YAML.read_text())  # the shipped default: SQLite files
     assert postgres_storage(tmp_path) == []
+
+
+def test_a_rating_while_the_feedback_store_is_down_is_kept_and_stored_once_after(postgres, tmp_path):
+    """The chat's store (as chat_target makes it: a short ride-out) with PostgreSQL stopped: a rating is kept with
+    the store's one line within 10 s, and the ones after it queue behind it; once the server is back, the next
+    rating stores them first, in order. A kept record's key finds a write that committed before its
+    acknowledgement was lost, so it is never stored twice."""
+    from dragon_dagster.chat_target import feedback_store
+    from dragon_dagster.engine.infer.chat import Chat
+    from dragon_dagster.resources.storage import ArtifactStore
+    from tests.test_chat_ui import Echo
+
+    store = feedback_store("tiny", ArtifactStore(feedback_url=postgres.create_database(), runs_dir=str(tmp_path)))
+    chat = Chat(Echo(), store=store)
+    for text in ("one", "two", "three", "four"):
+        chat.say(text)
+    assert chat.rate(True, index=0) == 1
+    postgres.stop()
+    try:
+        began = time.monotonic()
+        assert chat.rate(False, index=1) is None
+        took = time.monotonic() - began
+        kept = chat.feedback[-1]["store_error"]
+        assert kept.startswith(f"the feedback store (schema feedback_tiny) on 127.0.0.1:{postgres.port} (")
+        assert "Fix: start PostgreSQL" in kept and kept.endswith("stored with its next rating or edit.")
+        assert took < WITHIN_S, took
+        assert chat.edit("Better two.", index=2) is None and len(chat.kept) == 2
+    finally:
+        postgres.start()
+    assert chat.rate(True, index=3) == 4 and not chat.kept
+    assert [(r["id"], r["reply"], r["verdict"]) for r in store.records()] == [
+        (1, "Reply 1 to: one", "up"),
+        (2, "Reply 2 to: two", "down"),
+        (3, "Reply 3 to: three", "edit"),
+        (4, "Reply 4 to: four", "up"),
+    ]
+    again = chat.feedback[1]
+    turns, reply = again["turns"], again["reply"]
+    assert store.record(chat.conversation_id, turns, reply, "down", key=again["key"]) == 2, "found, not added"
+    assert store.count() == 4
+    print(f"a rating during the outage was kept in {took:.1f} s")
+
+
+def test_with_mlflow_gone_a_turn_goes_untraced_and_an_assessment_waits_saying_why_at_once():
+    """The tracer asks the tracking store before each trace and assessment: without that, MLflow's client
+    retried a server whose database was down for 249 s a turn (and the trace was lost anyway) and 247 s a
+    rating. A server that is gone here (a closed port) is the quickest such outage; the slow test below stops
+    the database behind a real server."""
+    from dragon_dagster.engine.infer.chat import Chat
+    from dragon_dagster.engine.infer.tracing import ChatTracer, TracingError
+    from tests.test_chat_ui import Echo
+
+    port = closed_port()
+    tracer = ChatTracer(f"http://127.0.0.1:{port}", "0", setting="$MLFLOW_TRACKING_URI")
+    chat = Chat(Echo(), tracer=tracer)
+    began = time.monotonic()
+    assert chat.say("hi") == "Reply 1 to: hi" and "trace_id" not in chat.messages[-1]
+    assert chat.trace_error == (
+        f"no MLflow trace for this turn: MLflow's tracking server on 127.0.0.1:{port} ($MLFLOW_TRACKING_URI: "
+        f"http://127.0.0.1:{port}): Connection refused. Fix: start the MLflow tracking server on 127.0.0.1:{port}, "
+        "or correct the host and port in $MLFLOW_TRACKING_URI."
+    )
+    with pytest.raises(TracingError, match=r"is kept and retried with the next rating: MLflow's tracking server on"):
+        tracer.assess("tr-" + "0" * 32, "up", None, 1)
+    assert len(tracer.pending) == 1 and tracer.retry_pending() == 1
+    assert time.monotonic() - began < WITHIN_S
+
+
+@pytest.mark.slow  # a real `mlflow server` on a new PostgreSQL database: about a minute to start on 2 cores
+def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(postgres, start_mlflow_server, tmp_path):
+    """MLflow's server stays up (its /health answers) while its database is down. `dragon models` says so in one
+    line naming the database's host; the chat page answers on, each turn untraced with that line, and a rating is
+    kept with the feedback store's line, within 10 s each; when the database is back, the next rating stores the
+    kept one first, in order, and the assessments follow."""
+
+    from dragon_dagster import chat_ui
+    from dragon_dagster.chat_target import ChatModel, feedback_store, tracer
+    from dragon_dagster.resources.storage import ArtifactStore
+    from dragon_dagster.resources.tracking import MLflowTracking
+    from tests.support import healthy
+    from tests.test_chat_ui import Echo, drain
+
+    server = start_mlflow_server(postgres.create_database(), str(tmp_path / "artifacts"))
+    store = feedback_store("tiny", ArtifactStore(feedback_url=postgres.create_database(), runs_dir=str(tmp_path)))
+    traced = tracer("tiny", ChatModel({}, "echo", "echo"), "ana", None, tracking=MLflowTracking(tracking_uri=server))
+    page = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0, tracer=traced)
+    chat = drain(page.send("one", None, "", None, 0.7, 64))[2]
+    first = chat.messages[1].get("trace_id")
+    assert first, chat.trace_error
+    assert first and "Recorded thumbs up on reply 1 (feedback #1" in page.like(chat, like(1, True))[2]
+
+    host = f"127.0.0.1:{postgres.port}"
+    postgres.stop()
+    down = time.monotonic()
+    try:
+        assert healthy(f"{server}/health"), "the server itself is up"
+        env = {"MLFLOW_TRACKING_URI": server, "DRAGON_RUNS_DIR": str(tmp_path / "runs")}
+        line = one_line(*dragon("models", "tiny", env=env), "$MLFLOW_TRACKING_URI", host)
+        assert f"MLflow's database behind the tracking server {server.split('//')[1]} on {host}" in line
+        assert "the server answers 503: Connection refused. Fix: start the MLflow server's database on" in line
+        done, _ = dragon("models", "tiny", env=env, debug=True)
+        assert "Traceback (most recent call last)" in done.stderr and "StoreUnavailable" in done.stderr
+
+        began = time.monotonic()
+        _, _, chat, status = drain(page.send("two", chat, "", None, 0.7, 64))
+        assert time.monotonic() - began < WITHIN_S and "trace_id" not in chat.messages[3]
+        assert "**Not traced:** no MLflow trace for this turn: MLflow's database behind the" in status, status
+        assert host in status
+
+        began = time.monotonic()
+        _, chat, status = page.like(chat, like(3, True))
+        assert time.monotonic() - began < WITHIN_S
+        assert status.startswith("**Kept thumbs up on reply 2, not stored yet:** the feedback store"), status
+        assert host in status and "Fix: start PostgreSQL" in status and postgres.password not in status
+    finally:
+        postgres.start()
+    outage = time.monotonic() - down
+
+    began = time.monotonic()
+    _, chat, status = page.like(chat, like(1, False))  # the next rating: the kept one is stored first
+    assert "Recorded thumbs down on reply 1, replacing thumbs up (feedback #3" in status and not chat.kept
+    stored = [(r["id"], r["reply"], r["verdict"]) for r in store.records()]
+    assert stored == [(1, "Reply 1 to: one", "up"), (2, "Reply 2 to: two", "up"), (3, "Reply 1 to: one", "down")]
+    from mlflow import MlflowClient
+
+    thumbs = [a.value for a in MlflowClient(server).get_trace(first).info.assessments if a.name == "thumbs"]
+    assert sorted(thumbs) == [False, True] and not traced.pending
+    print(f"outage {outage:.1f} s; kept rating stored {time.monotonic() - began:.1f} s into the next rating")
+
+
+def like(index: int, liked: bool):
+    import gradio as gr
+
+    return gr.LikeData(None, {"index": index, "value": ["x"], "liked": liked})

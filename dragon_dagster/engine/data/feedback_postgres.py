@@ -219,9 +219,9 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _append(self, messages: list[dict], row: tuple) -> int:
+    def _append(self, messages: list[dict], row: tuple, key: str | None = None) -> int:
         """One checked record, under the store's lock until it commits, found again by its key when retried."""
-        key = uuid.uuid4().hex
+        key = key or uuid.uuid4().hex
 
         def insert(conn):
             with conn.transaction():
