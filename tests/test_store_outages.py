@@ -252,17 +252,24 @@ def test_with_mlflow_gone_a_turn_goes_untraced_and_an_assessment_waits_saying_wh
 
 
 @pytest.mark.slow  # a real `mlflow server` on a new PostgreSQL database: about a minute to start on 2 cores
-def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(postgres, start_mlflow_server, tmp_path):
+def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(
+    postgres, start_mlflow_server, tiny_model, tmp_path
+):
     """MLflow's server stays up (its /health answers) while its database is down. `dragon models` says so in one
-    line naming the database's host; the chat page answers on, each turn untraced with that line, and a rating is
-    kept with the feedback store's line, within 10 s each; when the database is back, the next rating stores the
-    kept one first, in order, and the assessments follow."""
+    line naming the database's host; a run started meanwhile fails at its first step with that line as the reason;
+    the chat page answers on, each turn untraced with that line, and a rating is kept with the feedback store's
+    line, within 10 s each; when the database is back, the next rating stores the kept one first, in order, and
+    the assessments follow."""
+    from dagster import AssetSelection, DagsterInstance, materialize
 
     from dragon_dagster import chat_ui
+    from dragon_dagster.assets.factory import build_pipeline_defs
     from dragon_dagster.chat_target import ChatModel, feedback_store, tracer
+    from dragon_dagster.engine.pipeline import load
+    from dragon_dagster.resources import TrainingResource, tracking
     from dragon_dagster.resources.storage import ArtifactStore
     from dragon_dagster.resources.tracking import MLflowTracking
-    from tests.support import healthy
+    from tests.support import healthy, write_pipeline
     from tests.test_chat_ui import Echo, drain
 
     server = start_mlflow_server(postgres.create_database(), str(tmp_path / "artifacts"))
@@ -285,6 +292,28 @@ def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(postgre
         assert "the server answers 503: Connection refused. Fix: start the MLflow server's database on" in line
         done, _ = dragon("models", "tiny", env=env, debug=True)
         assert "Traceback (most recent call last)" in done.stderr and "StoreUnavailable" in done.stderr
+
+        # a run: Dagster starts each in a process of its own, which checks the store afresh (this process has)
+        tracking._CHECKED.discard(server)
+        runs = tmp_path / "runs"
+        began = time.monotonic()
+        result = materialize(
+            build_pipeline_defs(load(write_pipeline(tmp_path / "defs", tiny_model)))["assets"],
+            resources={
+                "store": ArtifactStore(runs_dir=str(runs)),
+                "tracking": MLflowTracking(tracking_uri=server, runs_dir=str(runs)),
+                "training": TrainingResource(device="cpu"),
+            },
+            instance=DagsterInstance.ephemeral(),
+            selection=AssetSelection.assets(*[["tiny", n] for n in ("tickets", "sft_dataset", "sft_adapter")]),
+            raise_on_error=False,
+        )
+        run_failed_s = time.monotonic() - began
+        [failure] = result.get_step_failure_events()
+        reason = failure.step_failure_data.error.cause
+        assert failure.step_key == "tiny__sft_dataset" and reason.cls_name == "TrackingStoreError"
+        assert f"MLflow's database behind the tracking server {server.split('//')[1]} on {host}" in reason.message
+        assert run_failed_s < 60, run_failed_s  # the run's own start (definitions, the dataset step) included
 
         began = time.monotonic()
         _, _, chat, status = drain(page.send("two", chat, "", None, 0.7, 64))
@@ -310,7 +339,10 @@ def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(postgre
 
     thumbs = [a.value for a in MlflowClient(server).get_trace(first).info.assessments if a.name == "thumbs"]
     assert sorted(thumbs) == [False, True] and not traced.pending
-    print(f"outage {outage:.1f} s; kept rating stored {time.monotonic() - began:.1f} s into the next rating")
+    print(
+        f"outage {outage:.1f} s; the run failed in {run_failed_s:.1f} s; the kept rating was stored "
+        f"{time.monotonic() - began:.1f} s into the next rating"
+    )
 
 
 def like(index: int, liked: bool):
