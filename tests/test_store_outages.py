@@ -112,6 +112,18 @@ def test_dagster_storage_down_refused_or_unset_is_one_line_within_10_s(postgres,
     assert "Fix: make the user in $DAGSTER_POSTGRES_URL the owner of its database" in line
 
 
+def test_a_feedback_user_that_may_not_create_its_schema_is_one_line(postgres, tmp_path):
+    """On PostgreSQL 15 a user that does not own its database may not create the store's schema: that was a
+    traceback ending `permission denied for database`."""
+    url = postgres.create_database()
+    postgres.sql("CREATE ROLE rater LOGIN PASSWORD 'rater-pw'")
+    rater = url.replace(f"dragon:{postgres.password}@", "rater:rater-pw@")
+    env = {"DRAGON_RUNS_DIR": str(tmp_path / "runs"), "DRAGON_FEEDBACK_URL": rater}
+    done, took = dragon("chat", "tiny", "--model", "http://127.0.0.1:9/v1", env=env)
+    line = one_line(done, took, "the feedback store", "$DRAGON_FEEDBACK_URL", secret="rater-pw")
+    assert f"permission denied for database {url.rsplit('/', 1)[1]}. Fix: make the user in $DRAGON_FEEDBACK_URL" in line
+
+
 def test_with_postgresql_stopped_each_store_is_one_line_within_10_s(postgres, dagster_home, tmp_path):
     """One server with the three databases, as the deployment guide has it, stopped for real: Dagster's storage
     (`dragon status`), MLflow's database as the tracking URI (`dragon models`), and the feedback store (`dragon chat`,

@@ -173,8 +173,8 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     def _retry(self, work):
         """Run work(conn) on the store's connection, one operation at a time. A lost connection is retried on a
-        new one until `timeout` once this store has reached its server; refusals (password, missing database)
-        and a server never reached fail at once."""
+        new one until `timeout` once this store has reached its server; refusals (password, missing database, a
+        user that may not create the store's schema) and a server never reached fail at once."""
         deadline = time.monotonic() + self.timeout
         attempt = 0
         while True:
@@ -186,6 +186,8 @@ class PostgresFeedbackStore(FeedbackRecords):
                     fatal = getattr(exc, "sqlstate", None) in _FATAL_SQLSTATES
                     if fatal or not self._ready or time.monotonic() > deadline:
                         raise self._problem(exc) from None
+                except psycopg.errors.InsufficientPrivilege as exc:  # a user that does not own its database
+                    raise self._problem(exc) from None
             attempt += 1
             time.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * (0.5 + random.random()))
 
