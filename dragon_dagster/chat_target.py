@@ -99,13 +99,20 @@ def deployed(pipeline: str) -> LiveModel:
     return live
 
 
+# How long a rating waits for a feedback store that went away (a restart is ridden out) before the chat keeps it
+# and says why: the page's line must come within 10 s, and a host that drops packets costs the connect timeout
+# (engine/outages.py's 5 s) on top. What is kept is stored with the session's next rating or edit
+# (engine/infer/chat.py's Chat.kept).
+RIDE_OUT_S = 3.0
+
+
 def feedback_store(pipeline: str, store: ArtifactStore | None = None) -> FeedbackStore:
     """The pipeline's feedback store, reached now: a store URL that is wrong or a server that is down is one
     clear error (naming the setting, never the password) before any chat starts."""
     from .engine.data.feedback_turns import FeedbackError
 
     try:
-        found = (store or ArtifactStore()).feedback_store(pipeline)
+        found = (store or ArtifactStore()).feedback_store(pipeline, ride_out_s=RIDE_OUT_S)
         found.check()
     except (FeedbackError, ValueError) as exc:
         raise ChatTargetError(str(exc)) from None
@@ -244,6 +251,7 @@ def tracer(
     return ChatTracer(
         tracking.uri,
         experiment_id,
+        setting=tracking.setting,
         user=user or getpass.getuser(),
         model_uri=model.uri,
         model_version=model.version,

@@ -272,16 +272,17 @@ class ChatHandlers:
 
     @staticmethod
     def _outcome(chat: Chat, reply: ReplyStream, done: str) -> str:
-        """The status line once a streamed reply has ended."""
+        """The status line once a streamed reply has ended (and why it has no MLflow trace, when it has none)."""
+        untraced = f" **Not traced:** {shown(chat.trace_error)}" if chat.trace_error else ""
         if not reply.stopped:
-            return done + context_note(chat)
+            return done + context_note(chat) + untraced
         if not reply.text:
             return (
                 "Stopped before the model wrote anything; the previous reply is kept."
                 if reply.regenerate
                 else "Stopped before the model wrote anything; your message is back in the box."
             )
-        return "**Stopped**: the reply is cut short; rate or edit it like any other. " + context_note(chat)
+        return "**Stopped**: the reply is cut short; rate or edit it like any other. " + context_note(chat) + untraced
 
     def _streamed(self, chat: Chat, reply: ReplyStream, done: str = "") -> Iterator[tuple]:
         """(chatbot, chat, status) while the reply is generated, then the outcome; errors go to the status."""
@@ -402,9 +403,12 @@ class ChatHandlers:
     # ------------------------------------------------------------------------------------ feedback
 
     def _saved(self, chat: Chat, what: str, feedback_id: int | None) -> str:
+        kept = chat.feedback[-1].get("store_error") if chat.feedback else None
+        if kept:  # the store is down: one line naming it, the setting, the host and the fix
+            return f"**Kept {what}, not stored yet:** {shown(kept)}"
         where = f"feedback #{feedback_id}" if feedback_id is not None else "no feedback store: not saved"
         problem = chat.feedback[-1].get("assessment_error") if chat.feedback else None
-        return f"Recorded {what} ({where}, model `{chat.model_label}`)." + (f" {problem}" if problem else "")
+        return f"Recorded {what} ({where}, model `{chat.model_label}`)." + (f" {shown(problem)}" if problem else "")
 
     def like(self, chat: Chat | None, data: gr.LikeData) -> tuple:
         """Outputs (chatbot, chat, status): a thumbs up or down on a reply goes to the feedback store, once; the
@@ -425,7 +429,13 @@ class ChatHandlers:
         except ERRORS as exc:
             return gr.skip(), chat, _error(exc)
         if earlier and earlier["verdict"] == verdict:
-            where = f"feedback #{feedback_id}" if feedback_id is not None else "not saved: no feedback store"
+            where = (
+                f"feedback #{feedback_id}"
+                if feedback_id is not None
+                else "kept until the feedback store answers"
+                if chat.kept
+                else "not saved: no feedback store"
+            )
             status = f"Thumbs {verdict} on reply {reply + 1} is already recorded ({where}): a rating counts once."
             return _view(chat.messages), chat, status
         what = f"thumbs {verdict} on reply {reply + 1}" + (

@@ -28,6 +28,9 @@ pipeline's tools, each call the model makes prints as `-> tool({...})` and its r
 
 
 def _saved(chat: Chat, verdict: str, feedback_id: int | None) -> str:
+    kept = chat.feedback[-1].get("store_error") if chat.feedback else None
+    if kept:  # the store is down: one line naming it, the setting, the host and the fix
+        return f"kept {verdict}, not stored yet: {kept}"
     said = (
         f"recorded {verdict} (feedback #{feedback_id})"
         if feedback_id is not None
@@ -138,5 +141,7 @@ def run_terminal(
                 _print_stream(chat.stream(line[1:] if line.startswith("//") else line), print_fn, write_fn)
                 if chat.last_dropped:
                     print_fn(f"({chat.last_dropped} earlier exchange(s) not sent: context_turns={chat.context_turns})")
+                if chat.trace_error:
+                    print_fn(f"(not traced: {chat.trace_error})")
         except (ChatError, FeedbackError, BackendError, OSError) as exc:
             print_fn(f"error: {exc}")

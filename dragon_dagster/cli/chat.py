@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from .common import console, ensure_dagster_home, login_options, password_from, pipeline_argument, runs_dir
+from .common import (
+    console,
+    ensure_dagster_home,
+    login_options,
+    password_from,
+    pipeline_argument,
+    reach_feedback,
+    reach_tracking,
+    runs_dir,
+)
 from .group import main
 
 
@@ -49,10 +58,20 @@ def say(text: str, warning: bool) -> None:
     console.print(text, style="bold yellow" if warning else "dim", soft_wrap=True, markup=False)
 
 
+def reach_stores(pipeline: str, model: str | None) -> None:
+    """The stores a chat cannot start without, reached before its imports: the feedback store, and MLflow's
+    registry when the model comes from it (the deployed one, or a models:/ URI). A chat with a model named
+    otherwise goes on untraced when MLflow does not answer, and says so."""
+    reach_feedback(pipeline)
+    if model is None or model.startswith("models:/"):
+        reach_tracking()
+
+
 @main.command()
 @chat_options
 def chat(pipeline, model, server_model, system, context_turns):
     """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
+    reach_stores(pipeline, model)
     from ..chat_target import chat_target
     from ..engine.infer.chat import Chat
     from ..terminal_chat import run_terminal
@@ -143,10 +162,11 @@ def studio(
 @login_options
 def chat_ui(pipeline, model, server_model, system, context_turns, host, port, password_env, username):
     """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
+    password = password_from(password_env)
+    reach_stores(pipeline, model)
     from ..chat_target import chat_target
     from ..chat_ui import exposure_warning, serve_target
 
-    password = password_from(password_env)
     target = chat_target(pipeline, model, server_model, system, user=username if password else None, say=say)
     warning = exposure_warning(host, password)
     if warning:

@@ -19,12 +19,42 @@ PROJECT_DAGSTER_YAML = Path(__file__).resolve().parents[1] / "instance" / "dagst
 
 
 def ensure_dagster_home() -> Path:
-    """Use $DAGSTER_HOME, else ./.dagster_home, with the project's instance settings in it."""
+    """Use $DAGSTER_HOME, else ./.dagster_home, with the project's instance settings in it; its storage reached
+    now, as every caller uses the instance next: a PostgreSQL storage that is down or refuses the login is one
+    line within seconds (resources/dagster_storage.py), not dagster-postgres's retries and a long traceback."""
+    from .dagster_storage import check_dagster_storage
+
     home = Path(os.environ.setdefault("DAGSTER_HOME", str(Path.cwd() / ".dagster_home"))).resolve()
     home.mkdir(parents=True, exist_ok=True)
     if not (home / "dagster.yaml").exists() and PROJECT_DAGSTER_YAML.exists():
         shutil.copyfile(PROJECT_DAGSTER_YAML, home / "dagster.yaml")
+    check_dagster_storage(home)
     return home
+
+
+def reach_tracking(uri: str | None = None, setting: str = "$MLFLOW_TRACKING_URI") -> None:
+    """MLflow's tracking store (uri, named by `setting`; default: $MLFLOW_TRACKING_URI, as MLflowTracking() finds
+    it) reached before mlflow is imported (3 s of CPU, 10 s on a busy 2-core machine): a server or database that
+    is down or refuses the login, or a server whose own database is down, is one line within seconds
+    (engine/outages.py), not MLflow's retries (about 250 s) and a traceback. The runs directory's sqlite store,
+    the default, has nothing to reach."""
+    from ..engine.outages import check_tracking_store
+
+    if uri:
+        check_tracking_store(uri, setting)
+    else:
+        check_tracking_store(os.environ.get("MLFLOW_TRACKING_URI", ""), "$MLFLOW_TRACKING_URI")
+
+
+def reach_feedback(pipeline: str) -> None:
+    """The pipeline's feedback store, when $DRAGON_FEEDBACK_URL puts it in PostgreSQL, reached before the chat's
+    imports (its model, MLflow, the page: 8 s of a busy machine): a server that is down or refuses the login is
+    one line within seconds. The chat reaches it again when it starts (chat_target.feedback_store)."""
+    from ..engine.data.feedback_postgres import URL_SCHEMES, PostgresFeedbackStore
+
+    url = os.environ.get("DRAGON_FEEDBACK_URL", "")
+    if url.startswith(URL_SCHEMES):
+        PostgresFeedbackStore(url, pipeline, setting="$DRAGON_FEEDBACK_URL").check()
 
 
 def one_line(text) -> str:
@@ -40,6 +70,8 @@ def runs_dir() -> Path:
 def resolve_target(target: str) -> Path:
     """A directory, an asset name like support/merged_model (its latest artifact), or a registered model:
     models:/support@champion, models:/support/3 (chat_target.resolve_target), as a command's parameter."""
+    if target.startswith("models:/"):
+        reach_tracking()
     from ..chat_target import ChatTargetError
     from ..chat_target import resolve_target as resolve
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .common import console, ensure_dagster_home, one_line, pipeline_argument
+from .common import console, ensure_dagster_home, one_line, pipeline_argument, reach_tracking
 from .group import main
 
 LOG_LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -54,6 +54,7 @@ def demo(pipeline: str, profile: str, defs_module: str | None, fresh: bool, verb
     table says so); --fresh makes everything anew. A pipeline without the asked profile runs without one (and
     says so)."""
     ensure_dagster_home()
+    reach_tracking()
     from ..assets.launch import find_pipeline, load_definitions, materialize_pipeline
     from ..engine.runtime import library_noise
     from ..engine.runtime.warm import client as warm

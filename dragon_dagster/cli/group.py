@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import click
 
+from ..engine.outages import StoreUnavailable
 from .common import one_line
 
 
@@ -19,11 +20,12 @@ class OneLineError(click.ClickException):
 
 def expected(exc: BaseException) -> bool:
     """Errors that mean bad input or a missing thing, not a bug: ValueError (DataError, PipelineError and
-    the other checks are ValueErrors), a missing file or module, click's usage errors, and the project's own
-    *Error classes (ModelError, TrainingError, BackendError ...)."""
+    the other checks are ValueErrors), a missing file or module, click's usage errors, a store that is down or
+    refuses the login (StoreUnavailable: its one line names the setting, the host and the fix), and the
+    project's own *Error classes (ModelError, TrainingError, BackendError ...)."""
     if isinstance(exc, (click.exceptions.Exit, click.Abort, getattr(click.exceptions, "NoArgsIsHelpError", ()))):
         return False
-    if isinstance(exc, (ValueError, FileNotFoundError, ModuleNotFoundError, click.ClickException)):
+    if isinstance(exc, (ValueError, FileNotFoundError, ModuleNotFoundError, click.ClickException, StoreUnavailable)):
         return True
     if any(c.__name__ == "MlflowException" for c in type(exc).__mro__):  # a server down, a name unknown to it
         return True

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .common import console, resolve_target, runs_dir
+from .common import console, reach_tracking, resolve_target, runs_dir
 from .group import main
 
 
@@ -191,6 +191,7 @@ def export(target: str, ollama: bool, out: str | None, formats: tuple[str, ...],
 def prompt(pipeline: str, text: str | None, version: int | None):
     """PIPELINE's system prompt in MLflow's Prompt Registry: its versions, which one is live (chat, export and
     evaluation send it); --register a new text, --set-live a version."""
+    reach_tracking()
     from ..engine.release.model_registry import RegistryError
     from ..engine.release.prompt_registry import LIVE, live_prompt, prompt_name, register_prompt, set_live, versions_of
     from ..resources.tracking import MLflowTracking
@@ -231,6 +232,7 @@ def prompt(pipeline: str, text: str | None, version: int | None):
 )
 def models(pipeline: str, version: str | None):
     """PIPELINE's model versions in the MLflow Model Registry, newest first, with their aliases."""
+    reach_tracking()
     from ..engine.release.model_registry import CHAMPION
     from ..resources.tracking import MLflowTracking
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from .common import console, ensure_dagster_home, fmt, runs_dir
+from .common import console, ensure_dagster_home, fmt, reach_tracking, runs_dir
 from .group import main
 
 
@@ -34,6 +34,7 @@ def sweep(pipeline: str, name: str, dagster_url: str | None, here: bool, defs_mo
     daemon starts queued runs) runs them. The code location is the one `dagster dev` loads in this directory.
     `dragon compare PIPELINE --sweep NAME` ranks them."""
     ensure_dagster_home()
+    reach_tracking()
     from dagster import DagsterInstance
 
     from ..assets.sweep import run_sweep_here, submit_sweep
@@ -96,6 +97,7 @@ def compare(
 ):
     """Every run's figures, read from MLflow: base, each stage and each report side by side; with --sweep, a
     sweep's points ranked by its metric; with --runs A B, what differs between two pipeline runs."""
+    reach_tracking(tracking_uri, "--tracking-uri")
     from ..resources.tracking import MLflowTracking
 
     pipeline = pipeline_name or pipeline
@@ -267,6 +269,7 @@ def referenced_artifacts() -> set[Path]:
     from ..resources.tracking import MLflowTracking
 
     ensure_dagster_home()
+    reach_tracking()
     keep: set[Path] = set()
     with DagsterInstance.get() as instance:
         for key in instance.get_asset_keys():

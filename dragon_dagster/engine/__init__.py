@@ -17,6 +17,7 @@ this in `make test`):
     data               tables, dataset stages' base and checks, the feedback store and its rows
     artifacts          artifact directories, typed manifests, checkpoints, progress rows
     config             settings, hardware and speed, the job and result contracts, checks, the kind entry
+    outages            a store that is down or refuses the login, as one line: store, setting, host, fix
     text | commands | source_files
                        string functions (matching replies) | an argv, no shell | a user's Python file, run
 """

@@ -290,9 +290,10 @@ class ArtifactStore(ConfigurableResource):
         """The pipeline's SQLite chat feedback store (append-only, WAL), used when no feedback URL is set."""
         return self.root / "feedback" / f"{pipeline}.sqlite"
 
-    def feedback_store(self, pipeline: str):
+    def feedback_store(self, pipeline: str, ride_out_s: float = 60.0):
         """The pipeline's chat feedback store: in PostgreSQL when feedback_url (or $DRAGON_FEEDBACK_URL) is a
-        postgresql:// URL, else the SQLite file at feedback_path."""
+        postgresql:// URL, else the SQLite file at feedback_path. ride_out_s: how long a PostgreSQL store, once
+        reached, retries a server that went away (a restart) before its error."""
         if self.feedback_url:
             url, setting = self.feedback_url, "ArtifactStore.feedback_url"
         else:
@@ -304,7 +305,7 @@ class ArtifactStore(ConfigurableResource):
                 f"{setting} must be a postgresql://user@host:port/database URL (empty: SQLite under the runs "
                 f"directory), got {without_password(url)!r}"
             )
-        return PostgresFeedbackStore(url, pipeline, setting=setting)
+        return PostgresFeedbackStore(url, pipeline, timeout=ride_out_s, setting=setting)
 
     def checkpoints_root(self, pipeline: str, stage: str) -> Path:
         """checkpoints/<pipeline>/<stage>: one directory per Dagster run below it."""

@@ -6,21 +6,20 @@ import getpass
 import logging
 import math
 import os
-import re
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from dagster import ConfigurableResource
 from pydantic import BaseModel, Field
 
+from ..engine.outages import CONNECT_TIMEOUT_S, StoreUnavailable, check_tracking_store
 from ..engine.release import model_registry as registry
 from ..engine.release.model_registry import RegistryError, local_path
-from ..engine.text.uris import TRAINING_VIEW, scrub, tracking_server, without_password
+from ..engine.text.uris import TRAINING_VIEW, tracking_server, without_password
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
@@ -33,84 +32,24 @@ class RelocatedStoreError(RuntimeError):
     """The MLflow store points its artifacts outside the runs directory, at a place that is not ours."""
 
 
-class TrackingStoreError(RegistryError):
-    """The tracking URI names a database or a tracking server that cannot be reached or refuses the connection
-    (a RegistryError: the registry lives there too, and whoever handles a registry that does not answer handles
+class TrackingStoreError(StoreUnavailable, RegistryError):
+    """The tracking URI names a database or a tracking server that cannot be reached, refuses the connection, or
+    whose own database is down (one line naming the store, the setting, the host and the fix: engine/outages.py;
+    a RegistryError too: the registry lives there, and whoever handles a registry that does not answer handles
     this)."""
 
 
-CHECK_TIMEOUT_S = 10  # for a store to take a connection: MLflow's own retries would take minutes
-DATABASES = {"postgresql", "mysql", "mssql"}  # MLflow's SQLAlchemy stores besides sqlite (a local file)
 _CHECKED: set[str] = set()  # stores this process has connected to
 
 
-def _where(uri: str) -> str:
-    """host:port of a URI, for a message."""
-    parts = urlsplit(uri)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    return f"{parts.hostname or 'localhost'}{f':{port}' if port else ''}"
-
-
-def _database_problem(uri: str, timeout_s: float) -> str | None:
-    """Why one connection to the database uri fails within timeout_s; None when it does not."""
-    import sqlalchemy
-    from sqlalchemy.pool import NullPool
-
-    try:
-        url = sqlalchemy.engine.make_url(uri)
-        connect_args = {}
-        if url.get_backend_name() in ("postgresql", "mysql") and "connect_timeout" not in url.query:
-            connect_args["connect_timeout"] = max(2, int(timeout_s))  # libpq's and MySQL's, in whole seconds
-        engine = sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=connect_args)
-    except ImportError as exc:
-        return f"its driver is not installed ({exc})"
-    except Exception as exc:  # noqa: BLE001 - a URL SQLAlchemy cannot read
-        return f"{type(exc).__name__}: {exc}"
-    try:
-        with engine.connect():
-            return None
-    except Exception as exc:  # noqa: BLE001 - the DBAPI's error, whatever the driver
-        return " ".join(str(getattr(exc, "orig", None) or exc).split())
-    finally:
-        engine.dispose()
-
-
-def _server_problem(uri: str, timeout_s: float) -> str | None:
-    """Why a tracking server at uri does not answer within timeout_s; None when it answers at all (any status,
-    a TLS handshake included: what MLflow then makes of the answer is MLflow's to say)."""
-    import requests
-
-    try:
-        requests.head(uri, timeout=timeout_s, allow_redirects=False)
-    except requests.exceptions.SSLError:
-        return None
-    except requests.exceptions.ConnectTimeout:
-        return f"no connection within {timeout_s:g} s"
-    except requests.exceptions.Timeout:
-        return f"connected, but no answer within {timeout_s:g} s"
-    except requests.RequestException as exc:
-        errno = re.search(r"\[Errno -?\d+\] ([^\"')]+)", str(exc))  # urllib3 wraps the socket's reason deep inside
-        return errno.group(1).strip() if errno else type(exc).__name__
-    return None
-
-
-def check_store(uri: str, setting: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """Connect once to the database or tracking server uri names, within timeout_s. MLflow itself retries a store
-    that does not answer for minutes (about 100 s for a database, 4 min for a server), then fails with a traceback;
-    this raises one TrackingStoreError naming the setting the URI came from, the URI without its password, the
-    host and the reason. Other URIs (sqlite, a file store, databricks) are not checked."""
-    scheme = urlsplit(uri).scheme.lower()
-    if scheme.split("+")[0] in DATABASES:
-        problem, what = _database_problem(uri, timeout_s), "cannot connect to MLflow's database"
-    elif scheme in ("http", "https"):
-        problem, what = _server_problem(uri, timeout_s), "the MLflow tracking server did not answer"
-    else:
-        return
-    if problem is not None:
-        raise TrackingStoreError(f"{setting} ({without_password(uri)}): {what} on {_where(uri)}: {scrub(problem, uri)}")
+def check_store(uri: str, setting: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Reach the database or tracking server uri names once, within timeout_s. MLflow itself retries a store
+    that does not answer for minutes (about 100 s for a database, 4 min for a server, and as long for a server
+    whose database is down, which still answers /health), then fails with a traceback; this raises one
+    TrackingStoreError naming the store, the setting the URI came from, the URI without its password, the host,
+    the reason and the fix. A server is asked for one experiment, which reads its database. Other URIs (sqlite,
+    a file store, databricks) are not checked."""
+    check_tracking_store(uri, setting, TrackingStoreError, timeout_s)
 
 
 def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:

@@ -57,9 +57,10 @@ def test_a_wrong_database_password_is_one_error_naming_the_setting_without_the_p
     took = time.monotonic() - start
     message = str(caught.value)
     assert message == (
-        f"MLflowTracking.tracking_uri (postgresql://dragon:***@127.0.0.1:{postgres.port}/{database}): cannot connect "
-        f"to MLflow's database on 127.0.0.1:{postgres.port}: connection failed: connection to server at "
-        f'"127.0.0.1", port {postgres.port} failed: FATAL: password authentication failed for user "dragon"'
+        f"MLflow's database on 127.0.0.1:{postgres.port} (MLflowTracking.tracking_uri: "
+        f"postgresql://dragon:***@127.0.0.1:{postgres.port}/{database}): "
+        'password authentication failed for user "dragon". '
+        "Fix: correct the user or password in MLflowTracking.tracking_uri (a password percent-encoded in a URL)."
     )
     assert WRONG not in full_text(caught.value) and WRONG not in caplog.text
     assert caught.value.__cause__ is None and caught.value.__context__ is None, "one error, not a chain"
@@ -101,7 +102,7 @@ def test_a_wrong_database_password_fails_the_asset_with_that_error(postgres, tin
     [failure] = result.get_step_failure_events()
     error = failure.step_failure_data.error  # Dagster's "error while executing op", caused by ours
     assert failure.step_key == "tiny__sft_dataset" and error.cause.cls_name == "TrackingStoreError"
-    assert error.cause.message.startswith("dragon_dagster.resources.tracking.TrackingStoreError: MLflowTracking.")
+    assert error.cause.message.startswith("dragon_dagster.resources.tracking.TrackingStoreError: MLflow's database")
     assert "password authentication failed" in error.cause.message
     assert error.cause.cause is None and error.cause.context is None, "one error, not a chain"
     assert WRONG not in error.to_string()
@@ -115,9 +116,9 @@ def test_an_unreachable_database_host_is_the_same_kind_of_error(tmp_path, no_tra
     with pytest.raises(TrackingStoreError) as caught:
         tracking.client()
     assert str(caught.value) == (
-        f"MLflowTracking.tracking_uri (postgresql://dragon:***@127.0.0.1:{port}/mlflow): cannot connect to MLflow's "
-        f'database on 127.0.0.1:{port}: connection failed: connection to server at "127.0.0.1", port {port} failed: '
-        "Connection refused Is the server running on that host and accepting TCP/IP connections?"
+        f"MLflow's database on 127.0.0.1:{port} (MLflowTracking.tracking_uri: postgresql://dragon:***@127.0.0.1:{port}"
+        f"/mlflow): Connection refused. Fix: start PostgreSQL on 127.0.0.1:{port}, or correct the host and port in "
+        "MLflowTracking.tracking_uri."
     )
     assert WRONG not in full_text(caught.value) and WRONG not in caplog.text
     assert time.monotonic() - start < 10
@@ -132,8 +133,9 @@ def test_a_tracking_server_that_is_down_is_the_same_kind_of_error_naming_the_var
     with pytest.raises(TrackingStoreError) as caught:
         MLflowTracking().experiment_id("tiny")
     assert str(caught.value) == (
-        f"$MLFLOW_TRACKING_URI (http://mlflow:***@127.0.0.1:{port}): the MLflow tracking server did not answer on "
-        f"127.0.0.1:{port}: Connection refused"
+        f"MLflow's tracking server on 127.0.0.1:{port} ($MLFLOW_TRACKING_URI: http://mlflow:***@127.0.0.1:{port}): "
+        f"Connection refused. Fix: start the MLflow tracking server on 127.0.0.1:{port}, or correct the host and port "
+        "in $MLFLOW_TRACKING_URI."
     )
     assert WRONG not in full_text(caught.value)
     assert time.monotonic() - start < 10

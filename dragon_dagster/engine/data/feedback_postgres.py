@@ -40,7 +40,8 @@ import uuid
 import zlib
 from contextlib import contextmanager
 
-from ..text.uris import scrub, without_password
+from ..outages import StoreUnavailable
+from ..text.uris import without_password
 from .feedback_store import MAX_MESSAGE_CHARS, SCHEMA_VERSION, FeedbackRecords, insert_turns
 from .feedback_turns import FeedbackError
 
@@ -90,8 +91,9 @@ def schema_name(name: str) -> str:
     return f"feedback_{name}"
 
 
-class StoreUnreachable(FeedbackError):
-    """The PostgreSQL server cannot be reached or refuses the connection (the message names the setting)."""
+class StoreUnreachable(StoreUnavailable, FeedbackError):
+    """The PostgreSQL server cannot be reached or refuses the connection: one line naming the store, the setting,
+    the host and the fix (engine/outages.py)."""
 
 
 class PostgresFeedbackStore(FeedbackRecords):
@@ -146,9 +148,8 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     # ----------------------------------------------------------------------------------- connections
 
-    def _problem(self, exc: BaseException) -> str:
-        text = scrub(" ".join(str(exc).split()), self.url)
-        return f"feedback store {without_password(self.url)} ({self.setting}): {text}"
+    def _problem(self, exc: BaseException) -> StoreUnreachable:
+        return StoreUnreachable.of(f"the feedback store (schema {self.schema})", self.setting, self.url, str(exc))
 
     def _connect(self):
         conn = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, round(self.connect_timeout)))
@@ -172,8 +173,8 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     def _retry(self, work):
         """Run work(conn) on the store's connection, one operation at a time. A lost connection is retried on a
-        new one until `timeout` once this store has reached its server; refusals (password, missing database)
-        and a server never reached fail at once."""
+        new one until `timeout` once this store has reached its server; refusals (password, missing database, a
+        user that may not create the store's schema) and a server never reached fail at once."""
         deadline = time.monotonic() + self.timeout
         attempt = 0
         while True:
@@ -184,7 +185,9 @@ class PostgresFeedbackStore(FeedbackRecords):
                     self._drop_connection()
                     fatal = getattr(exc, "sqlstate", None) in _FATAL_SQLSTATES
                     if fatal or not self._ready or time.monotonic() > deadline:
-                        raise StoreUnreachable(self._problem(exc)) from None
+                        raise self._problem(exc) from None
+                except psycopg.errors.InsufficientPrivilege as exc:  # a user that does not own its database
+                    raise self._problem(exc) from None
             attempt += 1
             time.sleep(min(1.0, 0.02 * 2 ** min(attempt, 6)) * (0.5 + random.random()))
 
@@ -218,9 +221,9 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _append(self, messages: list[dict], row: tuple) -> int:
+    def _append(self, messages: list[dict], row: tuple, key: str | None = None) -> int:
         """One checked record, under the store's lock until it commits, found again by its key when retried."""
-        key = uuid.uuid4().hex
+        key = key or uuid.uuid4().hex
 
         def insert(conn):
             with conn.transaction():

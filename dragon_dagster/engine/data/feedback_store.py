@@ -184,14 +184,18 @@ class FeedbackRecords:
         edited: str | None = None,
         model: str = "",
         trace_id: str | None = None,
+        key: str | None = None,
     ) -> int:
         """Append one feedback event and return its id once it is durably committed. `trace_id` names the
-        MLflow trace of the rated reply, when the chat was traced."""
+        MLflow trace of the rated reply, when the chat was traced. `key`: the record's own key, for a caller that
+        tries again later what failed (a chat keeping a rating while the store is down): a store over a network
+        finds a write whose acknowledgement was lost by it and returns that record's id, so the rating is stored
+        once (a SQLite file has no such loss and ignores it)."""
         messages, row = checked_record(
             self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
         )
         self._ensure()
-        return self._append(messages, row)
+        return self._append(messages, row, key)
 
     def count(self, after_id: int = 0) -> int:
         """How many records have an id above after_id."""
@@ -382,7 +386,7 @@ class FeedbackStore(FeedbackRecords):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _append(self, messages: list[dict], row: tuple) -> int:
+    def _append(self, messages: list[dict], row: tuple, key: str | None = None) -> int:
         """One checked record, in one write transaction (BEGIN IMMEDIATE: one writer at a time)."""
 
         def insert(conn):

@@ -43,6 +43,7 @@ from typing import Any
 from ..data.feedback_store import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
 from ..data.feedback_turns import clean_messages
 from ..data.tables import DataError, conversation_row
+from ..outages import StoreUnavailable
 from ..tools.declare import Toolset
 from .backends import Backend, as_backend
 from .chat_tools import HeldCalls, calls_to_run
@@ -257,6 +258,10 @@ class Chat:
         self.last_dropped = 0  # earlier exchanges left out of the last request (context_turns)
         self.last_sent: list[dict] = []  # the conversation the backend last received (without the system)
         self.feedback: list[dict] = []  # the feedback events of this session, with their store id (or None)
+        # events the store did not take because it was down (StoreUnavailable), in order: stored with the next
+        # rating or edit (store_kept), so an outage loses no rating of a session that goes on
+        self.kept: list[dict] = []
+        self.trace_error: str | None = None  # why the last answered turn has no MLflow trace (None: it has one)
         self.active: ReplyStream | None = None  # the reply being streamed, if any
 
     def __repr__(self) -> str:
@@ -297,7 +302,7 @@ class Chat:
         ended = time.time_ns()
         conversation = [{"role": "system", "content": self.system}] if self.system else []
         conversation += [_plain(m) for m in sent]
-        return self.tracer.turn(
+        trace_id = self.tracer.turn(
             conversation_id=self.conversation_id,
             messages=conversation,
             reply=reply,
@@ -307,6 +312,8 @@ class Chat:
             usage=self.backend.usage(conversation, reply, self.toolset.schemas if self.toolset else None),
             stopped=stopped,
         )
+        self.trace_error = None if trace_id else self.tracer.last_error
+        return trace_id
 
     def _answer(self, sent: list[dict], reply: str, started_ns: int) -> dict:
         """The reply message of a turn, with its trace id when it was traced."""
@@ -474,10 +481,14 @@ class Chat:
         first, with the trace id: a failed store write leaves MLflow untouched (nothing to disagree with), and a
         failed assessment leaves a store record that names its trace, kept pending on the tracer (retried with
         the next rating) and said in the event's `assessment_error`, never silently dropped. The other order
-        could leave an assessment that no store record has, which retraining from the store would not see."""
+        could leave an assessment that no store record has, which retraining from the store would not see.
+
+        A store that is down (StoreUnavailable, once its own retries are spent) loses nothing either: the event
+        is kept (`kept`, its id None, the store's one line in its `store_error`) and stored before the next
+        rating or edit, in order, under the key it was first tried with, so a write whose acknowledgement was
+        lost is found rather than stored twice."""
         system = [{"role": "system", "content": self.system}] if self.system else []
         turns = system + [_plain(m) for m in self.messages[:position]]
-        trace_id = self.messages[position].get("trace_id")
         event = {
             "conversation_id": self.conversation_id,
             "turns": turns,
@@ -485,18 +496,59 @@ class Chat:
             "verdict": verdict,
             "edited": edited,
             "model": self.model_label,
+            "trace_id": self.messages[position].get("trace_id"),
+            "id": None,
+            "key": uuid.uuid4().hex,
+            "assessment_error": None,
+            "store_error": None,
         }
         if not any(m["role"] == "user" for m in event["turns"]):
             raise ChatError("that reply has no user turn before it; there is nothing to learn from it")
-        event["id"] = self.store.record(**event, trace_id=trace_id) if self.store is not None else None
-        event["trace_id"], event["assessment_error"] = trace_id, None
+        if self.store is None:
+            self.feedback.append(event)
+            return None
+        if self.store_kept():  # the store still refuses: this one waits behind the kept ones, in order
+            event["store_error"] = self.kept[0]["store_error"]
+            self.kept.append(event)
+        elif not self._store(event):
+            self.kept.append(event)
         self.feedback.append(event)
-        if self.tracer is not None and trace_id:
+        return event["id"]
+
+    def _store(self, event: dict) -> bool:
+        """Write one event to the store, then its assessment; False, with the store's one line in
+        `store_error`, when the store is down. Bad input (FeedbackError) is raised, as before."""
+        try:
+            event["id"] = self.store.record(
+                event["conversation_id"],
+                event["turns"],
+                event["reply"],
+                event["verdict"],
+                event["edited"],
+                event["model"],
+                trace_id=event["trace_id"],
+                key=event["key"],
+            )
+        except StoreUnavailable as exc:
+            event["store_error"] = (
+                f"{exc} The {'edit' if event['verdict'] == 'edit' else 'rating'} is kept in this chat and stored "
+                "with its next rating or edit."
+            )
+            return False
+        event["store_error"] = None
+        if self.tracer is not None and event["trace_id"]:
             try:
-                self.tracer.assess(trace_id, verdict, edited, event["id"])
+                self.tracer.assess(event["trace_id"], event["verdict"], event["edited"], event["id"])
             except TracingError as exc:
                 event["assessment_error"] = str(exc)
-        return event["id"]
+        return True
+
+    def store_kept(self) -> int:
+        """Store the events kept while the store was down, in order, stopping at the first it still refuses;
+        how many are still kept."""
+        while self.kept and self._store(self.kept[0]):
+            self.kept.pop(0)
+        return len(self.kept)
 
     def rating(self, index: int = -1) -> dict | None:
         """The reply's current rating ({"verdict", "feedback_id"}), None when it has none."""

@@ -17,7 +17,11 @@ while the trace is made and flushed, under a lock, and the previous URI (and MLF
 no other code sees it. Assessments and reads go through clients built on the tracer's URI and touch no global.
 
 Tracing never breaks a chat: a trace that cannot be made is reported in `last_error` and the turn goes on
-without a trace id. Framework-free: nothing here imports Dagster.
+without a trace id. Nor does it hold one up: before each trace and each assessment the tracking store is asked
+once, bounded (engine/outages.py: one request that reads the server's database), because MLflow's client retries a
+server that is down, or whose database is down, for about 250 s: that long a turn or a rating would wait, and a
+trace's export fails quietly after it. A store that does not answer is one line in `last_error` (the store, the
+setting, the host, the fix) and an assessment kept pending, at once. Framework-free: nothing here imports Dagster.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..data.trace_feedback import EDITED, THUMBS  # what a traces feedback source reads back
+from ..outages import StoreUnavailable, check_tracking_store
 from ..text.uris import without_password
 
 logger = logging.getLogger(__name__)
@@ -87,8 +92,17 @@ class ChatTracer:
     model_uri: str | None = None
     model_version: str | None = None
     system_prompt_uri: str | None = None
+    setting: str = "the chat's tracking URI"  # what names tracking_uri, for the one line of an outage
     last_error: str | None = None
     pending: list[tuple[str, Any]] = field(default_factory=list)  # assessments not written yet: retried
+
+    def unavailable(self) -> StoreUnavailable | None:
+        """The tracking store's outage as one line, asked once within seconds; None when it answers."""
+        try:
+            check_tracking_store(self.tracking_uri, self.setting)
+        except StoreUnavailable as exc:
+            return exc
+        return None
 
     # -------------------------------------------------------------------------------------- traces
 
@@ -128,6 +142,11 @@ class ChatTracer:
         }
         if usage:
             span_attributes["mlflow.chat.tokenUsage"] = usage
+        down = self.unavailable()
+        if down is not None:
+            self.last_error = f"no MLflow trace for this turn: {down}"
+            logger.warning(self.last_error)
+            return None
         try:
             import mlflow
             from mlflow.entities import SpanType
@@ -177,9 +196,18 @@ class ChatTracer:
 
     def assess(self, trace_id: str, verdict: str, edited: str | None = None, feedback_id: int | None = None) -> None:
         """Write a store record's assessment on its trace (after the assessments still pending, retried first).
-        A failure keeps it pending and raises a TracingError that names the tracking URI and the trace."""
-        self.retry_pending()
+        A failure keeps it pending and raises a TracingError that names the tracking URI and the trace; a store
+        that does not answer (asked first, within seconds) keeps it pending at once, the error its one line."""
         assessment = self.assessment(verdict, edited, feedback_id)
+        down = self.unavailable()
+        if down is None:
+            self._write_pending()
+        else:
+            self.pending.append((trace_id, assessment))
+            raise TracingError(
+                f"the {verdict} is saved in the feedback store (#{feedback_id}); its assessment on MLflow trace "
+                f"{trace_id} is kept and retried with the next rating: {down}"
+            )
         try:
             self._log(trace_id, assessment)
         except Exception as exc:  # noqa: BLE001 - any client or server failure: kept, and said
@@ -192,6 +220,12 @@ class ChatTracer:
 
     def retry_pending(self) -> int:
         """Write the assessments that failed before, in order; how many are still pending."""
+        if self.pending and self.unavailable() is not None:
+            return len(self.pending)
+        return self._write_pending()
+
+    def _write_pending(self) -> int:
+        """retry_pending once the store has answered."""
         still = []
         for trace_id, assessment in self.pending:
             if still:  # the server is still failing: keep the order, do not hammer it

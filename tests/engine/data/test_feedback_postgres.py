@@ -242,7 +242,8 @@ def test_writers_ride_out_a_server_restart_and_give_up_clearly(url, postgres):
         postgres.start()
     message = str(caught.value)
     assert "ArtifactStore.feedback_url" in message and postgres.password not in message
-    assert message.startswith(f"feedback store {without_password(url)}") and "***" in message
+    assert message.startswith(f"the feedback store (schema feedback_support) on 127.0.0.1:{postgres.port} (")
+    assert without_password(url) in message and "***" in message and "Fix: start PostgreSQL" in message
     assert store.record("up again", turns("q"), "r", "up") == len(rows) + 1
 
 

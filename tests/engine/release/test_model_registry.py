@@ -262,7 +262,9 @@ def test_a_registry_that_does_not_answer_is_an_error_not_no_champion(tmp_path, m
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "3")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
-    with pytest.raises(RegistryError, match="did not answer"):
+    down = "MLflow's tracking server on 127.0.0.1:"
+    with pytest.raises(RegistryError, match=down):
         MLflowTracking(runs_dir=str(tmp_path / "runs")).champion_dir("tiny")
     result = CliRunner().invoke(cli.main, ["generate", "models:/tiny@champion", "Hi"])
-    assert result.exit_code == 1 and "did not answer" in result.output and "Traceback" not in result.output
+    assert result.exit_code == 1 and down in result.output and "Traceback" not in result.output
+    assert "Connection refused. Fix: start the MLflow tracking server" in result.output
