@@ -3,6 +3,7 @@ server's address for links."""
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
 
 HIDDEN = "***"
@@ -48,9 +49,10 @@ def passwords_of(uri: str) -> list[str]:
 
 
 def scrub(text: str, uri: str) -> str:
-    """text with every secret of uri in it replaced by ***."""
+    """text with every secret of uri in it replaced by ***: each one that stands alone (as a URI, a query or a
+    quote writes it), never the letters of a word, so a short password does not turn "port" into "***ort"."""
     for secret in passwords_of(uri):
-        text = text.replace(secret, HIDDEN)
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(secret)}(?![A-Za-z0-9])", HIDDEN, text)
     return text
 
 
