@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import pytest
 from dagster import AssetSelection, DagsterInstance, materialize
 
@@ -66,31 +67,53 @@ class ChatServer:
     """`dragon chat-ui --pipeline tiny --model <stub>` in a process of its own, on the shared feedback store."""
 
     def __init__(self, name: str, model_url: str, feedback_url: str, root: Path):
-        self.name, self.port = name, free_port()
-        self.url = f"http://127.0.0.1:{self.port}/"
+        self.name, self.model_url = name, model_url
         self.runs = root / name
         self.runs.mkdir(parents=True)
         self.log = self.runs / "chat-ui.log"
         self.killed_at: float | None = None
-        env = {
+        self.env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),  # this checkout's package, whatever is installed
             "DRAGON_FEEDBACK_URL": feedback_url,
             "DRAGON_RUNS_DIR": str(self.runs),
         }
+        self._start()
+
+    def _start(self) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
         command = [str(Path(sys.executable).with_name("dragon")), "chat-ui", "--pipeline", "tiny"]
-        command += ["--model", model_url, "--port", str(self.port)]
+        command += ["--model", self.model_url, "--port", str(self.port)]
         with self.log.open("w") as out:  # cwd: no project's pyproject, so the package's own definitions load
             self.proc = subprocess.Popen(
-                command, cwd=self.runs, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                command, cwd=self.runs, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
+
+    def serving(self) -> bool:
+        """This server answers on its port, and it is its own process that listens there: a port free_port chose
+        can be taken by another test's server before this one binds it (then that one would answer here)."""
+        try:
+            listening = psutil.Process(self.proc.pid).net_connections(kind="tcp")
+        except psutil.NoSuchProcess:
+            return False
+        ours = any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port for c in listening)
+        return ours and healthy(self.url + "config")
 
     def exited(self) -> str | None:
         code = self.proc.poll()
         return None if code is None else f"exited with {code}:\n{self.log.read_text()[-3000:]}"
 
     def wait(self) -> None:
-        wait_until(lambda: healthy(self.url + "config"), 300, f"chat server {self.name}", alive=self.exited, every=0.5)
+        for _ in range(3):  # a port taken by another test between free_port and the bind: start on another one
+            try:
+                wait_until(self.serving, 300, f"chat server {self.name}", alive=self.exited, every=0.5)
+                return
+            except pytest.fail.Exception:
+                if "Cannot find empty port" not in self.log.read_text():
+                    raise
+                self._start()
+        pytest.fail(f"chat server {self.name}: no free port in three tries")
 
     def kill(self) -> None:
         self.killed_at = time.monotonic()
