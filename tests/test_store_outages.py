@@ -273,6 +273,7 @@ def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(
     line, within 10 s each; when the database is back, the next rating stores the kept one first, in order, and
     the assessments follow."""
     from dagster import AssetSelection, DagsterInstance, materialize
+    from mlflow import MlflowClient
 
     from dragon_dagster import chat_ui
     from dragon_dagster.assets.factory import build_pipeline_defs
@@ -285,6 +286,9 @@ def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(
     from tests.test_chat_ui import Echo, drain
 
     server = start_mlflow_server(postgres.create_database(), str(tmp_path / "artifacts"))
+    # the server's first search is its slowest (lazy imports, first queries): more than the 5 s the chat's check
+    # allows on a loaded 2-core machine, which would leave the first turn untraced for a server that is merely cold
+    MlflowClient(server).search_experiments()
     store = feedback_store("tiny", ArtifactStore(feedback_url=postgres.create_database(), runs_dir=str(tmp_path)))
     traced = tracer("tiny", ChatModel({}, "echo", "echo"), "ana", None, tracking=MLflowTracking(tracking_uri=server))
     page = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0, tracer=traced)
