@@ -1,9 +1,8 @@
-"""Commands on models: generate, score, serve, export to GGUF, the registry's versions and system prompts, the
+"""Commands on models: generate, score, export to GGUF, the registry's versions and system prompts, the
 presets."""
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
@@ -62,46 +61,6 @@ def score(target: str, prompt: str, replies: tuple[str, ...], system: str | None
     console.print(f"[dim]reward model {manifest.stage} on {manifest.resolved_model}[/dim]")
     for reply, value in sorted(zip(replies, scores), key=lambda pair: -pair[1]):
         console.print(f"{value:+.3f}  {reply}")
-
-
-@main.command()
-@click.argument("target")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True)
-@click.option("--device", default="auto", show_default=True, help="auto, cuda, mps or cpu.")
-def serve(target: str, host: str, port: int, device: str):
-    """Serve TARGET over the OpenAI protocol with `transformers serve` (pip install 'dragon-dagster[serve]').
-
-    TARGET: a merged-model or adapter artifact dir, an asset like support/merged_model, a registered model like
-    models:/support@champion, or a model dir.
-    Adapters are merged once into a cached directory first.
-    """
-    import subprocess
-
-    from transformers.utils.import_utils import is_serve_available
-
-    from ..engine.models import servable_dir
-
-    if not is_serve_available():  # transformers would say which module is missing, not how to get it
-        raise click.ClickException(
-            "dragon serve runs `transformers serve`, which needs its serving extra: pip install 'dragon-dagster[serve]'"
-        )
-    model_dir = servable_dir(resolve_target(target))
-    exe = Path(sys.executable).with_name("transformers")
-    console.print(
-        f"serving {model_dir}\nOpenAI base URL: http://{host}:{port}/v1  (model name: {model_dir})\n"
-        f"as a backend: {{type: server, base_url: http://{host}:{port}/v1, model: {model_dir}}}"
-    )
-    command = [
-        str(exe) if exe.exists() else "transformers",
-        "serve",
-        str(model_dir),
-        "--host",
-        host,
-        "--port",
-        str(port),
-    ] + ([] if device == "auto" else ["--device", device])
-    raise SystemExit(subprocess.call(command))
 
 
 class GGUFFormat(click.Choice):

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 
 from ..outages import StoreUnavailable
 from ..text.uris import without_password
-from .feedback_store import MAX_MESSAGE_CHARS, SCHEMA_VERSION, FeedbackRecords, insert_turns
+from .feedback_store import MAX_MESSAGE_CHARS, REPLACE, SCHEMA_VERSION, FeedbackRecords, insert_turns
 from .feedback_turns import FeedbackError
 
 try:  # the `postgres` extra; the error below says so when it is missing
@@ -221,15 +221,18 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _append(self, messages: list[dict], row: tuple, key: str | None = None) -> int:
-        """One checked record, under the store's lock until it commits, found again by its key when retried."""
+    def _append(self, messages: list[dict], row: tuple, key: str | None = None, replace: bool = False) -> int:
+        """One checked record, under the store's lock until it commits, found again by its key when retried (and
+        given this one's verdict, edit, model and time when `replace`: a rater revising a rating)."""
         key = key or uuid.uuid4().hex
 
         def insert(conn):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (self._lock_key,))
                 done = conn.execute("SELECT id FROM feedback WHERE record_key = %s", (key,)).fetchone()
-                if done is not None:  # an earlier attempt committed; its reply was lost
+                if done is not None:  # an earlier attempt committed (its reply lost), or a rating revised
+                    if replace:
+                        conn.execute(REPLACE.replace("?", "%s"), (*row[2:6], int(done[0])))
                     return int(done[0])
                 turns_id = insert_turns(conn, messages, self.MARK)
                 # the next id under the lock, not the column's sequence: see "Why ids have no gaps" above

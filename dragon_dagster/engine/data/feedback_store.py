@@ -11,8 +11,9 @@ the limit.
 
 The database is in WAL mode with synchronous=FULL, so a write that `record()` acknowledged survives a killed
 process, and many writers (threads and processes) can append at once: each write uses its own short-lived
-connection with a busy timeout and retries while the database is locked. There is no update or delete:
-history is the data.
+connection with a busy timeout and retries while the database is locked. There is no delete, and one update
+only: a record written under a caller's key (`dragon serve`'s feedback: one rater, one completion) takes that
+rater's revised verdict in place, so a changed mind is one record, never two.
 
 Turns may include a chat's tool turns (an assistant turn's tool_calls, a tool turn's name: data/feedback_turns.py),
 kept in the message's `extra` column as JSON; a plain message has none, and its digest is what version 2 wrote.
@@ -45,7 +46,7 @@ from .feedback_turns import FeedbackError, check_turns, extras, with_extras
 
 VERDICTS = ("up", "down", "edit")
 MAX_MESSAGE_CHARS = 32_000  # the longest single message (a turn, a reply, an edit) the store accepts
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 MESSAGES_TABLE = """
 CREATE TABLE IF NOT EXISTS messages (
@@ -69,9 +70,12 @@ CREATE TABLE IF NOT EXISTS {name} (
     edited TEXT,
     model TEXT NOT NULL DEFAULT '',
     created TEXT NOT NULL,
-    trace_id TEXT                                -- the MLflow trace of the rated reply (version 4)
+    trace_id TEXT,                               -- the MLflow trace of the rated reply (version 4)
+    record_key TEXT UNIQUE                       -- the caller's key for the record: a rating a rater revises (version 5)
 )
 """
+# a revised rating: row[2:6] of checked_record's row (verdict, edited, model, created), then the record's id
+REPLACE = "UPDATE feedback SET verdict = ?, edited = ?, model = ?, created = ? WHERE id = ?"
 COLUMNS = (
     "id",
     "conversation_id",
@@ -185,17 +189,19 @@ class FeedbackRecords:
         model: str = "",
         trace_id: str | None = None,
         key: str | None = None,
+        replace: bool = False,
     ) -> int:
         """Append one feedback event and return its id once it is durably committed. `trace_id` names the
         MLflow trace of the rated reply, when the chat was traced. `key`: the record's own key, for a caller that
         tries again later what failed (a chat keeping a rating while the store is down): a store over a network
         finds a write whose acknowledgement was lost by it and returns that record's id, so the rating is stored
-        once (a SQLite file has no such loss and ignores it)."""
+        once. `replace`: a record already stored under `key` takes this one's verdict, edit, model and time (one
+        rater revising one rating: still one record, with its id)."""
         messages, row = checked_record(
             self.max_message_chars, conversation_id, turns, reply, verdict, edited, model, trace_id
         )
         self._ensure()
-        return self._append(messages, row, key)
+        return self._append(messages, row, key, replace)
 
     def count(self, after_id: int = 0) -> int:
         """How many records have an id above after_id."""
@@ -368,8 +374,12 @@ class FeedbackStore(FeedbackRecords):
                         conn.execute(FEEDBACK_TABLE.format(name="feedback"))
                     if "extra" not in {row[1] for row in conn.execute("PRAGMA table_info(messages)")}:
                         conn.execute("ALTER TABLE messages ADD COLUMN extra TEXT")  # version 2: plain turns only
-                    if "trace_id" not in {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}:
+                    columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
+                    if "trace_id" not in columns:
                         conn.execute("ALTER TABLE feedback ADD COLUMN trace_id TEXT")  # version 3: untraced rows
+                    if "record_key" not in columns:  # version 4: no keys (SQLite adds no UNIQUE column: an index)
+                        conn.execute("ALTER TABLE feedback ADD COLUMN record_key TEXT")
+                    conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS feedback_record_key ON feedback (record_key)")
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:
@@ -386,17 +396,24 @@ class FeedbackStore(FeedbackRecords):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _append(self, messages: list[dict], row: tuple, key: str | None = None) -> int:
-        """One checked record, in one write transaction (BEGIN IMMEDIATE: one writer at a time)."""
+    def _append(self, messages: list[dict], row: tuple, key: str | None = None, replace: bool = False) -> int:
+        """One checked record, in one write transaction (BEGIN IMMEDIATE: one writer at a time). A key already
+        stored: that record (replaced by this one's verdict and edit when `replace`)."""
 
         def insert(conn):
             conn.execute("BEGIN IMMEDIATE")
             try:
+                found = conn.execute("SELECT id FROM feedback WHERE record_key = ?", (key,)).fetchone() if key else None
+                if found is not None:
+                    if replace:
+                        conn.execute(REPLACE, (*row[2:6], int(found[0])))
+                    conn.execute("COMMIT")
+                    return int(found[0])
                 turns_id = insert_turns(conn, messages)
                 cursor = conn.execute(
                     "INSERT INTO feedback (conversation_id, turns_id, reply, verdict, edited, model, "
-                    "created, trace_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (row[0], turns_id, *row[1:]),
+                    "created, trace_id, record_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (row[0], turns_id, *row[1:], key),
                 )
                 conn.execute("COMMIT")
             except BaseException:

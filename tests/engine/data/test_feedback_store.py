@@ -50,7 +50,7 @@ def test_schema_wal_and_round_trip(tmp_path):
     with sqlite3.connect(store.path) as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
         message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
     assert columns == {
         "id",
@@ -548,5 +548,5 @@ def test_a_version_3_store_gets_the_trace_id_column_and_keeps_its_records(tmp_pa
     assert old["trace_id"] is None and old["reply"] == "r"
     new = store.record("c", turns("q"), "r2", "down", trace_id="tr-123")
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
     assert [(r["id"], r["trace_id"]) for r in store.records()] == [(old["id"], None), (new, "tr-123")]
