@@ -8,7 +8,9 @@ this in `make test`):
     pipeline           the YAML: stages wired in order, profiles, retraining from feedback, preflight
     catalog            every stage kind by name (one line each), and `register` for kinds from outside
     stages             one folder per stage kind
-    train | release    what every trainer shares; merging, model cards, GGUF export, the model registry
+    train | release | serve
+                       what every trainer shares; merging, model cards, GGUF export, the model registry;
+                       decoding for `dragon serve` (continuous batching)
     evaluate           metrics, replies, judge, plots
     rewards            verifiable rewards, one module per family
     infer              generation, log-probabilities, backends, chat
