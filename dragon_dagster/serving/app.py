@@ -27,7 +27,7 @@ from ..engine.infer.chat_tools import HeldCalls
 from ..engine.serve.engine import EngineBusy, EngineError, PromptTooLong, Sampling
 from ..engine.tools.calls import parse_calls
 from . import feedback as rating
-from .access import Keys, Limits
+from .access import Key, Keys, Limits
 from .metrics import Metrics
 from .models import Lease, Models
 from .protocol import ChatRequest, ServeError, chunk, completion, usage, validation_error
@@ -117,7 +117,8 @@ class Server:
     # --------------------------------------------------------------------------------------- completions
 
     async def chat(self, request: Request) -> Response:
-        who = self.keys.who(request.headers.get("authorization"), request.client.host if request.client else "?")
+        key = self.keys.key(request.headers.get("authorization"), request.client.host if request.client else "?")
+        who = key.name
         try:
             req = ChatRequest.model_validate(await self.body(request))
         except ValidationError as exc:
@@ -126,7 +127,7 @@ class Server:
         user = req.user or who
         lease = self.models.lease(req.model, user)
         try:
-            run = self._admit(req, sampling, who, user, lease)
+            run = self._admit(req, sampling, key, user, lease)
         except BaseException:
             lease.release()
             raise
@@ -136,7 +137,7 @@ class Server:
             return StreamingResponse(run.events(), media_type="text/event-stream", headers=headers)
         return JSONResponse(await run.whole(), headers=headers)
 
-    def _admit(self, req: ChatRequest, sampling: Sampling, who: str, user: str, lease: Lease) -> Run:
+    def _admit(self, req: ChatRequest, sampling: Sampling, key: Key, user: str, lease: Lease) -> Run:
         served = lease.served
         engine = served.engine
         turns, tools = req.turns(), req.tool_schemas()
@@ -151,9 +152,9 @@ class Server:
                 "messages",
                 "context_length_exceeded",
             )
-        self.limits.admit(who, prompt)
-        done, span = self.traces.open(served.name, served.version, turns, user, {"dragon.key": who})
-        return Run(self, done, span, lease, who, prompt, tools, req, sampling)
+        self.limits.admit(key, prompt)
+        done, span = self.traces.open(served.name, served.version, turns, user, {"dragon.key": key.name})
+        return Run(self, done, span, lease, key.name, prompt, tools, req, sampling)
 
 
 class Run:

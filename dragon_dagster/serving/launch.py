@@ -114,7 +114,9 @@ def serve(options: Options) -> None:
             options.port,
         )
     else:
-        log.info("%d API key(s) configured: %s", len(keys.hashes), ", ".join(sorted(keys.hashes.values())))
+        log.info(
+            "%d API key(s) configured: %s", len(keys.hashes), ", ".join(sorted(k.name for k in keys.hashes.values()))
+        )
     server, models = build(options)
     models.start_watching()
     app = create_app(server)
