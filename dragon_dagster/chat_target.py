@@ -10,6 +10,7 @@ What a front end should tell people (which model, where feedback and traces go, 
 from __future__ import annotations
 
 import getpass
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from .resources.storage import ArtifactStore, default_runs_dir
 from .resources.tracking import LiveModel, MLflowTracking
 
 Say = Callable[[str, bool], Any]  # (text, whether it is a warning)
+SERVER_KEY_ENV = "DRAGON_API_KEY"  # the API key a chat sends to a --server URL
 
 
 class ChatTargetError(ValueError):
@@ -120,10 +122,14 @@ def feedback_store(pipeline: str, store: ArtifactStore | None = None) -> Feedbac
 
 
 def chat_model(pipeline: str, model: str | None = None, server_model: str | None = None) -> ChatModel:
-    """model: None (the pipeline's deployed model), a server URL (with server_model, its served name), a
+    """model: None (the pipeline's deployed model), a server URL (with server_model, its served name: by
+    default the pipeline's, as `dragon serve` names it), a
     models:/ URI, a directory or an asset name, or a preset or hub id."""
     if model and model.startswith(("http://", "https://")):
-        spec = {"type": "server", "base_url": model, "model": server_model or "default"}
+        # `dragon serve` serves the pipeline's champion under the pipeline's name: the name to ask for by default
+        spec = {"type": "server", "base_url": model, "model": server_model or pipeline}
+        if os.environ.get(SERVER_KEY_ENV):  # a server with keys (`dragon serve`'s): the key stays in the environment
+            spec["api_key_env"] = SERVER_KEY_ENV
         return ChatModel(spec, model, f"{server_model} at {model}" if server_model else model)
     if model is None:
         live = deployed(pipeline)

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import requests
 from click.testing import CliRunner
 
 from dragon_dagster.cli import main
@@ -123,7 +124,18 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "DRAGON_MODEL_CACHE": str(tmp_path / "cache")}
     log = (tmp_path / "serve.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dragon_dagster.cli", "serve", adapter, "--port", str(port), "--device", "cpu"],
+        [
+            sys.executable,
+            "-m",
+            "dragon_dagster.cli",
+            "serve",
+            adapter,
+            "--port",
+            str(port),
+            "--device",
+            "cpu",
+            "--no-trace",
+        ],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -138,7 +150,9 @@ def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
         wait_until(lambda: healthy(f"http://127.0.0.1:{port}/health"), 120, "dragon serve to answer", alive=exited)
         served = next((tmp_path / "cache" / "served").iterdir())
         assert (served / "config.json").exists(), "the adapter was merged into a cached model dir"
-        replies = ServerBackend(f"http://127.0.0.1:{port}/v1", str(served), timeout=60).chat(
+        [name] = [m["id"] for m in requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]]
+        assert name == Path(adapter).parents[1].name, "served under its pipeline's name"
+        replies = ServerBackend(f"http://127.0.0.1:{port}/v1", name, timeout=60).chat(
             [[{"role": "user", "content": "My plug is offline"}]], max_new_tokens=3
         )
         assert len(replies) == 1 and isinstance(replies[0], str)

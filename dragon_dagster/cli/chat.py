@@ -34,7 +34,17 @@ def chat_options(f):
                 help="A model dir, artifact, models:/NAME@ALIAS, preset, or server URL (with --server-model). "
                 "Default: models:/PIPELINE@champion.",
             ),
-            click.option("--server-model", default=None, help="With --model http://...: the served model's name."),
+            click.option(
+                "--server",
+                default=None,
+                help="An OpenAI-compatible server's base URL, e.g. `dragon serve`'s http://127.0.0.1:8000/v1 "
+                "(the same as --model URL); its API key from $DRAGON_API_KEY.",
+            ),
+            click.option(
+                "--server-model",
+                default=None,
+                help="With --server or --model http://...: the served model's name (default: the pipeline's).",
+            ),
             click.option(
                 "--system",
                 default=None,
@@ -53,6 +63,16 @@ def chat_options(f):
     return f
 
 
+def server_url(model: str | None, server: str | None) -> str | None:
+    if server is None:
+        return model
+    if model is not None:
+        raise click.UsageError("give --server or --model, not both")
+    if not server.startswith(("http://", "https://")):
+        raise click.BadParameter(f"{server!r} is not an http:// or https:// URL", param_hint="--server")
+    return server
+
+
 def say(text: str, warning: bool) -> None:
     """What the chat target tells people, on the console: warnings bold, notes dim."""
     console.print(text, style="bold yellow" if warning else "dim", soft_wrap=True, markup=False)
@@ -69,8 +89,9 @@ def reach_stores(pipeline: str, model: str | None) -> None:
 
 @main.command()
 @chat_options
-def chat(pipeline, model, server_model, system, context_turns):
+def chat(pipeline, model, server, server_model, system, context_turns):
     """Chat in the terminal; /up, /down, /edit TEXT, /undo, /regen, /reset, /save PATH, /history, /quit."""
+    model = server_url(model, server)
     reach_stores(pipeline, model)
     from ..chat_target import chat_target
     from ..engine.infer.chat import Chat
@@ -160,8 +181,9 @@ def studio(
 )
 @click.option("--port", default=7860, show_default=True)
 @login_options
-def chat_ui(pipeline, model, server_model, system, context_turns, host, port, password_env, username):
+def chat_ui(pipeline, model, server, server_model, system, context_turns, host, port, password_env, username):
     """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
+    model = server_url(model, server)
     password = password_from(password_env)
     reach_stores(pipeline, model)
     from ..chat_target import chat_target

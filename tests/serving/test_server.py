@@ -7,6 +7,7 @@ their traces and into the retraining sensor's count. The models are tiny ones re
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,8 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from dragon_dagster.resources import ArtifactStore
 
 from .servers import Serve, wait_for
 
@@ -115,6 +118,30 @@ def test_the_openai_client_gets_replies_streams_the_models_and_metrics(server):
     assert ("dragon_serve_queue_depth", ()) in seen
 
 
+def test_dragon_chat_talks_to_it_through_the_server_backend(server, registry):
+    import subprocess
+    import sys
+
+    runs, _ = registry
+    env = {**os.environ, **env_for(runs), "DRAGON_API_KEY": KEY}
+    said = subprocess.run(
+        [sys.executable, "-m", "dragon_dagster.cli", "chat", "support", "--server", f"{server.base}/v1"],
+        input="My hub is down\n/up\n/quit\n",
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert said.returncode == 0, said.stderr[-2000:]
+    assert "recorded up (feedback #" in said.stdout
+    [record] = [
+        r
+        for r in ArtifactStore(runs_dir=str(runs)).feedback_store("support").records()
+        if r["turns"][-1]["content"] == "My hub is down"
+    ]
+    assert record["verdict"] == "up" and record["reply"]
+
+
 def error_of(call) -> tuple[int, dict, httpx.Headers]:
     with pytest.raises(openai.APIStatusError) as refused:
         call()
@@ -206,7 +233,6 @@ def test_ratings_over_http_survive_kill_9_into_the_store_their_traces_and_the_se
 
     from dragon_dagster.assets.factory import build_pipeline_defs
     from dragon_dagster.assets.launch import find_pipeline
-    from dragon_dagster.resources import ArtifactStore
 
     runs, tracking = registry
     serving = Serve(["support", "--watch", "0"], env_for(runs), tmp_path / "serve.log")

@@ -71,7 +71,7 @@ CREATE TABLE IF NOT EXISTS {name} (
     model TEXT NOT NULL DEFAULT '',
     created TEXT NOT NULL,
     trace_id TEXT,                               -- the MLflow trace of the rated reply (version 4)
-    record_key TEXT UNIQUE                       -- the caller's key for the record: a rating a rater revises (version 5)
+    record_key TEXT UNIQUE                       -- the caller's key: a rating its rater may revise (version 5)
 )
 """
 # a revised rating: row[2:6] of checked_record's row (verdict, edited, model, created), then the record's id
