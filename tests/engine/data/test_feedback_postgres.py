@@ -73,10 +73,32 @@ def test_postgres_keeps_what_sqlite_keeps(url, postgres, tmp_path):
     assert not hasattr(pg, "delete") and not hasattr(pg, "update")
 
 
+def test_a_rating_revised_under_its_key_is_one_record_in_either_store(url, tmp_path):
+    turns = [{"role": "user", "content": "My hub is down"}]
+    for store in (FeedbackStore(tmp_path / "feedback.db"), PostgresFeedbackStore(url, "support")):
+        first = store.record("c1", turns, "Restart it.", "up", model="models:/support/1", key="tr-1:ann", replace=True)
+        other = store.record("c1", turns, "Restart it.", "up", model="models:/support/1", key="tr-1:bob", replace=True)
+        again = store.record(
+            "c1",
+            turns,
+            "Restart it.",
+            "edit",
+            "Unplug it for ten seconds.",
+            "models:/support/1",
+            key="tr-1:ann",
+            replace=True,
+        )
+        kept = store.record("c1", turns, "Restart it.", "down", key="tr-1:bob")  # a retry without replace: kept
+        assert again == first != other == kept and store.count() == 2, store
+        by_id = {r["id"]: r for r in store.records()}
+        assert (by_id[first]["verdict"], by_id[first]["edited"]) == ("edit", "Unplug it for ten seconds.")
+        assert by_id[other]["verdict"] == "up"
+
+
 def test_a_newer_schema_is_refused_by_name(url, postgres):
     PostgresFeedbackStore(url, "support").check()
     postgres.sql("UPDATE feedback_support.schema_version SET version = 99", url.rsplit("/", 1)[1])
-    with pytest.raises(FeedbackError, match="schema version 99; this code reads up to 4"):
+    with pytest.raises(FeedbackError, match=f"schema version 99; this code reads up to {SCHEMA_VERSION}"):
         PostgresFeedbackStore(url, "support").max_id()
 
 

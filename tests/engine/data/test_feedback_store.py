@@ -63,6 +63,7 @@ def test_schema_wal_and_round_trip(tmp_path):
         "model",
         "created",
         "trace_id",
+        "record_key",
     }
     assert message_columns == {"id", "parent", "role", "content", "digest", "extra"}
     conn = store._connect()
