@@ -42,6 +42,21 @@ from .group import main
 )
 @click.option("--device", default="auto", show_default=True, help="auto, cuda, mps or cpu.")
 @click.option("--dtype", default="auto", show_default=True, help="auto, bfloat16, float16 or float32.")
+@click.option(
+    "--upstream",
+    default=None,
+    help="Decode on this OpenAI-compatible server (base URL, e.g. vLLM's "
+    "http://host:8000/v1; its key from $DRAGON_UPSTREAM_KEY) instead of the built-in batcher: one fixed "
+    "model, no hot swap.",
+)
+@click.option("--upstream-model", default=None, help="The upstream's name for the model (default: the served name).")
+@click.option(
+    "--llama-server",
+    type=click.Path(dir_okay=False, exists=True),
+    default=None,
+    help="llama.cpp's llama-server binary: each version is written once as an f16 GGUF and decoded there.",
+)
+@click.option("--parallel", default=16, show_default=True, help="With --llama-server: its --parallel slots.")
 @click.option("--no-trace", is_flag=True, help="Write no MLflow traces (ratings are then not mirrored there).")
 def serve(
     targets,
@@ -61,6 +76,10 @@ def serve(
     watch_s,
     device,
     dtype,
+    upstream,
+    upstream_model,
+    llama_server,
+    parallel,
     no_trace,
 ):
     """Serve TARGETS over the OpenAI chat protocol, with keys, limits, traces, feedback and hot swap.
@@ -76,6 +95,8 @@ def serve(
 
     if not 0 <= challenger_share <= 1:
         raise click.BadParameter("must be between 0 and 1", param_hint="--challenger-share")
+    if upstream and llama_server:
+        raise click.UsageError("give --upstream or --llama-server, not both")
     if default_max_tokens > max_tokens_cap:
         raise click.BadParameter("is over --max-tokens-cap", param_hint="--default-max-tokens")
     run(
@@ -93,6 +114,10 @@ def serve(
             challenger_share=challenger_share,
             watch_s=watch_s,
             trace=not no_trace,
+            upstream_url=upstream,
+            upstream_model=upstream_model,
+            llama_server=llama_server,
+            parallel=parallel,
         )
     )
 

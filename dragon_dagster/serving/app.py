@@ -180,6 +180,7 @@ class Run:
         self.finish = "stop"
         self.status = 200
         self.error: str | None = None
+        self.upstream_calls: list[dict] = []
         self.server.metrics.in_flight.inc()
 
     @property
@@ -215,6 +216,8 @@ class Run:
                 async for piece in engine.stream(self.done.messages, self.tools, self.sampling):
                     if self.first is None:
                         self.first = time.perf_counter()
+                    if piece.tool_calls:  # an upstream that parsed the calls itself
+                        self.upstream_calls = piece.tool_calls
                     if piece.finish_reason:
                         self.finish = piece.finish_reason
                         self.completion_tokens = piece.completion_tokens
@@ -236,6 +239,8 @@ class Run:
             raise ServeError(500, str(exc), None, "engine_error") from None
 
     def _calls(self) -> list[dict]:
+        if self.upstream_calls:
+            return [{"id": c.get("id") or f"call_{uuid.uuid4().hex[:24]}", **c} for c in self.upstream_calls]
         if not self.tools:
             return []
         _, calls, _ = parse_calls(self.done.reply)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +37,10 @@ class Options:
     challenger_share: float = 0.0
     watch_s: float = 10.0
     trace: bool = True
+    upstream_url: str | None = None  # an OpenAI-compatible server that decodes (one model: no swap)
+    upstream_model: str | None = None
+    llama_server: str | None = None  # llama.cpp's llama-server binary, started per version on its GGUF
+    parallel: int = 16  # llama-server's slots
 
 
 def _directory_target(target: str) -> Path | None:
@@ -65,8 +70,7 @@ def build(options: Options) -> tuple[Server, Models]:
     store = ArtifactStore()
     metrics = Metrics()
 
-    def make_engine(directory: Path, label: str) -> BatchingEngine:
-        return BatchingEngine(directory, label, options.batching)
+    make_engine = engine_factory(options, store.root / "served")
 
     directories = {t: _directory_target(t) for t in options.targets}
     registry = any(d is None for d in directories.values())
@@ -93,6 +97,32 @@ def build(options: Options) -> tuple[Server, Models]:
     return server, models
 
 
+def engine_factory(options: Options, cache: Path):
+    """What decodes each version: the built-in batcher, a llama-server started for it, or a given upstream."""
+    if options.upstream_url:
+        from ..engine.serve.upstream import UpstreamEngine
+
+        def upstream(directory: Path, label: str) -> UpstreamEngine:
+            return UpstreamEngine(
+                options.upstream_url,
+                options.upstream_model or label.split("/")[0],
+                label,
+                tokenizer_dir=directory,
+                api_key=os.environ.get("DRAGON_UPSTREAM_KEY"),
+            )
+
+        return upstream
+    if options.llama_server:
+        from ..engine.serve.upstream import LlamaServer
+
+        return LlamaServer(options.llama_server, cache, parallel=options.parallel)
+
+    def builtin(directory: Path, label: str) -> BatchingEngine:
+        return BatchingEngine(directory, label, options.batching)
+
+    return builtin
+
+
 def _pipeline_of(directory: Path) -> str:
     """The pipeline an artifact belongs to (runs/artifacts/<pipeline>/<stage>/<id>), else the directory's name."""
     parts = Path(directory).resolve().parts
@@ -117,6 +147,9 @@ def serve(options: Options) -> None:
         log.info(
             "%d API key(s) configured: %s", len(keys.hashes), ", ".join(sorted(k.name for k in keys.hashes.values()))
         )
+    if options.upstream_url and options.watch_s:
+        log.info("decoding upstream at %s: one fixed model, so no hot swap (--watch is off)", options.upstream_url)
+        options.watch_s = 0
     server, models = build(options)
     models.start_watching()
     app = create_app(server)

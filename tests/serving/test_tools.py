@@ -51,3 +51,32 @@ def test_a_tool_call_comes_back_as_tool_calls_and_its_answer_as_the_reply(tool_s
     )
     assert final.choices[0].message.content == "Done." and not final.choices[0].message.tool_calls
     assert final.model == "tool_caller/local"
+
+
+def test_an_upstream_server_decodes_behind_the_same_front(served, chatty_model, tmp_path):
+    """`--upstream`: another OpenAI-compatible server (here `transformers serve`) decodes; the front keeps its names,
+    its version header and its refusals."""
+    server = Serve(
+        [str(chatty_model), "--no-trace", "--upstream", served["url"], "--upstream-model", served["model"]],
+        {"DRAGON_RUNS_DIR": str(tmp_path / "runs")},
+        tmp_path / "serve.log",
+    )
+    try:
+        ours = openai.OpenAI(base_url=f"{server.base}/v1", api_key="unused", max_retries=0)
+        theirs = openai.OpenAI(base_url=served["url"], api_key="unused", max_retries=0)
+        asked = [{"role": "user", "content": "My plug is offline"}]
+        reply = ours.chat.completions.create(model="chatty", messages=asked, temperature=0, max_tokens=6)
+        direct = theirs.chat.completions.create(model=served["model"], messages=asked, temperature=0, max_tokens=6)
+        assert reply.choices[0].message.content == direct.choices[0].message.content
+        assert reply.model == "chatty/local" and reply.usage.completion_tokens == direct.usage.completion_tokens
+        streamed = ours.chat.completions.create(
+            model="chatty", messages=asked, temperature=0, max_tokens=6, stream=True
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == (
+            direct.choices[0].message.content
+        )
+        with pytest.raises(openai.NotFoundError):
+            ours.chat.completions.create(model="other", messages=asked)
+    finally:
+        server.kill()
+    assert "no hot swap" in server.text()
