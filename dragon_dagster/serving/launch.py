@@ -135,6 +135,7 @@ def serve(options: Options) -> None:
     import uvicorn
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call: our own request line says it
     keys = Keys.load(options.keys_file)  # a bad keys file stops here, before any model loads
     if keys.open:
         log.warning(
@@ -159,4 +160,5 @@ def serve(options: Options) -> None:
     try:
         uvicorn.run(app, host=options.host, port=options.port, log_level="warning", access_log=False)
     finally:
+        log.info("stopping: closing the served versions")
         models.close()

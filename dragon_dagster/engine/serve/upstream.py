@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator
@@ -141,11 +140,12 @@ class UpstreamEngine:
 
     def close(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            log.info("stopping the upstream of %s (pid %s)", self.label, self.process.pid)
+            self.process.terminate()
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.kill()
 
 
 class LlamaServer:
@@ -211,7 +211,7 @@ class LlamaServer:
             except requests.RequestException:
                 pass
             if time.monotonic() > deadline:
-                os.killpg(process.pid, signal.SIGKILL)
+                process.kill()
                 raise EngineError(f"llama-server for {label} did not answer within 120 s: see {log_path}")
             time.sleep(0.25)
         return UpstreamEngine(
