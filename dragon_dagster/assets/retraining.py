@@ -63,6 +63,7 @@ from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .automation import PIPELINE_TAG, RANGE_TAG, feedback_records, feedback_schedule, feedback_sensor, retrain_job_name
 from .builders import key, merge_asset, retraining_group
 from .launchpad import effective, launchpad_config
+from .live_gate import await_live, live_gate_sensor
 from .metadata import md_table
 from .pool import POOL_EXECUTOR, POOL_TAGS, TRAINING_POOL
 from .promotion import deployed_model, promote_merged, report_merged_dir
@@ -522,7 +523,14 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
         + " and not worse on the pipeline's held-out task loss and metrics, has lost no more than "
         f"{gate.skills_tolerance:g} on a general-skill task (feedback.evaluate.skills), and that model is "
         "still the champion; passing makes it the champion in the MLflow Model Registry (the "
-        "model chat and the next retraining use).",
+        "model chat and the next retraining use)"
+        + (
+            f", once live ratings agree (gate.live: the live gate sensor promotes it when it and the champion have "
+            f"{gate.live.min_ratings} ratings each from dragon serve and a one-sided Fisher exact test at "
+            f"{gate.live.alpha:g} does not say it is liked less)."
+            if gate.live
+            else "."
+        ),
     )
     def _gate(context, store: ArtifactStore, tracking: MLflowTracking) -> AssetCheckResult:
         event = context.instance.get_latest_materialization_event(report_key)
@@ -548,20 +556,29 @@ def promotion_check(pipeline: Pipeline, report_key: AssetKey):
             + short
         )
         promoted = {}
+        reason = f"{report_key.to_user_string()}: promotion_gate passed"
         if not problems:
-            promoted = promote_merged(
-                context, pipeline.name, tracking, merged_dir, f"{report_key.to_user_string()}: promotion_gate passed"
+            promoted = (
+                await_live(context, pipeline, tracking, store, merged_dir, reason)
+                if gate.live
+                else promote_merged(context, pipeline.name, tracking, merged_dir, reason)
             )
+        passed = (
+            (f"{gate.metric} gain above {gate.min_gain}" if gate.min_gain is not None else "not worse")
+            + " and no task regression"
+            + (" nor general-skill loss" if report.skills else "")
+        )
         return AssetCheckResult(
             passed=not problems,
             severity=AssetCheckSeverity.ERROR,
             metadata={
                 "decision": MetadataValue.text(
                     "; ".join(problems)
-                    or "promoted: "
-                    + (f"{gate.metric} gain above {gate.min_gain}" if gate.min_gain is not None else "not worse")
-                    + " and no task regression"
-                    + (" nor general-skill loss" if report.skills else "")
+                    or (
+                        f"passed: {passed}; {promoted['live_gate']}"
+                        if gate.live and promoted.get("live_gate", "").startswith("waiting")
+                        else f"promoted: {passed}"
+                    )
                 ),
                 "regressions": ", ".join(worse) or "none",
                 **deciding,
@@ -675,6 +692,9 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
         "assets": assets,
         "asset_checks": [promotion_check(pipeline, key(pipeline, settings.evaluate.name))],
         "jobs": [job],
-        "sensors": [feedback_sensor(pipeline, settings.min_new_records, job)],
+        "sensors": [
+            feedback_sensor(pipeline, settings.min_new_records, job),
+            *([live_gate_sensor(pipeline)] if settings.gate.live else []),
+        ],
         "schedules": [feedback_schedule(pipeline, settings.cron, job)],
     }

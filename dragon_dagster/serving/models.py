@@ -15,8 +15,10 @@ A directory (a merged model, an adapter chain, a model) can be served too, under
 registry and no swap.
 
 Champion and challenger on live traffic: with `challenger_share` > 0, that share of the callers of a bare name
-(hashed from the caller's user id, so one user always meets the same version) is answered by the challenger
-when one is registered and differs from the champion.
+(hashed from the caller's user id, so one user always meets the same version) is answered by the challenger.
+The challenger loads at start, or when the watcher sees one registered later or the alias move; until it has
+loaded (or when it cannot load) its share is answered by the champion. Each reply names its version, so ratings
+count per version (the live gate: assets/live_gate.py).
 """
 
 from __future__ import annotations
@@ -134,6 +136,14 @@ class Models:
             self._aliases[(name, CHAMPION)] = version
         self.metrics.served.labels(name, CHAMPION).set(float(version))
         log.info("serving %s/%s as %s", name, version, name)
+        challenger = self._alias_now(name, CHALLENGER) if self.challenger_share > 0 else None
+        if challenger is not None:  # its share of the users is answered by the champion until it has loaded
+            with self._lock:
+                self._aliases[(name, CHALLENGER)] = challenger
+            self.metrics.served.labels(name, CHALLENGER).set(float(challenger))
+            self._load_later(name, challenger)
+            log.info("%s@challenger is %s/%s: %g of the users once it has loaded", name, name, challenger,
+                     self.challenger_share)  # fmt: skip
 
     def _alias_now(self, name: str, alias: str) -> str | None:
         if self.client is None:
@@ -194,7 +204,7 @@ class Models:
             )
         alias = asked.alias
         if asked.bare and self.challenger_share > 0 and self._in_challenger_share(user):
-            alias = CHALLENGER if self._aliases.get((asked.name, CHALLENGER)) else CHAMPION
+            alias = CHALLENGER if self._challenger_ready(asked.name) else CHAMPION
         version = asked.version or self._aliases.get((asked.name, alias))
         if version is None and alias is not None:
             version = self._alias_now(asked.name, alias)
@@ -218,6 +228,12 @@ class Models:
         raise ServeError(
             503, f"{asked.name}/{version} is loading; try again shortly", "model", "model_loading", {"Retry-After": "5"}
         )
+
+    def _challenger_ready(self, name: str) -> bool:
+        """Whether name@challenger is set and loaded (until then, or when it cannot load, the champion answers)."""
+        with self._lock:
+            version = self._aliases.get((name, CHALLENGER))
+            return version is not None and (name, version) in self._versions
 
     def _in_challenger_share(self, user: str) -> bool:
         bucket = int(hashlib.sha256(user.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
@@ -270,8 +286,10 @@ class Models:
         """Move every watched alias to where the registry points now (loading first); what moved."""
         moved = []
         with self._lock:
-            watched = list(self._aliases.items())
-        for (name, alias), current in watched:
+            watched = dict(self._aliases)
+        if self.challenger_share > 0:  # a challenger registered after the start gets its share too
+            watched.update({(n, CHALLENGER): None for n in self.names if (n, CHALLENGER) not in watched})
+        for (name, alias), current in watched.items():
             now = self._alias_now(name, alias)
             if now is None or now == current or (name, now) in self._failed:
                 continue

@@ -214,6 +214,14 @@ class FeedbackRecords:
         self._ensure()
         return int(self._retry(lambda conn: conn.execute("SELECT COALESCE(MAX(id), 0) FROM feedback").fetchone()[0]))
 
+    def ratings(self, after_id: int = 0) -> list[dict]:
+        """Records after after_id without their turns (id, model, verdict, created), in id order: what a count
+        by version needs (engine/evaluate/live_rates.py), read without assembling any conversation."""
+        self._ensure()
+        query = f"SELECT id, model, verdict, created FROM feedback WHERE id > {self.MARK} ORDER BY id"
+        rows = self._retry(lambda conn: conn.execute(query, (int(after_id),)).fetchall())
+        return [{"id": int(r[0]), "model": r[1], "verdict": r[2], "created": r[3]} for r in rows]
+
     def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[dict]:
         """Records with after_id < id <= up_to_id, in id order, with their turns as messages. Turns that could
         not be converted from the first layout come back as stored (parsed when they are JSON, else the

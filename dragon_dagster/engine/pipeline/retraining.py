@@ -195,6 +195,27 @@ TASK_TOLERANCE = {"eval_loss": 0.02, "token_f1": 0.02, "exact": 0.0, "contains":
 GATE_METRICS = ("reward", "pair_accuracy", "liked_share")
 
 
+class LiveGate(Settings):
+    """The gate's last step, on live traffic: a retrained model that passed on held-out feedback stays the
+    challenger (`dragon serve --challenger-share` sends it a share of the users) until it and the champion each
+    have min_ratings ratings over HTTP; then a one-sided Fisher exact test of "the challenger is liked less" on
+    those ratings decides, once: promoted unless p < alpha (engine/evaluate/live_rates.py)."""
+
+    min_ratings: int = Field(
+        20,
+        ge=1,
+        description="Ratings each version needs (counted from when the challenger passed the held-out gate) "
+        "before the test runs; the test uses each version's first this many.",
+    )
+    alpha: float = Field(
+        0.05,
+        gt=0,
+        lt=1,
+        description="The test's level: the challenger is refused when the one-sided p-value of 'liked less than "
+        "the champion' is below it.",
+    )
+
+
 class Gate(Settings):
     """The promotion gate of a retraining: better on held-out feedback, not worse on the pipeline's task."""
 
@@ -234,6 +255,13 @@ class Gate(Settings):
         le=1,
         description="How far the retrained model's score on a general-skill task (feedback.evaluate.skills) may "
         "fall below the starting model's before the gate refuses it, naming the task.",
+    )
+
+    live: LiveGate | None = Field(
+        None,
+        description="Also require live ratings ({min_ratings, alpha}): passing promotes no one at once; the "
+        "challenger is promoted by the live gate sensor once it and the champion each have min_ratings ratings "
+        "from `dragon serve` and the challenger is not shown liked less. Null: promote on held-out feedback alone.",
     )
 
     _known_taste_types = known_types("taste", "gate.taste")
