@@ -583,20 +583,23 @@ def main(argv=None) -> int:
                 for name in names:
                     target = targets[name]
                     tag = f"r{repeat}-s{level}-{name}"
-                    cell = {"repeat": repeat, "streams": level, "target": name}
+                    # the 1-minute load average around the cell: on a shared machine, how much else was running
+                    cell = {"repeat": repeat, "streams": level, "target": name, "loadavg_before": os.getloadavg()[0]}
                     try:
                         cell.update(measure(target, level, a, log_dir, tag))
                     except Exception as exc:  # a target that
                         # fails to start or to answer is recorded and skipped; the others go on
                         cell["error"] = f"{type(exc).__name__}: {exc}"
                         log(f"{tag}: failed: {cell['error']}")
+                    cell["loadavg_after"] = os.getloadavg()[0]
                     record["cells"].append(cell)
                     if "summary" in cell:
                         summary = cell["summary"]
                         log(
                             f"{tag}: {summary['tokens_per_s']:.1f} tokens/s, TTFT p50 {summary['ttft_p50'] or 0:.2f} s "
                             f"p99 {summary['ttft_p99'] or 0:.2f} s, ITL p50 {1000 * (summary['itl_p50'] or 0):.1f} ms, "
-                            f"{summary['failed']} failed (ready in {cell['ready_s']:.1f} s)"
+                            f"{summary['failed']} failed (ready in {cell['ready_s']:.1f} s; load average "
+                            f"{cell['loadavg_before']:.1f} -> {cell['loadavg_after']:.1f} on {os.cpu_count()} cores)"
                         )
                     record["wall_s"] = time.perf_counter() - started
                     out.parent.mkdir(parents=True, exist_ok=True)
