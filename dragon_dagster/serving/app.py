@@ -181,6 +181,7 @@ class Run:
         self.status = 200
         self.error: str | None = None
         self.upstream_calls: list[dict] = []
+        self.ended = False
         self.server.metrics.in_flight.inc()
 
     @property
@@ -196,6 +197,7 @@ class Run:
             self._head = None
         except ServeError as exc:
             self.status, self.error = exc.status, exc.message
+            exc.counted = True
             self.end()
             raise
         except BaseException as exc:
@@ -293,6 +295,8 @@ class Run:
             options = self.req.stream_options
             if options is not None and options.include_usage:
                 yield chunk(id_, model, {}, usage=usage(self.prompt, self.completion_tokens), choices=False)
+            self.end()
+            await self.stored()
             yield "data: [DONE]\n\n"
         except ServeError as exc:
             self.status, self.error = exc.status, exc.message
@@ -303,8 +307,17 @@ class Run:
         finally:
             self.end()
 
+    async def stored(self) -> None:
+        """Wait until the completion's trace is written: a reply is acknowledged once it can be rated, by any
+        replica (a rating finds the completion by reading its trace)."""
+        if self.done.written is not None:
+            await asyncio.shield(self.done.written)
+
     def end(self) -> None:
-        """Count, log and trace the request, and release its version."""
+        """Count, log and trace the request, and release its version (once)."""
+        if self.ended:
+            return
+        self.ended = True
         server, m = self.server, self.server.metrics
         elapsed = time.perf_counter() - self.started
         m.in_flight.dec()
@@ -344,7 +357,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, exc: ServeError):
-        if exc.status >= 400:
+        if not getattr(exc, "counted", False):  # a refusal before any version answered; a Run counts its own
             server.metrics.requests.labels(str(exc.status), "").inc()
         return exc.response()
 

@@ -224,6 +224,8 @@ class Models:
             )
         if self.client is None:
             raise ServeError(404, f"{asked.name}/{version} is not served here", "model", "model_not_found")
+        if asked.version is not None and not self._registered(asked.name, str(version)):
+            raise ServeError(404, f"{asked.name} has no version {version} in the registry", "model", "model_not_found")
         self._load_later(asked.name, str(version))
         raise ServeError(
             503, f"{asked.name}/{version} is loading; try again shortly", "model", "model_loading", {"Retry-After": "5"}
@@ -234,6 +236,15 @@ class Models:
         with self._lock:
             version = self._aliases.get((name, CHALLENGER))
             return version is not None and (name, version) in self._versions
+
+    def _registered(self, name: str, version: str) -> bool:
+        from ..engine.release.model_registry import NotRegistered, version_of
+
+        try:
+            version_of(self.client, ModelRef(name=name, version=version))
+        except NotRegistered:
+            return False
+        return True
 
     def _in_challenger_share(self, user: str) -> bool:
         bucket = int(hashlib.sha256(user.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF

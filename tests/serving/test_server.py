@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ KEY, LIMITED = "sk-test-alice-0123456789", "sk-test-limited-0123456789"
 @pytest.fixture(scope="module")
 def registry(chatty_model, tiny_model, tmp_path_factory):
     """runs/ with an MLflow registry: support/1 (the chatty model, champion), support/2 and support/3 (tiny ones
-    that answer differently)."""
+    that answer differently), support/4 (one that cannot load)."""
     from dragon_dagster.engine.models import build_tiny_model
     from dragon_dagster.resources.tracking import MLflowTracking
 
@@ -38,7 +39,11 @@ def registry(chatty_model, tiny_model, tmp_path_factory):
     runs = root / "runs"
     tracking = MLflowTracking(runs_dir=str(runs), tracking_uri=f"sqlite:///{runs / 'mlflow.db'}")
     other = build_tiny_model(root / "other", seed=7)
-    for model in (chatty_model, tiny_model, other):
+    broken = root / "broken"  # support/4: its weights cut short, so loading it fails
+    shutil.copytree(tiny_model, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    for model in (chatty_model, tiny_model, other, broken):
         tracking.register_model("support", model, None, {"model_dir": str(model)})
     tracking.promote("support", "1", "test")
     return runs, tracking
@@ -219,6 +224,13 @@ def test_a_promotion_during_a_stream_ends_it_on_the_old_version_and_the_next_get
     )
     assert after.model == "support/3"
     assert "support@champion is now version 3 (was 1)" in server.text()
+
+    tracking.promote("support", "4", "test: a version that cannot load")
+    wait_for(lambda: "moved to version 4, which cannot be loaded" in server.text(), 60, "the failed load to be said")
+    assert metrics(server)[("dragon_serve_model_load_failures_total", (("name", "support"), ("version", "4")))] == 1
+    kept = ai.chat.completions.create(model="support", messages=ask(5), max_tokens=2)
+    assert kept.model == "support/3", "the old version keeps serving"
+    tracking.promote("support", "3", "test: back to a version that loads")
     failures = {
         k: v
         for k, v in metrics(server).items()

@@ -4,8 +4,8 @@ Everything that generates text outside training (the judge, `dragon generate`, t
 
 - `LocalBackend`: transformers in this process. It keeps the last `keep_loaded` models loaded in a
   module-level cache, so repeated calls pay the model load once (dragonfarm's dragon_backend_local).
-- `ServerBackend`: any server that speaks the OpenAI chat completions protocol (`transformers serve`,
-  vLLM, Ollama, hosted APIs), with bounded concurrency and retries (dragonfarm's dragon_backend_server).
+- `ServerBackend`: any server that speaks the OpenAI chat completions protocol (`dragon serve`, `transformers
+  serve`, vLLM, Ollama, hosted APIs), with bounded concurrency and retries (dragonfarm's dragon_backend_server).
 
 A conversation is a list of chat messages ({"role": ..., "content": ...}); `chat` returns one reply per
 conversation, in order. `stream` returns one reply as text chunks while it is generated (local: transformers'
@@ -519,10 +519,11 @@ def _client_class():
 
 
 class ServerBackend(Backend):
-    """Any OpenAI-compatible chat completions server: `transformers serve`, vLLM, Ollama, hosted APIs, through
-    the `openai` client. Requests run in a thread pool of `concurrency`; connection errors, timeouts, 408, 409,
-    429 and 5xx are retried `retries` times with exponential backoff (backoff, 2*backoff, ...; Retry-After is
-    honoured, up to 60 s). `timeout` bounds connecting and each read (for a stream: the wait for each chunk)."""
+    """Any OpenAI-compatible chat completions server: `dragon serve`, `transformers serve`, vLLM, Ollama, hosted
+    APIs, through the `openai` client. Requests run in a thread pool of `concurrency`; connection errors,
+    timeouts, 408, 409, 429 and 5xx are retried `retries` times with exponential backoff (backoff, 2*backoff, ...;
+    Retry-After is honoured, up to 60 s). `timeout` bounds connecting and each read (for a stream: the wait for
+    each chunk)."""
 
     def __init__(
         self,
