@@ -379,8 +379,7 @@ def create_app(server: Server) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics():
-        engines = [s.engine for s in list(server.models._versions.values())]
-        server.metrics.queue.set(sum(e.queue_depth() for e in engines))
+        server.metrics.queue.set(sum(e.queue_depth() for e in server.models.engines()))
         return PlainTextResponse(server.metrics.text(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")

@@ -263,6 +263,10 @@ class Models:
 
     # ----------------------------------------------------------------------------------------- swaps
 
+    def engines(self) -> list[Engine]:
+        with self._lock:
+            return [served.engine for served in self._versions.values()]
+
     def ready(self) -> bool:
         with self._lock:
             return all((name, CHAMPION) in self._aliases for name in self.names) and bool(self.names)
