@@ -24,6 +24,18 @@ pipeline's objectives reuses round 1.
     .venv/bin/python benchmarks/feedback_learning.py --rounds 1 --variants sft,dpo,kto,rlhf
     # the objectives alone, on a round's recorded feedback (<out>/round1_feedback.sqlite) and first model:
     .venv/bin/python benchmarks/feedback_learning.py --from-feedback F.sqlite --first-model M --variants sft sft,dpo
+    # the loop over the wire: the user talks to `dragon serve` and rates over HTTP, the server swaps by itself
+    .venv/bin/python benchmarks/feedback_learning.py --quick --over-http --chat-prompts 24 --max-steps -1
+
+With --over-http the benchmark starts `dragon serve <pipeline> --watch 2` on its own runs folder and registry (a
+process of its own, stopped at the end, on error too; its log is <out>/serve.log). Each conversation is one
+completion asked through the official `openai` client (model=<pipeline>, the chat temperature) and rated with POST
+/v1/feedback (an edit is a dislike with the corrected reply: one record per completion, where the in-process
+Chat stores the dislike and the edit as two). The sensor reads those records; after a promotion the benchmark
+polls GET /health until the server names the new champion's version (--swap-timeout), then asks one greedy reply
+that must come from it, and the held-out tickets are also answered through the server (`over_http` in the
+record: the versions that answered, when the swap was seen, each round's wall time). The objective comparison
+(--variants) stays in-process and runs only when asked.
 
 On 2 shared CPU cores a chat round of 24 tickets takes ~8 min, a retraining ~4-6 min and a held-out
 measurement of 48 greedy replies 2-5 min.
@@ -829,6 +841,21 @@ def run_rounds(
     return rounds, start_measure, current, wire
 
 
+def gate_time(instance) -> float | None:
+    """When the latest run's promotion gate was evaluated (it promotes as it decides), from Dagster's event log."""
+    from dagster import DagsterEventType
+
+    runs = instance.get_runs(limit=1)
+    if not runs:
+        return None
+    times = [
+        e.timestamp
+        for e in instance.all_logs(runs[0].run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        if e.dagster_event.event_specific_data.check_name == "promotion_gate"
+    ]
+    return max(times) if times else None
+
+
 def swap_check(
     served: Served, loop: Loop, before: str | None, promoted: bool, a: argparse.Namespace, probe: dict
 ) -> dict:
@@ -851,6 +878,9 @@ def swap_check(
     if lines:  # "2026-12-07 06:10:11,123 INFO fbloop@champion is now version 2 (was 1)..."
         at = datetime.strptime(lines[-1][:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
         found["swapped_vs_retraining_end_s"] = round(at - ended, 1)
+        decided = gate_time(loop.instance)
+        if decided is not None:  # the gate promotes as it decides: from the promotion to the server's switch
+            found["swapped_after_gate_s"] = round(at - decided, 1)
     if waited is None:
         log(f"the server did not swap to {NAME}/{champion} within {a.swap_timeout:g}s")
         return found
