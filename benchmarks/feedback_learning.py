@@ -24,6 +24,18 @@ pipeline's objectives reuses round 1.
     .venv/bin/python benchmarks/feedback_learning.py --rounds 1 --variants sft,dpo,kto,rlhf
     # the objectives alone, on a round's recorded feedback (<out>/round1_feedback.sqlite) and first model:
     .venv/bin/python benchmarks/feedback_learning.py --from-feedback F.sqlite --first-model M --variants sft sft,dpo
+    # the loop over the wire: the user talks to `dragon serve` and rates over HTTP, the server swaps by itself
+    .venv/bin/python benchmarks/feedback_learning.py --quick --over-http --chat-prompts 24 --max-steps -1
+
+With --over-http the benchmark starts `dragon serve <pipeline> --watch 2` on its own runs folder and registry (a
+process of its own, stopped at the end, on error too; its log is <out>/serve.log). Each conversation is one
+completion asked through the official `openai` client (model=<pipeline>, the chat temperature) and rated with POST
+/v1/feedback (an edit is a dislike with the corrected reply: one record per completion, where the in-process
+Chat stores the dislike and the edit as two). The sensor reads those records; after a promotion the benchmark
+polls GET /health until the server names the new champion's version (--swap-timeout), then asks one greedy reply
+that must come from it, and the held-out tickets are also answered through the server (`over_http` in the
+record: the versions that answered, when the swap was seen, each round's wall time). The objective comparison
+(--variants) stays in-process and runs only when asked.
 
 On 2 shared CPU cores a chat round of 24 tickets takes ~8 min, a retraining ~4-6 min and a held-out
 measurement of 48 greedy replies 2-5 min.
@@ -401,6 +413,243 @@ def chat_round(loop: Loop, tickets: list[dict], a: argparse.Namespace, rng: rand
     }
 
 
+# ------------------------------------------------------------------------------------------ --over-http
+USER = "simulated-user"
+
+
+class Served:
+    """`dragon serve <pipeline> --watch 2` on the loop's own runs folder and registry, in a process group of its
+    own (stopped by stop(), which main calls in a finally). The simulated user's chats go through the official
+    openai client, its ratings and edits through POST /v1/feedback; /health names the champion's version."""
+
+    def __init__(self, loop: Loop, a: argparse.Namespace, log_path: Path):
+        self.loop, self.args, self.log_path = loop, a, log_path
+        self.proc = None
+        self.port = 0
+
+    def env(self) -> dict:
+        import os
+
+        runs = self.loop.runs.resolve()
+        return {
+            **os.environ,
+            "DRAGON_RUNS_DIR": str(runs),
+            "MLFLOW_TRACKING_URI": self.loop.resources["tracking"].uri,
+            "DAGSTER_HOME": str(self.loop.root / "serve_dagster_home"),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OMP_NUM_THREADS": str(self.args.threads),
+        }
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float) -> float:
+        """Start the server and wait for /health; the seconds it took. A port taken before the server binds it:
+        another port (three tries)."""
+        import socket
+        import subprocess
+
+        import httpx
+
+        started = time.time()
+        (self.loop.root / "serve_dagster_home").mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                self.port = s.getsockname()[1]
+            with self.log_path.open("a") as handle:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "dragon_dagster.cli", "serve", NAME, "--watch", "2"]
+                    + ["--port", str(self.port), "--max-batch", "8", "--cache-tokens", "4096"],
+                    env=self.env(),
+                    stdout=handle,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            deadline = time.time() + timeout
+            while time.time() < deadline and self.proc.poll() is None:
+                try:
+                    if httpx.get(f"{self.base}/health", timeout=5).status_code == 200:
+                        log(f"dragon serve {NAME} up at {self.base} in {time.time() - started:.0f}s: {self.health()}")
+                        return round(time.time() - started, 1)
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1)
+            if self.proc.poll() is not None and "address already in use" in self.log_path.read_text():
+                continue
+            self.stop()
+            break
+        raise RuntimeError(
+            f"dragon serve did not come up; its log {self.log_path}:\n{self.log_path.read_text()[-3000:]}"
+        )
+
+    def stop(self) -> None:
+        import os
+        import signal
+        import subprocess
+
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(timeout=wait)
+                log(f"dragon serve stopped (exit {self.proc.returncode})")
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+    def health(self) -> dict:
+        import httpx
+
+        return httpx.get(f"{self.base}/health", timeout=30).json()
+
+    def version(self) -> str | None:
+        """The champion's version the server serves now, from GET /health's listing."""
+        [entry] = [m for m in self.health().get("models", []) if m["id"] == NAME]
+        return entry["version"]
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=f"{self.base}/v1", api_key="none", max_retries=2, timeout=600)
+
+    def chat(self, ticket: dict, temperature: float, seed: int | None = None) -> tuple[str, str, str, str]:
+        """One conversation's reply through the openai client: (reply, completion id, its `model`, the version
+        header)."""
+        raw = self.client().chat.completions.with_raw_response.create(
+            model=NAME,
+            messages=[{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt_of(ticket)}],
+            temperature=temperature,
+            max_tokens=self.args.max_new_tokens,
+            user=USER,
+            **({"seed": seed} if seed is not None else {}),
+        )
+        reply = raw.parse()
+        return reply.choices[0].message.content or "", reply.id, reply.model, raw.headers.get("x-dragon-model-version")
+
+    def rate(self, completion_id: str, like: bool, correction: str | None = None) -> dict:
+        import httpx
+
+        body = {"completion_id": completion_id, "rating": "like" if like else "dislike", "user": USER}
+        if correction is not None:
+            body["correction"] = correction
+        answer = httpx.post(f"{self.base}/v1/feedback", json=body, timeout=120)
+        answer.raise_for_status()
+        return answer.json()
+
+    def wait_for_version(self, version: str, timeout: float) -> float | None:
+        """Seconds until /health names `version` (the server swapped by itself), None past the timeout."""
+        started = time.time()
+        while time.time() - started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dragon serve exited ({self.proc.returncode}); its log: {self.log_path}")
+            if self.version() == version:
+                return round(time.time() - started, 1)
+            time.sleep(1)
+        return None
+
+    def swap_lines(self) -> list[str]:
+        return [line for line in self.log_path.read_text().splitlines() if f"{NAME}@champion is now version" in line]
+
+
+def champion_version(loop: Loop) -> str | None:
+    from dragon_dagster.engine.release.model_registry import CHAMPION, alias_version
+
+    return alias_version(loop.resources["tracking"].client(), NAME, CHAMPION)
+
+
+def ensure_champion(loop: Loop, model: Path) -> str:
+    """The registry's champion, for `dragon serve NAME` to serve: when no gate has promoted one yet, the first
+    merged model's registered version, promoted by hand (as the variants' first champion is)."""
+    from dragon_dagster.engine.release.model_registry import version_for
+
+    version = champion_version(loop)
+    if version is None:
+        version = version_for(loop.resources["tracking"].client(), NAME, model.parent)
+        if version is None:
+            raise RuntimeError(f"{model.parent} is not a registered version of {NAME!r}")
+        loop.resources["tracking"].promote(NAME, version, "feedback_learning --over-http: the first merged model")
+        log(f"promoted {NAME}/{version} (the first merged model) by hand, to serve it")
+    return version
+
+
+def chat_round_http(loop: Loop, served: Served, tickets: list[dict], a: argparse.Namespace, rng: random.Random) -> dict:
+    """chat_round over the wire: each conversation is one completion from `dragon serve` (the openai client,
+    model=<pipeline>), rated with POST /v1/feedback; an edit is a dislike with the corrected reply (one record per
+    completion: the server keeps one rating per rater and completion, where the in-process Chat records the
+    dislike and the edit apart)."""
+    started = time.time()
+    ups = downs = edits = 0
+    versions: dict[str, int] = {}
+    completions = []
+    for i, ticket in enumerate(tickets):
+        reply, completion_id, model, header = served.chat(ticket, a.chat_temperature, seed=a.seed * 100_003 + i)
+        versions[model] = versions.get(model, 0) + 1
+        if header != model:
+            raise RuntimeError(f"the reply's model {model!r} and its version header {header!r} disagree")
+        if liked(reply, ticket["product"]):
+            answer = served.rate(completion_id, True)
+            ups += 1
+        else:
+            downs += 1
+            correction = None
+            if rng.random() < a.edit_prob:
+                correction = edit_text(ticket)
+                edits += 1
+            answer = served.rate(completion_id, False, correction)
+        completions.append({"id": completion_id, "model": model, "record": answer["id"], "trace": answer["assessment"]})
+        if i % 8 == 7:
+            log(f"  chatted {i + 1}/{len(tickets)} over HTTP: {ups} liked, {downs} disliked, {edits} edited")
+    log(
+        f"chat over HTTP: {ups} liked, {downs} disliked ({edits} edited) of {len(tickets)} in "
+        f"{time.time() - started:.0f}s; answered by {versions}"
+    )
+    return {
+        "model": f"models:/{NAME}@champion",
+        "answered_by": versions,
+        "prompts": len(tickets),
+        "liked": ups,
+        "disliked": downs,
+        "edited": edits,
+        "chat_liked_share": round(ups / len(tickets), 4),
+        "records": loop.feedback.max_id(),
+        "assessments_logged": sum(c["trace"] == "logged" for c in completions),
+        "completions": completions,
+        "wall_s": round(time.time() - started, 1),
+    }
+
+
+def measure_http(served: Served, tickets: list[dict], a: argparse.Namespace) -> dict:
+    """measure() through the server: greedy replies to the held-out tickets (sent together, so the server
+    batches them), and which the user likes; for comparison with the in-process measurement of the same model."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.time()
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(lambda t: served.chat(t, 0.0), tickets))
+    replies = [r for r, *_ in answers]
+    flags = [liked(r, t["product"]) for r, t in zip(replies, tickets)]
+    versions = sorted({m for _, _, m, _ in answers})
+    log(f"held-out liked {sum(flags)}/{len(flags)} over HTTP from {versions} in {time.time() - started:.0f}s")
+    return {
+        "via": "dragon serve",
+        "answered_by": versions,
+        "liked": sum(flags),
+        "n": len(flags),
+        "names_product": sum(t["product"].lower() in r.lower() for r, t in zip(replies, tickets)),
+        "under_limit": sum(len(r.split()) < MAX_WORDS for r in replies),
+        "mean_words": round(sum(len(r.split()) for r in replies) / len(replies), 1),
+        "flags": flags,
+        "wall_s": round(time.time() - started, 1),
+    }
+
+
 def copy_store(source: Path, target: Path) -> None:
     """A consistent copy of a feedback store (SQLite backup, WAL included)."""
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -512,6 +761,136 @@ def from_feedback(a: argparse.Namespace, out: Path, train_csv: Path, held: list[
     return result
 
 
+def run_rounds(
+    loop: Loop, pool: list[dict], held: list[dict], a: argparse.Namespace, first_model: Path, out: Path, served
+) -> tuple[list[dict], dict, dict, dict | None]:
+    """The chat-retrain rounds: (rounds, the start's measurement, the last champion's, what the wire did). With
+    `served` (--over-http) the user talks to `dragon serve` and rates over HTTP, and each promotion is followed
+    until the server answers from the new champion by itself."""
+    rng = random.Random(a.seed)
+    current = measure(first_model, held, a)
+    start_measure = current
+    wire = None
+    if served is not None:
+        version = ensure_champion(loop, first_model)
+        wire = {"start_s": served.start(a.serve_timeout), "base": served.base, "log": str(served.log_path)}
+        wire["champion_at_start"] = version
+        wire["start_over_http"] = measure_http(served, held, a)
+        wire["start_over_http"]["same_flags_as_in_process"] = sum(
+            x == y for x, y in zip(wire["start_over_http"]["flags"], current["flags"])
+        )
+    rounds, store_copy, next_ticket = [], out / "round1_feedback.sqlite", 0
+    for r in range(1, a.rounds + 1):
+        log(f"--- round {r}/{a.rounds}: live model {loop.live_model()}")
+        tickets = [pool[(next_ticket + i) % len(pool)] for i in range(a.chat_prompts)]
+        next_ticket += a.chat_prompts
+        round_started = time.time()
+        if served is None:
+            chatted = chat_round(loop, tickets, a, rng)
+        else:
+            served_before = served.version()
+            chatted = chat_round_http(loop, served, tickets, a, rng)
+        if r == 1:
+            copy_store(loop.store_path, store_copy)
+        retrained = loop.retrain()
+        gate = retrained["gate"] or {}
+        log(
+            f"round {r}: retraining success={retrained['success']} gate passed={gate.get('passed')} "
+            f"({gate.get('regressions')}) in {retrained['wall_s']}s; rows {retrained['dataset_rows']}"
+        )
+        promoted = bool(gate.get("passed"))
+        swap = swap_check(served, loop, served_before, promoted, a, held[0]) if served is not None else None
+        round_wall_s = round(time.time() - round_started, 1)
+        model_after = loop.live_model()
+        if promoted:
+            after = measure(model_after, held, a)
+        elif retrained["retrained_model"]:
+            log("the gate kept the champion; measuring the rejected challenger for information")
+            after = measure(Path(retrained["retrained_model"]), held, a)
+        else:
+            after = None
+        rounds.append(
+            {
+                "round": r,
+                "chat": chatted,
+                "retraining": retrained,
+                "promoted": promoted,
+                "live_before": current["model"],
+                "live_after": str(model_after),
+                "before": _strip(current),
+                "after": _strip(after),
+                "after_is": "champion" if promoted else "rejected challenger",
+                "liked_flags": after["flags"] if after else None,  # per held-out ticket: variants compare paired
+                "mcnemar": mcnemar(current["flags"], after["flags"]) if after else None,
+            }
+        )
+        if served is not None:
+            rounds[-1]["over_http"] = swap
+            rounds[-1]["round_wall_s"] = round_wall_s  # chat + retraining + the wait for the swap
+            if promoted and swap["swapped"]:
+                swap["after_over_http"] = measure_http(served, held, a)
+                swap["after_over_http"]["same_flags_as_in_process"] = sum(
+                    x == y for x, y in zip(swap["after_over_http"]["flags"], after["flags"])
+                )
+        log(
+            f"round {r}: liked {current['liked']}/{current['n']} -> {after and after['liked']}/{current['n']} "
+            f"({rounds[-1]['after_is']}), McNemar {rounds[-1]['mcnemar']}"
+        )
+        if promoted:
+            current = after
+    return rounds, start_measure, current, wire
+
+
+def gate_time(instance) -> float | None:
+    """When the latest run's promotion gate was evaluated (it promotes as it decides), from Dagster's event log."""
+    from dagster import DagsterEventType
+
+    runs = instance.get_runs(limit=1)
+    if not runs:
+        return None
+    times = [
+        e.timestamp
+        for e in instance.all_logs(runs[0].run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+        if e.dagster_event.event_specific_data.check_name == "promotion_gate"
+    ]
+    return max(times) if times else None
+
+
+def swap_check(
+    served: Served, loop: Loop, before: str | None, promoted: bool, a: argparse.Namespace, probe: dict
+) -> dict:
+    """After a retraining: did the server move to the registry's new champion by itself, and how long after the
+    retraining job ended (negative: before it ended; from the server's log line)? Then one greedy request, whose
+    reply must name the new version."""
+    from datetime import datetime
+
+    ended = time.time()
+    champion = champion_version(loop)
+    found = {"served_before": before, "champion_after": champion, "promoted": promoted}
+    if not promoted or champion == before:
+        found |= {"swapped": False, "served_after": served.version(), "swap_lines": served.swap_lines()}
+        log(f"no promotion: the server still serves {NAME}/{found['served_after']}")
+        return found
+    waited = served.wait_for_version(champion, a.swap_timeout)
+    found["swapped"] = waited is not None
+    found["swap_seen_after_s"] = waited  # polling /health from the retraining job's end
+    found["swap_lines"] = lines = served.swap_lines()
+    if lines:  # "2026-12-07 06:10:11,123 INFO fbloop@champion is now version 2 (was 1)..."
+        at = datetime.strptime(lines[-1][:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        found["swapped_vs_retraining_end_s"] = round(at - ended, 1)
+        decided = gate_time(loop.instance)
+        if decided is not None:  # the gate promotes as it decides: from the promotion to the server's switch
+            found["swapped_after_gate_s"] = round(at - decided, 1)
+    if waited is None:
+        log(f"the server did not swap to {NAME}/{champion} within {a.swap_timeout:g}s")
+        return found
+    reply, completion_id, model, header = served.chat(probe, 0.0)
+    found["next_reply"] = {"id": completion_id, "model": model, "header": header}
+    found["next_reply_from_new_champion"] = model == header == f"{NAME}/{champion}"
+    log(f"the server swapped {NAME}/{before} -> {NAME}/{champion} by itself; the next reply came from {model}")
+    return found
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -550,7 +929,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         "store (a round's SQLite copy), each retrained from --first-model",
     )
     p.add_argument("--first-model", help="with --from-feedback: the first champion's model directory")
+    p.add_argument(
+        "--over-http",
+        action="store_true",
+        help="the user talks to `dragon serve <pipeline> --watch 2` (the openai client) and rates over POST "
+        "/v1/feedback; each promotion is followed until the server swaps by itself (no --variants unless given)",
+    )
+    p.add_argument("--serve-timeout", type=float, default=900, help="--over-http: seconds for the server to start")
+    p.add_argument("--swap-timeout", type=float, default=600, help="--over-http: seconds to wait for its swap")
     a = p.parse_args(argv)
+    if a.over_http and a.from_feedback:
+        p.error("--over-http chats; --from-feedback skips the chats")
+    if a.over_http and a.variants is None:
+        a.variants = []  # the objective comparison is in-process either way: only when asked
     preset = {**DEFAULTS, **(QUICK if a.quick else {})}
     for k, v in preset.items():
         if getattr(a, k) is None:
@@ -560,6 +951,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     a = parse_args(argv)
+    if a.over_http:  # a SIGTERM ends the run through its finally, which stops the server
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     import torch
 
     torch.set_num_threads(a.threads)
@@ -589,54 +984,13 @@ def main(argv=None) -> dict:
     log(f"pipeline materialized in {time.time() - started:.0f}s; first live model {first_model}")
     setup_s = round(time.time() - started, 1)
 
-    rng = random.Random(a.seed)
-    current = measure(first_model, held, a)
-    start_measure = current
-    rounds, store_copy, next_ticket = [], out / "round1_feedback.sqlite", 0
-    for r in range(1, a.rounds + 1):
-        log(f"--- round {r}/{a.rounds}: live model {loop.live_model()}")
-        tickets = [pool[(next_ticket + i) % len(pool)] for i in range(a.chat_prompts)]
-        next_ticket += a.chat_prompts
-        chatted = chat_round(loop, tickets, a, rng)
-        if r == 1:
-            copy_store(loop.store_path, store_copy)
-        retrained = loop.retrain()
-        gate = retrained["gate"] or {}
-        log(
-            f"round {r}: retraining success={retrained['success']} gate passed={gate.get('passed')} "
-            f"({gate.get('regressions')}) in {retrained['wall_s']}s; rows {retrained['dataset_rows']}"
-        )
-        promoted = bool(gate.get("passed"))
-        model_after = loop.live_model()
-        if promoted:
-            after = measure(model_after, held, a)
-        elif retrained["retrained_model"]:
-            log("the gate kept the champion; measuring the rejected challenger for information")
-            after = measure(Path(retrained["retrained_model"]), held, a)
-        else:
-            after = None
-        rounds.append(
-            {
-                "round": r,
-                "chat": chatted,
-                "retraining": retrained,
-                "promoted": promoted,
-                "live_before": current["model"],
-                "live_after": str(model_after),
-                "before": _strip(current),
-                "after": _strip(after),
-                "after_is": "champion" if promoted else "rejected challenger",
-                "liked_flags": after["flags"] if after else None,  # per held-out ticket: variants compare paired
-                "mcnemar": mcnemar(current["flags"], after["flags"]) if after else None,
-            }
-        )
-        log(
-            f"round {r}: liked {current['liked']}/{current['n']} -> {after and after['liked']}/{current['n']} "
-            f"({rounds[-1]['after_is']}), McNemar {rounds[-1]['mcnemar']}"
-        )
-        if promoted:
-            current = after
-    final = current
+    store_copy = out / "round1_feedback.sqlite"
+    served = Served(loop, a, out / "serve.log") if a.over_http else None
+    try:
+        rounds, start_measure, final, wire = run_rounds(loop, pool, held, a, first_model, out, served)
+    finally:
+        if served is not None:
+            served.stop()
     overall = mcnemar(start_measure["flags"], final["flags"])
 
     variants = []
@@ -685,6 +1039,8 @@ def main(argv=None) -> dict:
         "wall_s": round(time.time() - t0, 1),
         "out": str(out),
     }
+    if wire is not None:
+        result["over_http"] = wire
     print(json.dumps(result, default=str), flush=True)
     return result
 
