@@ -33,6 +33,18 @@ number (each request's times, gaps, tokens and reply, each server's start time a
 benchmarks/records/serving-<date>.json (--out), rewritten after every level so an interrupted run keeps its data.
 It also says how often the greedy replies agree: a target's replies to the same ticket at every level (batch
 invariance) and one target's against another's.
+
+llama-server, built offline from the llama.cpp source that llama-cpp-python's source distribution carries (in the
+benchmark's own environment, never in CI; about 5 minutes on 2 idle cores, 11 on busy ones):
+
+    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d /work/llama-src   # then untar it
+    cd /work/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp
+    cmake -B build -G Ninja -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DCMAKE_BUILD_TYPE=Release
+    cmake --build build --target llama-server -j2
+    echo $PWD/build/bin/llama-server > /work/llama-src/LLAMA_SERVER
+
+The Python `llama_cpp.server` serialises requests: it is not a fair peer.
 """
 
 from __future__ import annotations
