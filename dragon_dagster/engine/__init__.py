@@ -4,13 +4,13 @@ resources/) calls into it, and so can a notebook or a plain script.
 Its packages form a stack, each importing only those below it (pyproject.toml's import-linter contract checks
 this in `make test`):
 
-    runtime | runs     the worker process and its launch targets; reading the runs back
+    runtime | runs | serve
+                       the worker process and its launch targets; reading the runs back; decoding for
+                       `dragon serve` (continuous batching, or an upstream server on the GGUF export)
     pipeline           the YAML: stages wired in order, profiles, retraining from feedback, preflight
     catalog            every stage kind by name (one line each), and `register` for kinds from outside
     stages             one folder per stage kind
-    train | release | serve
-                       what every trainer shares; merging, model cards, GGUF export, the model registry;
-                       decoding for `dragon serve` (continuous batching)
+    train | release    what every trainer shares; merging, model cards, GGUF export, the model registry
     evaluate           metrics, replies, judge, plots
     rewards            verifiable rewards, one module per family
     infer              generation, log-probabilities, backends, chat
