@@ -177,6 +177,8 @@ def test_each_refusal_is_an_openai_error_with_its_status(server):
     status, body, headers = error_of(lambda: limited(model="support", messages=ask(2), max_tokens=2))
     assert status == 429 and 1 <= int(headers["retry-after"]) <= 60 and "2 requests per minute" in body["message"]
 
+    status, body, _ = error_of(lambda: create(model="support/99", messages=ask(1), max_tokens=2))
+    assert status == 404 and "no version 99" in body["message"]
     status, body, headers = error_of(lambda: create(model="support/2", messages=ask(1), max_tokens=2))
     assert status == 503 and body["code"] == "model_loading" and headers["retry-after"]
     loaded = wait_for(lambda: _answers(ai, "support/2"), 120, "support/2 to load")
