@@ -22,6 +22,44 @@ def test_every_module_is_on_the_map():
     assert not missing, f"docs/architecture.md does not name {missing}: add them where they sit in its layout"
 
 
+def layout_entries() -> dict[str, str]:
+    """The Layout picture's entries (a folder or a module at the start of a line, indented by its depth), each with
+    the text beside and under it, by path: `dragon_dagster/engine/data` -> "tables.py (read, map, split), ..."."""
+    picture = DOC.split("## Layout", 1)[1].split("```", 2)[1]
+    entries: dict[str, str] = {}
+    path: list[str] = []
+    current = None
+    for line in picture.splitlines():
+        indent = len(line) - len(line.lstrip())
+        name = line.split()[0] if line.strip() else ""
+        if name and indent % 2 == 0 and indent <= 4 and re.fullmatch(r"[\w.]+/?", name):
+            path = [*path[: indent // 2], name.rstrip("/")]
+            current = "/".join(path)
+            entries[current] = line[indent + len(name) :]
+        elif current is not None:
+            entries[current] += " " + line.strip()
+    return entries
+
+
+def test_every_module_is_placed_in_its_folder():
+    """Named where it sits, not only somewhere: a module is described in the Layout entry of its nearest folder
+    that has one (the Dagster layer's modules in that layer's table), so a moved module moves on the map."""
+    entries = layout_entries()
+    dagster_layer = DOC.split("## The Dagster layer", 1)[1].split("\n## ", 1)[0]
+    misplaced = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent)
+        if path.name in ("__init__.py", "__main__.py") or rel.parts[1:3] == ("engine", "stages") and len(rel.parts) > 4:
+            continue
+        if rel.as_posix() in entries:
+            continue
+        home = next(p.as_posix() for p in rel.parents if p.as_posix() in entries)
+        text = dagster_layer if "the table above" in entries[home] else entries[home]
+        if not re.search(rf"(?<![\w.]){re.escape(path.name)}\b", text):
+            misplaced.append(f"{rel.as_posix()} (not under {home}/)")
+    assert not misplaced, f"docs/architecture.md's Layout does not place {misplaced}: name each in its folder's entry"
+
+
 def test_every_kind_folder_and_named_folder_exists():
     layout = DOC.split("## Layout", 1)[1]
     kinds = sorted(p.parent.name for p in (PACKAGE / "engine" / "stages").glob("*/__init__.py"))
