@@ -1,5 +1,6 @@
-"""`dragon dagster-yaml` and `dragon mlflow-ui`: a deployment's Dagster instance settings, and MLflow's UI on the
-store the settings name (`make ui` runs it), never a local file when a tracking URI is configured."""
+"""`dragon dagster-yaml`, `dragon k8s-pod` and `dragon mlflow-ui`: a deployment's Dagster instance settings, the
+worker pod the k8s launcher would submit, and MLflow's UI on the store the settings name (`make ui` runs it), never
+a local file when a tracking URI is configured."""
 
 from __future__ import annotations
 
@@ -35,6 +36,36 @@ def dagster_yaml(postgres: bool):
     if postgres:
         text += POSTGRES_STORAGE_YAML.read_text()
     click.echo(text, nl=False)
+
+
+@main.command("k8s-pod")
+@click.argument("config", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--cpus", type=float, default=1, show_default=True, help="CPUs the pod requests.")
+@click.option("--gpus", type=float, default=1, show_default=True, help="GPUs (whole devices) the pod requests.")
+@click.option("--memory-gb", type=float, default=0, show_default=True, help="Memory request and limit, GiB; 0: none.")
+@click.option("--termination-grace-s", type=float, default=600, show_default=True, help="SIGTERM to SIGKILL.")
+def k8s_pod(config: Path | None, cpus: float, gpus: float, memory_gb: float, termination_grace_s: float):
+    """Print the worker pod manifest the k8s launcher submits for a k8s config (CONFIG: a YAML file with the mapping
+    under the training resource's `k8s:`), to read or to pipe into `kubectl apply --dry-run=server -f -`. It is built
+    by dagster-k8s's own build_pod_body, as a run would build it; the Dagster context is a placeholder."""
+    import yaml
+
+    from ..resources.launchers.k8s_pod import K8sPod, render_pod
+
+    pod = K8sPod(**((yaml.safe_load(config.read_text()) if config else None) or {}))
+    if not pod.image:  # dagster-k8s would refuse it with an invariant error deep in its builder
+        where = f"{config} has no image" if config else "no CONFIG given, so the pod has no image"
+        raise click.UsageError(f"{where}: set `image: <registry/name:tag>` in the k8s config file")
+    manifest = render_pod(
+        pod,
+        ["python", "-m", "dragon_dagster.engine.runtime.worker", "/runs/<artifact>/.job-run.json"],
+        cpus=cpus,
+        gpus=gpus,
+        memory_gb=memory_gb,
+        termination_grace_s=termination_grace_s,
+        warn=lambda message: click.echo(message, err=True),
+    )
+    click.echo(yaml.safe_dump(manifest, sort_keys=False), nl=False)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from ..engine.config.job import Job, Parallel, relative_paths
 from ..engine.config.results import StageResult
 from ..engine.runtime import remote
 from .launchers import LAUNCHERS, PipesTap
-from .launchers.k8s import K8sPod
+from .launchers.k8s_pod import K8sPod
 
 # The resource's fields for the two engine models, each with the model's type, default and description.
 HardwareAndSpeed = create_model(

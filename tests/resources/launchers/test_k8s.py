@@ -29,10 +29,10 @@ from dagster_pipes import DAGSTER_PIPES_CONTEXT_ENV_VAR, DAGSTER_PIPES_MESSAGES_
 
 from dragon_dagster.engine.runtime.execution import EXIT_FAILED  # noqa: E402
 from dragon_dagster.engine.runtime.worker import PARENT_PID  # noqa: E402
-from dragon_dagster.resources.launchers import PipesTap  # noqa: E402
-from dragon_dagster.resources.launchers import k8s as k8s_pod  # noqa: E402
+from dragon_dagster.resources.launchers import PipesTap, k8s, k8s_pod  # noqa: E402
 from dragon_dagster.resources.launchers.base import recorded_workers  # noqa: E402
-from dragon_dagster.resources.launchers.k8s import K8sLauncher, K8sPod, check_cluster, render_pod, run_pod  # noqa: E402
+from dragon_dagster.resources.launchers.k8s import K8sLauncher, check_cluster, run_pod  # noqa: E402
+from dragon_dagster.resources.launchers.k8s_pod import K8sPod, render_pod  # noqa: E402
 from tests.support import closed_port  # noqa: E402
 
 WORKER = ["python", "-m", "dragon_dagster.engine.runtime.worker", "/runs/artifacts/p/sft/.job-run.json"]
@@ -281,7 +281,7 @@ def fake_cluster(monkeypatch, tmp_path):
         )
 
     monkeypatch.setattr(DagsterKubernetesClient, "production_client", staticmethod(production_client))
-    monkeypatch.setattr(k8s_pod, "check_cluster", lambda pod: "https://fake-apiserver:6443")
+    monkeypatch.setattr(k8s, "check_cluster", lambda pod: "https://fake-apiserver:6443")
     script = tmp_path / "pod_script.py"
     script.write_text(POD_SCRIPT)
     kubeconfig = write_kubeconfig(tmp_path, "https://fake-apiserver:6443")
@@ -364,7 +364,7 @@ def test_run_pod_streams_the_workers_messages_through_the_tap(fake_cluster):
 def test_the_run_launcher_sees_and_deletes_a_pod_whose_run_is_gone(fake_cluster, monkeypatch, tmp_path):
     api, _, _ = fake_cluster()
     api.created, api.name, api.labels = [("ml", {})], "dragon-worker-1", {k8s_pod.LAUNCH_LABEL: "abc"}
-    monkeypatch.setattr(k8s_pod, "_core_api", lambda where: api)
+    monkeypatch.setattr(k8s, "_core_api", lambda where: api)
     where = {"launcher": "k8s", "namespace": "ml", "launch_id": "abc", "grace_s": 77, "cluster": {}}
     assert K8sLauncher.worker_state(where) == "running"
     assert K8sLauncher.worker_state({**where, "launch_id": "other"}) == "gone"  # no pod with that label
@@ -456,3 +456,24 @@ def test_no_image_and_no_kubeconfig_are_clear_errors(tmp_path):
         run_pod(context, K8sPod(), WORKER, {}, cpus=1, gpus=0, memory_gb=1)
     with pytest.raises(Failure, match="no usable Kubernetes configuration"):
         check_cluster(K8sPod(image="x", kubeconfig_file=str(tmp_path / "missing")))
+
+
+def test_dragon_k8s_pod_prints_the_manifest_a_run_would_submit(tmp_path):
+    import yaml
+    from click.testing import CliRunner
+
+    from dragon_dagster.cli import main
+
+    config = tmp_path / "k8s.yaml"
+    config.write_text("image: registry.example/dragon:1\nnamespace: ml\nshm_size_gb: 1\n")
+    result = CliRunner().invoke(main, ["k8s-pod", str(config), "--cpus", "2", "--memory-gb", "8", "--gpus", "0"])
+    assert result.exit_code == 0, result.output
+    manifest = yaml.safe_load(result.output)
+    [container] = manifest["spec"]["containers"]
+    assert (manifest["metadata"]["namespace"], container["image"]) == ("ml", "registry.example/dragon:1")
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+    config.write_text("namespace: ml\n")
+    refused = CliRunner().invoke(main, ["k8s-pod", str(config)])
+    assert refused.exit_code != 0 and "has no image: set `image:" in refused.output, refused.output
