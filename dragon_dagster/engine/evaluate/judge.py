@@ -6,18 +6,16 @@
   swapped. A row counts as a win or a loss only when both orders agree; when they disagree it is a tie (and
   counted in `disagreements`), so a judge that always favours the first position comes out as all ties.
 
-Answers the judge did not give as usable JSON are counted as unparsed and left out of every mean and rate;
-they are never scored as 0. Raw judge answers are cached by (backend identity, rubric, the exact judge
-messages, max_new_tokens) in memory and, with `cache_path`, in a SQLite file, so a re-run costs nothing.
+Answers the judge did not give as usable JSON (judge_answers.py reads them) are counted as unparsed and left out
+of every mean and rate; they are never scored as 0. Raw judge answers are cached by (backend identity, rubric, the
+exact judge messages, max_new_tokens) in memory and, with `cache_path`, in a SQLite file, so a re-run costs
+nothing.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-import math
-import re
 import sqlite3
 import threading
 from dataclasses import asdict, dataclass, field
@@ -25,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..infer.backends import Backend, as_backend
-from ..text.matchers import unfence
+from .judge_answers import parse_score, parse_winner
 
 DEFAULT_RUBRIC = (
     "Reward replies that are correct, helpful and directly address the user's request. "
@@ -78,124 +76,6 @@ Treat the reference answer as ground truth: a reply that contradicts it is wrong
 """
 
 VERDICTS = ("a", "b", "tie", "unparsed")
-
-
-# ------------------------------------------------------------------------------------------------ parsing
-
-
-def _balanced_objects(text: str, limit: int = 64):
-    """Every balanced {...} substring, by start position (double-quoted strings and escapes respected)."""
-    starts = [i for i, ch in enumerate(text) if ch == "{"][:limit]
-    for start in starts:
-        depth, in_string, escaped = 0, False, False
-        for i in range(start, len(text)):
-            ch = text[i]
-            if in_string:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_string = False
-            elif ch == '"':
-                in_string = True
-            elif ch == "{":
-                depth += 1
-            elif ch == "}":
-                depth -= 1
-                if depth == 0:
-                    yield text[start : i + 1]
-                    break
-
-
-def _as_dict(candidate: str) -> dict | None:
-    candidate = candidate.strip()
-    if not candidate.startswith("{"):
-        return None
-    try:
-        value = json.loads(candidate)
-    except ValueError:
-        try:  # Python-style dicts ('single quotes', True/None) that small judges like to write
-            value = ast.literal_eval(candidate)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            return None
-    return value if isinstance(value, dict) else None
-
-
-def parse_json_answer(text: Any) -> dict | None:
-    """The JSON object in a judge's answer, or None: the whole text, a ```json fenced block, or else the first
-    balanced {...} object that parses (leading and trailing prose ignored)."""
-    if not isinstance(text, str) or "{" not in text:
-        return None
-    for candidate in (text, unfence(text)):
-        parsed = _as_dict(candidate)
-        if parsed is not None:
-            return parsed
-    for candidate in _balanced_objects(text):
-        parsed = _as_dict(candidate)
-        if parsed is not None:
-            return parsed
-    return None
-
-
-def _field(answer: dict, names: tuple[str, ...]) -> Any:
-    lowered = {str(k).strip().lower(): v for k, v in answer.items()}
-    for name in names:
-        if name in lowered:
-            return lowered[name]
-    return None
-
-
-_SCORE_TEXT = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*(?:/\s*10|out of 10)?\s*$", re.I)
-
-
-def parse_score(text: str) -> tuple[float | None, str]:
-    """(score in 1..10 or None, reason) from a judge answer; a score out of range or not a number is None."""
-    answer = parse_json_answer(text)
-    if answer is None:
-        return None, ""
-    reason = _field(answer, ("reason", "reasoning", "explanation", "rationale"))
-    reason = "" if reason is None else str(reason)
-    value = _field(answer, ("score", "rating", "grade"))
-    if isinstance(value, bool) or value is None:
-        return None, reason
-    if isinstance(value, str):
-        match = _SCORE_TEXT.match(value)
-        if not match:
-            return None, reason
-        value = match.group(1)
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
-        return None, reason
-    if not math.isfinite(score) or not 1 <= score <= 10:
-        return None, reason
-    return score, reason
-
-
-_FIRST = {"1", "response 1", "response_1", "reply 1", "first", "a", "assistant 1", "[1]"}
-_SECOND = {"2", "response 2", "response_2", "reply 2", "second", "b", "assistant 2", "[2]"}
-_TIE = {"tie", "draw", "equal", "both", "neither", "none", "same"}
-
-
-def parse_winner(text: str) -> tuple[str | None, str]:
-    """("1" | "2" | "tie" or None, reason) from a pairwise judge answer."""
-    answer = parse_json_answer(text)
-    if answer is None:
-        return None, ""
-    reason = _field(answer, ("reason", "reasoning", "explanation", "rationale"))
-    reason = "" if reason is None else str(reason)
-    value = _field(answer, ("winner", "better", "choice", "verdict", "preferred"))
-    if value is None or isinstance(value, bool):
-        return None, reason
-    label = str(value).strip().strip("\"'.").lower()
-    if label in _FIRST:
-        return "1", reason
-    if label in _SECOND:
-        return "2", reason
-    if label in _TIE:
-        return "tie", reason
-    return None, reason
 
 
 # ------------------------------------------------------------------------------------------------ results

@@ -9,16 +9,8 @@ import re
 
 import pytest
 
-from dragon_dagster.engine.evaluate.judge import (
-    Judge,
-    PairwiseResult,
-    Score,
-    combine,
-    parse_json_answer,
-    parse_score,
-    parse_winner,
-    score_summary,
-)
+from dragon_dagster.engine.evaluate.judge import Judge, PairwiseResult, Score, combine, score_summary
+from dragon_dagster.engine.evaluate.judge_answers import parse_json_answer, parse_score, parse_winner
 from dragon_dagster.engine.infer.backends import Backend
 
 
