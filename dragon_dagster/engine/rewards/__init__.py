@@ -34,10 +34,9 @@ from typing import Annotated, Any, Union
 
 from pydantic import Field, model_validator
 
-from ..commands import run_command
 from .base import Reward, RewardError
-from .command import COMPLETION_FILE, CommandReward
-from .custom import CustomReward, call_with_timeout
+from .command import CommandReward
+from .custom import CustomReward
 from .format import JsonReward, KeywordReward, LengthReward, RegexReward
 from .learned import RewardModelReward
 from .reference import ContainsReward, ExactReward, NumericReward
@@ -61,9 +60,6 @@ REWARD_MODELS: tuple[type[Reward], ...] = (
 # One reward spec: the model of its `type`. Use list[RewardSpec] as a field type to validate a list of them.
 RewardSpec = Annotated[Union[REWARD_MODELS], Field(discriminator="type")]  # noqa: UP007 - built from the tuple
 REWARD_TYPES: dict[str, type[Reward]] = {model._type_name(): model for model in REWARD_MODELS}
-# The options each type takes; a spec with another key is refused, so a YAML typo fails instead of being ignored.
-OPTIONS: dict[str, tuple[str, ...]] = {kind: model.options() for kind, model in REWARD_TYPES.items()}
-NEEDS_REFERENCE = tuple(kind for kind, model in REWARD_TYPES.items() if model.needs_reference)
 # How checks and reports read a reward: accuracy-like ones score right or wrong (their mean is a share);
 # format-like ones shape the reply, and rising while accuracy falls is the mark of reward hacking.
 ACCURACY_TYPES = tuple(kind for kind, model in REWARD_TYPES.items() if model.family == "accuracy")
@@ -101,11 +97,8 @@ def known_types(field: str, where: str) -> Any:
 
 __all__ = [
     "ACCURACY_TYPES",
-    "COMPLETION_FILE",
     "FORMAT_TYPES",
     "LEARNED_TYPES",
-    "NEEDS_REFERENCE",
-    "OPTIONS",
     "REWARD_MODELS",
     "REWARD_TYPES",
     "CommandReward",
@@ -124,11 +117,9 @@ __all__ = [
     "RewardSet",
     "RewardSpec",
     "ToolCallReward",
-    "call_with_timeout",
     "check_known_types",
     "known_types",
     "parse_reward",
-    "run_command",
     "score_rows",
     "trl_reward_funcs",
 ]

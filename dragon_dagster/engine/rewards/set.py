@@ -90,10 +90,6 @@ class RewardSet:
                 r.bind_scorer(scorers[stage])
         return self
 
-    def scorer_stages(self) -> list[str]:
-        """The reward_model stages these rewards name, in order, once each."""
-        return list(dict.fromkeys(r.stage for r in self.rewards if getattr(r, "stage", None)))
-
     def localize(self, run_dir: str | Path) -> list[Reward]:
         """The rewards with their custom files copied into run_dir/rewards/ and named relative to run_dir (a job's
         output directory: the worker resolves them there)."""

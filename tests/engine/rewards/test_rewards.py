@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from dragon_dagster.engine.commands import run_command
 from dragon_dagster.engine.rewards import (
     Reward,
     RewardError,
     RewardSet,
     RewardSpec,
     parse_reward,
-    run_command,
     score_rows,
     trl_reward_funcs,
 )
