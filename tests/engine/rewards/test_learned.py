@@ -29,7 +29,7 @@ def test_a_spec_names_its_stage_and_a_known_scale():
     assert reward.name == "reward_model" and reward.normalize == "group" and reward.type in LEARNED_TYPES
     with pytest.raises(RewardError, match="needs stage"):
         Reward.from_dict({"type": "reward_model"})
-    with pytest.raises(RewardError, match="normalize must be one of"):
+    with pytest.raises(RewardError, match="normalize = 'zscore': Input should be 'group', 'sigmoid' or 'none'"):
         Reward.from_dict({"type": "reward_model", "stage": "rm", "normalize": "zscore"})
 
 
