@@ -15,7 +15,8 @@ set to TRL's GRPOTrainer; pass `RewardSet.weights()` as `GRPOConfig.reward_weigh
 and logs each reward as `rewards/<name>/mean`.
 
 Modules:
-- base: the `Reward` model every type extends, `RewardError`, and the checks the types share.
+- base: the `Reward` model every type extends, `RewardError`, the option types the types share (`Number`,
+  `Whole`, `Strings`) and how `Reward.from_dict` words pydantic's errors.
 - reference: exact, contains, numeric (accuracy; they need the row's reference).
 - format: regex, json, length, keyword (format; they shape the reply).
 - command: the command reward (accuracy); `run_command` (engine/commands.py) runs its argv.
