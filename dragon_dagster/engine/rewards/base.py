@@ -3,7 +3,7 @@
 A reward type is a pydantic model with `extra="forbid"` and a `type` literal, so a JSON schema of a list of
 RewardSpec lists each type's options and a misspelled one is refused. Pydantic parses a spec: each option's type
 and range is its field's, a check that spans options is the type's `model_validator(mode="after")`, and
-`Reward.from_dict` words pydantic's errors as one message naming the reward, the option and what it takes.
+spec.py's `parse_reward` words pydantic's errors as one message naming the reward, the option and what it takes.
 """
 
 from __future__ import annotations
@@ -13,19 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    ValidationError,
-    WithJsonSchema,
-    field_validator,
-    model_validator,
-)
-from pydantic_core import ErrorDetails
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-# The validation context key Reward.from_dict sets: a custom reward's file is then resolved against its value (a
+# The validation context key parse_reward sets: a custom reward's file is then resolved against its value (a
 # base directory; None: the working directory) and must exist. Without it (a reward validated as part of a bigger
 # model, such as a pipeline stage whose YAML names a file relative to its folder) the file is kept as written.
 FILES_FROM = "dragon_reward_files_from"
@@ -91,8 +81,7 @@ class Reward(BaseModel):
     def _a_type_of_reward(cls, data: Any) -> Any:
         if cls._type_name() is None:
             raise ValueError(
-                "Reward is the base of the reward types; build one with Reward.from_dict(spec) or "
-                "parse_reward(spec), or validate a RewardSpec"
+                "Reward is the base of the reward types; build one with parse_reward(spec) or validate a RewardSpec"
             )
         return data
 
@@ -124,28 +113,6 @@ class Reward(BaseModel):
 
     # -- the serializable spec --
 
-    @classmethod
-    def from_dict(cls, spec: Mapping[str, Any], base_dir: str | Path | None = None) -> Reward:
-        """A reward from a plain mapping (YAML, config.json), as the model of its type.
-
-        A custom reward's relative `file` is resolved against base_dir (else the working directory) and must exist.
-        """
-        from . import REWARD_TYPES  # the package lists the types, which import this module
-
-        if not isinstance(spec, Mapping) or "type" not in spec:
-            raise RewardError(f"a reward spec must be a mapping with a type, got {spec!r}")
-        kind = spec["type"]
-        model = REWARD_TYPES.get(kind) if isinstance(kind, str) else None
-        if model is None:
-            raise RewardError(f"unknown reward type {kind!r}; known: {', '.join(REWARD_TYPES)}")
-        if not issubclass(model, cls):
-            raise RewardError(f"{cls.__name__} cannot be built from a {kind!r} reward spec")
-        try:
-            return model.model_validate(spec, context={FILES_FROM: base_dir})
-        except ValidationError as e:
-            error = _reward_error(e, spec, model)
-        raise error from None  # outside the except: no pydantic traceback around the reward's message
-
     def to_dict(self, relative_to: str | Path | None = None) -> dict[str, Any]:
         """The spec as plain data: type, weight, name and every option of the type (None when unset)."""
         out = {"type": self.type, "weight": self.weight, "name": self.name}
@@ -173,28 +140,6 @@ class Reward(BaseModel):
         """Score a batch (types with batched = True): replies[i] against rows[i]. grouped: the rows are a GRPO
         step's completions, each prompt's group side by side."""
         raise NotImplementedError(f"{type(self).__name__} scores one reply at a time")
-
-
-def _reward_error(error: ValidationError, spec: Mapping[str, Any], model: type[Reward]) -> RewardError:
-    """Pydantic's errors as one message naming the reward, each option at fault and what it takes."""
-    kind, name = model._type_name(), spec.get("name")
-    name = name if isinstance(name, str) and name.strip() else kind
-    return _failure(name, kind)("; ".join(_problem(detail, model) for detail in error.errors()))
-
-
-def _problem(detail: ErrorDetails, model: type[Reward]) -> str:
-    loc = detail["loc"]
-    option = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
-    if detail["type"] == "missing":
-        about = model.model_fields[str(loc[0])].description or ""
-        return f"needs {option}" + (f": {about[:1].lower()}{about[1:].rstrip('.')}" if about else "")
-    if detail["type"] == "extra_forbidden":
-        takes = ", ".join(k for k in model.model_fields if k != "type")
-        return f"does not take {option}; it takes {takes}"
-    inner = (detail.get("ctx") or {}).get("error")
-    if detail["type"] == "value_error" and inner is not None:  # a type's own check: its message says what it got
-        return f"{option}: {inner}" if option else str(inner)
-    return f"{option} = {detail['input']!r}: {detail['msg']}" if option else detail["msg"]
 
 
 def _failure(name: Any, kind: str) -> Callable[[str], RewardError]:

@@ -40,7 +40,7 @@ class CustomReward(Reward):
         context = info.context or {}
         if FILES_FROM not in context or not isinstance(file, str) or not file:
             return file  # inside a bigger model no folder is known: kept as written, resolved when the set is built
-        base_dir = context[FILES_FROM]  # Reward.from_dict: resolved against the spec's folder, and it must be there
+        base_dir = context[FILES_FROM]  # parse_reward: resolved against the spec's folder, and it must be there
         path = (Path(base_dir) / file if base_dir is not None else Path(file)).expanduser()
         if not path.is_file():
             raise ValueError(f"{str(path)!r} does not exist")

@@ -12,21 +12,13 @@ import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from dragon_dagster.engine.commands import run_command
-from dragon_dagster.engine.rewards import (
-    Reward,
-    RewardError,
-    RewardSet,
-    RewardSpec,
-    parse_reward,
-    score_rows,
-    trl_reward_funcs,
-)
+from dragon_dagster.engine.rewards import RewardError, RewardSet, RewardSpec, parse_reward, score_rows, trl_reward_funcs
 
 PY = sys.executable
 
 
 def score(spec: dict, completion: str, reference=None, prompt: str = "", row: dict | None = None) -> float:
-    return Reward.from_dict(spec).score(completion, reference, prompt, row)
+    return parse_reward(spec).score(completion, reference, prompt, row)
 
 
 def write(path: Path, source: str) -> Path:
@@ -354,15 +346,15 @@ def test_localize_copies_custom_files_into_the_run(tmp_path):
 )
 def test_validation_errors_name_the_reward_and_problem(spec, message):
     with pytest.raises(RewardError, match=message):
-        Reward.from_dict(spec)
+        parse_reward(spec)
 
 
 def test_pydantic_parses_the_numbers_yaml_gives_as_text():
     # YAML 1.1 (PyYAML) reads 1e-3 as a string; pydantic's number parsing takes it, as it takes "20" for 20
-    assert Reward.from_dict({"type": "exact", "weight": "1e-3"}).weight == 0.001
-    length = Reward.from_dict({"type": "length", "min_chars": "5", "max_chars": 20.0})
+    assert parse_reward({"type": "exact", "weight": "1e-3"}).weight == 0.001
+    length = parse_reward({"type": "length", "min_chars": "5", "max_chars": 20.0})
     assert (length.min_chars, length.max_chars) == (5, 20)
-    assert Reward.from_dict({"type": "keyword", "words": "cat"}).words == ["cat"]  # a lone word is a list of one
+    assert parse_reward({"type": "keyword", "words": "cat"}).words == ["cat"]  # a lone word is a list of one
 
 
 def test_reward_error_is_a_value_error():
