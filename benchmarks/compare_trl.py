@@ -7,7 +7,7 @@
 The peer is benchmarks/peer_trl.py: TRL 1.16 as its docs show it, with the options in PEER_BEST (the fastest
 that --explore found on the machine RESULTS names, among CANDIDATES). The same work on both sides:
 
-- the same saved random-weight model (the shapes of arch_config), the same rows file per method, read in the
+- the same saved random-weight model (the shapes of shapes.py's arch_config), the same rows file per method, read in the
   same order (both sides use the Trainer's sampler with seed 42; KTO's rows are shuffled with seed 42 on both);
 - the same objective: SFT on the reply only (prompt-completion rows), DPO/ORPO/KTO with beta 0.1, GRPO with 8
   completions per prompt, the same completion length, beta 0.04 (a reference pass every step), on-policy;
@@ -37,6 +37,8 @@ import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from shapes import arch_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / "benchmarks" / "peer_trl.py"
@@ -103,45 +105,6 @@ PEAK = textwrap.dedent("""\
         sys.argv[0] = target
         runpy.run_path(target, run_name="__main__")
     """)
-
-
-def arch_config(arch: str, vocab: int):
-    """The anchor's model shapes."""
-    from transformers import LlamaConfig, Qwen2Config
-
-    if arch == "tiny":
-        return LlamaConfig(
-            vocab_size=vocab,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=2048,
-        )
-    if arch == "smol":
-        return LlamaConfig(
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=8192,
-            rope_theta=100000.0,
-            rms_norm_eps=1e-5,
-            tie_word_embeddings=True,
-        )
-    return Qwen2Config(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        max_position_embeddings=32768,
-        tie_word_embeddings=True,
-    )
 
 
 def random_model(arch: str, tokenizer_dir: Path, out: Path) -> Path:

@@ -12,7 +12,7 @@ sft_flops_per_token() / sft_achieved().
   counted as 2 x bytes, as STREAM counts it; without non-temporal stores the write also reads its line first,
   so copy reads lower than the hardware's). Best of several runs.
 - matmul peak: float32 torch.mm of square matrices (2048 and 4096), best of several, all threads; 2 n^3 FLOPs.
-- GRPO sampling: compare_trl's "smol" shape with random weights (SmolLM2-135M: 30 layers, hidden 576, MLP 1536,
+- GRPO sampling: shapes.py's "smol" shape with random weights (SmolLM2-135M: 30 layers, hidden 576, MLP 1536,
   9 heads / 3 KV heads, vocabulary 49,152, tied head) under a LoRA of rank 16, alpha 32 on every linear layer,
   decoding 8 rows (one prompt x 8, GRPO's group_size 8) of 32 new tokens through rollout.sampling, as the
   grpo kind's trainer calls model.generate (TRL's generation config: do_sample, temperature 1, top_k 0,
@@ -85,9 +85,9 @@ def matmul_peak(sizes=(2048, 4096), repeats: int = 4) -> dict:
 
 
 def smol_lora_model(seed: int = 0):
-    """compare_trl's smol shape with random weights, LoRA r 16 / alpha 32 on every linear layer, dropout 0."""
-    from compare_trl import arch_config
+    """shapes.py's smol shape with random weights, LoRA r 16 / alpha 32 on every linear layer, dropout 0."""
     from peft import LoraConfig, get_peft_model
+    from shapes import arch_config
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -327,7 +327,7 @@ def sft_flops_per_token(
       backward per token, S the context a token attends to: seq_len / 2 on average when causal.
     Norms, activations, rotary embeddings and the softmax are elementwise and left out.
     """
-    from compare_trl import arch_config
+    from shapes import arch_config
 
     c = arch_config(arch, 49152)
     h, m, layers = c.hidden_size, c.intermediate_size, c.num_hidden_layers

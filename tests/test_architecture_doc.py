@@ -86,3 +86,36 @@ def test_the_import_contracts_place_every_module():
             placed = {n.removeprefix(prefix) for n in named}
             unplaced += [f"{container}.{c}" for c in sorted(children - placed - {"__main__"})]
     assert not unplaced, f"modules no import contract places: {unplaced}"
+
+
+def test_no_module_imports_the_package_that_imports_it():
+    """import-linter's acyclic_siblings contract finds circles between siblings; this finds the ones it cannot, a
+    package and a module inside it importing each other (a module reading a name from its package's __init__,
+    which imports the module): whichever is imported first sees the other half-built. Function-level imports
+    count, since they are the usual way such a circle is hidden."""
+    import ast
+
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.with_suffix("").relative_to(PACKAGE.parent).parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    imports: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = imports.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                source = ".".join([*base, node.module] if node.module else base)
+                for alias in node.names:  # `from . import x` imports the module x where there is one
+                    target = f"{source}.{alias.name}"
+                    found.add(target if target in modules else source)
+    circles = [
+        f"{inner} <-> {outer}"
+        for inner, targets in imports.items()
+        for outer in targets
+        if inner.startswith(f"{outer}.") and inner in imports.get(outer, ())
+    ]
+    assert not circles, f"a package and a module inside it import each other: {circles}; move what both need below"

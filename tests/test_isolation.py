@@ -1,7 +1,10 @@
 """The conftest guard that removes a test's own project modules from sys.modules (tests/support.forget_modules)."""
 
 import importlib
+import os
 import sys
+
+import pytest
 
 from tests.support import forget_modules
 
@@ -34,15 +37,11 @@ def test_a_suite_started_in_the_background_runs_as_from_a_terminal():
     assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN
 
 
-def test_a_variable_a_test_sets_is_gone_after_it_part_one():
+@pytest.mark.parametrize("turn", ["one", "two"])
+def test_a_variable_a_test_sets_is_gone_after_it(turn):
     """A library may set a variable in the process (Gradio's Blocks sets HF_HUB_DISABLE_TELEMETRY): a job started
-    after it would differ from the warm worker and start cold (three cold starts after the chat page's tests)."""
-    import os
-
-    os.environ["DRAGON_TEST_LEFT_BEHIND"] = "1"  # as a library does: not through monkeypatch
-
-
-def test_a_variable_a_test_sets_is_gone_after_it_part_two():
-    import os
-
-    assert "DRAGON_TEST_LEFT_BEHIND" not in os.environ
+    after it would differ from the warm worker and start cold (three cold starts after the chat page's tests).
+    Each turn finds the variable unset and sets it, as a library does (not through monkeypatch): whichever runs
+    second fails if conftest's guard let the first one's stay, in either order."""
+    assert "DRAGON_TEST_LEFT_BEHIND" not in os.environ, f"left behind by turn {os.environ['DRAGON_TEST_LEFT_BEHIND']}"
+    os.environ["DRAGON_TEST_LEFT_BEHIND"] = turn

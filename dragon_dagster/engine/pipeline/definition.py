@@ -34,6 +34,7 @@ from .. import catalog
 from ..config.settings import NAME_PATTERN, Settings, overlay, tunable_fields
 from ..config.stage import Stage
 from ..tools.declare import Tools
+from .errors import describe
 from .retraining import Feedback
 from .sweeps import Sweep, nested
 
@@ -167,8 +168,6 @@ class Pipeline(Settings):
         """Per-run overrides {stage: {setting: value}}, as a profile or a sweep's point gives them: each stage
         exists, each setting can change per run, and the values pass the stage's own model. Returns the
         stages as the overrides make them."""
-        from .loading import describe
-
         made = {}
         for stage_name, values in overrides.items():
             if stage_name not in self._upstream:

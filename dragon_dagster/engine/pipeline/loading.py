@@ -9,33 +9,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from .. import catalog
-from ..rewards import REWARD_TYPES
 from .definition import Pipeline, PipelineError
-
-
-def describe(exc: ValidationError, lines: dict[tuple, int] | None = None) -> str:
-    """Pydantic's errors as 'stages[1].args.learning_rate (line 12): Input should be ...', one per line."""
-    out = []
-    tags = set(catalog.KINDS) | set(REWARD_TYPES) | {"function-after", "function-before"}
-    for error in exc.errors():
-        loc = [p for p in error["loc"] if not (isinstance(p, str) and p in tags)]  # drop the unions' tags
-        field = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "pipeline"
-        line = _line_of(lines or {}, tuple(loc))
-        got = (
-            f" (got {error['input']!r})"
-            if error["type"] not in ("missing", "extra_forbidden") and not isinstance(error.get("input"), (dict, list))
-            else ""
-        )
-        message = "unknown field" if error["type"] == "extra_forbidden" else error["msg"]
-        out.append(f"{field}{f' (line {line})' if line else ''}: {message}{got}")
-    return "; ".join(out)
-
-
-def _line_of(lines: dict[tuple, int], loc: tuple) -> int | None:
-    while loc and loc not in lines:
-        loc = loc[:-1]
-    return lines.get(loc)
+from .errors import describe
 
 
 def _node_lines(node, path=()) -> dict[tuple, int]:

@@ -1,9 +1,9 @@
-"""The base of every reward type: the fields all share, how a spec is checked, and the helpers the types use.
+"""The base of every reward type: the fields all share, how a spec is parsed, and the helpers the types use.
 
 A reward type is a pydantic model with `extra="forbid"` and a `type` literal, so a JSON schema of a list of
-RewardSpec lists each type's options and a misspelled one is refused. The checks themselves run in one
-`mode="before"` validator on the raw mapping, in the order and with the words dragon_reward() in R uses, so a
-YAML mistake reads the same whether it is found by `Reward.from_dict` or inside a pipeline stage's model.
+RewardSpec lists each type's options and a misspelled one is refused. Pydantic parses a spec: each option's type
+and range is its field's, a check that spans options is the type's `model_validator(mode="after")`, and
+spec.py's `parse_reward` words pydantic's errors as one message naming the reward, the option and what it takes.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, WithJsonSchema, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
-# The validation context key Reward.from_dict sets: a custom reward's file is then resolved against its value (a
+# The validation context key parse_reward sets: a custom reward's file is then resolved against its value (a
 # base directory; None: the working directory) and must exist. Without it (a reward validated as part of a bigger
 # model, such as a pipeline stage whose YAML names a file relative to its folder) the file is kept as written.
 FILES_FROM = "dragon_reward_files_from"
@@ -25,10 +25,27 @@ class RewardError(ValueError):
     """A reward is misconfigured, cannot score a row, or does not fit the dataset."""
 
 
-Fail = Callable[[str], RewardError]
-# Words or keys: a non-empty list of non-empty strings, where a lone string is one item (the check makes it a list).
+def _not_a_boolean(value: Any) -> Any:
+    # Pydantic reads true as 1; in a reward's YAML a `yes` where a number belongs is a slip, not a weight of 1.
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    return value
+
+
+def _one_is_a_list(value: Any) -> Any:
+    # A lone string means one item, as a length-1 character vector does in R.
+    return [value] if isinstance(value, str) else value
+
+
+# A finite number (YAML 1.1 reads 1e-3 as text: pydantic parses it); a boolean is refused.
+Number = Annotated[float, BeforeValidator(_not_a_boolean), Field(allow_inf_nan=False)]
+# A whole number: 3 or 3.0, not 2.5; a boolean is refused.
+Whole = Annotated[int, BeforeValidator(_not_a_boolean)]
+# Words or keys: a non-empty list of non-empty strings, where a lone string is one item.
 Strings = Annotated[
-    list[str],
+    list[Annotated[str, Field(min_length=1)]],
+    BeforeValidator(_one_is_a_list),
+    Field(min_length=1),
     WithJsonSchema(
         {
             "anyOf": [
@@ -46,7 +63,7 @@ class Reward(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
     type: str = Field(description="The reward type, which decides the options it takes.")
-    weight: float = Field(1.0, ge=0, allow_inf_nan=False, description="Its weight in the set's weighted sum.")
+    weight: Number = Field(1.0, ge=0, description="Its weight in the set's weighted sum.")
     name: str | None = Field(
         None, description="Labels its progress column (reward_<name>) and its score; defaults to the type."
     )
@@ -59,44 +76,27 @@ class Reward(BaseModel):
     # Whether the type scores a batch at once (score_many): a model's forward pass over many replies.
     batched: ClassVar[bool] = False
 
-    # -- validation (mirrors dragon_reward() in R) --
-
     @model_validator(mode="before")
     @classmethod
-    def _validate_spec(cls, data: Any, info: ValidationInfo) -> Any:
-        if not isinstance(data, Mapping):
-            return data  # a model instance, or something pydantic refuses by itself
-        kind = cls._type_name()
-        if kind is None:
-            raise RewardError(
-                "Reward is the base of the reward types; build one with Reward.from_dict(spec) or "
-                "parse_reward(spec), or validate a RewardSpec"
+    def _a_type_of_reward(cls, data: Any) -> Any:
+        if cls._type_name() is None:
+            raise ValueError(
+                "Reward is the base of the reward types; build one with parse_reward(spec) or validate a RewardSpec"
             )
-        spec = dict(data)
-        if spec.setdefault("type", kind) != kind:
-            return spec  # pydantic names the type this model expects
-        allowed = {"type", "weight", "name", *cls.options()}
-        extra = sorted(map(str, set(spec) - allowed))
-        if extra:  # checked here too (not only by extra="forbid") for a message that lists what the type takes
-            raise RewardError(
-                f"reward {spec.get('name', kind)!r} ({kind}) does not take {', '.join(extra)}; "
-                f"it takes {', '.join(sorted(allowed - {'type'}))}"
-            )
-        for key, field in cls.model_fields.items():
-            if key not in spec:  # a missing required option is None here, so its check names it
-                spec[key] = None if field.is_required() else field.get_default(call_default_factory=True)
-        if spec["name"] is None:
-            spec["name"] = kind
-        if not isinstance(spec["name"], str) or not spec["name"].strip():
-            raise RewardError(f"reward {kind!r}: name must be a non-empty string")
-        fail = _failure(spec["name"], kind)
-        spec["weight"] = _number(spec["weight"], "weight", fail, minimum=0)
-        cls._check(spec, fail, info.context or {})
-        return spec
+        return data
 
+    @field_validator("name")
     @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        """Check and normalize the type's options in spec (all present, defaults filled in); raise fail(...)."""
+    def _named(cls, name: str | None) -> str | None:
+        if name is not None and not name.strip():
+            raise ValueError("must be a non-empty string; leave it out to name the reward after its type")
+        return name
+
+    @model_validator(mode="after")
+    def _default_name(self) -> Reward:
+        if self.name is None:
+            self.name = self.type
+        return self
 
     @classmethod
     def _type_name(cls) -> str | None:
@@ -112,28 +112,6 @@ class Reward(BaseModel):
         return _failure(self.name, self.type)(problem)
 
     # -- the serializable spec --
-
-    @classmethod
-    def from_dict(cls, spec: Mapping[str, Any], base_dir: str | Path | None = None) -> Reward:
-        """A reward from a plain mapping (YAML, config.json), as the model of its type.
-
-        A custom reward's relative `file` is resolved against base_dir (else the working directory) and must exist.
-        """
-        from . import REWARD_TYPES  # the package lists the types, which import this module
-
-        if not isinstance(spec, Mapping) or "type" not in spec:
-            raise RewardError(f"a reward spec must be a mapping with a type, got {spec!r}")
-        kind = spec["type"]
-        model = REWARD_TYPES.get(kind) if isinstance(kind, str) else None
-        if model is None:
-            raise RewardError(f"unknown reward type {kind!r}; known: {', '.join(REWARD_TYPES)}")
-        if not issubclass(model, cls):
-            raise RewardError(f"{cls.__name__} cannot be built from a {kind!r} reward spec")
-        try:
-            return model.model_validate(spec, context={FILES_FROM: base_dir})
-        except ValidationError as e:
-            error = _reward_error(e, spec, kind)
-        raise error from error.__cause__  # outside the except: no pydantic traceback around the reward's message
 
     def to_dict(self, relative_to: str | Path | None = None) -> dict[str, Any]:
         """The spec as plain data: type, weight, name and every option of the type (None when unset)."""
@@ -164,45 +142,9 @@ class Reward(BaseModel):
         raise NotImplementedError(f"{type(self).__name__} scores one reply at a time")
 
 
-def _reward_error(error: ValidationError, spec: Mapping[str, Any], kind: str) -> RewardError:
-    """The reward's own message out of pydantic's wrapping; pydantic's words only for what it found itself."""
-    details = error.errors()
-    for detail in details:
-        inner = (detail.get("ctx") or {}).get("error")
-        if isinstance(inner, RewardError):
-            return inner
-    problems = "; ".join(f"{'.'.join(map(str, d['loc'])) or 'spec'}: {d['msg']}" for d in details)
-    return RewardError(f"reward {spec.get('name') or kind!r} ({kind}): {problems}")
-
-
-# -- checks shared by the types: each raises fail(problem), which names the reward and its type --
-
-
-def _failure(name: Any, kind: str) -> Fail:
+def _failure(name: Any, kind: str) -> Callable[[str], RewardError]:
+    """A RewardError naming the reward and its type, for a problem with its spec or a row it scores."""
     return lambda problem: RewardError(f"reward {name!r} ({kind}): {problem}")
-
-
-def _number(value: Any, what: str, fail: Fail, minimum: float | None = None, integer: bool = False) -> Any:
-    # No coercion: YAML 1.1 reads 1e-3 as a string, and a string or a boolean is refused rather than guessed at.
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (integer and not float(value).is_integer()) or (minimum is not None and value < minimum):
-        kind = "a whole number" if integer else "a number"
-        raise fail(f"{what} must be {kind}" + (f" >= {minimum}" if minimum is not None else "") + f", got {value!r}")
-    return int(value) if integer else float(value)
-
-
-def _strings(value: Any, what: str, fail: Fail) -> list[str]:
-    # A lone string means one item, as a length-1 character vector does in R.
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items or not all(isinstance(s, str) and s for s in items):
-        raise fail(f"needs {what}: a non-empty list of non-empty strings, got {value!r}")
-    return list(items)
-
-
-def _choice(value: Any, what: str, choices: tuple[str, ...], fail: Fail) -> str:
-    if value not in choices:
-        raise fail(f"{what} must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    return value
 
 
 # -- row helpers --

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from ..commands import run_command
 from ..text.matchers import last_number
-from .base import Fail, Reward, _choice, _number
+from .base import Number, Reward
 
 COMPLETION_FILE = "{completion_file}"
 
@@ -32,32 +32,27 @@ class CommandReward(Reward):
     score_from: Literal["exit_code", "stdout"] = Field(
         "exit_code", description="Score 1 for exit code 0, or rescale the last number the command prints."
     )
-    min_score: float = Field(0.0, allow_inf_nan=False, description="The stdout number that scores 0.")
-    max_score: float = Field(1.0, allow_inf_nan=False, description="The stdout number that scores 1.")
-    timeout: float = Field(30.0, ge=0, allow_inf_nan=False, description="Seconds before the command is ended.")
+    min_score: Number = Field(0.0, description="The stdout number that scores 0.")
+    max_score: Number = Field(1.0, description="The stdout number that scores 1.")
+    timeout: Number = Field(30.0, ge=0, description="Seconds before the command is ended.")
 
+    @field_validator("command", mode="before")
     @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        command = spec["command"]
+    def _an_argv(cls, command: Any) -> Any:
         if isinstance(command, str):  # a string would need a shell to split it, and shells are never used
-            raise fail(
-                f"command must be a list of arguments (it is never run through a shell), e.g. {command.split()!r}"
-            )
-        if not isinstance(command, (list, tuple)) or not command or not all(isinstance(a, str) for a in command):
-            raise fail(f"needs command, a non-empty list of strings, got {command!r}")
-        spec["command"] = list(command)
-        spec["input"] = _choice(spec["input"], "input", ("stdin", "file"), fail)
-        spec["score_from"] = _choice(spec["score_from"], "score_from", ("exit_code", "stdout"), fail)
-        if spec["input"] == "file" and not any(COMPLETION_FILE in a for a in command):
-            raise fail(
+            raise ValueError(f"must be a list of arguments (it is never run through a shell), e.g. {command.split()!r}")
+        return command
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CommandReward:
+        if self.input == "file" and not any(COMPLETION_FILE in a for a in self.command):
+            raise ValueError(
                 f"input='file' needs a {COMPLETION_FILE!r} argument in command, "
                 "otherwise the command never sees the completion"
             )
-        spec["min_score"] = _number(spec["min_score"], "min_score", fail)
-        spec["max_score"] = _number(spec["max_score"], "max_score", fail)
-        if spec["score_from"] == "stdout" and spec["min_score"] == spec["max_score"]:
-            raise fail("min_score and max_score must differ to rescale stdout")
-        spec["timeout"] = _number(spec["timeout"], "timeout", fail, minimum=0)
+        if self.score_from == "stdout" and self.min_score == self.max_score:
+            raise ValueError("min_score and max_score must differ to rescale stdout")
+        return self
 
     def score(self, completion: str, reference: Any = None, prompt: str = "", row: Mapping | None = None) -> float:
         data = completion.encode("utf-8", errors="replace")

@@ -13,10 +13,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
 from ..source_files import run_file
-from .base import FILES_FROM, Fail, Reward, RewardError, _number
+from .base import FILES_FROM, Number, Reward, RewardError
 
 
 class CustomReward(Reward):
@@ -29,25 +29,29 @@ class CustomReward(Reward):
         description="The Python file defining the function; a relative path is read from the spec's folder.",
     )
     fn: str = Field("reward", description="The function's name in the file.")
-    timeout: float = Field(30.0, ge=0, allow_inf_nan=False, description="Seconds one call may take; 0: no limit.")
+    timeout: Number = Field(30.0, ge=0, description="Seconds one call may take; 0: no limit.")
     _function: Callable | None = PrivateAttr(None)
 
+    @field_validator("file", mode="before")
     @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        file = spec["file"]
-        if not isinstance(file, (str, os.PathLike)) or not str(file):
-            raise fail("needs file, the path of a Python file")
-        if FILES_FROM in context:  # Reward.from_dict: resolve against the spec's folder, and it must be there
-            base_dir = context[FILES_FROM]
-            path = (Path(base_dir) / file if base_dir is not None else Path(file)).expanduser()
-            if not path.is_file():
-                raise fail(f"reward file {str(path)!r} does not exist")
-            spec["file"] = str(path.resolve())
-        else:  # inside a bigger model, no folder is known: kept as written, resolved when the set is built
-            spec["file"] = os.fspath(file)
-        if not isinstance(spec["fn"], str) or not spec["fn"].isidentifier():
-            raise fail(f"fn must be a Python function name, got {spec['fn']!r}")
-        spec["timeout"] = _number(spec["timeout"], "timeout", fail, minimum=0)
+    def _found(cls, file: Any, info: ValidationInfo) -> Any:
+        if isinstance(file, os.PathLike):
+            file = os.fspath(file)
+        context = info.context or {}
+        if FILES_FROM not in context or not isinstance(file, str) or not file:
+            return file  # inside a bigger model no folder is known: kept as written, resolved when the set is built
+        base_dir = context[FILES_FROM]  # parse_reward: resolved against the spec's folder, and it must be there
+        path = (Path(base_dir) / file if base_dir is not None else Path(file)).expanduser()
+        if not path.is_file():
+            raise ValueError(f"{str(path)!r} does not exist")
+        return str(path.resolve())
+
+    @field_validator("fn")
+    @classmethod
+    def _a_function_name(cls, fn: str) -> str:
+        if not fn.isidentifier():
+            raise ValueError(f"must be a Python function name, got {fn!r}")
+        return fn
 
     def to_dict(self, relative_to: str | Path | None = None) -> dict[str, Any]:
         """As Reward.to_dict; a file under relative_to (a run directory) is written relative to it."""

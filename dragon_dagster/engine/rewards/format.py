@@ -7,10 +7,10 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from ..text.matchers import unfence
-from .base import Fail, Reward, Strings, _choice, _number, _strings
+from .base import Reward, Strings, Whole
 
 
 class _FormatReward(Reward):
@@ -25,16 +25,14 @@ class RegexReward(_FormatReward):
     case_sensitive: bool = Field(False, description="Match case exactly; by default case is ignored.")
     _compiled: re.Pattern | None = PrivateAttr(None)
 
+    @field_validator("pattern")
     @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        if not isinstance(spec["pattern"], str) or not spec["pattern"]:
-            raise fail("needs a pattern")
-        if not isinstance(spec["case_sensitive"], bool):
-            raise fail(f"case_sensitive must be true or false, got {spec['case_sensitive']!r}")
+    def _compiles(cls, pattern: str) -> str:
         try:
-            _compile(spec["pattern"], spec["case_sensitive"])
+            re.compile(pattern)
         except re.error as e:
-            raise fail(f"pattern {spec['pattern']!r} is not a valid regular expression: {e}") from e
+            raise ValueError(f"{pattern!r} is not a valid regular expression: {e}") from e
+        return pattern
 
     def model_post_init(self, context: Any) -> None:
         self._compiled = _compile(self.pattern, self.case_sensitive)
@@ -48,11 +46,6 @@ class JsonReward(_FormatReward):
 
     type: Literal["json"] = "json"
     keys: Strings | None = Field(None, description="Keys the JSON object should have; one key may be a plain string.")
-
-    @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        if spec["keys"] is not None:
-            spec["keys"] = _strings(spec["keys"], "keys", fail)
 
     def score(self, completion: str, reference: Any = None, prompt: str = "", row: Mapping | None = None) -> float:
         try:
@@ -69,20 +62,16 @@ class LengthReward(_FormatReward):
     """1 within [min_chars, max_chars]; falls linearly to 0 at 0 chars and at twice max_chars."""
 
     type: Literal["length"] = "length"
-    min_chars: int | None = Field(None, ge=0, description="The fewest characters that score 1.")
-    max_chars: int | None = Field(None, ge=1, description="The most characters that score 1.")
+    min_chars: Whole | None = Field(None, ge=0, description="The fewest characters that score 1.")
+    max_chars: Whole | None = Field(None, ge=1, description="The most characters that score 1.")
 
-    @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        if spec["min_chars"] is None and spec["max_chars"] is None:
-            raise fail("needs min_chars or max_chars")
-        if spec["min_chars"] is not None:
-            spec["min_chars"] = _number(spec["min_chars"], "min_chars", fail, minimum=0, integer=True)
-        if spec["max_chars"] is not None:
-            spec["max_chars"] = _number(spec["max_chars"], "max_chars", fail, minimum=1, integer=True)
-        low, high = spec["min_chars"], spec["max_chars"]
-        if None not in (low, high) and low > high:
-            raise fail(f"min_chars ({low}) is above max_chars ({high})")
+    @model_validator(mode="after")
+    def _a_range(self) -> LengthReward:
+        if self.min_chars is None and self.max_chars is None:
+            raise ValueError("needs min_chars or max_chars")
+        if None not in (self.min_chars, self.max_chars) and self.min_chars > self.max_chars:
+            raise ValueError(f"min_chars ({self.min_chars}) is above max_chars ({self.max_chars})")
+        return self
 
     def score(self, completion: str, reference: Any = None, prompt: str = "", row: Mapping | None = None) -> float:
         n = len(completion)
@@ -99,11 +88,6 @@ class KeywordReward(_FormatReward):
     type: Literal["keyword"] = "keyword"
     words: Strings = Field(description="The words to look for; one word may be a plain string.")
     mode: Literal["any", "all"] = Field("any", description="Whether any word is enough or all must occur.")
-
-    @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        spec["words"] = _strings(spec["words"], "words", fail)
-        spec["mode"] = _choice(spec["mode"], "mode", ("any", "all"), fail)
 
     def score(self, completion: str, reference: Any = None, prompt: str = "", row: Mapping | None = None) -> float:
         found = [re.search(rf"(?<!\w){re.escape(w)}(?!\w)", completion, re.IGNORECASE) is not None for w in self.words]

@@ -24,13 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from statistics import mean, pstdev
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, field_validator
 
-from .base import Fail, Reward, _choice
+from .base import Reward
 
 # (prompts, replies) -> one score per reply; prompts are chat messages (or text), replies plain text
 Scorer = Callable[[Sequence[Any], Sequence[str]], list[float]]
-NORMALIZE = ("group", "sigmoid", "none")
 
 
 class RewardModelReward(Reward):
@@ -47,11 +46,12 @@ class RewardModelReward(Reward):
     )
     _scorer: Scorer | None = PrivateAttr(None)
 
+    @field_validator("stage")
     @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        if not isinstance(spec["stage"], str) or not spec["stage"].strip():
-            raise fail("needs stage: the name of a reward_model stage earlier in the pipeline")
-        spec["normalize"] = _choice(spec["normalize"], "normalize", NORMALIZE, fail)
+    def _a_stage(cls, stage: str) -> str:
+        if not stage.strip():
+            raise ValueError("needs the name of a reward_model stage earlier in the pipeline")
+        return stage
 
     def bind_scorer(self, scorer: Scorer) -> None:
         self._scorer = scorer

@@ -11,6 +11,7 @@ from typing import Any
 from ..text.matchers import last_number
 from .base import Reward, RewardError, _blank, _some, _text
 from .custom import CustomReward
+from .spec import parse_reward
 
 _TRL_EXTRAS = {"trainer_state", "log_extra", "log_metric", "environments"}  # TRL kwargs that are not columns
 
@@ -33,7 +34,7 @@ class RewardScores:
 class RewardSet:
     """Rewards summed by weight, with unique names.
 
-    Specs are read with Reward.from_dict, so a custom reward's relative file is resolved against base_dir (else
+    Specs are read with parse_reward, so a custom reward's relative file is resolved against base_dir (else
     the working directory) and must exist. A Reward given as a model is kept as it is, except a custom one when
     base_dir is given or its file is relative: that one is read again from its spec, so a reward validated as
     part of a pipeline stage (its file still as the YAML wrote it) gets its file resolved and checked the same.
@@ -90,10 +91,6 @@ class RewardSet:
                 r.bind_scorer(scorers[stage])
         return self
 
-    def scorer_stages(self) -> list[str]:
-        """The reward_model stages these rewards name, in order, once each."""
-        return list(dict.fromkeys(r.stage for r in self.rewards if getattr(r, "stage", None)))
-
     def localize(self, run_dir: str | Path) -> list[Reward]:
         """The rewards with their custom files copied into run_dir/rewards/ and named relative to run_dir (a job's
         output directory: the worker resolves them there)."""
@@ -143,7 +140,7 @@ class RewardSet:
 def _reward(reward: Reward | Mapping, base_dir: str | Path | None) -> Reward:
     """A model as it is, its files found (a custom reward validated inside a stage keeps its file as the YAML
     wrote it); a plain mapping (a JSON file) read as the model of its type."""
-    return reward.resolved(base_dir) if isinstance(reward, Reward) else Reward.from_dict(reward, base_dir)
+    return reward.resolved(base_dir) if isinstance(reward, Reward) else parse_reward(reward, base_dir)
 
 
 def score_rows(

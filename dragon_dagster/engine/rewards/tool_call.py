@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, PrivateAttr
 
 from ..tools.metrics import tool_call_valid
-from .base import Fail, Reward, _number
+from .base import Number, Reward
 
 
 class ToolCallReward(Reward):
@@ -24,21 +24,14 @@ class ToolCallReward(Reward):
 
     family: ClassVar[Literal["accuracy", "format"]] = "format"
     type: Literal["tool_call"] = "tool_call"
-    no_call: float = Field(
+    no_call: Number = Field(
         0.0,
         ge=0,
         le=1,
-        allow_inf_nan=False,
         description="The score of a completion that calls no tool: 0 when every prompt needs a call, higher when "
         "answering without one is fine.",
     )
     _schemas: list[dict] | None = PrivateAttr(None)
-
-    @classmethod
-    def _check(cls, spec: dict[str, Any], fail: Fail, context: Mapping[str, Any]) -> None:
-        spec["no_call"] = _number(spec["no_call"], "no_call", fail, minimum=0)
-        if spec["no_call"] > 1:
-            raise fail(f"no_call must be between 0 and 1, got {spec['no_call']}")
 
     def bind_tools(self, schemas: list[dict]) -> None:
         self._schemas = list(schemas)

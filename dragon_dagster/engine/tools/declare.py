@@ -214,11 +214,6 @@ class Toolset:
             return None
         return cls.from_settings(Tools.model_validate(tools.model_dump(mode="json")))
 
-    @classmethod
-    def from_functions(cls, functions: Sequence[Callable], timeout: float = 10.0, max_calls: int = 4) -> Toolset:
-        """A toolset of Python functions (type hints and Google-style docstrings, as in a tools file)."""
-        return cls([_function_tool(f, "<functions>") for f in functions], timeout, max_calls)
-
     @property
     def schemas(self) -> list[dict[str, Any]]:
         """The chat-template schemas, {"type": "function", "function": {...}} each, in declaration order."""

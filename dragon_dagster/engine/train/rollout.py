@@ -5,7 +5,7 @@ model in train mode. On the benchmark CPU these parts of that cost more than the
 
 - the prompt's forward pass runs group_size times over the same tokens. Here it runs once per group, and its
   KV cache is repeated for the group's rows; the rows then decode as before. Greedy decoding gives the same
-  tokens (tests/test_fast_paths.py).
+  tokens (tests/engine/train/test_rollout.py).
 - in train mode every LoRA adapter draws a dropout mask for every sampled token: one torch call per adapter
   per token, 210 calls a token for SmolLM2, a fifth of the decoding time for eight rows. Here the model samples
   in eval mode, as TRL's vLLM path does: the completions come from the policy itself, not from the policy

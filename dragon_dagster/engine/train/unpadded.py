@@ -7,7 +7,7 @@ tokens of all rows are laid end to end in one row, and attention runs over each 
 block mask is built, which is what made plain packing slower than padding on a CPU.
 
 Each token keeps the position id it had in the padded batch, so the hidden states are those of the padded
-forward (tests/test_fast_paths.py compares values and gradients, left and right padding).
+forward (tests/engine/train/test_unpadded.py compares values and gradients, left and right padding).
 
 A pass can also continue an earlier one (continue_pass): its segments attend first to a stretch of the earlier
 pass's keys and values, recorded while it ran (recording), as a KV cache would hold them. KTO's mismatched replies

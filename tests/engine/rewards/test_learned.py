@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from dragon_dagster.engine.rewards import LEARNED_TYPES, Reward, RewardError, RewardSet, trl_reward_funcs
+from dragon_dagster.engine.rewards import LEARNED_TYPES, RewardError, RewardSet, parse_reward, trl_reward_funcs
 from dragon_dagster.engine.rewards.learned import within_groups
 
 
@@ -25,12 +25,12 @@ def test_within_groups_ranks_each_prompts_completions_against_each_other():
 
 
 def test_a_spec_names_its_stage_and_a_known_scale():
-    reward = Reward.from_dict({"type": "reward_model", "stage": "taste_model"})
+    reward = parse_reward({"type": "reward_model", "stage": "taste_model"})
     assert reward.name == "reward_model" and reward.normalize == "group" and reward.type in LEARNED_TYPES
     with pytest.raises(RewardError, match="needs stage"):
-        Reward.from_dict({"type": "reward_model"})
-    with pytest.raises(RewardError, match="normalize must be one of"):
-        Reward.from_dict({"type": "reward_model", "stage": "rm", "normalize": "zscore"})
+        parse_reward({"type": "reward_model"})
+    with pytest.raises(RewardError, match="normalize = 'zscore': Input should be 'group', 'sigmoid' or 'none'"):
+        parse_reward({"type": "reward_model", "stage": "rm", "normalize": "zscore"})
 
 
 def test_scoring_without_the_model_names_the_stage():

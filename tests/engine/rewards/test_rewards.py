@@ -11,22 +11,14 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from dragon_dagster.engine.rewards import (
-    Reward,
-    RewardError,
-    RewardSet,
-    RewardSpec,
-    parse_reward,
-    run_command,
-    score_rows,
-    trl_reward_funcs,
-)
+from dragon_dagster.engine.commands import run_command
+from dragon_dagster.engine.rewards import RewardError, RewardSet, RewardSpec, parse_reward, score_rows, trl_reward_funcs
 
 PY = sys.executable
 
 
 def score(spec: dict, completion: str, reference=None, prompt: str = "", row: dict | None = None) -> float:
-    return Reward.from_dict(spec).score(completion, reference, prompt, row)
+    return parse_reward(spec).score(completion, reference, prompt, row)
 
 
 def write(path: Path, source: str) -> Path:
@@ -320,38 +312,49 @@ def test_localize_copies_custom_files_into_the_run(tmp_path):
     "spec, message",
     [
         ({"type": "nope"}, "unknown reward type 'nope'"),
-        ({"type": "exact", "weight": -1}, "'exact'.*weight must be a number >= 0"),
-        ({"type": "exact", "weight": "1"}, "weight must be a number"),
-        ({"type": "exact", "weight": True}, "weight must be a number"),
-        ({"type": "exact", "name": ""}, "name must be a non-empty string"),
-        ({"type": "regex"}, "'regex'.*needs a pattern"),
-        ({"type": "regex", "pattern": "("}, "not a valid regular expression"),
-        ({"type": "regex", "pattern": "x", "case_sensitive": "yes"}, "case_sensitive must be true or false"),
+        ({"type": "exact", "weight": -1}, r"'exact'.*weight = -1: Input should be greater than or equal to 0"),
+        ({"type": "exact", "weight": "heavy"}, "weight = 'heavy': Input should be a valid number"),
+        ({"type": "exact", "weight": True}, "weight: must be a number, not true"),
+        ({"type": "exact", "weight": float("inf")}, "weight = inf: Input should be a finite number"),
+        ({"type": "exact", "name": ""}, "name: must be a non-empty string"),
+        ({"type": "regex"}, r"'regex'.*needs pattern: a Python regular expression"),
+        ({"type": "regex", "pattern": "("}, "pattern: '\\(' is not a valid regular expression"),
+        ({"type": "regex", "pattern": "x", "case_sensitive": "maybe"}, "case_sensitive = 'maybe': .*valid boolean"),
         ({"type": "length"}, "'length'.*needs min_chars or max_chars"),
-        ({"type": "length", "max_chars": 0}, "max_chars must be a whole number >= 1"),
-        ({"type": "length", "min_chars": 2.5}, "min_chars must be a whole number"),
+        ({"type": "length", "max_chars": 0}, "max_chars = 0: Input should be greater than or equal to 1"),
+        ({"type": "length", "min_chars": 2.5}, "min_chars = 2.5: Input should be a valid integer"),
         ({"type": "length", "min_chars": 30, "max_chars": 20}, "above max_chars"),
         ({"type": "keyword"}, "'keyword'.*needs words"),
-        ({"type": "keyword", "words": []}, "needs words"),
-        ({"type": "keyword", "words": ["a"], "mode": "some"}, "mode must be one of 'any', 'all'"),
-        ({"type": "json", "keys": [1]}, "needs keys"),
+        ({"type": "keyword", "words": []}, r"words = \[\]: .*at least 1 item"),
+        ({"type": "keyword", "words": ["a"], "mode": "some"}, "mode = 'some': Input should be 'any' or 'all'"),
+        ({"type": "json", "keys": [1]}, r"keys\[0\] = 1: Input should be a valid string"),
         ({"type": "command"}, "'command'.*needs command"),
-        ({"type": "command", "command": []}, "needs command"),
-        ({"type": "command", "command": ["pytest", None]}, "needs command"),
+        ({"type": "command", "command": []}, "command = .*at least 1 item"),
+        ({"type": "command", "command": ["pytest", None]}, r"command\[1\] = None: Input should be a valid string"),
         ({"type": "command", "command": "pytest -q"}, "never run through a shell"),
-        ({"type": "command", "command": ["x"], "input": "argv"}, "input must be one of"),
+        ({"type": "command", "command": ["x"], "input": "argv"}, "input = 'argv': Input should be 'stdin' or 'file'"),
         ({"type": "command", "command": ["x"], "input": "file"}, "needs a '{completion_file}' argument"),
-        ({"type": "command", "command": ["x"], "score_from": "stderr"}, "score_from must be one of"),
+        ({"type": "command", "command": ["x"], "score_from": "stderr"}, "score_from = 'stderr': Input should be"),
         ({"type": "command", "command": ["x"], "score_from": "stdout", "max_score": 0}, "must differ"),
-        ({"type": "command", "command": ["x"], "timeout": -1}, "timeout must be a number >= 0"),
+        ({"type": "command", "command": ["x"], "timeout": -1}, "timeout = -1: Input should be greater than or equal"),
         ({"type": "custom"}, "'custom'.*needs file"),
-        ({"type": "numeric", "max_chars": 20}, "'numeric'.*does not take max_chars"),
-        ({"type": "length", "max_chars": 20, "patern": "x"}, "does not take patern"),
+        ({"type": "custom", "file": "x.py", "fn": "not a name"}, "fn: must be a Python function name"),
+        ({"type": "tool_call", "no_call": 2}, "no_call = 2: Input should be less than or equal to 1"),
+        ({"type": "numeric", "max_chars": 20}, "'numeric'.*does not take max_chars; it takes weight, name$"),
+        ({"type": "length", "max_chars": 20, "patern": "x"}, "does not take patern; it takes .*min_chars, max_chars"),
     ],
 )
 def test_validation_errors_name_the_reward_and_problem(spec, message):
     with pytest.raises(RewardError, match=message):
-        Reward.from_dict(spec)
+        parse_reward(spec)
+
+
+def test_pydantic_parses_the_numbers_yaml_gives_as_text():
+    # YAML 1.1 (PyYAML) reads 1e-3 as a string; pydantic's number parsing takes it, as it takes "20" for 20
+    assert parse_reward({"type": "exact", "weight": "1e-3"}).weight == 0.001
+    length = parse_reward({"type": "length", "min_chars": "5", "max_chars": 20.0})
+    assert (length.min_chars, length.max_chars) == (5, 20)
+    assert parse_reward({"type": "keyword", "words": "cat"}).words == ["cat"]  # a lone word is a list of one
 
 
 def test_reward_error_is_a_value_error():
@@ -487,14 +490,16 @@ def test_a_misspelled_option_is_named_by_pydantic_validation():
         TypeAdapter(list[RewardSpec]).validate_python([{"type": "length", "max_chars": 5, "patern": "x"}])
 
 
-def test_a_stage_model_keeps_the_reward_messages():
+def test_a_stage_model_names_the_reward_option_at_fault():
     class Stage(BaseModel):
         rewards: list[RewardSpec]
 
-    with pytest.raises(ValidationError, match=r"reward 'regex' \(regex\): needs a pattern"):
+    with pytest.raises(ValidationError, match=r"rewards\.0\.regex\.pattern\n  Field required"):
         Stage.model_validate({"rewards": [{"type": "regex"}]})
-    with pytest.raises(ValidationError, match="weight must be a number"):
-        Stage.model_validate({"rewards": [{"type": "exact", "weight": "1e-3"}]})  # YAML 1.1 reads 1e-3 as text
+    with pytest.raises(ValidationError, match=r"rewards\.1\.length\n  Value error, needs min_chars or max_chars"):
+        Stage.model_validate({"rewards": [{"type": "exact"}, {"type": "length"}]})
+    yaml_text = Stage.model_validate({"rewards": [{"type": "exact", "weight": "1e-3"}]})  # YAML 1.1 reads 1e-3 as text
+    assert yaml_text.rewards[0].weight == 0.001
     stage = Stage.model_validate({"rewards": [{"type": "length", "max_chars": 5}, {"type": "exact", "weight": 2}]})
     assert [r.to_dict() for r in stage.rewards] == RewardSet.from_list(stage.rewards).to_list()
     assert stage.rewards[0].score("x" * 10) == 0.0 and stage.rewards[1].weight == 2.0

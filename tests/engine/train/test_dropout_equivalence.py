@@ -1,7 +1,8 @@
 """The fast paths with LoRA dropout on: what stays the same, and what does not.
 
-test_fast_paths.py compares every fast path with dropout 0. With dropout on, two paths draw their masks
-differently, so a bare comparison of one draw with another says nothing. Here the masks are arranged:
+The kernel tests (test_lm_head.py, test_unpadded.py, test_preference_head.py, ...) compare every fast path with
+dropout 0. With dropout on, two paths draw their masks differently, so a bare comparison of one draw with another
+says nothing. Here the masks are arranged:
 
 - the fast dropout given the very masks torch's dropout drew gives torch's loss and gradients exactly, and its
   own masks give the same expected loss and gradient (a test whose tolerance comes from the spread of the
@@ -21,7 +22,7 @@ import torch
 
 from dragon_dagster.engine.train import dropout as fast_dropout
 from dragon_dagster.engine.train import lm_head, unpadded
-from tests.engine.train.test_fast_paths import assert_same_grads, collate, dpo_batch, examples, lora_grads, ragged_batch
+from tests.engine.train.fast_paths import assert_same_grads, collate, dpo_batch, examples, lora_grads, ragged_batch
 from tests.support import small_lora_model
 
 P = 0.125  # a multiple of 2^-16: the fast mask's rate and scale are then exactly torch's (1 / 0.875)

@@ -1,9 +1,10 @@
 """Whole training runs through the project's workers: the fast paths train what TRL's own paths train.
 
-test_fast_paths.py compares one batch's values and gradients. Here each preference kind's worker (train_dpo,
-train_orpo, train_kto, as the runtime's worker calls them on a job) trains the tiny model for several optimizer
-steps with the chunked head and again with TRL's, and the logged losses and the saved LoRA weights must agree;
-and SFT with packing must train on exactly the rows' tokens, with no row attending to another in its pack.
+The kernel tests (test_lm_head.py, test_unpadded.py, test_preference_head.py, ...) compare one batch's values
+and gradients. Here each preference kind's worker (train_dpo, train_orpo, train_kto, as the runtime's worker calls
+them on a job) trains the tiny model for several optimizer steps with the chunked head and again with TRL's, and
+the logged losses and the saved LoRA weights must agree; and SFT with packing must train on exactly the rows'
+tokens, with no row attending to another in its pack.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ...evaluate.stage_change import stage_changes
 from ...evaluate.tool_use import mcnemar, measure, tool_cases
 from ...infer.logprobs import completion_loss
 from ...models import chain_tokenizer, load_model
-from ...rewards import ACCURACY_TYPES, Reward, RewardSet
+from ...rewards import ACCURACY_TYPES, Reward, RewardSet, parse_reward
 from ...tools import template
 from ...tools.declare import Toolset, with_tools
 from ...tools.template import uses_tools
@@ -234,7 +234,7 @@ def reward_set(stages: list[ChainStage]) -> tuple[RewardSet | None, list[dict]]:
     specs: dict[str, dict] = {}
     for stage in stages:
         for spec in stage.rewards:
-            reward = Reward.from_dict(spec, base_dir=stage.dir)
+            reward = parse_reward(spec, base_dir=stage.dir)
             rewards[reward.name] = reward
             specs[reward.name] = {
                 "name": reward.name,
