@@ -20,6 +20,7 @@ ROLE_NAMED = {name for name, kind in catalog.KINDS.items() if name == kind.role}
 RETRAINING = {
     "engine/pipeline/retraining.py",
     "assets/retraining.py",
+    "engine/pipeline/objectives.py",
     "engine/data/feedback_rows.py",
     "engine/evaluate/feedback_gain.py",
 }
