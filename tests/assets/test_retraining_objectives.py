@@ -6,13 +6,14 @@ import typing
 from pathlib import Path
 
 import pytest
-from dagster import AssetKey, AssetsDefinition
+from dagster import AssetKey, AssetsDefinition, Failure, build_asset_context
 
 import dragon_dagster
 from dragon_dagster.assets.automation import retrain_job_name
 from dragon_dagster.assets.factory import build_pipeline_defs
+from dragon_dagster.assets.objective_stages import passed_on
 from dragon_dagster.engine.pipeline import PipelineError, parse
-from dragon_dagster.engine.pipeline.objectives import NAMES, OBJECTIVES
+from dragon_dagster.engine.pipeline.objectives import NAMES, OBJECTIVES, Skipped
 from dragon_dagster.engine.pipeline.retraining import Feedback
 
 PACKAGE = Path(dragon_dagster.__file__).parent
@@ -69,3 +70,15 @@ def test_the_table_is_the_only_place_an_objective_is_named():
     # and the scan sees names where they are: the table itself would be found
     table = ast.parse((PACKAGE / "engine/pipeline/objectives.py").read_text())
     assert names <= {n.value for n in ast.walk(table) if isinstance(n, ast.Constant)}
+
+
+def test_a_skipped_stage_passes_the_chain_on_and_the_last_fails_when_nothing_trained():
+    pipeline = parse({"name": "p", "stages": STAGES, "feedback": {"objectives": ["rlhf"]}})
+    grpo = pipeline.feedback.rlhf
+    context = build_asset_context()
+    passed = passed_on(context, grpo, "/runs/p/kto_on_feedback/1", Skipped("no rated prompts"), last=True)
+    assert passed.value == "/runs/p/kto_on_feedback/1" and passed.metadata["skipped"].value == "no rated prompts"
+    nothing_yet = passed_on(context, pipeline.feedback.sft, None, Skipped("no liked or edited replies"), last=False)
+    assert nothing_yet.value is None and "artifact_dir" not in nothing_yet.metadata
+    with pytest.raises(Failure, match="rlhf_on_feedback: no reward model .* no objective before it trained"):
+        passed_on(context, grpo, None, Skipped("no reward model (feedback_reward_model was skipped)"), last=True)
