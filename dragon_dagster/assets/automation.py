@@ -38,6 +38,7 @@ from dagster import (
 
 from ..engine.data.trace_feedback import TraceFeedback
 from ..engine.pipeline import Pipeline
+from ..engine.pipeline.objectives import OBJECTIVES
 from ..resources import ArtifactStore, MLflowTracking
 
 RANGE_TAG = "dragon/feedback_range"  # "first_id-last_id": the records a retraining run used
@@ -87,10 +88,11 @@ def feedback_records(pipeline: Pipeline, store: ArtifactStore, tracking: MLflowT
 
 def last_used_id(instance: DagsterInstance, pipeline_name: str) -> int:
     """The last feedback record id a completed retraining used (0 if none has): the `feedback_up_to` of the
-    newest feedback_sft_dataset materialization whose run went as far as materializing retrained_report.
+    newest materialization of the first objective's dataset (a retraining makes every objective's dataset from
+    one range) whose run went as far as materializing retrained_report.
     A run that failed before its report used nothing; a run whose report the promotion gate rejected used
     its records (retraining on them again would give the same model), though the run shows as failed."""
-    dataset_key = AssetKey([pipeline_name, "feedback_sft_dataset"])
+    dataset_key = AssetKey([pipeline_name, OBJECTIVES[0].dataset])
     report_key = AssetKey([pipeline_name, "retrained_report"])
     cursor, checked = None, set()
     while True:

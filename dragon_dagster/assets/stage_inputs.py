@@ -22,11 +22,14 @@ def asset_ins(declared: dict[str, tuple[StageInput, AssetIn]]) -> dict[str, Asse
     return {name: asset_in for name, (_, asset_in) in declared.items()}
 
 
-def by_role(declared: dict[str, tuple[StageInput, AssetIn]], inputs: dict[str, str]) -> dict[str, dict[str, str]]:
-    """The step's declared inputs as {role: {stage: artifact}} ("" for an upstream that made nothing)."""
-    out: dict[str, dict[str, str]] = {}
+def by_role(
+    declared: dict[str, tuple[StageInput, AssetIn]], inputs: dict[str, str | None]
+) -> dict[str, dict[str, str | None]]:
+    """The step's declared inputs as {role: {stage: artifact}} (None for an upstream that made nothing: a skipped
+    reward model of a retraining)."""
+    out: dict[str, dict[str, str | None]] = {}
     for name, (extra, _) in declared.items():
-        out.setdefault(extra.role, {})[extra.stage] = inputs.get(name) or ""
+        out.setdefault(extra.role, {})[extra.stage] = inputs.get(name)
     return out
 
 

@@ -21,7 +21,7 @@ from dagster import (
 )
 
 from dragon_dagster.assets.live_gate import live_gate_sensor
-from dragon_dagster.assets.retraining import promotion_check
+from dragon_dagster.assets.promotion_gate import promotion_check
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.engine.release.model_registry import CHALLENGER, CHAMPION, alias_version
 from tests.support import wait_until, write_pipeline

@@ -24,7 +24,7 @@ from dagster import (
 
 from dragon_dagster.assets.automation import PIPELINE_TAG, RANGE_TAG, last_used_id
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.assets.retraining import promotion_check
+from dragon_dagster.assets.promotion_gate import promotion_check
 from dragon_dagster.engine.data.feedback_store import FeedbackStore
 from dragon_dagster.engine.release.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 from tests.support import failed_message

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from dagster import AssetKey, AssetMaterialization, DagsterInstance, MetadataValue, build_asset_check_context
 
-from dragon_dagster.assets.retraining import promotion_check
+from dragon_dagster.assets.promotion_gate import promotion_check
 from dragon_dagster.engine.pipeline import load
 from tests.support import write_pipeline
 

@@ -2,7 +2,7 @@
 modules ask the catalog and the kind's hooks instead of branching on its name: no string equal to a kind's name,
 no import of a kind's folder, no `isinstance` against a kind's settings model.
 
-Three named exceptions: the feedback retraining (its settings, assets, rows and gain) is a fixed pipeline of its
+Three named exceptions: the feedback retraining (its settings, objectives table and rows) is a fixed pipeline of its
 kinds, whose YAML names them as its objectives (`objectives: [sft, dpo, kto, rlhf]`, rlhf being a reward model and
 GRPO); the reward type `reward_model` (engine/rewards/learned.py), named after the kind whose model it
 loads, as the issue and the YAML call it; and the merge,
@@ -17,14 +17,10 @@ from dragon_dagster.engine import catalog
 
 PACKAGE = Path(dragon_dagster.__file__).parent
 ROLE_NAMED = {name for name, kind in catalog.KINDS.items() if name == kind.role}  # merge, evaluate, export
-RETRAINING = {
-    "engine/pipeline/retraining.py",
-    "assets/retraining.py",
-    "engine/data/feedback_rows.py",
-    "engine/evaluate/feedback_gain.py",
-}
+RETRAINING = {"engine/pipeline/retraining.py", "engine/pipeline/objectives.py", "engine/data/feedback_rows.py"}
 RETRAINING_KINDS = {"sft", "dpo", "kto", "orpo", "reward_model", "grpo"}
-SAME_NAMED = {"engine/rewards/learned.py": {"reward_model"}}  # a reward type named after the kind it loads
+# a reward type named after the kind it loads, and the gate's taste that picks the rewards of that type
+SAME_NAMED = {"engine/rewards/learned.py": {"reward_model"}, "assets/feedback_taste.py": {"reward_model"}}
 
 
 def generic_modules():

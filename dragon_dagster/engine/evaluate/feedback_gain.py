@@ -21,12 +21,12 @@ from ..data.tables import read_jsonl, unpaired, user_text
 
 
 def held_out_feedback(files: dict[str, str | None]) -> tuple[list[dict], list[dict]]:
-    """(rated replies, pairs) from the held-out files of the feedback datasets: {"sft": conversations, "dpo":
-    pairs, "kto": rated replies}; a liked or edited conversation is a liked reply. Duplicates counted once."""
+    """(rated replies, pairs) from the held-out files of the feedback datasets, by objective: conversations, pairs,
+    rated replies, prompts; a liked or edited conversation is a liked reply. Duplicates counted once."""
     rated, pairs = [], []
-    for objective, path in files.items():
+    for path in files.values():
         rows = read_jsonl(path) if path else []
-        if objective == "dpo":
+        if rows and "chosen" in rows[0]:  # a file of preference pairs: each pair is also its two rated replies
             pairs += rows
             rated += unpaired(rows)
         else:

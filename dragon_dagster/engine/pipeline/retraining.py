@@ -22,6 +22,8 @@ from ..stages.reward_model.settings import RewardModel, RewardModelArgs
 from ..stages.sft.settings import SFT
 from ..text.matchers import MATCHERS
 from ..train.preference import PreferenceArgs
+from ..train.stage import TrainerStage
+from .objectives import DEFAULT, NAMES, Objective
 
 log = logging.getLogger("dragon_dagster")
 
@@ -310,10 +312,6 @@ def _task_metric_names() -> set[str]:
     return set(MATCHERS)
 
 
-OBJECTIVES = ("sft", "dpo", "kto")  # the default; rlhf is asked for by name (a reward model, then GRPO: slower)
-ALL_OBJECTIVES = ("sft", "dpo", "kto", "rlhf")
-
-
 class FeedbackSource(Settings):
     """Where the feedback records come from: the chat's feedback store (the default), or the human assessments
     on an MLflow experiment's traces (an assistant that is not this project's chat, traced by MLflow)."""
@@ -347,8 +345,8 @@ class Feedback(Settings):
     )
     min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
     cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
-    objectives: list[Literal["sft", "dpo", "kto", "rlhf"]] = Field(
-        default_factory=lambda: list(OBJECTIVES),
+    objectives: list[Literal[NAMES]] = Field(
+        default_factory=lambda: list(DEFAULT),
         min_length=1,
         description="What the retraining runs, always in the order sft, dpo, kto, rlhf: sft (liked and edited "
         "replies), dpo (pairs: an edit against its original, a liked against a disliked reply to the same "
@@ -388,3 +386,7 @@ class Feedback(Settings):
                 "to feedback.objectives"
             )
         return self
+
+    def trained_by(self, objective: Objective) -> list[TrainerStage]:
+        """The stages that train an objective, in order: the last continues the chain of adapters."""
+        return [getattr(self, field) for field in objective.stages]

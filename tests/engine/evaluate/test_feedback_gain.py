@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from dragon_dagster.assets.retraining import gain_decision
+from dragon_dagster.assets.promotion_gate import gain_decision
 from dragon_dagster.engine.evaluate.feedback_gain import gain, held_out_feedback, model_figures
 from dragon_dagster.engine.pipeline import PipelineError, parse
 from dragon_dagster.engine.pipeline.retraining import Gate
@@ -120,7 +120,7 @@ def test_gate_decisions_name_the_deciding_figure():
 def test_a_missing_taste_file_fails_the_retraining_before_it_trains(tmp_path):
     from dagster import Failure
 
-    from dragon_dagster.assets.retraining import taste_rewards
+    from dragon_dagster.assets.feedback_taste import taste_rewards
 
     stages = [
         {"name": "d", "kind": "chat_dataset", "path": "x.csv", "prompt": "p", "response": "r"},
