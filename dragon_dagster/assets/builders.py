@@ -37,13 +37,14 @@ from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .export import default_system, run_export_stage
 from .launchpad import RESUME, effective, launchpad_config
 from .metadata import as_metadata, length_stats, md_table
-from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
+from .mlflow_runs import PROFILE_TAG
 from .pool import POOL_TAGS, TRAINING_POOL
 from .promotion import register_merged_model
 from .prompts import live_system, register_dataset_prompt
 from .report import run_report_stage
 from .reuse import reuse_or_make
 from .stage_inputs import asset_ins, by_role, declared_ins
+from .stage_runs import stage_run
 from .training import run_training_stage
 
 USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
@@ -371,32 +372,29 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
     def _fold(context, settings, store, training, tracking, adapter: str) -> Output[str]:
         adapter_manifest = read_manifest(adapter, AdapterManifest)
         inputs = ModelInputs(model=adapter_manifest.resolved_model, adapters=adapter_manifest.chain)
-        parent = pipeline_run(context, pipeline, tracking)
-        with (
-            tracking.owning(parent, where=stage.name),
-            tracking.started(  # the run the registered version links to: it logs the merged model
-                pipeline.name,
-                stage.name,
-                {
-                    "pipeline": pipeline.name,
-                    "stage": stage.name,
-                    "kind": "merge",
-                    "asset_key": context.asset_key.to_user_string(),
-                    "dagster_run_id": context.op_execution_context.run_id,
-                    "base_model": adapter_manifest.base_model,
-                    "upstream_mlflow_run_id": adapter_manifest.mlflow_run_id,
-                },
-                {
-                    "model": adapter_manifest.resolved_model,
-                    "adapters": len(adapter_manifest.chain),
-                    **settings.model_dump(),
-                },
-                parent=parent,
-                description=f"The adapters of {', '.join(Path(a).parent.parent.name for a in adapter_manifest.chain)} "
-                f"folded into `{adapter_manifest.base_model}`; the registered model version's source run.",
-                source=stage_source(context),
-            ) as run_id,
-        ):
+        chain = ", ".join(Path(a).parent.parent.name for a in adapter_manifest.chain)
+        with stage_run(  # the run the registered version links to: it logs the merged model
+            context,
+            pipeline,
+            tracking,
+            stage.name,
+            {
+                "pipeline": pipeline.name,
+                "stage": stage.name,
+                "kind": "merge",
+                "asset_key": context.asset_key.to_user_string(),
+                "dagster_run_id": context.op_execution_context.run_id,
+                "base_model": adapter_manifest.base_model,
+                "upstream_mlflow_run_id": adapter_manifest.mlflow_run_id,
+            },
+            {
+                "model": adapter_manifest.resolved_model,
+                "adapters": len(adapter_manifest.chain),
+                **settings.model_dump(),
+            },
+            f"The adapters of {chain} folded into `{adapter_manifest.base_model}`; the registered model version's "
+            "source run.",
+        ) as run:
             with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
                 job = catalog.kind_of(stage).job_model()(settings=settings, inputs=inputs, output_dir=str(tmp))
                 info = training.run_job(context, job, tmp, store=store, final=final)
@@ -408,14 +406,14 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
                         resolved_model=adapter_manifest.resolved_model,
                         adapters=adapter_manifest.chain,
                         upstream_mlflow_run_id=adapter_manifest.mlflow_run_id,
-                        mlflow_run_id=run_id,
+                        mlflow_run_id=run.id,
                         info=info,
                         settings=settings.model_dump(),
                         dagster_run_id=context.op_execution_context.run_id,
                     ),
                 )
-                tracking.log_artifacts(run_id, [tmp / "manifest.json"])
-            tracking.log_metrics(run_id, {"size_mb": info.size_mb, "parameters": info.parameters})
+                tracking.log_artifacts(run.id, [tmp / "manifest.json"])
+            tracking.log_metrics(run.id, {"size_mb": info.size_mb, "parameters": info.parameters})
             # after the artifact is published: a registry that fails cannot take the merged model with it
             version = register_merged_model(context, pipeline, tracking, final)
         return Output(
@@ -426,7 +424,7 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
                 "size_mb": info.size_mb,
                 "parameters": info.parameters,
                 "registered_model": MetadataValue.text(f"models:/{pipeline.name}/{version} (challenger)"),
-                "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run_id)),
+                "mlflow_run": MetadataValue.url(tracking.run_url(pipeline.name, run.id)),
                 "profile": context.run.tags.get(PROFILE_TAG) or "none",
                 "sample": MetadataValue.md(f"**{info.sample_prompt}**\n\n{info.sample_reply}"),
             },

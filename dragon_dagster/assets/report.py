@@ -20,8 +20,9 @@ from ..engine.stages.evaluate.settings import Evaluate
 from ..resources.evaluations import log_evaluation, record_evaluation
 from ..resources.run_colours import colour_tag
 from .metadata import as_metadata, image_markdown
-from .mlflow_runs import PROFILE_TAG, pipeline_run, stage_source
-from .prompts import PROMPT_TAG, link_prompt, live_system, rows_with_system
+from .mlflow_runs import PROFILE_TAG, stage_source
+from .prompts import PROMPT_TAG, live_system, rows_with_system
+from .stage_runs import stage_runs
 from .sweep_tags import sweep_tags_of
 
 
@@ -138,9 +139,8 @@ def run_report_stage(
     feedback files, objectives and taste (a RewardSet), for the gate's figures."""
     settings = stage.model_dump()
     started = time.time()  # the base and report runs span the evaluation, not only their logging
-    parent = pipeline_run(context, pipeline, tracking)  # before the work, so its duration includes it
     with (
-        tracking.owning(parent, where=stage.name),
+        stage_runs(context, pipeline, tracking, stage.name) as runs,  # before the work, so its duration includes it
         store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final),
     ):
         merged_manifest = read_manifest(merged, MergedManifest)
@@ -189,20 +189,17 @@ def run_report_stage(
             **({PROMPT_TAG: prompt_uri} if prompt_uri else {}),
             **sweep_tags_of(context.run.tags),  # a sweep's point: which sweep, which point, its settings
         }
-        common = {"parent": parent, "source": stage_source(context), "start_time": started}
-        with tracking.started(
-            pipeline.name,
+        with runs.open(
             "base",
             {**tags, "stage": "base", **colour_tag("base", tags["dagster_run_id"])},
             {"model": pipeline.model, "rows": report.rows},
-            description=f"The base model `{pipeline.model}` on the held-out rows {stage.name} scores every model on.",
-            **common,
+            f"The base model `{pipeline.model}` on the held-out rows {stage.name} scores every model on.",
+            start_time=started,
         ) as base_run:
             tracking.log_metrics(base_run, report.base_metrics())
             (tmp / "base.json").write_text(json_figures(report.base))
             tracking.log_artifacts(base_run, [tmp / "base.json"])
-        with tracking.started(
-            pipeline.name,
+        with runs.open(
             stage.name,
             {
                 **tags,
@@ -212,15 +209,16 @@ def run_report_stage(
                 **colour_tag("merged", tags["dagster_run_id"]),
             },
             {"model": pipeline.model, "merged": merged, **settings},
-            description=f"Base against merged on {report.rows} rows of `{Path(dataset).parent.name}`: the "
+            f"Base against merged on {report.rows} rows of `{Path(dataset).parent.name}`: the "
             "report, the judge, and the held-out loss after each stage.",
-            **common,
+            start_time=started,
+            prompt=prompt_uri,
         ) as report_run:
             tracking.log_metrics(report_run, report.run_metrics())
-            link_prompt(tracking, report_run, prompt_uri)
             # before report.md is logged: it links the evaluation (or says why there is none)
+            source = stage_source(context)
             evaluation = log_evaluation(
-                tracking, pipeline.name, stage.name, tmp, final.name, report.metrics, tags, report_run, common["source"]
+                tracking, pipeline.name, stage.name, tmp, final.name, report.metrics, tags, report_run, source
             )
             if "error" in evaluation:  # the report's own outputs stand: the failure is recorded in it, not raised
                 context.log.warning(f"no MLflow evaluation of the report's rows: {evaluation['error']}")
@@ -230,8 +228,8 @@ def run_report_stage(
             tracking.log_artifacts(
                 report_run, [tmp / "report.md", tmp / "report.json", tmp / "loss.png", tmp / "heldout.png"]
             )
-        log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, parent, chain_plot)
-        tracking.log_metrics(parent, report.run_metrics())  # the pipeline run's own figures: the merged model's
+        log_held_out(context, pipeline, tracking, report, merged_manifest, merged, base_run, runs.parent, chain_plot)
+        tracking.log_metrics(runs.parent, report.run_metrics())  # the pipeline run's own figures: the merged model's
         write_manifest(
             tmp,
             ReportManifest(

@@ -118,6 +118,47 @@ def test_a_report_stage_whose_input_is_broken_leaves_no_run_running(tiny_model, 
     assert tags["error"].startswith("evaluation_report: ") and str(Path(tmp_path / "not_merged")) in tags["error"]
 
 
+def test_a_stage_run_nests_under_the_pipeline_run_with_its_data_and_both_end_with_the_block(tiny_model, tmp_path):
+    """stage_runs.stage_run, the way every stage opens its runs: the stage's run is nested under the Dagster run's
+    pipeline run, its source names the job and asset, the dataset's split files are its dataset inputs, and an
+    error in the block ends both FAILED, the pipeline run's error naming the stage."""
+    from dagster import DagsterInstance, asset, materialize
+
+    from dragon_dagster.assets.stage_runs import stage_run
+    from dragon_dagster.engine.pipeline import load
+
+    pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
+    data = tmp_path / "sft_dataset" / "artifact"
+    data.mkdir(parents=True)
+    (data / "train.jsonl").write_text('{"prompt": "Refund please"}\n')
+    (data / "eval.jsonl").write_text('{"prompt": "Where is my order"}\n')
+    tracking = MLflowTracking(runs_dir=str(tmp_path / "runs"))
+    opened = {}
+
+    @asset(name="sft_adapter")
+    def stage(context, tracking: MLflowTracking) -> str:
+        tags, params = {"stage": "sft_adapter"}, {"lr": 0.1}
+        with stage_run(context, pipeline, tracking, "sft_adapter", tags, params, "a stage", dataset=str(data)) as run:
+            opened.update(id=run.id, parent=run.parent)
+            raise ValueError("the data is broken")
+
+    result = materialize(
+        [stage], resources={"tracking": tracking}, instance=DagsterInstance.ephemeral(), raise_on_error=False
+    )
+    assert not result.success
+    client = tracking.client()
+    run, parent = client.get_run(opened["id"]), client.get_run(opened["parent"])
+    assert run.data.tags["mlflow.parentRunId"] == opened["parent"] and parent.data.tags["level"] == "pipeline"
+    assert run.data.tags["mlflow.source.name"] == "dagster: __ephemeral_asset_job__ / sft_adapter"
+    assert run.info.status == parent.info.status == "FAILED"
+    assert run.data.tags["error"] == "ValueError: the data is broken"
+    assert parent.data.tags["error"] == "sft_adapter: ValueError: the data is broken"
+    contexts = {d.dataset.name: [] for d in run.inputs.dataset_inputs}
+    for logged in run.inputs.dataset_inputs:
+        contexts[logged.dataset.name] += [t.value for t in logged.tags if t.key == "mlflow.data.context"]
+    assert {name: sorted(found) for name, found in contexts.items()} == {"sft_dataset": ["evaluation", "training"]}
+
+
 def test_an_evaluation_that_fails_ends_its_runs_failed_with_the_error(tmp_path):
     """The report's MLflow evaluation fails on replies it cannot read (a row without the models' replies): the
     report records the failure, and the base and merged runs it made end FAILED, saying why."""
