@@ -44,6 +44,20 @@ def overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def value_at(settings: BaseModel, path: str) -> Any:
+    """The value of a setting by its path of fields (`args.learning_rate`), None where it has none: in a settings
+    model, or in settings recorded without their kind's model (nested values then as written)."""
+    value: Any = settings
+    for part in path.split("."):
+        if isinstance(value, BaseModel):
+            value = getattr(value, part, None)
+        elif isinstance(value, dict):
+            value = value.get(part)
+        else:
+            return None
+    return value
+
+
 def tunable_fields(model: type[Settings]) -> dict[str, Any]:
     """Fields that can change per run (the launchpad, profiles): numbers, switches, choices and nested settings.
     Names, templates, file paths and backends are the pipeline's structure and stay in its YAML."""
