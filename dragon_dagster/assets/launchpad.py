@@ -1,6 +1,7 @@
 """Launchpad config made from a stage's settings model: the per-run fields, nested as in the YAML, each
 defaulting to the value this pipeline gives it (its YAML, else the kind's default) and described by the
-model's field docs. A run's config is put over the stage's settings and validated by the same model.
+model's field docs. A run's config is put into the stage's settings model field by field (with_values) and
+validated by the same model.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 from dagster import Config, Failure
 from pydantic import Field, ValidationError, create_model
 
-from ..engine.config.settings import Settings, overlay, tunable_fields
+from ..engine.config.settings import Settings, tunable_fields, with_values
 from ..engine.config.stage import Stage
 from ..engine.pipeline import Pipeline, describe
 
@@ -37,14 +38,23 @@ def _config_class(settings: Settings, class_name: str, extra: dict | None = None
 
 def effective(stage: Stage, config: Config) -> Stage:
     """The stage's settings with this run's launchpad values put in, checked by the stage's model."""
-    return effective_values(stage, config.model_dump())
+    return effective_values(stage, config_values(config))
+
+
+def config_values(config: Config) -> dict[str, Any]:
+    """A launchpad config's values by field, as its class holds them (a nested config: its own values)."""
+    return {
+        name: config_values(value) if isinstance(value, Config) else value
+        for name in type(config).model_fields
+        for value in [getattr(config, name)]
+    }
 
 
 def effective_values(stage: Stage, values: dict[str, Any]) -> Stage:
     """The stage's settings with a run's config values for it (as its run config holds them) put in."""
     values = {k: v for k, v in values.items() if k not in LAUNCH_ONLY}
     try:
-        return type(stage).model_validate(overlay(stage.model_dump(), values))
+        return with_values(stage, values)
     except ValidationError as exc:
         raise Failure(description=f"{stage.name}: run config: {describe(exc)}") from None
 

@@ -20,11 +20,14 @@ from typing import Any
 
 from dagster import DagsterInstance, DagsterRun, RunsFilter
 
+from ..engine.config.settings import value_at
+from ..engine.config.stage import Stage
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.sweeps import best_point
 from ..engine.runs import stage_run_metrics
 from .factory import overrides_run_config
 from .launch import DEFAULT_MODULE, materialize_pipeline, pipeline_of_job
+from .launchpad import run_settings
 from .mlflow_runs import PROFILE_TAG
 from .pool import TRAINING_POOL
 from .sweep_tags import POINT_TAG, RANK_TAG, SETTINGS_TAG, SWEEP_TAG
@@ -33,9 +36,15 @@ from .sweep_tags import POINT_TAG, RANK_TAG, SETTINGS_TAG, SWEEP_TAG
 @dataclass
 class SweepPoint:
     index: int
-    settings: dict[str, Any]  # {`stage.setting`: value}
+    settings: dict[str, Any]  # {`stage.setting`: value}, as the sweep lists it (and its run tag holds it)
     run_config: dict[str, Any]
     tags: dict[str, str]
+    stages: dict[str, Stage]  # every stage's settings model at this point, as its asset will compute them
+
+    def value(self, key: str) -> Any:
+        """A setting at this point by `<stage>.<path of fields>`, typed as the stage's model holds it."""
+        stage, _, path = key.partition(".")
+        return value_at(self.stages[stage], path)
 
 
 def sweep_points(pipeline: Pipeline, name: str, sweep_id: str) -> list[SweepPoint]:
@@ -52,7 +61,7 @@ def sweep_points(pipeline: Pipeline, name: str, sweep_id: str) -> list[SweepPoin
             RANK_TAG: rank,
             **({PROFILE_TAG: sweep.profile} if sweep.profile else {}),
         }
-        points.append(SweepPoint(index, settings, run_config, tags))
+        points.append(SweepPoint(index, settings, run_config, tags, run_settings(pipeline, run_config)))
     return points
 
 

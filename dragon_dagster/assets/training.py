@@ -55,7 +55,7 @@ def reward_model_inputs(names: list[str], scorers: dict[str, str], user: str) ->
         if name not in scorers:
             raise ValueError(f"the reward model of stage {name!r} was not given to {user!r}")
         manifest = read_manifest(scorers[name], AdapterManifest)
-        if not catalog.scores_replies(manifest.settings.get("kind")):
+        if not catalog.scores_replies(manifest.settings.kind):
             raise ValueError(f"{name!r} is a {manifest.method} adapter, not a reward model")
         out.append(
             RewardModelInput(

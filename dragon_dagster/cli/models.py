@@ -53,7 +53,7 @@ def score(target: str, prompt: str, replies: tuple[str, ...], system: str | None
 
     directory = resolve_target(target)
     manifest = read_manifest(directory, AdapterManifest)
-    if not catalog.scores_replies(manifest.settings.get("kind")):
+    if not catalog.scores_replies(manifest.settings.kind):
         raise click.BadParameter(f"{target!r} is a {manifest.method} adapter, not a reward model")
     scorer = load_scorer(manifest.resolved_model, directory / "adapter")
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

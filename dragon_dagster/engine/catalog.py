@@ -12,8 +12,9 @@ import importlib
 from collections.abc import Callable
 from typing import Annotated, Any, Union
 
-from pydantic import Field, TypeAdapter
+from pydantic import Field, TypeAdapter, ValidationError
 
+from .artifacts.manifest import ManifestError, RecordedSettings
 from .config.kind import StageKind
 from .config.stage import Stage
 
@@ -86,6 +87,25 @@ def upgraded(data: Any, warn: Callable[[str], None] | None = None) -> Any:
 def parse_stage(data: dict[str, Any]) -> Stage:
     """A stage's settings from a mapping (a YAML item): the model its kind names."""
     return _union()[1].validate_python(upgraded(data))
+
+
+def recorded_stage(settings: Stage | RecordedSettings) -> Stage:
+    """A manifest's settings read with the kind's own model (a manifest read back holds RecordedSettings)."""
+    if isinstance(settings, Stage):
+        return settings
+    values = settings.model_dump()
+    if values.get("kind") not in KINDS and values.get("kind") not in RENAMED:
+        raise ManifestError(
+            f"the recorded settings of stage {values.get('name')!r} name no known kind ({values.get('kind')!r}); "
+            f"known: {', '.join(KINDS)}"
+        )
+    try:
+        return parse_stage(values)
+    except ValidationError as exc:
+        raise ManifestError(
+            f"the recorded settings of {values['kind']} stage {values.get('name')!r} no longer read as its kind's "
+            f"model: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}"
+        ) from None
 
 
 def scores_replies(name: str | None) -> bool:

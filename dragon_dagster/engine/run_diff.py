@@ -4,11 +4,22 @@ A pipeline run's MLflow run carries every stage's effective settings as params (
 version (`version.<stage>`) and the stages it reused (`reused.<stage>`: the Dagster run that made them). A run
 logged before the pipeline run had the settings has them on each stage's own run: a reused stage, which has no run
 of its own in the pipeline run, is then read from the run that made it.
+
+MLflow keeps each value as text; two runs are compared on the values read back with the type of the field their
+path names in the stage's kind's model (`<stage>.kind` is logged too), so `2e-4` and `0.0002` are the same
+learning rate, and a setting of a kind or field no longer known is compared as the text it was logged as.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from . import catalog
+from .config.settings import field_at
 
 # params that say where or on what a run happened rather than what it was asked to do: an artifact path differs
 # whenever the data was made again (the stage versions say when that changed anything), a machine is not a setting
@@ -25,6 +36,24 @@ class PipelineRunSettings:
     reused: dict[str, str] = field(default_factory=dict)  # stage -> the Dagster run that made it
     settings: dict[str, str] = field(default_factory=dict)  # "stage.setting" -> value, as logged
     figures: dict[str, float] = field(default_factory=dict)  # the pipeline run's own metrics
+
+    def value(self, key: str) -> Any:
+        """The setting `<stage>.<path>` as its field's type reads the logged text (the text where it cannot)."""
+        text = self.settings.get(key)
+        stage, _, path = key.partition(".")
+        kind = self.settings.get(f"{stage}.kind")
+        if text is None or kind not in catalog.KINDS or not path:
+            return text
+        info = field_at(catalog.get(kind).settings, path)
+        if info is None:
+            return text
+        adapter = TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation)
+        for candidate in _readings(text):
+            try:
+                return adapter.validate_python(candidate)
+            except ValidationError:
+                continue
+        return text
 
 
 def _one(client, experiment_id: str, query: str, what: str):
@@ -63,11 +92,24 @@ def pipeline_run_settings(client, experiment_id: str, dagster_run_id: str) -> Pi
     return out
 
 
+def _readings(text: str) -> list[Any]:
+    """What a logged text may have been: None (logged as "None"), a JSON value (a list), or the text itself."""
+    if text == "None":
+        return [None, text]
+    try:
+        return [json.loads(text), text]
+    except ValueError:
+        return [text]
+
+
 def differences(a: PipelineRunSettings, b: PipelineRunSettings) -> list[tuple[str, str | None, str | None]]:
-    """(what, in a, in b) for every setting and stage version that differs, settings first."""
+    """(what, in a, in b) for every setting and stage version that differs, settings first: settings by their
+    typed values, shown as logged."""
     rows = []
-    for kind, left, right in (("", a.settings, b.settings), ("version of ", a.versions, b.versions)):
-        for key in sorted(set(left) | set(right)):
-            if left.get(key) != right.get(key):
-                rows.append((f"{kind}{key}", left.get(key), right.get(key)))
+    for key in sorted(set(a.settings) | set(b.settings)):
+        if a.value(key) != b.value(key):
+            rows.append((key, a.settings.get(key), b.settings.get(key)))
+    for key in sorted(set(a.versions) | set(b.versions)):
+        if a.versions.get(key) != b.versions.get(key):
+            rows.append((f"version of {key}", a.versions.get(key), b.versions.get(key)))
     return rows

@@ -5,6 +5,11 @@ never a KeyError three stages later.
 
 A reader that needs any artifact (the runs listing, pruning) reads `Manifest`, which keeps every field; a reader
 that needs one kind reads its model (`read_manifest(path, AdapterManifest)`), which checks the kind too.
+
+A manifest's `settings` are the stage's settings model: the Dagster layer writes the stage itself, and a manifest
+read back holds them as `RecordedSettings` (its name and kind typed, every other field as written), since the
+kinds are known a layer above this one; `catalog.recorded_stage(manifest.settings)` reads them with the kind's
+own model. A manifest written before (settings as a plain mapping, even a partial one) reads the same way.
 """
 
 from __future__ import annotations
@@ -12,17 +17,42 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar, get_args, get_origin
+from typing import Annotated, Any, Generic, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationError
 
 from ..config.results import StageResult, TrainingSummary
+from ..config.stage import Stage
 
 MANIFEST = "manifest.json"
 
 
 class ManifestError(ValueError):
     """An artifact's manifest is missing, unreadable, of another kind than expected, or malformed."""
+
+
+class RecordedSettings(BaseModel):
+    """A stage's settings as a manifest holds them, read without its kind's model: every field kept as written
+    (model_extra, written back the same), so that any manifest reads, whichever kinds this process knows."""
+
+    model_config = ConfigDict(extra="allow")
+
+    @property
+    def name(self) -> str | None:
+        return (self.model_extra or {}).get("name")
+
+    @property
+    def kind(self) -> str | None:
+        return (self.model_extra or {}).get("kind")
+
+
+def _recorded(value: Any) -> Any:
+    return RecordedSettings.model_validate(value) if isinstance(value, dict) else value
+
+
+# The stage's settings in a manifest: the kind's model when the Dagster layer writes it (all its fields written,
+# SerializeAsAny), RecordedSettings when read back.
+StageSettings = Annotated[SerializeAsAny[Stage] | RecordedSettings, BeforeValidator(_recorded)]
 
 
 class Manifest(BaseModel):
@@ -56,7 +86,7 @@ class DatasetManifest(ArtifactManifest):
 
     kind: str
     source: str
-    settings: dict[str, Any]
+    settings: StageSettings
     train_rows: int
     eval_rows: int
     dropped: dict[str, int] = Field(default_factory=dict)
@@ -96,7 +126,7 @@ class SynthesisManifest(ArtifactManifest, Generic[D]):
     kind: str
     dataset: str
     student: str | None = None
-    settings: dict[str, Any]
+    settings: StageSettings
     result: D
 
 
@@ -115,7 +145,7 @@ class AdapterManifest(ArtifactManifest, Generic[R]):
     chain: list[str]
     dataset: str
     previous: str | None = None
-    settings: dict[str, Any]
+    settings: StageSettings
     reward_files: dict[str, str] = Field(default_factory=dict)
     upstream_mlflow_run_id: str | None = None
     result: R
@@ -139,7 +169,7 @@ class MergedManifest(ArtifactManifest):
     adapters: list[str]
     upstream_mlflow_run_id: str | None = None
     info: MergeResult
-    settings: dict[str, Any]
+    settings: StageSettings
 
 
 class ReportManifest(ArtifactManifest):
@@ -149,7 +179,7 @@ class ReportManifest(ArtifactManifest):
     kind: Literal["evaluation_report"] = "evaluation_report"
     merged: str
     dataset: str
-    settings: dict[str, Any]
+    settings: StageSettings
     base_mlflow_run_id: str | None = None
 
 
@@ -182,7 +212,7 @@ class ExportManifest(ArtifactManifest):
     kind: Literal["gguf_export"] = "gguf_export"
     merged: str
     report: str | None = None
-    settings: dict[str, Any]
+    settings: StageSettings
     name: str
     architecture: str
     files: list[ExportedFile]

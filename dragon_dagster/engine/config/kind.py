@@ -44,6 +44,9 @@ class StageKind:
     # The version of the kind's code, part of every stage's version (pipeline/versions.py): bump it when the same
     # settings on the same inputs would now make a different artifact, so the stages of this kind go unsynced.
     version: str = "1"
+    # "module:function" that builds the kind's TRL config from its settings (a training kind's trl_config.py):
+    # to_trl_config(settings, run, ...), imported only in a worker (it loads TRL)
+    trl_config: str | None = None
 
     @property
     def name(self) -> str:
@@ -61,6 +64,13 @@ class StageKind:
         if self.worker is None:
             raise TypeError(f"stage kind {self.name!r} runs in the Dagster step: it has no worker")
         module, function = self.worker.split(":")
+        return getattr(importlib.import_module(module), function)
+
+    def load_trl_config(self) -> Callable[..., Any]:
+        """The function that builds this kind's TRL config from its settings (TRL loads only when it is called)."""
+        if self.trl_config is None:
+            raise TypeError(f"stage kind {self.name!r} trains with no TRL config")
+        module, function = self.trl_config.split(":")
         return getattr(importlib.import_module(module), function)
 
     def job_model(self) -> type[Job]:

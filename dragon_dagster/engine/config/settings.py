@@ -6,11 +6,14 @@ as numbers, so they are accepted wherever a number is expected.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, get_args, get_origin
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic.fields import FieldInfo
 
 NAME_PATTERN = r"^[a-z][a-z0-9_]*$"
+S = TypeVar("S", bound=BaseModel)
 
 
 class Settings(BaseModel):
@@ -42,6 +45,54 @@ def overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     for key, value in top.items():
         out[key] = overlay(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
     return out
+
+
+def with_values(settings: S, values: Mapping[str, Any]) -> S:
+    """settings with a run's values put in (a mapping under a nested settings field goes into that model), checked
+    by its model. The fields not given keep their values as they are, typed: nothing goes through a dict and
+    back. An unknown key or a bad value is the model's ValidationError, located from the top (args.max_steps)."""
+    return type(settings).model_validate(_updated(settings, values))
+
+
+def _updated(settings: BaseModel, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields set on settings with values put in, each kept value the object it is; a nested settings model
+    given values becomes the same (validated with the whole, so an error names its path)."""
+    out = {name: getattr(settings, name) for name in settings.model_fields_set}
+    for name, value in values.items():
+        current = getattr(settings, name, None) if name in type(settings).model_fields else None
+        nested = isinstance(current, Settings) and isinstance(value, Mapping)
+        out[name] = _updated(current, value) if nested else value
+    return out
+
+
+def value_at(settings: BaseModel, path: str) -> Any:
+    """The value of a setting by its path of fields (`args.learning_rate`), None where it has none: in a settings
+    model, or in settings recorded without their kind's model (nested values then as written)."""
+    value: Any = settings
+    for part in path.split("."):
+        if isinstance(value, BaseModel):
+            value = getattr(value, part, None)
+        elif isinstance(value, dict):
+            value = value.get(part)
+        else:
+            return None
+    return value
+
+
+def field_at(model: type[BaseModel], path: str) -> FieldInfo | None:
+    """The field a path of fields (`args.learning_rate`) names in a settings model; None where it names none."""
+    info = None
+    for part in path.split("."):
+        if info is not None:
+            options = get_args(info.annotation) or (info.annotation,)
+            nested = [o for o in options if isinstance(o, type) and issubclass(o, BaseModel)]
+            if len(nested) != 1:
+                return None
+            model = nested[0]
+        info = model.model_fields.get(part)
+        if info is None:
+            return None
+    return info
 
 
 def tunable_fields(model: type[Settings]) -> dict[str, Any]:

@@ -12,10 +12,13 @@ import json
 import re
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from ..artifacts.manifest import AdapterManifest, ManifestError, read_manifest
+from ..config.settings import value_at
 from ..models import PRESETS
 
-# Settings that shape the adapter (the rest stay in its job.json and MLflow run).
+# Settings that shape the adapter, by their paths of fields (the rest stay in its job.json and MLflow run).
 SETTING_KEYS = ("beta", "group_size", "temperature")
 LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 ARG_KEYS = ("epochs", "max_steps", "learning_rate", "batch_size", "grad_accum", "max_seq_len")
@@ -94,16 +97,18 @@ def dataset_facts(directory: Path) -> dict:
     }
 
 
-def shown_settings(settings: dict) -> dict:
-    out = {k: settings[k] for k in SETTING_KEYS if settings.get(k) is not None}
-    lora, args = settings.get("lora") or {}, settings.get("args") or {}
-    out.update({f"lora.{k}": lora[k] for k in LORA_KEYS if lora.get(k) is not None})
-    out.update({k: args[k] for k in ARG_KEYS if args.get(k) is not None})
-    if settings.get("rewards"):
-        out["rewards"] = ", ".join(
-            f"{r.get('name') or r.get('type')} x{r.get('weight', 1)}" for r in settings["rewards"]
+def shown_settings(settings: BaseModel) -> dict:
+    """The settings that shape the adapter, by their paths of fields (a manifest's settings: the kind's model, or
+    as recorded)."""
+    shown = {key: value_at(settings, key) for key in SETTING_KEYS}
+    shown.update({f"lora.{k}": value_at(settings, f"lora.{k}") for k in LORA_KEYS})
+    shown.update({k: value_at(settings, f"args.{k}") for k in ARG_KEYS})
+    rewards = value_at(settings, "rewards")
+    if rewards:
+        shown["rewards"] = ", ".join(
+            f"{value_at(r, 'name') or value_at(r, 'type')} x{value_at(r, 'weight') or 1}" for r in rewards
         )
-    return out
+    return {k: v for k, v in shown.items() if v is not None}
 
 
 def flat_result(result) -> dict:

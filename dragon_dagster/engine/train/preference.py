@@ -27,16 +27,8 @@ from ..evaluate.plots import plot_loss
 from ..infer.generation import generate
 from . import distributed
 from .stage import ROW_SHAPES, TrainerStage, check_trains_on
-from .trainer import (
-    TrainingError,
-    TrainingJob,
-    apply_speed,
-    common_args,
-    lora_config,
-    prepare,
-    progress_callback,
-    run_trainer,
-)
+from .trainer import TrainingError, TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
+from .trl_config import TrainerRun, trl_config
 
 
 class PreferenceArgs(TrainArgs):
@@ -78,6 +70,16 @@ class PreferenceStage(TrainerStage):
 
     def check_inputs(self, pipeline) -> None:
         check_trains_on(self, pipeline)
+
+
+PREFERENCE_NAMES = {"args.max_seq_len": "max_length"}  # what the preference kinds name otherwise than TRL
+
+
+def preference_config(config_class: type, settings: PreferenceStage, run: TrainerRun, **given: Any):
+    """A preference kind's TRL config: its settings by name (beta and the kind's own; PREFERENCE_NAMES where
+    TRL's differ). given: what the kind sets from its rows (KTO's balanced weights)."""
+    # TRL's default, stated: why PreferenceStage refuses lora.dropout > 0
+    return trl_config(config_class, settings, run, PREFERENCE_NAMES, disable_dropout=True, **given)
 
 
 def refuse_lora_dropout(stage: TrainerStage) -> None:
@@ -160,7 +162,8 @@ class PreferenceMethod:
     result: ClassVar[type[PreferenceResult]] = PreferenceResult
     held_out: ClassVar[str] = "pairs"  # what the held-out rows are called in the log
 
-    def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
+    def trainer(self, job: TrainingJob, p, run: TrainerRun, callback, chunked: bool):
+        """The kind's TRL trainer, its config built by the kind's to_trl_config(job.settings, run)."""
         raise NotImplementedError
 
     def use_head(self, trainer, speed: dict) -> None:
@@ -180,14 +183,9 @@ def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMet
     settings, out = job.settings, Path(job.output_dir)
     callback = progress_callback(reporter, out)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
-    args = dict(
-        common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers),
-        beta=settings.beta,
-        max_length=p.args.max_seq_len,
-        disable_dropout=True,  # TRL's default, stated: why PreferenceStage refuses lora.dropout > 0
-    )
+    run = TrainerRun.of(job, p.speed, compiled_here=chunked, workers=p.workers)
     check_rows(settings, p.train_rows)
-    trainer = method.trainer(job, p, args, callback, chunked)
+    trainer = method.trainer(job, p, run, callback, chunked)
     speed = apply_speed(trainer, p.speed, chunked, reporter)
     if chunked:
         method.use_head(trainer, speed)

@@ -1,7 +1,7 @@
-"""What every trainer stage shares: TRL arguments from our settings, LoRA, progress, NaN and cancel handling.
+"""What every trainer stage shares: the rows and the starting model, LoRA, progress, NaN and cancel handling.
 
-Each training kind (stages/sft, stages/dpo, stages/grpo, ...) builds its TRL trainer and summarizes it; the rest
-lives here.
+Each training kind (stages/sft, stages/dpo, stages/grpo, ...) builds its TRL config (its trl_config.py, on
+train/trl_config.py), its trainer, and summarizes it; the rest lives here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from ..config.job import Job, TrainingInputs
 from ..config.reporter import Reporter, StepProgress
 from ..config.training import Lora, TrainArgs
 from ..data.tables import read_jsonl
-from ..models import load_model, load_tokenizer, pick_device, pick_dtype
+from ..models import load_model, load_tokenizer, pick_device
 from . import distributed
 from .stage import TrainerStage
 
@@ -178,19 +178,6 @@ def carry_history(trainer, callback, checkpoint: str, out_dir: Path, reporter: R
     reporter.log(f"progress: {len(rows)} rows logged before step {step} carried over from {checkpoint}")
 
 
-def trainer_precision(hardware: Hardware) -> dict:
-    """bf16/fp16 flags for the trainer; TRL defaults to bf16 even on a CPU, which we do not want there."""
-    import torch
-
-    device = pick_device(hardware)
-    dtype = pick_dtype(hardware, device)
-    return {
-        "use_cpu": device == "cpu",
-        "bf16": dtype == torch.bfloat16 and device != "cpu",
-        "fp16": dtype == torch.float16 and device != "cpu",
-    }
-
-
 def lora_config(lora: Lora, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):
     """The adapter's PEFT config. A reward model passes SEQ_CLS and its new `score` head, trained in full and saved
     with the adapter (modules_to_save)."""
@@ -203,43 +190,6 @@ def lora_config(lora: Lora, task_type: str = "CAUSAL_LM", modules_to_save: list[
         target_modules=lora.peft_target_modules(),
         task_type=task_type,
         modules_to_save=modules_to_save,
-    )
-
-
-def common_args(
-    args: TrainArgs,
-    hardware: Hardware,
-    checkpoint_dir: str,
-    speed: Speed | None = None,
-    compiled_here: bool = False,
-    workers: int = 1,
-) -> dict:
-    """Trainer arguments every stage shares, from dragon_train_args-style settings.
-
-    compiled_here: the stage compiled its model itself (lm_head.use_chunked), so the trainer must not again.
-    workers: data-parallel ranks; args.batch_size is the global batch, so each rank takes its share.
-    """
-    return dict(
-        torch_compile=bool(speed and speed.torch_compile and not compiled_here),
-        output_dir=checkpoint_dir,
-        num_train_epochs=args.epochs,
-        max_steps=args.max_steps or -1,
-        per_device_train_batch_size=distributed.split_batch(args.batch_size, workers),
-        gradient_accumulation_steps=args.grad_accum,
-        learning_rate=args.learning_rate,
-        warmup_steps=args.warmup_ratio,
-        weight_decay=args.weight_decay,
-        logging_steps=args.logging_steps,
-        logging_first_step=True,
-        save_strategy="steps",
-        save_steps=args.save_steps,
-        save_total_limit=2,
-        # transformers 5 renamed it (the old name warns and is mirrored); our setting keeps the familiar name
-        activation_checkpointing=args.gradient_checkpointing,
-        seed=args.seed,
-        report_to="none",
-        logging_nan_inf_filter=False,
-        **trainer_precision(hardware),
     )
 
 

@@ -1,9 +1,9 @@
 """DPO's loss types (stages/dpo/settings.py) on the chunked preference head, against TRL's own fused head.
 
-Each loss type is set on the stage's settings and reaches DPOTrainer through loss_config() and DPOConfig. Two
-trainers are built on the tiny model with the same LoRA weights: TRL's (its fused head) and one whose head is
-the project's chunked one (use_chunked_head, paired, with unpad: a pair's common prompt runs once). Both get the
-same collated batch, and compute_loss must give the same loss and gradients.
+Each loss type is set on the stage's settings and reaches DPOTrainer through DPOConfig by its name
+(stages/dpo/trl_config.py). Two trainers are built on the tiny model with the same LoRA weights: TRL's (its fused
+head) and one whose head is the project's chunked one (use_chunked_head, paired, with unpad: a pair's common prompt
+runs once). Both get the same collated batch, and compute_loss must give the same loss and gradients.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import torch
 from pydantic import ValidationError
 
 from dragon_dagster.engine.stages.dpo.settings import DPO, DPOLoss
+from dragon_dagster.engine.train.trl_config import settings_arguments
 
 LOSSES = {name: {"loss_type": name} for name in DPOLoss.__args__}
 LOSSES["exo_pair"] = {"loss_type": "exo_pair", "label_smoothing": 1e-3}  # EXO needs its ε above 0
@@ -32,6 +33,14 @@ PAIRS = [  # two pairs share a prompt (they run it once with unpad), replies of 
     ("The door lock beeps twice.", "Two beeps mean a low battery: replace the four AA cells.", "Ignore it."),
     ("How do I pair the hub?", "Open the app, tap Add device, and hold the hub's button.", "Call us."),
 ]
+
+
+def loss_config(settings: DPO) -> dict:
+    """The loss fields as the stage passes them to DPOConfig (by their names)."""
+    from trl import DPOConfig
+
+    own = ("loss_type", "loss_weights", "label_smoothing", "discopop_tau")
+    return {k: v for k, v in settings_arguments(settings, DPOConfig).items() if k in own}
 
 
 def stage(**variant) -> DPO:
@@ -74,7 +83,7 @@ def build(tiny_model, tmp_path_factory):
             bf16=False,  # as common_args sets it on a CPU
             report_to=[],
             disable_dropout=True,
-            **stage(**variant).loss_config(),
+            **loss_config(stage(**variant)),
         )
         trainer = DPOTrainer(
             model=model,
@@ -164,12 +173,12 @@ def test_the_settings_reach_dpo_config_with_trls_defaults():
     from trl import DPOConfig
 
     defaults = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(DPOConfig)}
-    config = stage().loss_config()
+    config = loss_config(stage())
     assert config == {name: defaults[name] for name in config}
     chosen = {"loss_type": ["robust", "sft"], "loss_weights": [1.0, 0.5], "label_smoothing": 0.1}
-    made = DPOConfig(output_dir="unused", use_cpu=True, bf16=False, **stage(**chosen).loss_config())
+    made = DPOConfig(output_dir="unused", use_cpu=True, bf16=False, **loss_config(stage(**chosen)))
     assert {name: getattr(made, name) for name in chosen} == chosen
-    assert stage(loss_type="ipo").loss_config()["loss_type"] == ["ipo"]  # one loss type needs no list
+    assert loss_config(stage(loss_type="ipo"))["loss_type"] == ["ipo"]  # one loss type needs no list
 
 
 def test_the_loss_types_are_the_ones_trl_documents():
@@ -212,14 +221,15 @@ def test_the_worker_passes_the_loss_to_dpo_config(tiny_model, tmp_path, monkeypa
     class Stop(Exception):
         pass
 
-    def config(**kwargs):
-        seen.update(kwargs)
-        raise Stop
+    class Config(trl.DPOConfig):  # TRL's class, stopped once built: what it was given is what the worker passes
+        def __post_init__(self):
+            seen.update(vars(self))
+            raise Stop
 
-    monkeypatch.setattr(trl, "DPOConfig", config)
+    monkeypatch.setattr(trl, "DPOConfig", Config)
     with pytest.raises(Stop):
         train_dpo(job, Reporter())
-    assert {k: seen[k] for k in settings.loss_config()} == settings.loss_config()
+    assert {k: seen[k] for k in loss_config(settings)} == loss_config(settings)
     assert seen["loss_type"] == ["ipo", "sft"] and seen["loss_weights"] == [1.0, 0.3] and seen["beta"] == 0.1
 
 

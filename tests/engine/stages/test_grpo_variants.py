@@ -1,11 +1,12 @@
 """GRPO's loss variants (stages/grpo/variants.py) on this project's fast paths, against TRL's own computation.
 
-Each variant is set the way a pipeline sets it, on the stage's settings, and reaches the trainer through
-variant_config() and GRPOConfig. Two trainers are built on the tiny model with the same LoRA weights: TRL's path
-(the chunked head off) and FastGRPOTrainer with the chunked head and unpad on. Both get the same fixed batch, the
-dict _generate_and_score_completions returns, and compute_loss must give the same loss and gradients. The
-variants that act before the loss (scale_rewards, mask_truncated_completions, num_iterations) are run through
-_generate_and_score_completions on the fast trainer, grouped sampling on, and what it hands the loss is checked.
+Each variant is set the way a pipeline sets it, on the stage's settings, and reaches the trainer through GRPOConfig,
+each field by its name (stages/grpo/trl_config.py). Two trainers are built on the tiny model with the same LoRA
+weights: TRL's path (the chunked head off) and FastGRPOTrainer with the chunked head and unpad on. Both get the same
+fixed batch, the dict _generate_and_score_completions returns, and compute_loss must give the same loss and
+gradients. The variants that act before the loss (scale_rewards, mask_truncated_completions, num_iterations) are run
+through _generate_and_score_completions on the fast trainer, grouped sampling on, and what it hands the loss is
+checked.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 from dragon_dagster.engine.stages.grpo.settings import GRPO
 from dragon_dagster.engine.stages.grpo.variants import GRPOVariants
 from dragon_dagster.engine.train.reinforce.settings import ReinforceStage
+from dragon_dagster.engine.train.trl_config import settings_arguments
 
 G = 4  # completions per prompt
 C = 6  # completion columns of the fixed batch
@@ -45,6 +47,14 @@ VARIANTS = {
     "sapo_temperatures": {"loss_type": "sapo", "sapo_temperature_pos": 2.0, "sapo_temperature_neg": 0.5},
     "vespo_shape": {"loss_type": "vespo", "vespo_k_pos": 1.0, "vespo_lambda_neg": 4.0},
 }
+
+
+def variant_config(settings: GRPO) -> dict:
+    """The loss variant's fields as the stage passes them to GRPOConfig (by their names)."""
+    from trl import GRPOConfig
+
+    own = set(GRPOVariants.model_fields) - set(ReinforceStage.model_fields)
+    return {k: v for k, v in settings_arguments(settings, GRPOConfig).items() if k in own}
 
 
 def stage(**variant) -> GRPO:
@@ -107,7 +117,7 @@ def build(tiny_model, tokenizer, tmp_path_factory):
         trainer = grpo_trainer()(
             model=model,
             reward_funcs=[reward],
-            args=GRPOConfig(**args, **stage(**variant).variant_config()),
+            args=GRPOConfig(**args, **variant_config(stage(**variant))),
             train_dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "hi"}]}] * 8),
             processing_class=tokenizer,
         )
@@ -327,7 +337,7 @@ def test_the_settings_reach_grpo_config_with_trls_defaults():
     from trl import GRPOConfig
 
     trl_defaults = {f.name: f.default for f in fields(GRPOConfig)}
-    config = stage().variant_config()
+    config = variant_config(stage())
     assert set(config) == set(GRPOVariants.model_fields) - set(ReinforceStage.model_fields)
     assert config == {name: trl_defaults[name] for name in config}  # unset, a stage trains as TRL would
     chosen = {
@@ -341,7 +351,7 @@ def test_the_settings_reach_grpo_config_with_trls_defaults():
         "num_iterations": 3,
         "top_entropy_quantile": 0.5,
     }
-    made = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **stage(**chosen).variant_config())
+    made = GRPOConfig(output_dir="unused", use_cpu=True, bf16=False, **variant_config(stage(**chosen)))
     assert {name: getattr(made, name) for name in chosen} == chosen
 
 
@@ -381,14 +391,15 @@ def test_the_worker_passes_the_variant_to_grpo_config(tiny_model, tmp_path, monk
     class Stop(Exception):
         pass
 
-    def config(**kwargs):
-        seen.update(kwargs)
-        raise Stop
+    class Config(trl.GRPOConfig):  # TRL's class, stopped once built: what it was given is what the worker passes
+        def __post_init__(self):
+            seen.update(vars(self))
+            raise Stop
 
-    monkeypatch.setattr(trl, "GRPOConfig", config)
+    monkeypatch.setattr(trl, "GRPOConfig", Config)
     with pytest.raises(Stop):
         train_grpo(job, Reporter())
-    assert {k: seen[k] for k in settings.variant_config()} == settings.variant_config()
+    assert {k: seen[k] for k in variant_config(settings)} == variant_config(settings)
     assert seen["loss_type"] == "cispo" and seen["epsilon_high"] == 4.0 and seen["num_iterations"] == 2
 
 

@@ -5,6 +5,7 @@ import json
 import math
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -12,6 +13,7 @@ from dagster import DagsterInstance
 
 from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.engine.artifacts.manifest import AdapterManifest, DatasetManifest, read_manifest
+from dragon_dagster.engine.config.hardware import Hardware
 from dragon_dagster.engine.data.tables import DataError, RatedMapping, map_rated, parse_label, unpaired
 from dragon_dagster.engine.pipeline import PipelineError, load, parse
 from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
@@ -91,6 +93,7 @@ def test_a_preference_kind_refuses_the_other_kind_of_rows():
     from dragon_dagster.engine.stages.kto.worker import KTOMethod
     from dragon_dagster.engine.train.preference import check_rows
     from dragon_dagster.engine.train.trainer import TrainingError
+    from dragon_dagster.engine.train.trl_config import TrainerRun
 
     rated = [{"prompt": [], "completion": [], "label": True}]
     dpo = DPO(name="s", kind="dpo", dataset="d")
@@ -99,7 +102,9 @@ def test_a_preference_kind_refuses_the_other_kind_of_rows():
         check_rows(dpo, rated)  # a dpo stage handed rated replies at run time
     with pytest.raises(TrainingError, match="kto needs at least 2 rows per device step.*this run has 1"):
         # batch_size 2 split over 2 workers: refused before the trainer is built
-        KTOMethod().trainer(None, None, {"per_device_train_batch_size": 1}, None, chunked=False)
+        job = SimpleNamespace(settings=KTO(name="s", kind="kto", dataset="d", args={"batch_size": 2}))
+        run = TrainerRun(Hardware(device="cpu"), "unused", workers=2)
+        KTOMethod().trainer(job, None, run, None, chunked=False)
     check_rows(kto, rated)
 
 

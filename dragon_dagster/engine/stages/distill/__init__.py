@@ -14,5 +14,6 @@ KIND = StageKind(
     DistillResult,
     f"{__name__}.worker:train_distill",
     distill_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="On-policy distillation from a teacher model into a LoRA student (TRL DistillationTrainer).",
 )

@@ -26,15 +26,16 @@ from ...train.trainer import (
     TrainingError,
     TrainingJob,
     apply_speed,
-    common_args,
     lora_config,
     prepare,
     progress_callback,
     run_trainer,
 )
+from ...train.trl_config import TrainerRun
 from .divergence import mean_divergence
 from .result import DistillResult, ModelFigures
 from .settings import TEACHER
+from .trl_config import to_trl_config
 
 
 def load_teacher(job: TrainingJob):
@@ -81,7 +82,7 @@ def measure(model, tokenizer, rows: list[dict], settings, max_len: int) -> tuple
 
 def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
     from datasets import Dataset
-    from trl import DistillationConfig, DistillationTrainer
+    from trl import DistillationTrainer
 
     settings = job.settings
     teacher, teacher_tokenizer, teacher_name = load_teacher(job)
@@ -95,14 +96,7 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
     student = "the chain so far" if settings.student == "chain" else "a fresh adapter"
     reporter.log(f"teacher: {teacher_name}; student: {student}")
     out = Path(job.output_dir)
-    args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, workers=p.workers)
-    config = DistillationConfig(
-        **args,
-        beta=settings.beta,
-        temperature=settings.temperature,
-        max_completion_length=settings.max_new_tokens,
-        log_completions=False,
-    )
+    config = to_trl_config(settings, TrainerRun.of(job, p.speed, workers=p.workers))
     callback = progress_callback(reporter, out)
     trainer = DistillationTrainer(
         model=p.model,

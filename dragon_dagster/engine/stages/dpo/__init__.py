@@ -13,5 +13,6 @@ KIND = StageKind(
     DPOResult,
     f"{__name__}.worker:train_dpo",
     adapter_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="Direct Preference Optimization on pairs (TRL DPOTrainer).",
 )

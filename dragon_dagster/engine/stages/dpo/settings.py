@@ -105,12 +105,3 @@ class DPO(PreferenceStage):
                 "or change loss_type"
             )
         return self
-
-    def loss_config(self) -> dict[str, Any]:
-        """The loss settings as DPOConfig keyword arguments (each field is TRL's argument of the same name)."""
-        return {
-            "loss_type": list(self.loss_type),
-            "loss_weights": None if self.loss_weights is None else list(self.loss_weights),
-            "label_smoothing": self.label_smoothing,
-            "discopop_tau": self.discopop_tau,
-        }

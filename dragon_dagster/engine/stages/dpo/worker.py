@@ -6,16 +6,18 @@ from ...config.reporter import Reporter
 from ...train.preference import PreferenceMethod, PreferenceResult, train_preference, trainer_parts
 from ...train.preference_head import use_chunked_head
 from ...train.trainer import TrainingJob
+from ...train.trl_config import TrainerRun
 from .result import DPOResult
+from .trl_config import to_trl_config
 
 
 class DPOMethod(PreferenceMethod):
     result = DPOResult
 
-    def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
-        from trl import DPOConfig, DPOTrainer
+    def trainer(self, job: TrainingJob, p, run: TrainerRun, callback, chunked: bool):
+        from trl import DPOTrainer
 
-        config = DPOConfig(**args, **job.settings.loss_config())
+        config = to_trl_config(job.settings, run)
         return DPOTrainer(model=p.model, ref_model=None, args=config, **trainer_parts(p, callback))
 
     def use_head(self, trainer, speed: dict) -> None:

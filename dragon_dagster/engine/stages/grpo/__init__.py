@@ -13,5 +13,6 @@ KIND = StageKind(
     GRPOResult,
     f"{__name__}.worker:train_grpo",
     reinforce_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="Reinforcement learning with verifiable rewards (TRL GRPOTrainer).",
 )

@@ -3,7 +3,7 @@ variants (variants.py) and tools in the rollouts; what it shares with rloo is tr
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field
 
@@ -48,9 +48,6 @@ class GRPO(GRPOVariants):
         "sampling, without its resampling): they carry no advantage, and counted in the loss's token average "
         "they only dilute the groups that do. The share dropped per step is logged (flat_groups_dropped).",
     )
-
-    def trainer_config(self) -> dict[str, Any]:
-        return self.variant_config()
 
     def drops_flat_groups(self) -> bool:
         return self.drop_flat_groups

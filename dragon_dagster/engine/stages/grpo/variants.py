@@ -1,6 +1,6 @@
 """The grpo kind's loss variants: TRL GRPOConfig's loss settings, typed, described and checked together.
 
-GRPO extends GRPOVariants (settings.py); the worker passes variant_config() to GRPOConfig. Every default is
+GRPO extends GRPOVariants (settings.py); each field reaches GRPOConfig by its name (trl_config.py). Every default is
 TRL 1.16's, so a stage that sets none of them trains as TRL would. A combination that TRL would run but that
 cannot do what the setting says (a clip bound below the other, a parameter of a loss the stage does not use) is
 refused here, when the pipeline loads, naming the stage.
@@ -14,7 +14,7 @@ them (num_iterations > 1 included). tests/engine/stages/test_grpo_variants.py co
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -180,9 +180,3 @@ class GRPOVariants(ReinforceStage):
                 "importance_sampling_level: sequence would only change its KL term: leave it at token"
             )
         return self
-
-    def variant_config(self) -> dict[str, Any]:
-        """These settings as GRPOConfig keyword arguments (each field is TRL's argument of the same name)."""
-        return {
-            name: getattr(self, name) for name in GRPOVariants.model_fields if name not in ReinforceStage.model_fields
-        }

@@ -1,5 +1,6 @@
-"""The grpo kind's worker: TRL's GRPOTrainer and GRPOConfig in the run every reinforcement kind shares
-(train/reinforce/worker.py), the loss variants and tools from the stage's settings.
+"""The grpo kind's worker: TRL's GRPOTrainer in the run every reinforcement kind shares
+(train/reinforce/worker.py), its GRPOConfig built from the stage's settings (trl_config.py): the loss variants
+and tools.
 
 Each prompt is answered group_size times; a completion's advantage is its reward against its group's
 mean (scaled as scale_rewards says), so a group whose completions all score the same teaches nothing (the reason
@@ -12,9 +13,10 @@ from ...config.reporter import Reporter
 from ...train.reinforce.worker import train_reinforce
 from ...train.trainer import TrainingJob
 from .result import GRPOResult
+from .trl_config import to_trl_config
 
 
 def train_grpo(job: TrainingJob, reporter: Reporter) -> GRPOResult | None:
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
-    return train_reinforce(job, reporter, GRPOTrainer, GRPOConfig, GRPOResult)
+    return train_reinforce(job, reporter, GRPOTrainer, to_trl_config, GRPOResult)

@@ -13,5 +13,6 @@ KIND = StageKind(
     KTOResult,
     f"{__name__}.worker:train_kto",
     adapter_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="Kahneman-Tversky Optimization on liked or disliked replies (TRL KTOTrainer).",
 )

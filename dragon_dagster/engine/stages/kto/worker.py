@@ -11,32 +11,34 @@ from ...train import distributed
 from ...train.preference import PreferenceMethod, PreferenceResult, train_preference, trainer_parts
 from ...train.preference_head import use_chunked_head
 from ...train.trainer import TrainingError, TrainingJob
+from ...train.trl_config import TrainerRun
 from .result import KTOResult
-from .settings import KTO
 from .trainer import shared_prompt_trainer
+from .trl_config import kto_weights, to_trl_config
 
 
 class KTOMethod(PreferenceMethod):
     result = KTOResult
     held_out = "rated replies"
 
-    def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
+    def trainer(self, job: TrainingJob, p, run: TrainerRun, callback, chunked: bool):
         from datasets import Dataset
-        from trl import KTOConfig, KTOTrainer
+        from trl import KTOTrainer
 
-        if args["per_device_train_batch_size"] < 2:
+        per_device = distributed.split_batch(job.settings.args.batch_size, run.workers)
+        if per_device < 2:
             raise TrainingError(
                 f"kto needs at least 2 rows per device step (it estimates its KL term from the other replies in a "
-                f"batch); this run has {args['per_device_train_batch_size']}: raise args.batch_size"
+                f"batch); this run has {per_device}: raise args.batch_size"
             )
         # shuffled: KTO reads batches in order (its KL term pairs each reply with another prompt of the same batch),
         # and rated files, unpaired pairs and feedback come grouped by label or prompt
         train = Dataset.from_list(unpaired(p.train_rows)).shuffle(seed=p.args.seed)
         evals = Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None
-        weights = kto_weights(job.settings, [bool(r["label"]) for r in train])
+        config = to_trl_config(job.settings, run, labels=[bool(r["label"]) for r in train])
         parts = trainer_parts(p, callback, train, evals)
         trainer_class = shared_prompt_trainer() if chunked else KTOTrainer
-        return trainer_class(model=p.model, ref_model=None, args=KTOConfig(**args, **weights), **parts)
+        return trainer_class(model=p.model, ref_model=None, args=config, **parts)
 
     def use_head(self, trainer, speed: dict) -> None:
         # paired: rated replies unpaired from preference pairs share their prompt, which then runs once
@@ -67,15 +69,6 @@ def train_kto(job: TrainingJob, reporter: Reporter) -> PreferenceResult | None:
 
 def mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
-
-
-def kto_weights(settings: KTO, labels: list[bool]) -> dict:
-    """KTO's loss weights: the stage's, else balanced so that liked x weight ~ disliked x weight (the KTO paper
-    asks for a ratio in [1, 4/3]); ratings are rarely balanced (people click thumbs up more often)."""
-    liked, disliked = sum(labels), len(labels) - sum(labels)
-    desirable = settings.desirable_weight or (min(1.0, disliked / liked) if liked and disliked else 1.0)
-    undesirable = settings.undesirable_weight or (min(1.0, liked / disliked) if liked and disliked else 1.0)
-    return {"desirable_weight": desirable, "undesirable_weight": undesirable}
 
 
 def kto_accuracy(model, tokenizer, rows: list[dict], beta: float, max_len: int) -> dict:

@@ -13,5 +13,6 @@ KIND = StageKind(
     ORPOResult,
     f"{__name__}.worker:train_orpo",
     adapter_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="Odds Ratio Preference Optimization on pairs (TRL ORPOTrainer).",
 )

@@ -7,17 +7,19 @@ from ...config.reporter import Reporter
 from ...train.preference import PreferenceMethod, PreferenceResult, train_preference, trainer_parts
 from ...train.preference_head import chunked_orpo_trainer
 from ...train.trainer import TrainingJob
+from ...train.trl_config import TrainerRun
 from .result import ORPOResult
+from .trl_config import to_trl_config
 
 
 class ORPOMethod(PreferenceMethod):
     result = ORPOResult
 
-    def trainer(self, job: TrainingJob, p, args: dict, callback, chunked: bool):
-        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    def trainer(self, job: TrainingJob, p, run: TrainerRun, callback, chunked: bool):
+        from trl.experimental.orpo import ORPOTrainer
 
         trainer_class = chunked_orpo_trainer() if chunked else ORPOTrainer
-        return trainer_class(model=p.model, args=ORPOConfig(**args), **trainer_parts(p, callback))
+        return trainer_class(model=p.model, args=to_trl_config(job.settings, run), **trainer_parts(p, callback))
 
     def use_head(self, trainer, speed: dict) -> None:
         trainer.unpad = speed["unpad"]

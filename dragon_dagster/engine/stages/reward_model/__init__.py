@@ -14,5 +14,6 @@ KIND = StageKind(
     RewardModelResult,
     f"{__name__}.worker:train_reward_model",
     reward_model_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="A learned reward: a scalar head trained on preference pairs (TRL RewardTrainer).",
 )

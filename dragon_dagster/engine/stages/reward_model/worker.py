@@ -15,8 +15,10 @@ from ...infer.reward_model import RewardScorer, load_scorer
 from ...models import load_tokenizer, pick_device, pick_dtype
 from ...train import distributed
 from ...train.preference import check_rows
-from ...train.trainer import TrainingError, TrainingJob, common_args, lora_config, progress_callback, run_trainer
+from ...train.trainer import TrainingError, TrainingJob, lora_config, progress_callback, run_trainer
+from ...train.trl_config import TrainerRun
 from .result import RewardModelResult
+from .trl_config import to_trl_config
 
 PROGRESS_COLUMNS = {"accuracy": "rm_accuracy", "margin": "rm_margin", "mean_reward": "mean_score"}
 
@@ -54,7 +56,7 @@ def ranking_figures(chosen: list[float], rejected: list[float]) -> dict:
 
 def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResult | None:
     from datasets import Dataset
-    from trl import RewardConfig, RewardTrainer
+    from trl import RewardTrainer
 
     from ...data.tables import read_jsonl
 
@@ -71,13 +73,7 @@ def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResul
     distributed.bind_device()
     model = load_classifier(inputs.model, job.hardware)
     callback = progress_callback(reporter, out, columns=PROGRESS_COLUMNS)
-    args = common_args(settings.args, job.hardware, inputs.checkpoint_dir, workers=distributed.world_size())
-    config = RewardConfig(
-        **args,
-        max_length=settings.args.max_seq_len,
-        disable_dropout=True,  # as the preference kinds: why lora.dropout above 0 is refused
-        center_rewards_coefficient=settings.center_rewards,
-    )
+    config = to_trl_config(settings, TrainerRun(job.hardware, inputs.checkpoint_dir, workers=distributed.world_size()))
     trainer = RewardTrainer(
         model=model,
         args=config,

@@ -14,5 +14,6 @@ KIND = StageKind(
     ReinforceResult,
     f"{__name__}.worker:train_rloo",
     reinforce_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="REINFORCE leave-one-out on verifiable or learned rewards (TRL RLOOTrainer).",
 )

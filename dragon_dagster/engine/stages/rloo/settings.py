@@ -9,7 +9,7 @@ RLOO paper), where GRPO adds it to the loss.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -61,8 +61,3 @@ class RLOO(ReinforceStage):
                 f"{where}: reward_clip_range {list(self.reward_clip_range)} must be [low, high] with low < high"
             )
         return self
-
-    def trainer_config(self) -> dict[str, Any]:
-        """RLOOConfig's own arguments, each TRL's argument of the same name."""
-        own = ("normalize_advantages", "reward_clip_range", "epsilon", "epsilon_high", "num_iterations")
-        return {name: getattr(self, name) for name in (*own, "mask_truncated_completions")}

@@ -13,5 +13,6 @@ KIND = StageKind(
     SFTResult,
     f"{__name__}.worker:train_sft",
     adapter_checks,
+    trl_config=f"{__name__}.trl_config:to_trl_config",
     summary="Supervised fine-tuning on chat rows (TRL SFTTrainer).",
 )

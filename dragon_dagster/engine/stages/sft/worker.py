@@ -17,15 +17,15 @@ from ...evaluate.plots import plot_loss
 from ...evaluate.replies import eval_metrics, evaluate_rows
 from ...tools.declare import Toolset, with_tools
 from ...train import distributed, lm_head
-from ...train.trainer import TrainingJob, apply_speed, common_args, lora_config, prepare, progress_callback, run_trainer
+from ...train.trainer import TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
+from ...train.trl_config import TrainerRun
 from . import turns
 from .result import SFTResult
 from .trainer import chunked_loss_trainer, resumable_trainer
+from .trl_config import to_trl_config
 
 
 def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
-    from trl import SFTConfig
-
     train_on = job.settings.train_on
     pipeline_tools = Toolset.from_input(job.inputs.tools)
 
@@ -37,14 +37,7 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     p = prepare(job, template=ready)
     reporter.log(f"loss on {train_on.replace('_', ' ')}; chat template rendering: {p.rendering}")
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
-    args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked, workers=p.workers)
-    config = SFTConfig(
-        **args,
-        max_length=p.args.max_seq_len,
-        **turns.loss_args(train_on),
-        packing=p.speed.packing == "on",
-        packing_strategy="bfd",
-    )
+    config = to_trl_config(job.settings, TrainerRun.of(job, p.speed, compiled_here=chunked, workers=p.workers))
     callback = progress_callback(reporter, Path(job.output_dir))
     trainer = (chunked_loss_trainer() if chunked else resumable_trainer())(
         model=p.model,

@@ -11,7 +11,12 @@ from pydantic import Field, model_validator
 from ...config.stage import METRICS_DOC, MetricNames, check_pass_k
 from ...config.training import TrainArgs
 from ...rewards import ACCURACY_TYPES, LEARNED_TYPES, Reward, RewardSpec, known_types
+from .. import distributed
 from ..stage import TrainerStage
+from ..trl_config import TrainerRun, trl_config
+
+# What every reinforcement kind names otherwise than TRL (beta and temperature are TRL's names too).
+REINFORCE_NAMES = {"group_size": "num_generations", "max_new_tokens": "max_completion_length"}
 
 
 class ReinforceArgs(TrainArgs):
@@ -199,10 +204,6 @@ class ReinforceStage(TrainerStage):
             ]
         return []
 
-    def trainer_config(self) -> dict[str, Any]:
-        """The kind's own keyword arguments of its TRL config, beside the ones every reinforcement kind sets."""
-        return {}
-
     def uses_tools(self) -> bool:
         """Whether the rollouts run the pipeline's tools (a kind whose trainer has TRL's tool loop)."""
         return False
@@ -211,3 +212,33 @@ class ReinforceStage(TrainerStage):
         """Whether groups whose completions all scored the same are left out of the loss (a kind whose trainer
         takes a token mask for its loss)."""
         return False
+
+
+def reinforce_config(config_class: type, settings: ReinforceStage, run: TrainerRun, **given: Any):
+    """A reinforcement kind's TRL config: its settings by name (REINFORCE_NAMES where TRL's differ); args.batch_size
+    counts prompts, so a rank's batch holds its share of them times group_size completions; speed's
+    generation_batch_size lets one sampling round feed several optimizer steps. given: what the worker sets from
+    the rewards and the tools."""
+    batch = per_worker_completions(settings.args.batch_size, settings.group_size, run.workers)
+    speed = run.speed
+    sampling = {"generation_batch_size": speed.generation_batch_size} if speed and speed.generation_batch_size else {}
+    return trl_config(
+        config_class,
+        settings,
+        run,
+        REINFORCE_NAMES,
+        per_device_train_batch_size=batch,
+        log_completions=False,
+        **sampling,
+        **given,
+    )
+
+
+def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
+    """Completions each worker scores per step: batch_size counts prompts across all workers (the global
+    batch), each answered group_size times; TRL gathers the rewards, so a group may span workers."""
+    return distributed.split_batch(
+        batch_size * group_size,
+        workers,
+        what=f"batch_size x group_size (completions per step, {batch_size} x {group_size})",
+    )

@@ -1,6 +1,6 @@
 """The reinforcement kinds' run (grpo, rloo): TRL's GRPOTrainer or RLOOTrainer on a LoRA adapter, with the
 rewards, the guard, the held-out scoring and the summary they share; each kind's worker names its trainer and
-config and adds its own settings (ReinforceStage.trainer_config).
+the function that builds its TRL config from its settings (stages/<kind>/trl_config.py).
 
 Each prompt is answered group_size times; a completion's advantage is its reward against its group's
 mean, so a group whose completions all score the same teaches nothing (the reason the bundled arithmetic
@@ -11,8 +11,10 @@ prompts sit where the model is right about half the time). Held-out prompts are 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from statistics import mean
+from typing import Any
 
 from ...artifacts import progress
 from ...config.reporter import Reporter
@@ -25,19 +27,12 @@ from ...text.matchers import MATCHERS
 from ...tools import template
 from ...tools.declare import Toolset
 from .. import distributed, lm_head
-from ..trainer import (
-    TrainingError,
-    TrainingJob,
-    apply_speed,
-    common_args,
-    lora_config,
-    prepare,
-    progress_callback,
-    run_trainer,
-)
+from ..trainer import TrainingError, TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
+from ..trl_config import TrainerRun
 from .checks import mean_clipped_ratio, suggest_max_new_tokens
 from .kl_control import AdaptiveKL, kl_control_callback
 from .result import ReinforceResult
+from .settings import per_worker_completions
 from .trainer import fast_trainer
 
 
@@ -99,16 +94,6 @@ def watched(rows: list[dict], texts: list[str], guard: RewardSet | None, metrics
         if pairs:
             out[name] = mean(MATCHERS[name](t, str(ref)) for t, ref in pairs)
     return out
-
-
-def per_worker_completions(batch_size: int, group_size: int, workers: int) -> int:
-    """Completions each worker scores per step: batch_size counts prompts across all workers (the global
-    batch), each answered group_size times; TRL gathers the rewards, so a group may span workers."""
-    return distributed.split_batch(
-        batch_size * group_size,
-        workers,
-        what=f"batch_size x group_size (completions per step, {batch_size} x {group_size})",
-    )
 
 
 def progress_columns(rewards: RewardSet) -> dict[str, str]:
@@ -250,11 +235,14 @@ def score_prompts(
 
 
 def train_reinforce(
-    job: TrainingJob, reporter: Reporter, trainer_class: type, config_class: type, result: type[ReinforceResult]
+    job: TrainingJob,
+    reporter: Reporter,
+    trainer_class: type,
+    to_config: Callable[..., Any],
+    result: type[ReinforceResult],
 ) -> ReinforceResult | None:
-    """Train job's stage with TRL's trainer class (GRPOTrainer, RLOOTrainer) and its config class: the held-out
-    prompts scored before and after, the rewards and the guard as every reinforcement kind has them; the kind's
-    own config arguments from its settings (trainer_config)."""
+    """Train job's stage with TRL's trainer class (GRPOTrainer, RLOOTrainer) and its kind's to_trl_config: the
+    held-out prompts scored before and after, the rewards and the guard as every reinforcement kind has them."""
     from datasets import Dataset
 
     rewards, guard = validate(job)
@@ -279,23 +267,9 @@ def train_reinforce(
         p.train_rows, difficulty = keep_mixed(p.model, p.tokenizer, p.train_rows, rewards, job.settings, reporter)
     out = Path(job.output_dir)
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
-    args = common_args(p.args, p.hardware, job.inputs.checkpoint_dir, p.speed, compiled_here=chunked)
-    args["per_device_train_batch_size"] = per_worker_completions(
-        p.args.batch_size, job.settings.group_size, p.workers
-    )  # batch_size counts prompts
-    if p.speed.generation_batch_size:  # one sampling round feeds several optimizer steps
-        args["generation_batch_size"] = p.speed.generation_batch_size
-    config = config_class(
-        **args,
-        num_generations=job.settings.group_size,
-        max_completion_length=job.settings.max_new_tokens,
-        temperature=job.settings.temperature,
-        beta=job.settings.beta,
-        reward_weights=rewards.weights(),
-        log_completions=False,
-        **({"max_tool_calling_iterations": toolset.max_calls} if toolset else {}),
-        **job.settings.trainer_config(),
-    )
+    run = TrainerRun.of(job, p.speed, compiled_here=chunked, workers=p.workers)
+    tool_calls = {"max_tool_calling_iterations": toolset.max_calls} if toolset else {}
+    config = to_config(job.settings, run, reward_weights=rewards.weights(), **tool_calls)
     callback = progress_callback(reporter, out, columns=progress_columns(rewards))
     kl_control = adaptive_kl(job.settings, p.args.batch_size * job.settings.group_size, reporter)
     funcs = watch_groups(trl_reward_funcs(rewards, on_error="zero"), job.settings.group_size, out)
