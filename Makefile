@@ -127,7 +127,10 @@ test-slow: install
 # moves to it: a throwaway venv holding only MLflow's packages (mlflow, mlflow-skinny, and mlflow-tracing where the
 # index has that version; without their dependencies) over .venv's site-packages (a .pth), so MLflow is the one
 # thing that differs. pip check lists first what of the new MLflow's requirements .venv does not meet.
+# MLFLOW_TESTS: more to run there (tests/assets/test_mlflow_run_life.py, test_mlflow_evaluation.py and
+# tests/engine/release/test_model_registry.py use MLflow's run life, GenAI evaluation and registry: 10 minutes more).
 MLFLOW ?=
+MLFLOW_TESTS ?= tests/resources/test_tracking*.py tests/resources/test_parent_runs.py
 MLFLOW_ENV := $(or $(TMPDIR),/tmp)/dragon-dagster-mlflow-upgrade
 test-mlflow-upgrade: install
 	@$(UV_SOURCES); set -e; rm -rf $(MLFLOW_ENV); $(VENV)/bin/uv venv -q --python $(PY) $(MLFLOW_ENV); \
@@ -140,8 +143,7 @@ test-mlflow-upgrade: install
 	    echo "no mlflow-tracing $$version on the index: mlflow-skinny $$version holds its modules too"; \
 	  echo "MLflow $$version (constraints.txt: $$(sed -n 's/^mlflow==//p' $(LOCK))) over .venv"; \
 	  $$new -m pip check | grep -i mlflow || echo "pip check: .venv meets MLflow $$version's requirements"; \
-	  PYTHONPATH=$(CURDIR) $$new -m pytest -q -ra -p no:cacheprovider -m "not slow" tests/resources/test_tracking*.py \
-	    tests/resources/test_parent_runs.py
+	  PYTHONPATH=$(CURDIR) $$new -m pytest -q -ra -p no:cacheprovider -m "not slow" $(MLFLOW_TESTS)
 
 # `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)
