@@ -198,7 +198,8 @@ class MLflowTracking(ConfigurableResource):
             tags={k: str(v) for k, v in tags.items() if v is not None},
             start_time=int(start_time * 1000) if start_time else None,
         )
-        client.log_batch(run.info.run_id, params=records.params(params))
+        if logged := records.params(params):
+            client.log_batch(run.info.run_id, params=logged)
         return run.info.run_id
 
     def parent_run(

@@ -45,6 +45,7 @@ def test_a_copied_or_moved_runs_dir_logs_into_itself(tmp_path):
     assert client.get_experiment_by_name("tiny").artifact_location == (copy / "mlartifacts" / "tiny").as_uri()
     for run_id in (first, second):  # the copied run moved along, and its artifact reads from the copy
         assert client.get_run(run_id).info.artifact_uri.startswith((copy / "mlartifacts").as_uri() + "/")
+        assert client.get_run(run_id).data.params == {"x": "1"}  # and keeps what it logged
     assert Path(client.download_artifacts(first, "note.txt", str(tmp_path / "dl"))).read_text() == "hello"
     assert client.get_logged_model(model.model_id).artifact_location.startswith((copy / "mlartifacts").as_uri() + "/")
 
