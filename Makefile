@@ -38,7 +38,7 @@ MLFLOW_PORT ?= 5000
 # links the demo prints and asset metadata carry point at these ports (resources/tracking.py reads them)
 export DAGSTER_PORT MLFLOW_PORT
 
-.PHONY: install demo test test-slow test-random lint check-lock lock docs ui clean
+.PHONY: install demo test test-slow test-random test-mlflow-upgrade lint check-lock lock docs ui clean
 
 install: $(STAMP) $(DAGSTER_HOME)/dagster.yaml
 
@@ -122,6 +122,28 @@ docs: install
 
 test-slow: install
 	$(PY) -m pytest -q -ra --durations=25 -m slow $(XDIST)
+
+# tracking's tests against the newest MLflow on the package index (MLFLOW=x.y.z for another) before constraints.txt
+# moves to it: a throwaway venv holding only MLflow's packages (mlflow, mlflow-skinny, and mlflow-tracing where the
+# index has that version; without their dependencies) over .venv's site-packages (a .pth), so MLflow is the one
+# thing that differs. pip check lists first what of the new MLflow's requirements .venv does not meet.
+# MLFLOW_TESTS: more to run there (tests/assets/test_mlflow_run_life.py, test_mlflow_evaluation.py and
+# tests/engine/release/test_model_registry.py use MLflow's run life, GenAI evaluation and registry: 10 minutes more).
+MLFLOW ?=
+MLFLOW_TESTS ?= tests/resources/test_tracking*.py tests/resources/test_parent_runs.py
+MLFLOW_ENV := $(or $(TMPDIR),/tmp)/dragon-dagster-mlflow-upgrade
+test-mlflow-upgrade: install
+	@$(UV_SOURCES); set -e; rm -rf $(MLFLOW_ENV); $(VENV)/bin/uv venv -q --python $(PY) $(MLFLOW_ENV); \
+	  new=$(MLFLOW_ENV)/bin/python; purelib='import sysconfig; print(sysconfig.get_path("purelib"))'; \
+	  echo "import site; site.addsitedir('$$($(PY) -c "$$purelib")')" > $$($$new -c "$$purelib")/project-venv.pth; \
+	  $(VENV)/bin/uv pip install -q --no-deps --python $$new "mlflow$(if $(MLFLOW),==$(MLFLOW))"; \
+	  version=$$($$new -c 'import importlib.metadata as m; print(m.version("mlflow"))'); \
+	  $(VENV)/bin/uv pip install -q --no-deps --python $$new mlflow-skinny==$$version; \
+	  $(VENV)/bin/uv pip install -q --no-deps --python $$new mlflow-tracing==$$version 2>/dev/null || \
+	    echo "no mlflow-tracing $$version on the index: mlflow-skinny $$version holds its modules too"; \
+	  echo "MLflow $$version (constraints.txt: $$(sed -n 's/^mlflow==//p' $(LOCK))) over .venv"; \
+	  $$new -m pip check | grep -i mlflow || echo "pip check: .venv meets MLflow $$version's requirements"; \
+	  PYTHONPATH=$(CURDIR) $$new -m pytest -q -ra -p no:cacheprovider -m "not slow" $(MLFLOW_TESTS)
 
 # `dg dev` is Dagster 1.13's way (`dagster dev` warns that it is superseded by it): it loads the project that
 # pyproject's [tool.dg.project] names (the same code location as workspace.yaml's, which `dagster dev -w` reads)

@@ -10,7 +10,7 @@ import json
 from dagster import AssetKey
 
 from ..engine.pipeline import Pipeline
-from ..resources.tracking import flatten
+from ..resources.tracking_records import flatten
 from .launchpad import run_settings
 from .sweep_tags import POINT_TAG as SWEEP_POINT_TAG
 from .sweep_tags import SETTINGS_TAG as SWEEP_SETTINGS_TAG

@@ -120,7 +120,7 @@ def mlflow_ui(host: str, port: int, dry_run: bool):
     if plan.store is None:
         click.echo(f"MLflow UI: {link}  (the tracking server in {plan.setting}: nothing to start here)")
         if not dry_run:
-            from ..resources.tracking import TrackingStoreError, check_store
+            from ..resources.tracking_store import TrackingStoreError, check_store
 
             try:
                 check_store(plan.address, plan.setting, timeout_s=5)
@@ -132,7 +132,7 @@ def mlflow_ui(host: str, port: int, dry_run: bool):
     click.echo(f"MLflow UI: {link}  (serving {without_password(plan.store)}; {plan.setting})")
     if dry_run:
         return
-    from ..resources.tracking import check_store
+    from ..resources.tracking_store import check_store
 
     check_store(plan.store, plan.setting)  # a database that does not answer: one line in seconds, not a traceback
     if plan.store.startswith("sqlite:///"):  # `mlflow ui` makes the file, not its folder

@@ -16,8 +16,8 @@ from pathlib import Path
 from ..engine.evaluate import metrics as task_metrics
 from ..engine.evaluate.per_row import MODELS, read_replies
 from ..engine.text.uris import without_password
+from .mlflow_scope import mlflow_scope
 from .run_colours import colour_tag
-from .tracking import mlflow_scope
 
 logger = logging.getLogger(__name__)
 # mlflow.genai.evaluate says at INFO that it turns tracing on for the evaluation and which integrations it traced

@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import getpass
 import logging
-import math
 import os
-import sqlite3
-import threading
 from collections.abc import Callable, Iterator
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from dagster import ConfigurableResource
-from pydantic import BaseModel, Field
+from pydantic import Field
 
-from ..engine.outages import CONNECT_TIMEOUT_S, StoreUnavailable, check_tracking_store
 from ..engine.release import model_registry as registry
-from ..engine.release.model_registry import RegistryError, local_path
 from ..engine.text.uris import TRAINING_VIEW, tracking_server, without_password
+from . import tracking_records as records
+from . import tracking_store as store
+from .mlflow_scope import mlflow_scope
 from .storage import default_runs_dir
 
 logger = logging.getLogger(__name__)
@@ -27,131 +25,10 @@ logger = logging.getLogger(__name__)
 # tables..."): a fresh sqlite store is made here on first use, as intended, and there is nothing for a user to do.
 logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
 
-
-class RelocatedStoreError(RuntimeError):
-    """The MLflow store points its artifacts outside the runs directory, at a place that is not ours."""
-
-
-class TrackingStoreError(StoreUnavailable, RegistryError):
-    """The tracking URI names a database or a tracking server that cannot be reached, refuses the connection, or
-    whose own database is down (one line naming the store, the setting, the host and the fix: engine/outages.py;
-    a RegistryError too: the registry lives there, and whoever handles a registry that does not answer handles
-    this)."""
-
-
 _CHECKED: set[str] = set()  # stores this process has connected to
-
-
-def check_store(uri: str, setting: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Reach the database or tracking server uri names once, within timeout_s. MLflow itself retries a store
-    that does not answer for minutes (about 100 s for a database, 4 min for a server, and as long for a server
-    whose database is down, which still answers /health), then fails with a traceback; this raises one
-    TrackingStoreError naming the store, the setting the URI came from, the URI without its password, the host,
-    the reason and the fix. A server is asked for one experiment, which reads its database. Other URIs (sqlite,
-    a file store, databricks) are not checked."""
-    check_tracking_store(uri, setting, TrackingStoreError, timeout_s)
-
-
-def rebase_experiment(db: Path, experiment_id: str, old: str, new: str) -> int:
-    """Point an experiment, its runs and its logged models from the artifact location old to new, in the
-    sqlite store db; returns how many runs moved. Idempotent, so concurrent callers agree."""
-    with closing(sqlite3.connect(db, timeout=60)) as conn, conn:  # one transaction, then closed
-        conn.execute(
-            "UPDATE experiments SET artifact_location = ? WHERE experiment_id = ? AND artifact_location = ?",
-            (new, int(experiment_id), old),
-        )
-        moved = {}
-        for table, column in (("runs", "artifact_uri"), ("logged_models", "artifact_location")):
-            if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone():
-                moved[table] = conn.execute(
-                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE experiment_id = ? AND "
-                    f"({column} = ? OR substr({column}, 1, ?) = ?)",
-                    (new, len(old) + 1, int(experiment_id), old, len(old) + 1, old + "/"),
-                ).rowcount
-    try:  # the client caches each run's artifact repository by run id
-        from mlflow.tracking._tracking_service import utils
-
-        utils._artifact_repos_cache.clear()
-    except (ImportError, AttributeError):
-        pass
-    return moved.get("runs", 0)
-
-
+_READY: set[str] = set()  # sqlite stores this process has seen created
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "finetuning"
 LEVEL_TAG = "level"  # sweep > pipeline (one per Dagster run) > stage: how the runs nest (mlflow.parentRunId)
-_READY: set[str] = set()  # sqlite stores this process has seen created
-
-
-def _create_store_once(uri: str, lock_path: Path) -> None:
-    """Create (migrate) a sqlite store under a file lock: two runs starting together on a new runs dir would
-    otherwise both run MLflow's migrations on one database and one of them fail ("table ... already exists")."""
-    import fcntl
-
-    from mlflow import MlflowClient
-
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with lock_path.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            MlflowClient(uri).search_experiments(max_results=1)  # creates and migrates the tables if needed
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    _READY.add(uri)
-
-
-_MLFLOW_GLOBALS = threading.Lock()  # mlflow's fluent state is one per process
-
-
-@contextmanager
-def mlflow_scope(uri: str, experiment_id: str) -> Iterator[None]:
-    """MLflow's global tracking URI and active experiment set to uri and experiment_id within the block, and
-    put back after it, $MLFLOW_TRACKING_URI included (mlflow.set_tracking_uri writes and unsets that variable).
-    Traces are flushed before the URI goes back: they are exported in the background, to the current URI."""
-    import mlflow
-    from mlflow.tracking import fluent
-    from mlflow.tracking._tracking_service import utils
-
-    with _MLFLOW_GLOBALS:
-        uri_before, env_before = utils._tracking_uri, os.environ.get("MLFLOW_TRACKING_URI")
-        experiment_before = fluent._active_experiment_id
-        try:
-            mlflow.set_tracking_uri(uri)
-            fluent._active_experiment_id = experiment_id
-            yield
-        finally:
-            try:
-                mlflow.flush_trace_async_logging()
-            finally:
-                fluent._active_experiment_id = experiment_before
-                mlflow.set_tracking_uri(uri_before)
-                if env_before is None:
-                    os.environ.pop("MLFLOW_TRACKING_URI", None)
-                else:
-                    os.environ["MLFLOW_TRACKING_URI"] = env_before
-
-
-def flatten(prefix: str, values: dict) -> dict[str, str]:
-    out = {}
-    for key, value in values.items():
-        name = f"{prefix}.{key}" if prefix else key
-        if isinstance(value, BaseModel):  # hardware, speed: the settings models, logged field by field
-            value = value.model_dump(mode="json")
-        if isinstance(value, dict):
-            out.update(flatten(name, value))
-        else:
-            out[name] = str(value)[:500]
-    return out
-
-
-def column_type(value) -> str:
-    """An MLflow column-spec type for a JSON value (messages and other nested values as string)."""
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "long"
-    if isinstance(value, float):
-        return "double"
-    return "string"
 
 
 def ui_url(ui: str, default_port: int, configured: str = "") -> str:
@@ -255,9 +132,10 @@ class MLflowTracking(ConfigurableResource):
 
         uri = self.uri
         if uri.startswith("sqlite:") and uri not in _READY:
-            _create_store_once(uri, self.root / ".mlflow.db.lock")
+            store.create_store_once(uri, self.root / ".mlflow.db.lock")
+            _READY.add(uri)
         elif uri not in _CHECKED:
-            check_store(uri, self.setting)
+            store.check_store(uri, self.setting)
             _CHECKED.add(uri)
         return MlflowClient(uri)
 
@@ -286,31 +164,10 @@ class MLflowTracking(ConfigurableResource):
             return client.get_experiment_by_name(pipeline).experiment_id
 
     def check_location(self, experiment) -> None:
-        """Keep the default store relocatable. MLflow stores absolute artifact locations, so a runs dir that
-        was moved or copied still points at the old one: an experiment of ours (<old runs dir>/mlartifacts/
-        <pipeline>) is rebased onto this runs dir, its runs with it; a location outside this runs dir that is
-        not ours is refused, never written into silently."""
+        """An experiment of the default store moved along with the runs dir, or refused when its artifacts are
+        elsewhere (tracking_store.keep_relocatable)."""
         expected = self.artifact_location(experiment.name)
-        stored = experiment.artifact_location or ""
-        if expected is None or stored == expected:
-            return
-        old = local_path(stored)
-        if old is not None and (old == self.root or self.root in old.parents):
-            return  # inside this runs dir: wherever it is, it moves with it
-        if old is not None and old.name == experiment.name and old.parent.name == "mlartifacts":
-            runs = rebase_experiment(self.root / "mlflow.db", experiment.experiment_id, stored, expected)
-            logger.warning(
-                f"MLflow experiment {experiment.name!r} pointed at {stored}, under another runs "
-                f"directory (this one was moved or copied): its artifact location and {runs} runs "
-                f"now point at {expected}"
-            )
-            return
-        raise RelocatedStoreError(
-            f"MLflow experiment {experiment.name!r} in {self.shown_uri} keeps its artifacts at {stored}, outside the "
-            f"runs directory {self.root}: logging would write there, not into {expected}. Fix: delete or rename "
-            f"that experiment (mlflow experiments delete/rename), or set the tracking resource's tracking_uri to "
-            f"the store that owns {stored}."
-        )
+        store.keep_relocatable(self.client(), experiment, expected, self.root, self.uri)
 
     def start_run(
         self,
@@ -341,12 +198,8 @@ class MLflowTracking(ConfigurableResource):
             tags={k: str(v) for k, v in tags.items() if v is not None},
             start_time=int(start_time * 1000) if start_time else None,
         )
-        from mlflow.entities import Param
-
-        flat = flatten("", params)
-        items = [Param(k, v) for k, v in flat.items()]
-        for start in range(0, len(items), 90):
-            client.log_batch(run.info.run_id, params=items[start : start + 90])
+        if logged := records.params(params):
+            client.log_batch(run.info.run_id, params=logged)
         return run.info.run_id
 
     def parent_run(
@@ -366,8 +219,6 @@ class MLflowTracking(ConfigurableResource):
         (every stage of a Dagster run asks for its run; the first creates it), before the lock is taken: making a
         sweep's run takes that lock itself. artifact: (file name, text) logged when it is created, so no run in
         the experiment is without one (MLflow's compare page fails on a run without artifacts)."""
-        import fcntl
-
         client = self.client()
         experiment = self.experiment_id(pipeline)
         query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in key.items())
@@ -383,9 +234,7 @@ class MLflowTracking(ConfigurableResource):
         if run_id:
             return run_id
         parent_id = parent() if parent is not None else None
-        self.root.mkdir(parents=True, exist_ok=True)
-        with (self.root / ".mlflow-parents.lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with store.file_lock(self.root / ".mlflow-parents.lock"):
             run_id = found()  # made by another step while this one waited
             if run_id:
                 return run_id
@@ -401,47 +250,15 @@ class MLflowTracking(ConfigurableResource):
     ) -> None:
         """finite_only=False keeps NaN and inf: a training step's NaN loss is worth seeing on the chart.
         model_id: an MLflow logged model the figures describe (shown on its page and its registered version)."""
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        metrics = [
-            Metric(k, float(v), now, step, model_id=model_id)
-            for k, v in values.items()
-            if isinstance(v, (int, float)) and (math.isfinite(v) or not finite_only)
-        ]
-        if metrics:
-            self.client().log_batch(run_id, metrics=metrics)
+        found = records.metrics(values, step, finite_only, model_id)
+        if found:
+            self.client().log_batch(run_id, metrics=found)
 
     def log_datasets(self, run_id: str, dataset_dir: Path, name: str, files: dict[str, Path]) -> None:
         """The run's data as MLflow dataset inputs (its Dataset column and lineage): one per split file, named
         after the dataset asset, with the file's digest and the artifact directory as its source. files: MLflow
         context ("training", "evaluation") -> JSONL file; missing files are left out."""
-        import hashlib
-        import json
-
-        from mlflow.entities import Dataset, DatasetInput, InputTag
-
-        inputs = []
-        for context, path in files.items():
-            if not Path(path).exists():
-                continue
-            data = Path(path).read_bytes()
-            rows = [json.loads(line) for line in data.splitlines() if line.strip()]
-            columns = sorted({key for row in rows for key in row})
-            first = {key: next((r[key] for r in rows if r.get(key) is not None), None) for key in columns}
-            dataset = Dataset(
-                name=name,
-                digest=hashlib.sha256(data).hexdigest()[:16],
-                source_type="local",
-                source=json.dumps({"uri": str(dataset_dir), "file": Path(path).name}),
-                schema=json.dumps(  # MLflow's column spec, which its dataset drawer shows
-                    {"mlflow_colspec": [{"name": c, "type": column_type(first[c]), "required": False} for c in columns]}
-                ),
-                profile=json.dumps({"num_rows": len(rows)}),
-            )
-            inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+        inputs = records.dataset_inputs(dataset_dir, name, files)
         if inputs:
             self.client().log_inputs(run_id, datasets=inputs)
 

@@ -1,7 +1,7 @@
 """MLflow on production stores: a real `mlflow server` with PostgreSQL as its backend store and its artifacts on
 S3-compatible storage (conftest's `postgres`, `moto_endpoint`, `start_mlflow_server`), and a tracking URI that
 names a database or a server that cannot be used, which is one clear error naming the setting and the host, with
-no password in it (MLflowTracking.client's check, resources/tracking.py)."""
+no password in it (MLflowTracking.client's check, resources/tracking_store.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dragon_dagster.engine.pipeline import load
 from dragon_dagster.engine.release.model_registry import RegistryError
 from dragon_dagster.engine.text.uris import without_password
 from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
-from dragon_dagster.resources.tracking import TrackingStoreError
+from dragon_dagster.resources.tracking_store import TrackingStoreError
 from tests.support import bucket_keys, closed_port, new_bucket, on_a_command_line, s3_env, write_pipeline
 
 WRONG = "not-the-Password-7x"  # distinctive, so finding it anywhere is meaningful
@@ -102,7 +102,8 @@ def test_a_wrong_database_password_fails_the_asset_with_that_error(postgres, tin
     [failure] = result.get_step_failure_events()
     error = failure.step_failure_data.error  # Dagster's "error while executing op", caused by ours
     assert failure.step_key == "tiny__sft_dataset" and error.cause.cls_name == "TrackingStoreError"
-    assert error.cause.message.startswith("dragon_dagster.resources.tracking.TrackingStoreError: MLflow's database")
+    qualified = "dragon_dagster.resources.tracking_store.TrackingStoreError"
+    assert error.cause.message.startswith(f"{qualified}: MLflow's database")
     assert "password authentication failed" in error.cause.message
     assert error.cause.cause is None and error.cause.context is None, "one error, not a chain"
     assert WRONG not in error.to_string()

@@ -1,6 +1,6 @@
 """The runs directory survives kills and moves: durable read-only artifacts, stale staging cleaned by owner,
-resume from the newest complete checkpoint, each run deleting only its own checkpoints, a relocatable MLflow
-store. Real directories, a real tiny training run and a real MLflow sqlite store throughout."""
+resume from the newest complete checkpoint, each run deleting only its own checkpoints (the MLflow store's own
+moves: tests/resources/test_tracking_relocation.py). Real directories and a real tiny training run throughout."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.runs import list_artifacts
 from dragon_dagster.engine.stages.sft import worker as sft
 from dragon_dagster.engine.train import trainer
-from dragon_dagster.resources import ArtifactStore, MLflowTracking
-from dragon_dagster.resources.tracking import RelocatedStoreError
+from dragon_dagster.resources import ArtifactStore
 from tests.support import sft_job as job
 from tests.support import ticket_files
 
@@ -306,68 +305,3 @@ def test_resume_skips_a_half_saved_newest_checkpoint(tiny_model, tmp_path):
     with pytest.raises(trainer.TrainingError, match="no complete checkpoint"):
         trainer.resume_point(str(ckpt_dir / "checkpoint-6"), Reporter())
     assert store.latest_checkpoint("tiny", "sft_adapter", log=logged.append) is None
-
-
-# ------------------------------------------------------------------------------------------------- MLflow
-
-
-def log_one(tracking: MLflowTracking, name: str, source: Path) -> str:
-    run_id = tracking.start_run("tiny", name, {"stage": name}, {"x": 1})
-    tracking.log_artifacts(run_id, [source])
-    tracking.end_run(run_id)
-    return run_id
-
-
-def artifact_files(runs: Path) -> list[Path]:
-    return sorted(p for p in (runs / "mlartifacts").rglob("*") if p.is_file())
-
-
-def test_a_copied_or_moved_runs_dir_logs_into_itself(tmp_path):
-    from mlflow import MlflowClient
-
-    note = tmp_path / "note.txt"
-    note.write_text("hello")
-    old = tmp_path / "a" / "runs"
-    first = log_one(MLflowTracking(runs_dir=str(old)), "first", note)
-    assert len(artifact_files(old)) == 1
-
-    copy = tmp_path / "b" / "runs"
-    shutil.copytree(old, copy)
-    tracking = MLflowTracking(runs_dir=str(copy))
-    second = log_one(tracking, "second", note)
-    assert len(artifact_files(old)) == 1  # nothing written into the original
-    assert len(artifact_files(copy)) == 2 and all(second in str(p) or first in str(p) for p in artifact_files(copy))
-    client = tracking.client()
-    assert client.get_experiment_by_name("tiny").artifact_location == (copy / "mlartifacts" / "tiny").as_uri()
-    for run_id in (first, second):  # the copied run moved along, and its artifact reads from the copy
-        assert client.get_run(run_id).info.artifact_uri.startswith((copy / "mlartifacts").as_uri() + "/")
-    assert Path(client.download_artifacts(first, "note.txt", str(tmp_path / "dl"))).read_text() == "hello"
-
-    third = log_one(MLflowTracking(runs_dir=str(old)), "third", note)  # the original keeps working on its own
-    assert len(artifact_files(old)) == 2 and any(third in str(p) for p in artifact_files(old))
-    assert len(artifact_files(copy)) == 2
-
-    moved = tmp_path / "c" / "runs"
-    moved.parent.mkdir()
-    copy.rename(moved)
-    fourth = log_one(MLflowTracking(runs_dir=str(moved)), "fourth", note)
-    assert len(artifact_files(moved)) == 3 and any(fourth in str(p) for p in artifact_files(moved))
-    assert not copy.exists() and len(artifact_files(old)) == 2
-    runs = MlflowClient(f"sqlite:///{moved / 'mlflow.db'}").search_runs(
-        [MLflowTracking(runs_dir=str(moved)).experiment_id("tiny")]
-    )
-    assert {r.info.run_name for r in runs} == {"first", "second", "fourth"}
-
-
-def test_an_artifact_location_that_is_not_ours_is_refused_by_name(tmp_path):
-    from mlflow import MlflowClient
-
-    runs = tmp_path / "runs"
-    tracking = MLflowTracking(runs_dir=str(runs))
-    foreign = (tmp_path / "somewhere-else" / "artifacts").as_uri()
-    MlflowClient(tracking.uri).create_experiment("tiny", artifact_location=foreign)
-    with pytest.raises(RelocatedStoreError) as info:
-        tracking.start_run("tiny", "sft_adapter", {}, {})
-    message = str(info.value)
-    assert foreign in message and str(runs) in message and "Fix:" in message
-    assert not (tmp_path / "somewhere-else").exists()
