@@ -39,7 +39,7 @@ from ..engine.artifacts.manifest import (
 )
 from ..engine.config.stage import StageInput
 from ..engine.data import tables as data_lib
-from ..engine.data.feedback_postgres import PostgresFeedbackStore
+from ..engine.data.feedback.store import FeedbackSource
 from ..engine.data.feedback_rows import (
     SKIP_REASONS,
     check_record,
@@ -51,8 +51,6 @@ from ..engine.data.feedback_rows import (
     unpaired_ratings,
     usable_records,
 )
-from ..engine.data.feedback_store import FeedbackStore
-from ..engine.data.trace_feedback import TraceFeedback
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.retraining import TASK_TOLERANCE, FeedbackEvaluate, Gate, skill_falls
 from ..engine.rewards import RewardError, RewardSet
@@ -73,7 +71,7 @@ from .stage_inputs import asset_ins, by_role, declared_ins, undeclared
 from .training import reward_model_inputs, run_training_stage
 
 
-def record_range(context, store: FeedbackStore | PostgresFeedbackStore | TraceFeedback) -> tuple[int, int]:
+def record_range(context, store: FeedbackSource) -> tuple[int, int]:
     """(first id, last id) of the records this run uses: from the run's tag, else everything so far."""
     tag = context.run.tags.get(RANGE_TAG) if context.run else None
     if tag:
