@@ -6,19 +6,36 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from contextlib import closing
 
+from dragon_dagster.engine.data.feedback import sqlite as sqlite_store
 from dragon_dagster.engine.data.feedback.records import SCHEMA_VERSION
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations, usable_records
 from tests.engine.data.feedback_support import CRAFTED, TOOL_TURNS, turns
 
 
-def test_the_file_is_wal_with_full_sync_and_the_current_layout(tmp_path):
+def test_the_file_is_wal_with_full_sync_and_the_current_layout(tmp_path, monkeypatch):
+    """WAL and synchronous=FULL on every connection the store writes with (a write record() acknowledged survives
+    a power cut, not only a killed process). SQLite's own default is FULL on this build, so a connection checked
+    as the store opens it would say FULL whatever the store set: here connections start at NORMAL, the default of
+    many builds and what WAL databases are often given, and only the store's own setting makes them FULL."""
+    connect = sqlite3.connect
+
+    def starting_at_normal(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    monkeypatch.setattr(sqlite_store.sqlite3, "connect", starting_at_normal)
     store = SQLiteFeedbackStore(tmp_path / "feedback" / "feedback.sqlite")
     assert store.count() == 0 and store.journal_mode() == "wal"
-    conn = store._connect()
+    conn = store._connect()  # what every read and write of the store runs on (_retry)
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
     conn.close()
+    with closing(starting_at_normal(tmp_path / "other.sqlite")) as conn:
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL: what the store's setting overrides
+    monkeypatch.undo()
     with sqlite3.connect(store.path) as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
