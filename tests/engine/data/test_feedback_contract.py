@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import re
 import signal
 import sqlite3
 import threading
@@ -101,22 +102,30 @@ def test_records_round_trip_with_their_ids_and_ranges(backend):
     assert backend.open().records() == rows
 
 
-def test_invalid_feedback_is_refused(backend):
+# Each refused record, and the words of its refusal: what a chat shows the person whose rating it was
+REFUSED = [
+    ({"verdict": "meh"}, "verdict must be one of ('up', 'down', 'edit'), got 'meh'"),
+    ({"verdict": "edit"}, "an 'edit' needs the improved reply text (non-empty)"),
+    ({"verdict": "edit", "edited": "  "}, "an 'edit' needs the improved reply text (non-empty)"),
+    ({"verdict": "up", "edited": "x"}, "edited text goes with verdict 'edit' only, not 'up'"),
+    ({"verdict": "up", "turns": []}, "turns must be a non-empty list of chat messages, got []"),
+    ({"verdict": "up", "turns": [{"role": "assistant", "content": "only"}]}, "turns must include a user turn"),
+    ({"verdict": "up", "turns": [{"role": "robot", "content": "x"}]}, "a chat message must be a dict with a role in"),
+    ({"verdict": "up", "reply": None}, "reply must be text, got None"),
+]
+
+
+def test_invalid_feedback_is_refused_naming_the_problem(backend):
+    """Each bad record is refused with a FeedbackError (a ValueError, which callers catch) saying what is wrong
+    with it, and nothing is stored."""
     store = backend.open()
-    for kwargs in (
-        {"verdict": "meh"},
-        {"verdict": "edit"},
-        {"verdict": "edit", "edited": "  "},
-        {"verdict": "up", "edited": "x"},
-        {"verdict": "up", "turns": []},
-        {"verdict": "up", "turns": [{"role": "assistant", "content": "only"}]},
-        {"verdict": "up", "turns": [{"role": "robot", "content": "x"}]},
-    ):
+    for kwargs, words in REFUSED:
         kwargs = {"conversation_id": "c", "turns": turns("q"), "reply": "r", **kwargs}
-        with pytest.raises(ValueError):
+        with pytest.raises(FeedbackError, match=re.escape(words)) as caught:
             store.record(**kwargs)
-    assert isinstance(FeedbackError("x"), ValueError)
-    assert store.count() == 0
+        assert isinstance(caught.value, ValueError), caught.value
+    assert store.count() == 0 and store.max_id() == 0
+    assert store.record("c", turns("q"), "r", "up") == 1  # the same call with good values is stored
 
 
 def test_over_long_messages_are_refused_with_the_limit(backend):
