@@ -249,7 +249,7 @@ class Loop:
 
         from dragon_dagster.assets.automation import retrain_job_name
         from dragon_dagster.assets.factory import build_pipeline_defs
-        from dragon_dagster.engine.data.feedback_store import FeedbackStore
+        from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
         from dragon_dagster.engine.pipeline import load
         from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 
@@ -267,7 +267,7 @@ class Loop:
         [self.job] = [j for j in self.parts["jobs"] if j.name == retrain_job_name(self.pipeline)]
         [self.sensor] = self.parts["sensors"]
         self.store_path = self.resources["store"].feedback_path(NAME)
-        self.feedback = FeedbackStore(self.store_path)
+        self.feedback = SQLiteFeedbackStore(self.store_path)
 
     def job_assets(self) -> list[str]:
         from dagster import Definitions

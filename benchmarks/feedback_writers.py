@@ -27,13 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dragon_dagster.engine.data.feedback_store import open_feedback_store  # noqa: E402
+from dragon_dagster.engine.data.feedback.opener import open_feedback_store  # noqa: E402
 
 OPENING = [{"role": "system", "content": "You answer support tickets."}, {"role": "user", "content": "Hello"}]
 
 
-def _write(where: str, name: str, worker: int, n: int, start, out) -> None:
-    store = open_feedback_store(where, name)
+def _write(url: str, path: str, name: str, worker: int, n: int, start, out) -> None:
+    store = open_feedback_store(url, name, path)
     start.wait(60)
     latencies = []
     for i in range(n):
@@ -48,11 +48,12 @@ def _write(where: str, name: str, worker: int, n: int, start, out) -> None:
     out.put(latencies)
 
 
-def run(where: str, name: str, writers: int, records: int) -> dict:
-    open_feedback_store(where, name).check()  # created before the clock starts
+def run(url: str, path: str, name: str, writers: int, records: int) -> dict:
+    """`url`: a PostgreSQL database (the `name` schema), or empty for the SQLite file at `path`."""
+    open_feedback_store(url, name, path).check()  # created before the clock starts
     ctx = multiprocessing.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=_write, args=(where, name, w, records, start, out)) for w in range(writers)]
+    procs = [ctx.Process(target=_write, args=(url, path, name, w, records, start, out)) for w in range(writers)]
     for p in procs:
         p.start()
     time.sleep(0.5)  # every writer connected and waiting
@@ -62,7 +63,7 @@ def run(where: str, name: str, writers: int, records: int) -> dict:
     wall = time.perf_counter() - began
     for p in procs:
         p.join(60)
-    stored = open_feedback_store(where, name).count()
+    stored = open_feedback_store(url, name, path).count()
     assert stored == writers * records, f"{stored} stored of {writers * records}"
     latencies.sort()
     return {
@@ -96,11 +97,11 @@ def main() -> None:
                 for backend in order:
                     n += 1
                     if backend == "sqlite":
-                        where, name = str(scratch / f"run{n}.sqlite"), ""
+                        url, path, name = "", str(scratch / f"run{n}.sqlite"), ""
                     else:
-                        where = args.postgres_url or server.create_database()
+                        url, path = args.postgres_url or server.create_database(), ""
                         name = f"bench{n}"
-                    got = run(where, name, writers, args.records)
+                    got = run(url, path, name, writers, args.records)
                     results[backend].setdefault(writers, []).append(got)
                     print(
                         f"round {r + 1} {backend:10s} {writers} writer(s): {got['records_per_s']:7.0f} records/s, "

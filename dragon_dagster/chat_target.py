@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .engine.data.feedback_store import FeedbackStore
+from .engine.data.feedback.store import FeedbackStore
 from .engine.infer.tracing import ChatTracer
 from .engine.tools.declare import Toolset
 from .resources.storage import ArtifactStore, default_runs_dir

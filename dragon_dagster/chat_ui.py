@@ -45,8 +45,9 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from .chat_target import ChatTarget  # noqa: E402
-from .engine.data.feedback_postgres import PostgresFeedbackStore  # noqa: E402
-from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E402
+from .engine.data.feedback.sqlite import SQLiteFeedbackStore  # noqa: E402
+from .engine.data.feedback.store import FeedbackStore  # noqa: E402
+from .engine.data.feedback_turns import FeedbackError  # noqa: E402
 from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
 from .engine.infer.tool_loop import turn_lines  # noqa: E402
@@ -515,7 +516,7 @@ class ChatHandlers:
 
 def build_app(
     backend: Backend | dict | str,
-    store: FeedbackStore | PostgresFeedbackStore | str | Path | None,
+    store: FeedbackStore | str | Path | None,
     model_label: str = "",
     model_name: str = "",
     system: str | None = None,
@@ -533,7 +534,7 @@ def build_app(
     every rating and edit an assessment on it (engine/infer/tracing.py)."""
     backend = as_backend(backend)
     if isinstance(store, str | Path):
-        store = FeedbackStore(store)
+        store = SQLiteFeedbackStore(store)
     h = ChatHandlers(backend, store, model_label, stream_delay=stream_delay, toolset=toolset, tracer=tracer)
     name = model_name or h.model_label
     where = f"`{shown(store.where)}`" if store is not None else "nowhere (no feedback store)"
@@ -701,7 +702,7 @@ def start(
 
 def launch(
     model: Backend | dict | str,
-    store_path: FeedbackStore | PostgresFeedbackStore | str | Path | None,
+    store_path: FeedbackStore | str | Path | None,
     host: str = "127.0.0.1",
     port: int = 7860,
     system: str | None = None,
@@ -722,7 +723,7 @@ def launch(
     `options` go to build_app (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app
     (serving in the background when block=False)."""
     backend = as_backend(model)
-    store = FeedbackStore(store_path) if isinstance(store_path, str | Path) else store_path
+    store = SQLiteFeedbackStore(store_path) if isinstance(store_path, str | Path) else store_path
     app = build_app(backend, store, model_label, model_name, system=system, context_turns=context_turns, **options)
     start(
         app,

@@ -1,5 +1,5 @@
 """The Gradio chat page: its handlers without a browser, then the real page in a real Chromium (Debian's,
-driven by Playwright) over a deterministic backend, with ratings and edits checked in a real FeedbackStore; and
+driven by Playwright) over a deterministic backend, with ratings and edits checked in a real SQLiteFeedbackStore; and
 its defences: a hostile reply stays text, every response has the security headers, the password keeps
 strangers out."""
 
@@ -15,7 +15,7 @@ from urllib.parse import urljoin
 import pytest
 
 from dragon_dagster import chat_ui
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.infer.backends import Backend
 from dragon_dagster.engine.infer.chat import Chat
 from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
@@ -70,7 +70,7 @@ def drain(gen, view=False):
 def test_handlers_turns_feedback_and_transcripts(tmp_path):
     import gradio as gr
 
-    backend, store = Echo(), FeedbackStore(tmp_path / "fb.db")
+    backend, store = Echo(), SQLiteFeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(backend, store, "echo-model", stream_delay=0)
     settings = ("Be brief.", 1, 0.7, 64)
 
@@ -152,7 +152,7 @@ def test_a_rating_shows_counts_once_and_survives_a_reload_and_an_edit(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     tracer = ChatTracer(uri, client.create_experiment("chat", artifact_location=str(tmp_path / "traces")), user="ana")
-    store = FeedbackStore(tmp_path / "fb.db")
+    store = SQLiteFeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0, tracer=tracer)
     chat = drain(h.send("one", None, "", None, 0.7, 64))[2]
     chat = drain(h.send("two", chat, "", None, 0.7, 64))[2]
@@ -209,7 +209,7 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
 
     (tmp_path / "tools.py").write_text(ORDERS.format(counter=str(tmp_path / "calls.txt")))
     toolset = Toolset.from_settings(Tools(file=str(tmp_path / "tools.py")))
-    store = FeedbackStore(tmp_path / "fb.db")
+    store = SQLiteFeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(Caller(), store, "caller", stream_delay=0, toolset=toolset)
     _, shown, chat, status = drain(h.send("Where is A1042?", None, "", None, 0.0, 64))
     assert shown == [
@@ -288,7 +288,7 @@ class Words(Echo):
 def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     import gradio as gr
 
-    store = FeedbackStore(tmp_path / "fb.db")
+    store = SQLiteFeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(Words(), store, "words", stream_delay=0)
     settings = ("", None, 0.7, 64)
     steps = [shown_as_list(step) for step in h.send("go", None, *settings)]
@@ -408,7 +408,7 @@ def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
     same conversation. What comes back from the browser is checked like a transcript."""
     import gradio as gr
 
-    store = FeedbackStore(tmp_path / "fb.db")
+    store = SQLiteFeedbackStore(tmp_path / "fb.db")
     h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0)
     assert h.remember(None)["messages"] == []  # no conversation (a kept one that did not restore): an empty one
     chat = drain(h.send("hello", None, "Be brief.", None, 0.7, 64))[2]
@@ -600,8 +600,8 @@ class Pixel:
         self.server.server_close()
 
 
-class Slow(FeedbackStore):
-    """A FeedbackStore whose writes take `delay` seconds (a busy database): a thumb clicked while another is still
+class Slow(SQLiteFeedbackStore):
+    """A SQLiteFeedbackStore whose writes take `delay` seconds (a busy database): a thumb clicked while another is still
     being recorded."""
 
     delay = 0.0
@@ -756,7 +756,7 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
     experiment = client.create_experiment("chat", artifact_location=str(tmp_path / "traces"))
-    backend, store = Held(), FeedbackStore(tmp_path / "feedback.db")
+    backend, store = Held(), SQLiteFeedbackStore(tmp_path / "feedback.db")
     name = "models:/support@champion (version 3)"
     app = chat_ui.build_app(
         backend, store, "/runs/x/model", name, stream_delay=0.01, tracer=ChatTracer(uri, experiment)
@@ -881,7 +881,7 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
             self.seen.extend(conversations)
             return [reply for _ in conversations]
 
-    store = FeedbackStore(tmp_path / "feedback.db")
+    store = SQLiteFeedbackStore(tmp_path / "feedback.db")
     password = "open sesame 42"
     app = chat_ui.build_app(Hostile(), store, "hostile", stream_delay=0)
     url = chat_ui.start(app, port=free_port(), block=False, quiet=True, password=password, username="tester")

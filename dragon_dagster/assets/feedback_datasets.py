@@ -16,10 +16,8 @@ from dagster import BetaWarning, DataVersion, Failure, MetadataValue, Output, as
 
 from ..engine.artifacts.manifest import FeedbackDatasetManifest, write_manifest
 from ..engine.data import tables as data_lib
-from ..engine.data.feedback_postgres import PostgresFeedbackStore
+from ..engine.data.feedback.store import FeedbackSource
 from ..engine.data.feedback_rows import SKIP_REASONS, check_record
-from ..engine.data.feedback_store import FeedbackStore
-from ..engine.data.trace_feedback import TraceFeedback
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.objectives import FeedbackRange, Objective
 from ..resources import ArtifactStore, MLflowTracking
@@ -32,7 +30,7 @@ from .metadata import md_table
 PROVENANCE = ("id", "conversation_id", "turns_id", "verdict", "reply", "edited", "model", "created", "trace_id")
 
 
-def record_range(context, store: FeedbackStore | PostgresFeedbackStore | TraceFeedback) -> tuple[int, int]:
+def record_range(context, store: FeedbackSource) -> tuple[int, int]:
     """(first id, last id) of the records this run uses: from the run's tag, else everything so far."""
     tag = context.run.tags.get(RANGE_TAG) if context.run else None
     if tag:

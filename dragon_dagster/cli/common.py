@@ -50,7 +50,7 @@ def reach_feedback(pipeline: str) -> None:
     """The pipeline's feedback store, when $DRAGON_FEEDBACK_URL puts it in PostgreSQL, reached before the chat's
     imports (its model, MLflow, the page: 8 s of a busy machine): a server that is down or refuses the login is
     one line within seconds. The chat reaches it again when it starts (chat_target.feedback_store)."""
-    from ..engine.data.feedback_postgres import URL_SCHEMES, PostgresFeedbackStore
+    from ..engine.data.feedback.postgres import URL_SCHEMES, PostgresFeedbackStore
 
     url = os.environ.get("DRAGON_FEEDBACK_URL", "")
     if url.startswith(URL_SCHEMES):

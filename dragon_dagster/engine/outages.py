@@ -9,7 +9,7 @@ operating system lets it on a host that drops packets. None of them names the se
 is reached once, bounded (`CONNECT_TIMEOUT_S`, one request with no retry), before the work that needs it, and
 what went wrong is a `StoreUnavailable`: its message is the one line, its attributes the parts.
 
-Who raises one: the feedback store (data/feedback_postgres.py), MLflow's tracking store, a database or a tracking
+Who raises one: the feedback store (data/feedback/postgres.py), MLflow's tracking store, a database or a tracking
 server and the database behind it (resources/tracking.py), and Dagster's instance storage
 (cli/dagster_storage.py). The `dragon` command prints the line (`--debug`: the traceback, cli/group.py), the
 chat page shows it in its status line, the chat server's console prints it. The lowest layer, so that every store

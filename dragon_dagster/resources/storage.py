@@ -23,10 +23,9 @@ from ..engine.artifacts.directories import (
     staged_dir,
     staging_owner,
 )
-from ..engine.data.feedback_postgres import URL_SCHEMES, PostgresFeedbackStore
-from ..engine.data.feedback_store import FeedbackStore
+from ..engine.data.feedback.opener import open_feedback_store
+from ..engine.data.feedback.store import FeedbackStore
 from ..engine.runtime import remote
-from ..engine.text.uris import without_password
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +289,7 @@ class ArtifactStore(ConfigurableResource):
         """The pipeline's SQLite chat feedback store (append-only, WAL), used when no feedback URL is set."""
         return self.root / "feedback" / f"{pipeline}.sqlite"
 
-    def feedback_store(self, pipeline: str, ride_out_s: float = 60.0):
+    def feedback_store(self, pipeline: str, ride_out_s: float = 60.0) -> FeedbackStore:
         """The pipeline's chat feedback store: in PostgreSQL when feedback_url (or $DRAGON_FEEDBACK_URL) is a
         postgresql:// URL, else the SQLite file at feedback_path. ride_out_s: how long a PostgreSQL store, once
         reached, retries a server that went away (a restart) before its error."""
@@ -298,14 +297,7 @@ class ArtifactStore(ConfigurableResource):
             url, setting = self.feedback_url, "ArtifactStore.feedback_url"
         else:
             url, setting = os.environ.get(FEEDBACK_URL_ENV, ""), f"${FEEDBACK_URL_ENV}"
-        if not url:
-            return FeedbackStore(self.feedback_path(pipeline))
-        if not url.startswith(URL_SCHEMES):
-            raise ValueError(
-                f"{setting} must be a postgresql://user@host:port/database URL (empty: SQLite under the runs "
-                f"directory), got {without_password(url)!r}"
-            )
-        return PostgresFeedbackStore(url, pipeline, timeout=ride_out_s, setting=setting)
+        return open_feedback_store(url, pipeline, self.feedback_path(pipeline), setting=setting, timeout=ride_out_s)
 
     def checkpoints_root(self, pipeline: str, stage: str) -> Path:
         """checkpoints/<pipeline>/<stage>: one directory per Dagster run below it."""

@@ -5,7 +5,7 @@ from dagster import DagsterInstance, build_schedule_context, build_sensor_contex
 
 from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.launch import find_pipeline
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.resources import ArtifactStore
 
 
@@ -14,7 +14,7 @@ def test_the_bundled_sensor_and_schedule_skip_with_their_reason(tmp_path):
     parts = build_pipeline_defs(pipeline)
     [sensor_def], [schedule_def] = parts["sensors"], parts["schedules"]
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
-    feedback = FeedbackStore(store.feedback_path("support"))
+    feedback = SQLiteFeedbackStore(store.feedback_path("support"))
     with DagsterInstance.from_config(str(_home(tmp_path))) as instance:
         with build_schedule_context(instance=instance, resources={"store": store}) as context:
             nightly = schedule_def.evaluate_tick(context)

@@ -34,11 +34,11 @@ from dagster import AssetSelection, DagsterInstance, materialize
 
 from dragon_dagster.assets.automation import RANGE_TAG, feedback_records, last_used_id
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.engine.data.feedback_postgres import PostgresFeedbackStore
+from dragon_dagster.engine.data.feedback.postgres import PostgresFeedbackStore
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.resources import ArtifactStore
 from tests.assets.test_retraining import NAMES, tick
-from tests.engine.data.test_feedback_store import ROOT
+from tests.engine.data.feedback_support import ROOT
 from tests.support import CHROMIUM_ARGS, completion, free_port, healthy, wait_until, write_pipeline
 
 # a real PostgreSQL, two chat servers, six browser pages and a retraining (about 2 minutes of it) on 2 cores: 4-5 min

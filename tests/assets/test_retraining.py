@@ -25,7 +25,7 @@ from dagster import (
 from dragon_dagster.assets.automation import PIPELINE_TAG, RANGE_TAG, last_used_id
 from dragon_dagster.assets.factory import build_pipeline_defs
 from dragon_dagster.assets.promotion_gate import promotion_check
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.release.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 from tests.support import failed_message
 
@@ -86,7 +86,7 @@ def test_schedule_skips_then_sensor_fires_once_and_retraining_runs_end_to_end(ch
     parts, resources = parts_and_resources(materialized)
     instance = materialized["instance"]
     [sensor_def], [schedule_def] = parts["sensors"], parts["schedules"]
-    store = FeedbackStore(resources["store"].feedback_path("tiny"))
+    store = SQLiteFeedbackStore(resources["store"].feedback_path("tiny"))
 
     # no feedback yet: the schedule skips and says why
     with build_schedule_context(instance=instance, resources={"store": resources["store"]}) as context:
@@ -194,7 +194,7 @@ def test_failed_retraining_leaves_its_records_for_the_next_tick(materialized, tm
     instance = DagsterInstance.local_temp(str(tmp_path / "dagster_home"))  # schedule contexts need a stored one
     [sensor_def], [schedule_def] = parts["sensors"], parts["schedules"]
     store_resource = resources["store"]
-    store = FeedbackStore(store_resource.feedback_path("tiny"))
+    store = SQLiteFeedbackStore(store_resource.feedback_path("tiny"))
 
     store.record("c1", turns("Doorbell Cam does not ring the chime"), "Try turning it off.", "down")
     store.record("c1", turns("Doorbell Cam does not ring the chime"), "Re-pair the chime in Settings > Chime.", "up")
@@ -410,7 +410,7 @@ def test_retraining_on_unpaired_ratings_runs_kto_and_skips_what_has_no_records(m
         resources=resources,
         selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"]),
     ).success
-    store = FeedbackStore(store_resource.feedback_path("tiny"))
+    store = SQLiteFeedbackStore(store_resource.feedback_path("tiny"))
     subjects = [
         "Hub Pro blinks red",
         "Doorbell Cam lags",
@@ -500,7 +500,7 @@ def test_feedback_from_one_conversation_fails_before_training(materialized, tmp_
         "tracking": MLflowTracking(runs_dir=str(tmp_path / "runs")),
         "training": TrainingResource(device="cpu"),
     }
-    store = FeedbackStore(store_resource.feedback_path("tiny"))
+    store = SQLiteFeedbackStore(store_resource.feedback_path("tiny"))
     store.record("one", turns("Hub Pro blinks red"), "It is fine.", "down")
     store.record(
         "one",

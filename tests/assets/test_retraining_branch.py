@@ -5,7 +5,7 @@ gate after them do not run."""
 from dagster import DagsterEventType, DagsterInstance, materialize
 
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.pipeline import load
 from tests.support import write_pipeline
 
@@ -22,7 +22,7 @@ FEEDBACK = [
 def test_materialize_all_without_feedback_skips_the_feedback_branch_with_a_reason(tiny_model, tmp_path, resources_for):
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))
     resources = resources_for(tmp_path / "runs")
-    assert FeedbackStore(resources["store"].feedback_path("tiny")).max_id() == 0
+    assert SQLiteFeedbackStore(resources["store"].feedback_path("tiny")).max_id() == 0
     (tmp_path / "home").mkdir()
     instance = DagsterInstance.local_temp(str(tmp_path / "home"))
     parts = build_pipeline_defs(pipeline)

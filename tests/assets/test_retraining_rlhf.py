@@ -9,7 +9,7 @@ import pytest
 from dagster import AssetKey, AssetSelection, DagsterInstance, Definitions, materialize
 
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.pipeline import load
 from tests.assets.test_retraining import NAMES, tick
 from tests.support import write_pipeline
@@ -63,7 +63,7 @@ def test_rlhf_retraining_from_feedback_through_the_sensor(materialized, tmp_path
         resources=resources,
         selection=AssetSelection.assets(["tiny", "tickets"], ["tiny", "sft_dataset"]),
     ).success
-    store = FeedbackStore(store_resource.feedback_path("tiny"))
+    store = SQLiteFeedbackStore(store_resource.feedback_path("tiny"))
     for i, subject in enumerate(["Hub Pro blinks red", "Doorbell lags", "Plug offline", "Lock jams", "Chime silent"]):
         turns = [{"role": "user", "content": subject}]
         store.record(f"c{i}", turns, f"Sorry, {subject.lower()} happens. Restart it.", "up", model=str(deployed))

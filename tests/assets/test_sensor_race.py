@@ -4,7 +4,7 @@ from dagster import DagsterInstance
 
 from dragon_dagster.assets import automation
 from dragon_dagster.assets.factory import build_pipeline_defs
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.resources import ArtifactStore
 from tests.assets.test_retraining import tick
@@ -13,7 +13,7 @@ from tests.support import write_pipeline
 TURNS = [{"role": "user", "content": "Where is my order?"}]
 
 
-class Busy(FeedbackStore):
+class Busy(SQLiteFeedbackStore):
     """A real store on which one more rating lands while the sensor counts (another chat server's, say)."""
 
     def count(self, after_id: int = 0) -> int:
@@ -46,7 +46,7 @@ def test_the_sensor_says_what_it_decided_on_the_feedback_source_when_it_changes(
     newest record id), once per change."""
     pipeline = load(write_pipeline(tmp_path / "defs", tiny_model))  # min_new_records: 3
     store = ArtifactStore(runs_dir=str(tmp_path / "runs"))
-    records = FeedbackStore(store.feedback_path(pipeline.name))
+    records = SQLiteFeedbackStore(store.feedback_path(pipeline.name))
     for n in range(2):
         records.record(f"c{n}", TURNS, "It shipped.", "up")
     [sensor] = build_pipeline_defs(pipeline)["sensors"]

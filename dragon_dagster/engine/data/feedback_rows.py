@@ -1,6 +1,6 @@
 """Chat feedback records as training data: the three datasets they turn into (SFT conversations, DPO pairs, KTO
 rated replies), and the held-out conversations the promotion gate measures on. The records come from
-data/feedback_store.py.
+the feedback store (data/feedback/).
 
 - `sft_conversations(records)`: replies people liked or edited, with the turns that led to them, as
   conversations ({"messages": [...]}, the edited text replacing the reply); `data.conversation_row` turns
@@ -33,7 +33,7 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from .feedback_store import VERDICTS
+from .feedback.records import VERDICTS
 from .feedback_turns import FeedbackError, clean_messages
 
 # why a record is left out of the datasets (usable_records counts them by these keys)

@@ -40,8 +40,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..data.feedback_store import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
-from ..data.feedback_turns import clean_messages
+from ..data.feedback.records import MAX_MESSAGE_CHARS, too_long
+from ..data.feedback.store import FeedbackStore
+from ..data.feedback_turns import FeedbackError, clean_messages
 from ..data.tables import DataError, conversation_row
 from ..outages import StoreUnavailable
 from ..tools.declare import Toolset

@@ -4,11 +4,11 @@ from math import comb
 
 import pytest
 
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.evaluate.live_rates import challenger_worse_p, live_decision, live_rates
 
 
-def rated(store: FeedbackStore, model: str, verdict: str) -> int:
+def rated(store: SQLiteFeedbackStore, model: str, verdict: str) -> int:
     return store.record(
         "c", [{"role": "user", "content": "hi"}], "hello", verdict, edited="better" if verdict == "edit" else None,
         model=model,
@@ -16,7 +16,7 @@ def rated(store: FeedbackStore, model: str, verdict: str) -> int:
 
 
 def test_rates_count_up_as_liked_and_down_or_edit_as_not_per_version_of_the_name(tmp_path):
-    store = FeedbackStore(tmp_path / "support.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "support.sqlite")
     for model, verdict in [
         ("models:/support/1", "up"),
         ("models:/support/2", "down"),

@@ -1,4 +1,4 @@
-"""Chat sessions: context, feedback into a real FeedbackStore, transcripts, the terminal loop, and one session
+"""Chat sessions: context, feedback into a real SQLiteFeedbackStore, transcripts, the terminal loop, and one session
 over a real loopback HTTP server through ServerBackend."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ import json
 
 import pytest
 
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations
-from dragon_dagster.engine.data.feedback_store import FeedbackError, FeedbackStore
+from dragon_dagster.engine.data.feedback_turns import FeedbackError
 from dragon_dagster.engine.data.tables import read_jsonl
 from dragon_dagster.engine.infer.backends import Backend, BackendError, ServerBackend
 from dragon_dagster.engine.infer.chat import Chat, ChatError
@@ -87,7 +88,7 @@ def test_context_turns_drops_oldest_and_reports():
 
 
 def test_rate_and_edit_record_feedback(tmp_path):
-    store = FeedbackStore(tmp_path / "feedback.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "feedback.sqlite")
     chat = Chat(
         Scripted(), system="sys", model_label="runs/artifacts/p/merged_model/42", store=store, conversation_id="conv-1"
     )
@@ -178,7 +179,7 @@ def test_load_message_per_line_and_bad_files(tmp_path):
 
 
 def test_terminal_loop_with_slash_commands(tmp_path):
-    store = FeedbackStore(tmp_path / "f.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "f.sqlite")
     chat = Chat(Scripted(fail_on="explode"), store=store, model_label="m1")
     script = iter(
         [
@@ -232,7 +233,7 @@ def test_chat_over_http_server_backend(stub, tmp_path):
         return 200, completion(f" answer {n} to {users[-1]} after {len(body['messages'])} messages ")
 
     server = stub(respond)
-    store = FeedbackStore(tmp_path / "f.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "f.sqlite")
     chat = Chat(ServerBackend(server.url, "served-model"), system="Be brief.", store=store, max_new_tokens=9)
     assert chat.say("hi") == "answer 1 to hi after 2 messages"
     assert chat.say("and?") == "answer 2 to and? after 4 messages"
@@ -264,7 +265,7 @@ def _store_bytes(path) -> int:
 def test_long_conversation_is_stored_once_not_per_rating(tmp_path):
     """One 1 MB message then 20 rated exchanges: the old layout stored the 1 MB 21 times (21 MB)."""
     big = "long paste " * 100_000  # 1.1 MB, over the default limit: this store and chat allow 2 MB
-    store = FeedbackStore(tmp_path / "f.sqlite", max_message_chars=2_000_000)
+    store = SQLiteFeedbackStore(tmp_path / "f.sqlite", max_message_chars=2_000_000)
     chat = Chat(Short(), system="sys", store=store, max_message_chars=2_000_000)
     chat.say(big)
     chat.rate(True)
@@ -286,7 +287,7 @@ def test_long_conversation_is_stored_once_not_per_rating(tmp_path):
 
 
 def test_over_long_message_is_refused_with_the_limit(tmp_path):
-    store = FeedbackStore(tmp_path / "f.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "f.sqlite")
     backend = Short()
     chat = Chat(backend, store=store)
     with pytest.raises(ChatError) as caught:

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
 from dragon_dagster.engine.data.tables import conversation_row
 from dragon_dagster.engine.infer.backends import Backend, ServerBackend
 from dragon_dagster.engine.infer.chat import Chat, ChatError
@@ -85,7 +85,7 @@ def test_held_calls_show_the_words_never_the_block():
 def test_a_streamed_turn_runs_the_calls_and_keeps_the_tool_turns(orders, tmp_path):
     toolset, counter = orders
     backend = Caller()
-    store = FeedbackStore(tmp_path / "feedback.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "feedback.sqlite")
     chat = Chat(backend, system="Look orders up.", toolset=toolset, store=store, conversation_id="c1")
     items = list(chat.stream("Where is A1042?"))
     text = [i for i in items if isinstance(i, str)]
@@ -143,7 +143,7 @@ def test_the_calls_of_a_turn_stop_at_max_calls(orders):
 def test_the_terminal_prints_each_call_and_its_result(orders, tmp_path):
     toolset, counter = orders
     out = []
-    chat = Chat(Caller(), toolset=toolset, store=FeedbackStore(tmp_path / "f.sqlite"))
+    chat = Chat(Caller(), toolset=toolset, store=SQLiteFeedbackStore(tmp_path / "f.sqlite"))
     lines = iter(["Where is A1042?", "/up", "/history", "/quit"])
     run_terminal(chat, input_fn=lambda _: next(lines), print_fn=lambda *a: out.append(" ".join(map(str, a))))
     call_line = '-> order_status({"order_id": "A1042"})'
@@ -202,7 +202,7 @@ def test_dragon_chat_runs_the_tool_a_taught_model_calls(tool_caller, monkeypatch
     # the call and its result on lines of their own, then the answer streamed after them
     assert "-> bump({})\n   = count 1\nDone.\n" in out.stdout, out.stdout
     assert "recorded up (feedback #1)" in out.stdout
-    [record] = FeedbackStore(ArtifactStore().feedback_path("counting")).records()
+    [record] = SQLiteFeedbackStore(ArtifactStore().feedback_path("counting")).records()
     call = {"type": "function", "function": {"name": "bump", "arguments": {}}}
     assert record["reply"] == "Done." and record["verdict"] == "up"
     assert record["turns"] == [

@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.infer.backends import Backend, BackendError, LocalBackend, ServerBackend
 from dragon_dagster.engine.infer.chat import Chat, ChatError
 from dragon_dagster.terminal_chat import run_terminal
@@ -64,7 +64,7 @@ def test_local_stop_mid_stream_keeps_a_shorter_reply_and_ends_the_thread(local, 
     assert not generating_threads()
 
     # in a Chat: the stopped text is the reply, marked stopped, and rating and editing work as for any reply
-    store = FeedbackStore(tmp_path / "fb.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "fb.sqlite")
     chat = Chat(local, max_new_tokens=300, temperature=0, store=store)
     reply = chat.stream(HELLO[0]["content"])
     for i, _ in enumerate(reply):
@@ -134,7 +134,7 @@ def test_stop_before_any_text_leaves_the_history_as_it_was():
 
 
 def test_terminal_prints_tokens_as_they_come_and_ctrl_c_stops_only_the_reply(local, tmp_path):
-    store = FeedbackStore(tmp_path / "fb.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "fb.sqlite")
     chat = Chat(local, max_new_tokens=LONG, temperature=0, store=store)
     writes, printed = [], []
 
@@ -331,7 +331,7 @@ def test_chat_page_streams_a_reply_and_stop_keeps_it_in_a_real_browser(chromium,
 
     from dragon_dagster import chat_ui
 
-    store = FeedbackStore(tmp_path / "feedback.db")
+    store = SQLiteFeedbackStore(tmp_path / "feedback.db")
     backend = LocalBackend(str(chatty_model), device="cpu")
     app = chat_ui.build_app(backend, store, "chatty", temperature=0.0, max_new_tokens=LONG)
     url = chat_ui.start(app, port=free_port(), block=False, quiet=True)

@@ -10,7 +10,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
-from dragon_dagster.engine.data.feedback_store import FeedbackStore
+from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.infer.backends import LocalBackend, ServerBackend
 from dragon_dagster.engine.infer.chat import Chat
 from dragon_dagster.engine.infer.tracing import EDITED, THUMBS, ChatTracer
@@ -31,7 +31,7 @@ def traced(mlflow_server, tmp_path, request):
         model_version="3",
         system_prompt_uri="prompts:/support-system/3",
     )
-    return tracer, client, FeedbackStore(tmp_path / "feedback.sqlite")
+    return tracer, client, SQLiteFeedbackStore(tmp_path / "feedback.sqlite")
 
 
 def _trace(client: MlflowClient, trace_id: str):
@@ -142,7 +142,7 @@ def test_an_unreachable_tracking_server_loses_no_feedback_and_says_so(stub, trac
 
 def test_an_untraced_chat_keeps_no_trace_id(stub, tmp_path):
     server = stub(lambda n, body: (200, completion("ok")))
-    store = FeedbackStore(tmp_path / "f.sqlite")
+    store = SQLiteFeedbackStore(tmp_path / "f.sqlite")
     chat = Chat(ServerBackend(server.url, "stub"), store=store)
     chat.say("hi")
     chat.rate(True)

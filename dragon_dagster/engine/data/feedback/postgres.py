@@ -1,5 +1,5 @@
-"""Chat feedback in PostgreSQL: the store of feedback_store.py (the same records, the same refusals, the same
-schema version, ids that only grow) in a database that chat servers on several machines share.
+"""Chat feedback in PostgreSQL: the store of sqlite.py (the same records, the same refusals, the same schema
+version, ids that only grow) in a database that chat servers on several machines share.
 
 Each pipeline's feedback is a schema of the database (`feedback_<pipeline>`) with the SQLite store's two tables,
 `messages` and `feedback`, and a `schema_version` row. Creating or upgrading it happens once, under an advisory
@@ -40,10 +40,11 @@ import uuid
 import zlib
 from contextlib import contextmanager
 
-from ..outages import StoreUnavailable
-from ..text.uris import without_password
-from .feedback_store import MAX_MESSAGE_CHARS, REPLACE, SCHEMA_VERSION, FeedbackRecords, insert_turns
-from .feedback_turns import FeedbackError
+from ...outages import StoreUnavailable
+from ...text.uris import without_password
+from ..feedback_turns import FeedbackError
+from .records import MAX_MESSAGE_CHARS, SCHEMA_VERSION, CheckedRecord
+from .sql import FeedbackTables, insert_turns, revise
 
 try:  # the `postgres` extra; the error below says so when it is missing
     import psycopg
@@ -96,7 +97,7 @@ class StoreUnreachable(StoreUnavailable, FeedbackError):
     the host and the fix (engine/outages.py)."""
 
 
-class PostgresFeedbackStore(FeedbackRecords):
+class PostgresFeedbackStore(FeedbackTables):
     """Append-only feedback of the pipeline `name` in the PostgreSQL database at `url`; `setting` is what the
     user set the URL through (named in errors)."""
 
@@ -221,7 +222,9 @@ class PostgresFeedbackStore(FeedbackRecords):
 
     # ---------------------------------------------------------------------------------------- writes
 
-    def _append(self, messages: list[dict], row: tuple, key: str | None = None, replace: bool = False) -> int:
+    def _append(
+        self, messages: list[dict], record: CheckedRecord, key: str | None = None, replace: bool = False
+    ) -> int:
         """One checked record, under the store's lock until it commits, found again by its key when retried (and
         given this one's verdict, edit, model and time when `replace`: a rater revising a rating)."""
         key = key or uuid.uuid4().hex
@@ -232,7 +235,7 @@ class PostgresFeedbackStore(FeedbackRecords):
                 done = conn.execute("SELECT id FROM feedback WHERE record_key = %s", (key,)).fetchone()
                 if done is not None:  # an earlier attempt committed (its reply lost), or a rating revised
                     if replace:
-                        conn.execute(REPLACE.replace("?", "%s"), (*row[2:6], int(done[0])))
+                        revise(conn, int(done[0]), record, self.MARK)
                     return int(done[0])
                 turns_id = insert_turns(conn, messages, self.MARK)
                 # the next id under the lock, not the column's sequence: see "Why ids have no gaps" above
@@ -241,7 +244,7 @@ class PostgresFeedbackStore(FeedbackRecords):
                         "INSERT INTO feedback (id, conversation_id, turns_id, reply, verdict, edited, model, created, "
                         "trace_id, record_key) VALUES ((SELECT COALESCE(MAX(id), 0) + 1 FROM feedback), "
                         "%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                        (row[0], turns_id, *row[1:], key),
+                        (record.conversation_id, turns_id, *record[1:], key),
                     ).fetchone()[0]
                 )
 
