@@ -47,7 +47,8 @@ import gradio as gr  # noqa: E402
 from .chat_target import ChatTarget  # noqa: E402
 from .engine.data.feedback_postgres import PostgresFeedbackStore  # noqa: E402
 from .engine.data.feedback_store import FeedbackError, FeedbackStore  # noqa: E402
-from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
+from .engine.infer.backend import Backend, BackendError  # noqa: E402
+from .engine.infer.backend_registry import as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
 from .engine.infer.tool_loop import turn_lines  # noqa: E402
 from .engine.infer.tracing import ChatTracer  # noqa: E402

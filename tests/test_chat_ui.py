@@ -16,7 +16,7 @@ import pytest
 
 from dragon_dagster import chat_ui
 from dragon_dagster.engine.data.feedback_store import FeedbackStore
-from dragon_dagster.engine.infer.backends import Backend
+from dragon_dagster.engine.infer.backend import Backend
 from dragon_dagster.engine.infer.chat import Chat
 from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
 

@@ -40,17 +40,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..data.conversations import ROLES
 from ..data.feedback_store import MAX_MESSAGE_CHARS, FeedbackError, FeedbackStore, too_long
 from ..data.feedback_turns import clean_messages
 from ..data.tables import DataError, conversation_row
 from ..outages import StoreUnavailable
 from ..tools.declare import Toolset
-from .backends import Backend, as_backend
+from .backend import Backend
+from .backend_registry import as_backend
 from .chat_tools import HeldCalls, calls_to_run
 from .tool_loop import call_turn, run_call
 from .tracing import ChatTracer, TracingError
-
-ROLES = ("system", "user", "assistant", "tool")
 
 
 class ChatError(ValueError):
