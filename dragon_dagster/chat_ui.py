@@ -25,8 +25,9 @@ sources and X-Frame-Options / X-Content-Type-Options (`web.SecurityHeaders`, sha
 promoted automatically, so a page reachable beyond this machine must have a password (`start` warns when it has
 none).
 
-`build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, ...)` serves it; `launch(model,
-store_path, ...)` does both from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
+`build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, serving)` serves it as a PageServing
+says (page_serving.py: host, port, login, shared with the studio); `launch(model, store_path, serving, ...)` does both
+from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: 
 from .engine.infer.tool_loop import turn_lines  # noqa: E402
 from .engine.infer.tracing import ChatTracer  # noqa: E402
 from .engine.tools.declare import Toolset  # noqa: E402
-from .web import USERNAME, is_loopback, serve  # noqa: E402
+from .page_serving import PageServing, exposed  # noqa: E402
+from .web import serve  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
 ERRORS = (ChatError, BackendError, FeedbackError, OSError, ValueError)
@@ -659,7 +661,7 @@ def build_app(
 
 def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
     """A warning when the page is reachable beyond this machine without a password, else None."""
-    if password or (is_loopback(host) and not share):
+    if not exposed(host, password, share):
         return None
     where = "through a public share link" if share else f"on {host}, beyond this machine"
     return (
@@ -669,83 +671,43 @@ def exposure_warning(host: str, password: str | None, share: bool = False) -> st
     )
 
 
-def start(
-    app: gr.Blocks,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    block: bool = True,
-    share: bool = False,
-    inbrowser: bool = False,
-    quiet: bool = False,
-    password: str | None = None,
-    username: str = USERNAME,
-    warn: bool = True,
-) -> str:
-    """Serve the chat page (web.serve: the offline theme, the security headers) and return its URL; block=True
-    serves until interrupted. With a password, every page and API call needs Gradio's login as `username`; without
-    one, a host beyond loopback (or share) gets a warning on stderr (warn=False: the caller has said it)."""
-    return serve(
-        app,
-        CSS,
-        exposure_warning(host, password, share) if warn else None,
-        host=host,
-        port=port,
-        block=block,
-        share=share,
-        inbrowser=inbrowser,
-        quiet=quiet,
-        password=password,
-        username=username,
-        login_name=shown(username),
-    )
+def start(app: gr.Blocks, serving: PageServing, warn: bool = True) -> str:
+    """Serve the chat page as `serving` says (web.serve: the offline theme, the security headers) and return its
+    URL. Without a password, a page reachable beyond this machine gets a warning on stderr (warn=False: the caller
+    has said it)."""
+    warning = exposure_warning(serving.host, serving.password, serving.share) if warn else None
+    return serve(app, CSS, warning, serving, login_name=shown(serving.username))
 
 
 def launch(
     model: Backend | dict | str,
     store_path: FeedbackStore | PostgresFeedbackStore | str | Path | None,
-    host: str = "127.0.0.1",
-    port: int = 7860,
+    serving: PageServing,
     system: str | None = None,
     context_turns: int | None = None,
     model_label: str = "",
     model_name: str = "",
-    block: bool = True,
-    share: bool = False,
-    inbrowser: bool = False,
-    password: str | None = None,
-    username: str = USERNAME,
     warn: bool = True,
-    quiet: bool = False,
     **options,
 ) -> gr.Blocks:
-    """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
-    recording feedback into `store_path` (a store, or a SQLite file's path), behind a login when `password` is set.
-    `options` go to build_app (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app
-    (serving in the background when block=False)."""
+    """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend) as `serving`
+    says, recording feedback into `store_path` (a store, or a SQLite file's path). `options` go to build_app
+    (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app (serving in the background when
+    serving.block is False)."""
     backend = as_backend(model)
     store = FeedbackStore(store_path) if isinstance(store_path, str | Path) else store_path
     app = build_app(backend, store, model_label, model_name, system=system, context_turns=context_turns, **options)
-    start(
-        app,
-        host=host,
-        port=port,
-        block=block,
-        share=share,
-        inbrowser=inbrowser,
-        password=password,
-        username=username,
-        warn=warn,
-        quiet=quiet,
-    )
+    start(app, serving, warn=warn)
     return app
 
 
-def serve_target(target: ChatTarget, **options) -> gr.Blocks:
+def serve_target(target: ChatTarget, serving: PageServing, **options) -> gr.Blocks:
     """Serve the chat page on a chat target (chat_target.py: the model, store, system prompt, tools and tracer
-    every front end gets the same way); options go to launch (host, port, block, password, context_turns ...)."""
+    every front end gets the same way) as `serving` says; options go to launch (context_turns, warn ...)."""
     return launch(
         target.model.spec,
         target.store,
+        serving=serving,
         system=target.system,
         model_label=target.model.label,
         model_name=target.model.name,

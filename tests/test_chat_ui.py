@@ -18,6 +18,7 @@ from dragon_dagster import chat_ui
 from dragon_dagster.engine.data.feedback_store import FeedbackStore
 from dragon_dagster.engine.infer.backend import Backend
 from dragon_dagster.engine.infer.chat import Chat
+from dragon_dagster.page_serving import PageServing, is_loopback
 from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
 
 # Records every Content-Security-Policy violation on the page: the policy must not break Gradio itself.
@@ -522,8 +523,8 @@ def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
 
     from dragon_dagster.cli import main
 
-    assert all(chat_ui.is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"))
-    assert not any(chat_ui.is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org", ""))
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org", ""))
     assert chat_ui.exposure_warning("127.0.0.1", None) is None
     assert chat_ui.exposure_warning("0.0.0.0", "pw") is None
     assert "promoted automatically" in chat_ui.exposure_warning("0.0.0.0", None)
@@ -537,13 +538,14 @@ def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
         return CliRunner().invoke(main, ["chat-ui", "--model", "http://127.0.0.1:9/v1", *args], env=env)
 
     out = run()  # today's default: loopback, no password, no warning
-    assert out.exit_code == 0 and "warning:" not in out.output and calls[-1]["password"] is None
+    assert out.exit_code == 0 and "warning:" not in out.output and calls[-1]["serving"].password is None
     out = run("--host", "0.0.0.0")
     assert out.exit_code == 0 and "warning:" in out.output and "promoted automatically" in out.output
     secret = "correct horse battery"
     out = run("--host", "0.0.0.0", "--password-env", "CHAT_PW", "--username", "ops", env={"CHAT_PW": secret})
     assert out.exit_code == 0 and "warning:" not in out.output and secret not in out.output
-    assert (calls[-1]["password"], calls[-1]["username"], calls[-1]["host"]) == (secret, "ops", "0.0.0.0")
+    serving = calls[-1]["serving"]
+    assert (serving.password, serving.username, serving.host) == (secret, "ops", "0.0.0.0")
     n = len(calls)
     out = run("--password-env", "CHAT_PW_UNSET", env={"CHAT_PW_UNSET": ""})
     assert out.exit_code != 0 and "CHAT_PW_UNSET" in out.output and len(calls) == n  # never served open instead
@@ -618,7 +620,7 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
 
     backend, store = Echo(), Slow(tmp_path / "feedback.db")
     app = chat_ui.build_app(backend, store, "echo-model", context_turns=1, stream_delay=0.01)
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    url = chat_ui.start(app, PageServing(port=free_port(), block=False, quiet=True))
     try:
         import requests
 
@@ -761,7 +763,7 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
     app = chat_ui.build_app(
         backend, store, "/runs/x/model", name, stream_delay=0.01, tracer=ChatTracer(uri, experiment)
     )
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    url = chat_ui.start(app, PageServing(port=free_port(), block=False, quiet=True))
     whole = "w1 w2 w3 w4 w5 w6 w7 w8"
     try:
         with sync_playwright() as p:
@@ -884,7 +886,9 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
     store = FeedbackStore(tmp_path / "feedback.db")
     password = "open sesame 42"
     app = chat_ui.build_app(Hostile(), store, "hostile", stream_delay=0)
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True, password=password, username="tester")
+    url = chat_ui.start(
+        app, PageServing(port=free_port(), block=False, quiet=True, password=password, username="tester")
+    )
     try:
         # headers on every kind of response: the page, a script asset, an API refusal, the login answer
         page_html = requests.get(url, timeout=10)
@@ -978,7 +982,11 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
     served = []
     real_launch = chat_ui.launch
     monkeypatch.setattr(
-        chat_ui, "launch", lambda *a, **kw: served.append((a, real_launch(*a, **{**kw, "block": False})))
+        chat_ui,
+        "launch",
+        lambda *a, **kw: served.append(
+            (a, real_launch(*a, **{**kw, "serving": kw["serving"].model_copy(update={"block": False})}))
+        ),
     )
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path))
     port = free_port()
