@@ -117,8 +117,8 @@ def page_options(port: int):
                     "--host",
                     default="127.0.0.1",
                     show_default=True,
-                    help="Interface to bind; anything but loopback needs --password-env (what the page writes is "
-                    "trained on).",
+                    help="Interface to bind; anything beyond loopback needs --password-env (the page warns without "
+                    "one).",
                 ),
                 click.option("--port", type=click.IntRange(0, 65535), default=port, show_default=True),
                 click.option(
