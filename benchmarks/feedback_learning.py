@@ -338,7 +338,7 @@ def _plain(value):
 
 def measure(model_dir: Path, tickets: list[dict], a: argparse.Namespace) -> dict:
     """Greedy replies of the model to the held-out tickets, and which the user likes."""
-    from dragon_dagster.engine.infer.backends import LocalBackend, clear_cache
+    from dragon_dagster.engine.infer.local_backend import LocalBackend, clear_cache
 
     started = time.time()
     backend = LocalBackend(str(model_dir), device=a.device, keep_loaded=1, batch_size=8, seed=a.seed)
@@ -371,8 +371,8 @@ def measure(model_dir: Path, tickets: list[dict], a: argparse.Namespace) -> dict
 
 def chat_round(loop: Loop, tickets: list[dict], a: argparse.Namespace, rng: random.Random) -> dict:
     """The simulated user talks to the live model through Chat, one conversation per ticket, and gives feedback."""
-    from dragon_dagster.engine.infer.backends import LocalBackend, clear_cache
     from dragon_dagster.engine.infer.chat import Chat
+    from dragon_dagster.engine.infer.local_backend import LocalBackend, clear_cache
 
     started = time.time()
     model = loop.live_model()

@@ -42,7 +42,7 @@ def one_line(text) -> str:
 class ChatModel:
     """The model of a chat: how to reach it and how it is named."""
 
-    spec: dict  # the backend's settings (engine/infer/backends.py): {"type": "local", "model": ...} or a server's
+    spec: dict  # the backend's settings (infer/backend_registry.py): {"type": "local", "model": ...} or a server's
     label: str  # what identifies it exactly, recorded with each feedback record: its directory or the server's URL
     name: str  # for people: `models:/support@champion (version 3)`, else what was asked for
     uri: str | None = None  # models:/NAME@ALIAS or models:/NAME/N when it came from the Model Registry
@@ -214,7 +214,7 @@ def system_prompt(
 
 def toolset(found, model: ChatModel, say: Say = _quiet) -> Toolset | None:
     """The pipeline's tools for the chat, or None: the pipeline declares none or was not found, or the model is a
-    server's. Tools run only with a local model (engine/infer/backends.py says why), so a server chat says it
+    server's. Tools run only with a local model (engine/infer/backend.py says why), so a server chat says it
     goes on without them."""
     tools = getattr(found, "tools", None)
     if tools is None:

@@ -17,16 +17,16 @@ With the pipeline's tools (`toolset`, a local model only), a reply that calls th
 each call and each result shows as a block of its own (a titled Chatbot message: `-> name({...})`, then the
 tool's answer) before the answer; only answers take thumbs and edits, and the feedback keeps the blocks' turns.
 
-The page shows what a model wrote as text and Markdown, never as HTML: `shown()` escapes every tag, entity,
-Markdown image and Mermaid diagram before a message reaches the Chatbot (a reply could otherwise render a form
-posting elsewhere or fetch a tracking image), every response carries a Content-Security-Policy with no outside
+The page shows what a model wrote as text and Markdown, never as HTML (chat_view.py: how a conversation shows on
+the page, every message made inert by `shown()`), every response carries a Content-Security-Policy with no outside
 sources and X-Frame-Options / X-Content-Type-Options (`web.SecurityHeaders`, shared with the studio), and
 `start(..., password=...)` puts the page behind Gradio's login. Ratings and edits become training data that is
 promoted automatically, so a page reachable beyond this machine must have a password (`start` warns when it has
 none).
 
-`build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, ...)` serves it; `launch(model,
-store_path, ...)` does both from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
+`build_app(backend, store, model_label)` returns the `gr.Blocks`; `start(app, serving)` serves it as a PageServing
+says (page_serving.py: host, port, login, shared with the studio); `launch(model, store_path, serving, ...)` does both
+from a model spec, a backend config or a Backend (what `dragon chat-ui` calls).
 """
 
 from __future__ import annotations
@@ -45,15 +45,28 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 import gradio as gr  # noqa: E402
 
 from .chat_target import ChatTarget  # noqa: E402
+from .chat_view import (  # noqa: E402
+    ALL,
+    ANSWERING,
+    context_note,
+    edited_text,
+    error_line,
+    plural,
+    shown,
+    view,
+    window_turns,
+    window_value,
+)
 from .engine.data.feedback.sqlite import SQLiteFeedbackStore  # noqa: E402
 from .engine.data.feedback.store import FeedbackStore  # noqa: E402
 from .engine.data.feedback_turns import FeedbackError  # noqa: E402
-from .engine.infer.backends import Backend, BackendError, as_backend  # noqa: E402
+from .engine.infer.backend import Backend, BackendError  # noqa: E402
+from .engine.infer.backend_registry import as_backend  # noqa: E402
 from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
-from .engine.infer.tool_loop import turn_lines  # noqa: E402
 from .engine.infer.tracing import ChatTracer  # noqa: E402
 from .engine.tools.declare import Toolset  # noqa: E402
-from .web import USERNAME, is_loopback, serve  # noqa: E402
+from .page_serving import PageServing, exposed  # noqa: E402
+from .web import serve  # noqa: E402
 
 # Errors a user can cause or a backend can raise: shown on the page, never crash the session.
 ERRORS = (ChatError, BackendError, FeedbackError, OSError, ValueError)
@@ -73,85 +86,6 @@ CSS = " ".join(
     ]
 )
 
-# What the page's Markdown renderer (marked, in Gradio's frontend) would turn into live HTML, each replaced by a
-# numeric character reference that shows as the same character: a `<` that could open a tag, a comment or an
-# autolink; an `&` that could start a character reference (so the model's own "&lt;" shows as written and every
-# "&#N;" in the result is ours); the `[` of a Markdown image (the browser would fetch its URL); the `m` of a
-# Mermaid fence (Gradio renders those as diagrams whose labels are HTML). Text inside code shows these references
-# literally: the price of never depending on where a code block starts and ends. `Chat` keeps the original text.
-_UNSAFE = re.compile(r"<(?=[A-Za-z/!?])|&(?=#|[A-Za-z][A-Za-z0-9]{0,31};)|(?<=!)\[|(?<=```)m(?=ermaid)")
-_OURS = re.compile(r"&#(38|60|91|109);")
-
-
-def shown(text: str) -> str:
-    """Text as the page shows it: Markdown formatting kept, raw HTML, Markdown images and diagrams inert."""
-    return _UNSAFE.sub(lambda m: f"&#{ord(m.group())};", text)
-
-
-def unshown(text: str) -> str:
-    """The inverse of shown(): what the Chatbot sends back (an edited message) as the text it stood for."""
-    return _OURS.sub(lambda m: chr(int(m.group(1))), text)
-
-
-def _display(messages: list[dict]) -> list[dict]:
-    """The Chatbot value for Chat.messages (the system prompt lives in its own box, not in the list): one Chatbot
-    message per chat message, so the Chatbot's indexes are the history's."""
-    return [_displayed(m) for m in messages]
-
-
-FEEDBACK_SHOWN = {"up": "Like", "down": "Dislike"}  # a reply's rating as the Chatbot's thumbs show it
-
-
-def _feedback(messages: list[dict]) -> list[str | None]:
-    """The Chatbot's feedback_value: one entry per run of bot messages (the page groups a turn's tool blocks with
-    its answer into one bubble, which has one pair of thumbs), the rating of the answer that ends it."""
-    values: list[str | None] = []
-    bot = False
-    for m in messages:
-        if m["role"] == "user":
-            bot = False
-            continue
-        if not bot:
-            values.append(None)
-            bot = True
-        if is_answer(m):
-            values[-1] = FEEDBACK_SHOWN.get((m.get("rating") or {}).get("verdict"))
-    return values
-
-
-def _view(messages: list[dict], tail: list[dict] | None = None) -> dict:
-    """The Chatbot's update for Chat.messages (and `tail`, a reply still being generated): its messages and the
-    thumbs each rated reply shows (after a reload or an edit too: the page keeps no thumbs of its own then)."""
-    return gr.update(value=_display(messages) + (tail or []), feedback_value=_feedback(messages))
-
-
-def _displayed(message: dict) -> dict:
-    """A chat message as the Chatbot shows it: a tool call or result as a titled block (Gradio's metadata title:
-    the call line, or which tool answered), so neither reads as the model's answer."""
-    if message["role"] == "tool":
-        title = f"{message.get('name') or 'the tool'} answered"
-    elif message.get("tool_calls"):
-        title = "\n".join(turn_lines(message))
-    else:
-        return {"role": message["role"], "content": shown(message["content"])}
-    return {"role": "assistant", "content": shown(message["content"]), "metadata": {"title": shown(title)}}
-
-
-def _error(exc: Any) -> str:
-    """An error for the status line: its message may quote a server's (HTML) response, so shown as text."""
-    return f"**error:** {shown(str(exc))}"
-
-
-def _text(value: Any) -> str:
-    """Plain text from what the Chatbot sends back: a string, or content parts ({"type": "text", ...})."""
-    if isinstance(value, str):
-        return unshown(value)
-    if isinstance(value, dict):
-        return _text(str(value.get("text", value.get("content", ""))))
-    if isinstance(value, (list, tuple)):
-        return "".join(_text(v) for v in value)
-    return "" if value is None else str(value)
-
 
 def _reply_index(chat: Chat, position: int) -> int:
     """Which reply (counting answers only, as Chat.rate/edit do) sits at a Chatbot message index."""
@@ -160,57 +94,6 @@ def _reply_index(chat: Chat, position: int) -> int:
     if not is_answer(chat.messages[position]):
         raise ChatError(f"message {position!r} is not an answer: only answers are rated, not tool calls or results")
     return sum(1 for m in chat.messages[:position] if is_answer(m))
-
-
-def plural(n: int, word: str) -> str:
-    """`1 message`, `2 messages`, `0 messages`."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-def context_note(chat: Chat) -> str:
-    """The status line after a turn: how much of the history the model saw, and what the window dropped.
-    (Every note starts with "Context": the page's tests wait for it as the sign that a reply has ended.)"""
-    usage = chat.context_usage()
-    earlier, dropped = max(usage["sent"] - 1, 0), usage["dropped"]
-    if dropped:
-        sent = (
-            "sent no earlier exchange"
-            if earlier == 0
-            else "sent the last exchange"
-            if earlier == 1
-            else f"sent the last {earlier} exchanges"
-        )
-        oldest = "the oldest" if dropped == 1 else f"the {dropped} oldest"
-        return f"Context window {usage['context_turns']}: {sent}; **dropped {oldest}**."
-    if earlier == 0:
-        return "Context: the first exchange, nothing earlier to send."
-    if earlier == 1:
-        return "Context: the earlier exchange was sent."
-    return f"Context: all {earlier} earlier exchanges sent."
-
-
-ALL = "all"  # the context window box's value for "every earlier exchange"
-
-
-def window_turns(value: Any) -> int | None:
-    """The context window box's value as Chat.context_turns: "all" (or empty) is None, every earlier exchange;
-    a whole number N >= 0 is the last N (0: none)."""
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    text = "" if value is None else str(value).strip()
-    if text.lower() in ("", ALL):
-        return None
-    if not re.fullmatch(r"[0-9]{1,9}", text):
-        raise ChatError(f"the context window must be {ALL} or a whole number >= 0, not {text[:40]!r}")
-    return int(text)
-
-
-def window_value(context_turns: int | None) -> str:
-    """What the context window box shows for Chat.context_turns (None: "all")."""
-    return ALL if context_turns is None else str(int(context_turns))
-
-
-ANSWERING = "_answering… (Stop ends the reply here)_"
 
 
 class ChatHandlers:
@@ -266,10 +149,10 @@ class ChatHandlers:
     @staticmethod
     def _with_partial(chat: Chat, reply: ReplyStream) -> list[dict]:
         if reply.done:  # committed (or given up): the history says it all
-            return _view(chat.messages)
+            return view(chat.messages)
         # a regenerated reply is replaced, with the tool turns that led to it
         before = chat.messages[: chat.reply_start()] if reply.regenerate else chat.messages
-        return _view(before + reply.turns, [{"role": "assistant", "content": shown(reply.text)}])
+        return view(before + reply.turns, [{"role": "assistant", "content": shown(reply.text)}])
 
     @staticmethod
     def _outcome(chat: Chat, reply: ReplyStream, done: str) -> str:
@@ -291,9 +174,9 @@ class ChatHandlers:
             for value in self._growing(chat, reply):
                 yield value, chat, ANSWERING
         except ERRORS as exc:  # the turn failed: history unchanged
-            yield _view(chat.messages), chat, _error(exc)
+            yield view(chat.messages), chat, error_line(exc)
             return
-        yield _view(chat.messages), chat, self._outcome(chat, reply, done)
+        yield view(chat.messages), chat, self._outcome(chat, reply, done)
 
     # --------------------------------------------------------------------------------------- turns
 
@@ -303,17 +186,17 @@ class ChatHandlers:
         try:
             chat = self.session(chat, *settings)
         except ERRORS as exc:
-            yield text, gr.skip(), chat, _error(exc)
+            yield text, gr.skip(), chat, error_line(exc)
             return
         text = (text or "").strip()
         if not text:
-            yield "", _view(chat.messages), chat, "Type a message first."
+            yield "", view(chat.messages), chat, "Type a message first."
             return
-        yield "", _view(chat.messages + [{"role": "user", "content": text}]), chat, "_waiting for the model…_"
+        yield "", view(chat.messages + [{"role": "user", "content": text}]), chat, "_waiting for the model…_"
         try:
             reply = chat.stream(text)
         except ERRORS as exc:
-            yield text, _view(chat.messages), chat, _error(exc)
+            yield text, view(chat.messages), chat, error_line(exc)
             return
         for value, streamed, status in self._streamed(chat, reply):
             yield ("" if reply.text else text), value, streamed, status
@@ -324,7 +207,7 @@ class ChatHandlers:
             chat = self.session(chat, *settings)
             reply = chat.stream_regenerate()
         except ERRORS as exc:
-            yield gr.skip(), chat, _error(exc)
+            yield gr.skip(), chat, error_line(exc)
             return
         yield from self._streamed(chat, reply, "Regenerated. ")
 
@@ -342,9 +225,9 @@ class ChatHandlers:
         try:
             removed = chat.undo()
         except ChatError as exc:  # a reply is being generated
-            return gr.skip(), gr.skip(), chat, _error(exc)
+            return gr.skip(), gr.skip(), chat, error_line(exc)
         text = next((m["content"] for m in removed if m["role"] == "user"), "")
-        return text, _view(chat.messages), chat, f"Removed {plural(len(removed), 'message')}."
+        return text, view(chat.messages), chat, f"Removed {plural(len(removed), 'message')}."
 
     def reset(self, chat: Chat | None) -> tuple:
         """Outputs (textbox, chatbot, chat, status): an empty conversation with a new conversation id."""
@@ -397,9 +280,9 @@ class ChatHandlers:
                 tracer=self.tracer,  # turns after a reload are traced too, and ratings reach their replies' traces
             )
         except ERRORS as exc:
-            return (*skip, _error(f"{exc}; starting a new conversation"))
+            return (*skip, error_line(f"{exc}; starting a new conversation"))
         n = plural(len(restored.messages), "message")
-        return _view(restored.messages), restored, restored.system or "", f"Continuing this conversation ({n})."
+        return view(restored.messages), restored, restored.system or "", f"Continuing this conversation ({n})."
 
     # ------------------------------------------------------------------------------------ feedback
 
@@ -419,7 +302,7 @@ class ChatHandlers:
             return gr.skip(), chat, "Nothing to rate yet."
         if verdict is None:  # un-clicking a thumb: records are append-only
             return (
-                _view(chat.messages),
+                view(chat.messages),
                 chat,
                 "A recorded rating stays (the store keeps every one): click the other thumb to change it.",
             )
@@ -428,7 +311,7 @@ class ChatHandlers:
             earlier = chat.rating(reply)
             feedback_id = chat.rate(verdict == "up", index=reply)
         except ERRORS as exc:
-            return gr.skip(), chat, _error(exc)
+            return gr.skip(), chat, error_line(exc)
         if earlier and earlier["verdict"] == verdict:
             where = (
                 f"feedback #{feedback_id}"
@@ -438,11 +321,11 @@ class ChatHandlers:
                 else "not saved: no feedback store"
             )
             status = f"Thumbs {verdict} on reply {reply + 1} is already recorded ({where}): a rating counts once."
-            return _view(chat.messages), chat, status
+            return view(chat.messages), chat, status
         what = f"thumbs {verdict} on reply {reply + 1}" + (
             f", replacing thumbs {earlier['verdict']}" if earlier else ""
         )
-        return _view(chat.messages), chat, self._saved(chat, what, feedback_id)
+        return view(chat.messages), chat, self._saved(chat, what, feedback_id)
 
     def edit(
         self,
@@ -458,7 +341,7 @@ class ChatHandlers:
         (Settings are named, not *settings: gradio passes the EditData positionally.)"""
         try:
             chat = self.session(chat, system, context_turns, temperature, max_new_tokens)
-            text = _text(data.value).strip()
+            text = edited_text(data.value).strip()
             if not text:
                 raise ChatError("an edit needs some text")
             if chat.messages[data.index]["role"] != "user" and not is_answer(chat.messages[data.index]):
@@ -466,14 +349,14 @@ class ChatHandlers:
             if chat.messages[data.index]["role"] == "assistant":
                 reply = _reply_index(chat, data.index)
                 feedback_id = chat.edit(text, index=reply)
-                yield _view(chat.messages), chat, self._saved(chat, f"edit of reply {reply + 1}", feedback_id)
+                yield view(chat.messages), chat, self._saved(chat, f"edit of reply {reply + 1}", feedback_id)
                 return
             if chat.active is not None:
                 raise ChatError("a reply is still being generated: stop it (or let it finish) first")
             chat.messages = chat.messages[: data.index]  # a changed question: ask it again from there
             reply = chat.stream(text)
         except (*ERRORS, IndexError, TypeError) as exc:
-            yield _view(chat.messages) if chat else gr.skip(), chat, _error(exc)
+            yield view(chat.messages) if chat else gr.skip(), chat, error_line(exc)
             return
         yield from self._streamed(chat, reply, "Asked again. ")
 
@@ -505,9 +388,9 @@ class ChatHandlers:
             )
             loaded = self.session(loaded, loaded.system or current.system, *settings[1:])
         except ERRORS as exc:
-            return gr.skip(), chat, gr.skip(), _error(f"cannot load {Path(path).name}: {exc}")
+            return gr.skip(), chat, gr.skip(), error_line(f"cannot load {Path(path).name}: {exc}")
         return (
-            _view(loaded.messages),
+            view(loaded.messages),
             loaded,
             loaded.system or "",
             f"Loaded {plural(len(loaded.messages), 'message')} from {shown(Path(path).name)}.",
@@ -659,7 +542,7 @@ def build_app(
 
 def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
     """A warning when the page is reachable beyond this machine without a password, else None."""
-    if password or (is_loopback(host) and not share):
+    if not exposed(host, password, share):
         return None
     where = "through a public share link" if share else f"on {host}, beyond this machine"
     return (
@@ -669,83 +552,43 @@ def exposure_warning(host: str, password: str | None, share: bool = False) -> st
     )
 
 
-def start(
-    app: gr.Blocks,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    block: bool = True,
-    share: bool = False,
-    inbrowser: bool = False,
-    quiet: bool = False,
-    password: str | None = None,
-    username: str = USERNAME,
-    warn: bool = True,
-) -> str:
-    """Serve the chat page (web.serve: the offline theme, the security headers) and return its URL; block=True
-    serves until interrupted. With a password, every page and API call needs Gradio's login as `username`; without
-    one, a host beyond loopback (or share) gets a warning on stderr (warn=False: the caller has said it)."""
-    return serve(
-        app,
-        CSS,
-        exposure_warning(host, password, share) if warn else None,
-        host=host,
-        port=port,
-        block=block,
-        share=share,
-        inbrowser=inbrowser,
-        quiet=quiet,
-        password=password,
-        username=username,
-        login_name=shown(username),
-    )
+def start(app: gr.Blocks, serving: PageServing, warn: bool = True) -> str:
+    """Serve the chat page as `serving` says (web.serve: the offline theme, the security headers) and return its
+    URL. Without a password, a page reachable beyond this machine gets a warning on stderr (warn=False: the caller
+    has said it)."""
+    warning = exposure_warning(serving.host, serving.password, serving.share) if warn else None
+    return serve(app, CSS, warning, serving, login_name=shown(serving.username))
 
 
 def launch(
     model: Backend | dict | str,
     store_path: FeedbackStore | str | Path | None,
-    host: str = "127.0.0.1",
-    port: int = 7860,
+    serving: PageServing,
     system: str | None = None,
     context_turns: int | None = None,
     model_label: str = "",
     model_name: str = "",
-    block: bool = True,
-    share: bool = False,
-    inbrowser: bool = False,
-    password: str | None = None,
-    username: str = USERNAME,
     warn: bool = True,
-    quiet: bool = False,
     **options,
 ) -> gr.Blocks:
-    """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend),
-    recording feedback into `store_path` (a store, or a SQLite file's path), behind a login when `password` is set.
-    `options` go to build_app (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app
-    (serving in the background when block=False)."""
+    """Build and serve the chat page for `model` (a model spec, a backend config mapping or a Backend) as `serving`
+    says, recording feedback into `store_path` (a store, or a SQLite file's path). `options` go to build_app
+    (temperature, max_new_tokens, stream_delay, toolset, tracer). Returns the app (serving in the background when
+    serving.block is False)."""
     backend = as_backend(model)
     store = SQLiteFeedbackStore(store_path) if isinstance(store_path, str | Path) else store_path
     app = build_app(backend, store, model_label, model_name, system=system, context_turns=context_turns, **options)
-    start(
-        app,
-        host=host,
-        port=port,
-        block=block,
-        share=share,
-        inbrowser=inbrowser,
-        password=password,
-        username=username,
-        warn=warn,
-        quiet=quiet,
-    )
+    start(app, serving, warn=warn)
     return app
 
 
-def serve_target(target: ChatTarget, **options) -> gr.Blocks:
+def serve_target(target: ChatTarget, serving: PageServing, **options) -> gr.Blocks:
     """Serve the chat page on a chat target (chat_target.py: the model, store, system prompt, tools and tracer
-    every front end gets the same way); options go to launch (host, port, block, password, context_turns ...)."""
+    every front end gets the same way) as `serving` says; options go to launch (context_turns, warn ...)."""
     return launch(
         target.model.spec,
         target.store,
+        serving=serving,
         system=target.system,
         model_label=target.model.label,
         model_name=target.model.name,

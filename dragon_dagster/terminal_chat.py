@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .engine.data.feedback_turns import FeedbackError
-from .engine.infer.backends import BackendError
+from .engine.infer.backend import BackendError
 from .engine.infer.chat import Chat, ChatError, ReplyStream
 from .engine.infer.tool_loop import turn_lines
 

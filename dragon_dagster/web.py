@@ -1,9 +1,9 @@
 """What the project's web pages share (the chat page, the studio): an offline theme, the security headers every
-response carries, the loopback check, and serving a Gradio app with them behind an optional login."""
+response carries, and serving a Gradio app with them as its PageServing says (page_serving.py), behind an optional
+login."""
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import sys
 
@@ -12,10 +12,11 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
+from .page_serving import PageServing  # noqa: E402
+
 # System fonts only: the default theme fetches Google Fonts, which fails (slowly) on offline machines.
 # (Texts avoid emoji too: minimal systems have no emoji font.)
 THEME = gr.themes.Soft(font=["system-ui", "sans-serif"], font_mono=["ui-monospace", "monospace"])
-USERNAME = "dragon"  # the login name when a page has a password
 
 
 # The page's own scripts and styles (Gradio inlines its config and styles, so 'unsafe-inline'); images, fonts,
@@ -70,54 +71,38 @@ _HEADER_NAMES = {name.lower() for name in SECURITY_HEADERS}
 _HEADER_BYTES = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in SECURITY_HEADERS.items()]
 
 
-def is_loopback(host: str) -> bool:
-    """Whether binding `host` keeps the page on this machine ("0.0.0.0" or a name other than localhost: no)."""
-    if host.strip("[]").lower() in ("localhost", "ip6-localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def serve(
     app: gr.Blocks,
     css: str,
     warning: str | None,
-    host: str = "127.0.0.1",
-    port: int = 7860,
-    block: bool = True,
-    share: bool = False,
-    inbrowser: bool = False,
-    quiet: bool = False,
-    password: str | None = None,
-    username: str = USERNAME,
-    login_name: str = USERNAME,
+    serving: PageServing,
+    login_name: str | None = None,
     max_file_size: int | None = None,
 ) -> str:
-    """Serve a page (the offline theme, `css`, SECURITY_HEADERS) and return its URL; block=True serves until
-    interrupted. With a password, every page and API call needs Gradio's login as `username`; `warning` (the page's
-    exposure warning, or None) goes to stderr first. login_name: the name as the login page shows it.
-    max_file_size: the largest upload in bytes (Gradio refuses a larger one with the limit)."""
+    """Serve a page (the offline theme, `css`, SECURITY_HEADERS) as `serving` says and return its URL. `warning` (the
+    page's exposure warning, or None) goes to stderr first. login_name: the login name as the login page shows it
+    (default: serving.username). max_file_size: the largest upload in bytes (Gradio refuses a larger one with the
+    limit)."""
     from starlette.middleware import Middleware
 
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     app.queue()  # streaming replies and progress need the queue
+    password = serving.password
     app.launch(
-        server_name=host,
-        server_port=port,
-        share=share,
-        inbrowser=inbrowser,
-        quiet=quiet,
-        prevent_thread_lock=not block,
+        server_name=serving.host,
+        server_port=serving.port,
+        share=serving.share,
+        inbrowser=serving.inbrowser,
+        quiet=serving.quiet,
+        prevent_thread_lock=not serving.block,
         theme=THEME,
         css=css,
         footer_links=[],
-        auth=(username, password) if password else None,
-        auth_message=f"Log in as {login_name}." if password else None,
+        auth=(serving.username, password) if password else None,
+        auth_message=f"Log in as {login_name or serving.username}." if password else None,
         ssr_mode=False,  # the page comes from this app (and its headers), not from a Node front end
         app_kwargs={"middleware": [Middleware(SecurityHeaders)]},
         max_file_size=max_file_size,
     )
-    return app.local_url or f"http://{host}:{port}/"
+    return app.local_url or f"http://{serving.host}:{serving.port}/"

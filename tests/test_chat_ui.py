@@ -14,10 +14,11 @@ from urllib.parse import urljoin
 
 import pytest
 
-from dragon_dagster import chat_ui
+from dragon_dagster import chat_ui, chat_view
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
-from dragon_dagster.engine.infer.backends import Backend
+from dragon_dagster.engine.infer.backend import Backend
 from dragon_dagster.engine.infer.chat import Chat
+from dragon_dagster.page_serving import PageServing, is_loopback
 from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port
 
 # Records every Content-Security-Policy violation on the page: the policy must not break Gradio itself.
@@ -218,7 +219,7 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
         {"role": "assistant", "content": shown[2]["content"], "metadata": {"title": "order_status answered"}},
         {"role": "assistant", "content": "It shipped."},
     ]
-    assert chat_ui.unshown(shown[2]["content"]) == RESULT and status.startswith("Context")
+    assert chat_view.unshown(shown[2]["content"]) == RESULT and status.startswith("Context")
     assert (tmp_path / "calls.txt").read_text() == "A1042\n"
     for block in (1, 2):  # a call or a result is not an answer to rate or edit
         _, _, status = h.like(chat, gr.LikeData(None, {"index": block, "value": ["x"], "liked": True}))
@@ -241,7 +242,9 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
 
 def test_the_context_window_box_all_or_a_number():
     """The box shows "all" for the whole conversation; what it sends back becomes Chat.context_turns."""
-    assert chat_ui.window_value(None) == "all" and chat_ui.window_value(0) == "0" and chat_ui.window_value(3) == "3"
+    assert (
+        chat_view.window_value(None) == "all" and chat_view.window_value(0) == "0" and chat_view.window_value(3) == "3"
+    )
     for value, turns in (
         (None, None),
         ("", None),
@@ -253,10 +256,10 @@ def test_the_context_window_box_all_or_a_number():
         (" 2 ", 2),
         (5, 5),
     ):
-        assert chat_ui.window_turns(value) == turns, value
+        assert chat_view.window_turns(value) == turns, value
     for bad in (-1, "-1", "1.5", 1.5, "two", "nan", "1e3"):
         with pytest.raises(chat_ui.ChatError, match="all or a whole number"):
-            chat_ui.window_turns(bad)
+            chat_view.window_turns(bad)
 
     backend = Echo()
     h = chat_ui.ChatHandlers(backend, None, "echo", stream_delay=0)
@@ -292,7 +295,7 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     h = chat_ui.ChatHandlers(Words(), store, "words", stream_delay=0)
     settings = ("", None, 0.7, 64)
     steps = [shown_as_list(step) for step in h.send("go", None, *settings)]
-    growing = [shown[-1]["content"] for _, shown, _, status in steps if status == chat_ui.ANSWERING]
+    growing = [shown[-1]["content"] for _, shown, _, status in steps if status == chat_view.ANSWERING]
     assert growing == [" ".join(f"w{i}" for i in range(1, n + 1)) for n in range(1, 9)]  # one update per chunk
     box, shown, chat, status = steps[-1]
     assert shown[-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8" and "Context" in status and not chat.is_stopped()
@@ -321,7 +324,7 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     # regenerate streams too; stopped before its first word, the old reply stays
     regen = h.regenerate(chat, *settings)
     first = shown_as_list(next(regen))
-    assert first[0][-1]["content"] == "w1" and first[2] == chat_ui.ANSWERING
+    assert first[0][-1]["content"] == "w1" and first[2] == chat_view.ANSWERING
     assert drain(regen)[0][-1]["content"] == "w1 w2 w3 w4 w5 w6 w7 w8"
     chat.stream_regenerate()  # made but never read: nothing changes
     regen = h.regenerate(chat, *settings)
@@ -341,13 +344,13 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
         "<script>alert(1)</script> <!-- c --> <?php ?> <http://auto.link> </b> ![i](http://x/p) "
         '&lt;b&gt; &#60;i&#62; &amp;\n```mermaid\ngraph TD; A["<img src=x>"]\n```'
     )
-    safe = chat_ui.shown(hostile)
+    safe = chat_view.shown(hostile)
     assert "<" not in safe.replace("< ", "") and "![" not in safe and "```mermaid" not in safe
     assert re.findall(r"&#?\w+;", safe) == re.findall(r"&#(?:38|60|91|109);", safe)  # every reference is ours
     plain = "**Bold**, `code`, a < b && c > d, [a link](http://x), ! [not an image], 5 > 3\n> quoted\n- item"
-    assert chat_ui.shown(plain) == plain  # ordinary Markdown and comparisons pass untouched
+    assert chat_view.shown(plain) == plain  # ordinary Markdown and comparisons pass untouched
     for text in (hostile, plain, "&#38;#60;", "!&#91;", "```&#109;ermaid", "&#1114112; &#99999999999;", ""):
-        assert chat_ui.unshown(chat_ui.shown(text)) == text  # the way back is exact (edits keep the original)
+        assert chat_view.unshown(chat_view.shown(text)) == text  # the way back is exact (edits keep the original)
 
     # the handlers: everything the Chatbot gets is shown(); what an edit sends back is the original text
     class Hostile(Echo):
@@ -368,11 +371,13 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
             None,
             0.7,
             64,
-            data=gr.EditData(None, {"index": 1, "value": chat_ui.shown(hostile) + " <i>ok</i>", "previous_value": ""}),
+            data=gr.EditData(
+                None, {"index": 1, "value": chat_view.shown(hostile) + " <i>ok</i>", "previous_value": ""}
+            ),
         )
     )
     assert chat.messages[1]["content"] == hostile + " <i>ok</i>" and "edit of reply 1" in status
-    assert chat_ui._error(ValueError("<img src=x>")) == "**error:** &#60;img src=x>"
+    assert chat_view.error_line(ValueError("<img src=x>")) == "**error:** &#60;img src=x>"
 
 
 def test_the_status_line_counts_earlier_exchanges_in_words():
@@ -399,7 +404,7 @@ def test_the_status_line_counts_earlier_exchanges_in_words():
     assert drain(h.send("one more", chat, "", "6", 0.7, 64))[-1].endswith("**dropped the oldest**.")
     assert not any("(s)" in line for line in said)
     assert h.undo(chat)[-1] == "Removed 2 messages."
-    assert chat_ui.plural(1, "message") == "1 message" and chat_ui.plural(0, "message") == "0 messages"
+    assert chat_view.plural(1, "message") == "1 message" and chat_view.plural(0, "message") == "0 messages"
 
 
 def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
@@ -418,7 +423,7 @@ def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
 
     shown, restored, system, status = shown_as_list(h.restore(kept, None))  # a reload: a new session, no Chat yet
     assert restored is not chat and restored.messages == chat.messages and system == "Be brief."
-    assert restored.conversation_id == chat.conversation_id and shown == chat_ui._display(chat.messages)
+    assert restored.conversation_id == chat.conversation_id and shown == chat_view.display(chat.messages)
     assert status == "Continuing this conversation (4 messages)."
     restored.rate(True, index=0)
     assert store.records()[0]["conversation_id"] == chat.conversation_id
@@ -522,8 +527,8 @@ def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
 
     from dragon_dagster.cli import main
 
-    assert all(chat_ui.is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"))
-    assert not any(chat_ui.is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org", ""))
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.0.0.2", "localhost", "::1", "[::1]"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "192.168.1.5", "example.org", ""))
     assert chat_ui.exposure_warning("127.0.0.1", None) is None
     assert chat_ui.exposure_warning("0.0.0.0", "pw") is None
     assert "promoted automatically" in chat_ui.exposure_warning("0.0.0.0", None)
@@ -537,13 +542,14 @@ def test_exposure_warning_and_the_cli_password(monkeypatch, tmp_path):
         return CliRunner().invoke(main, ["chat-ui", "--model", "http://127.0.0.1:9/v1", *args], env=env)
 
     out = run()  # today's default: loopback, no password, no warning
-    assert out.exit_code == 0 and "warning:" not in out.output and calls[-1]["password"] is None
+    assert out.exit_code == 0 and "warning:" not in out.output and calls[-1]["serving"].password is None
     out = run("--host", "0.0.0.0")
     assert out.exit_code == 0 and "warning:" in out.output and "promoted automatically" in out.output
     secret = "correct horse battery"
     out = run("--host", "0.0.0.0", "--password-env", "CHAT_PW", "--username", "ops", env={"CHAT_PW": secret})
     assert out.exit_code == 0 and "warning:" not in out.output and secret not in out.output
-    assert (calls[-1]["password"], calls[-1]["username"], calls[-1]["host"]) == (secret, "ops", "0.0.0.0")
+    serving = calls[-1]["serving"]
+    assert (serving.password, serving.username, serving.host) == (secret, "ops", "0.0.0.0")
     n = len(calls)
     out = run("--password-env", "CHAT_PW_UNSET", env={"CHAT_PW_UNSET": ""})
     assert out.exit_code != 0 and "CHAT_PW_UNSET" in out.output and len(calls) == n  # never served open instead
@@ -618,7 +624,7 @@ def test_chat_page_in_a_real_browser(chromium, tmp_path):
 
     backend, store = Echo(), Slow(tmp_path / "feedback.db")
     app = chat_ui.build_app(backend, store, "echo-model", context_turns=1, stream_delay=0.01)
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    url = chat_ui.start(app, PageServing(port=free_port(), block=False, quiet=True))
     try:
         import requests
 
@@ -761,7 +767,7 @@ def test_reload_keeps_the_conversation_one_of_each_control_stop_only_while_answe
     app = chat_ui.build_app(
         backend, store, "/runs/x/model", name, stream_delay=0.01, tracer=ChatTracer(uri, experiment)
     )
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    url = chat_ui.start(app, PageServing(port=free_port(), block=False, quiet=True))
     whole = "w1 w2 w3 w4 w5 w6 w7 w8"
     try:
         with sync_playwright() as p:
@@ -884,7 +890,9 @@ def test_hostile_reply_stays_text_behind_a_password_in_a_real_browser(chromium, 
     store = SQLiteFeedbackStore(tmp_path / "feedback.db")
     password = "open sesame 42"
     app = chat_ui.build_app(Hostile(), store, "hostile", stream_delay=0)
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True, password=password, username="tester")
+    url = chat_ui.start(
+        app, PageServing(port=free_port(), block=False, quiet=True, password=password, username="tester")
+    )
     try:
         # headers on every kind of response: the page, a script asset, an API refusal, the login answer
         page_html = requests.get(url, timeout=10)
@@ -978,7 +986,11 @@ def test_dragon_chat_ui_defaults_in_a_real_browser(chromium, stub, monkeypatch, 
     served = []
     real_launch = chat_ui.launch
     monkeypatch.setattr(
-        chat_ui, "launch", lambda *a, **kw: served.append((a, real_launch(*a, **{**kw, "block": False})))
+        chat_ui,
+        "launch",
+        lambda *a, **kw: served.append(
+            (a, real_launch(*a, **{**kw, "serving": kw["serving"].model_copy(update={"block": False})}))
+        ),
     )
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path))
     port = free_port()

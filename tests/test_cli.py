@@ -116,7 +116,7 @@ def test_presets_and_help_run_as_a_console_script():
 def test_serve_answers_over_the_openai_protocol(materialized, tmp_path):
     import signal
 
-    from dragon_dagster.engine.infer.backends import ServerBackend
+    from dragon_dagster.engine.infer.server_backend import ServerBackend
     from tests.support import closed_port, healthy, wait_until
 
     port = closed_port()

@@ -18,6 +18,7 @@ from dagster import DagsterInstance
 from dragon_dagster import studio as studio_page
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.engine.pipeline.draft import MAX_BYTES
+from dragon_dagster.page_serving import PageServing
 from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port, user_project
 
 DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
@@ -52,7 +53,7 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
     instance = DagsterInstance.from_config(str(tmp_path / "home"))  # the run's process opens it too
     studio = studio_page.Studio(defs, runs, str(tiny_model), resources=resources_for(runs), instance=instance)
     app = studio_page.build_studio(studio)
-    url = studio_page.start(app, port=free_port(), block=False, quiet=True)
+    url = studio_page.start(app, PageServing(port=free_port(), block=False, quiet=True))
     try:
         headers = requests.get(url, timeout=10).headers
         assert "frame-ancestors 'none'" in headers["Content-Security-Policy"] and headers["X-Frame-Options"] == "DENY"
@@ -268,7 +269,7 @@ def test_dragon_studio_serves_its_chat_pages_behind_its_own_login(monkeypatch, t
 
     served = []
     monkeypatch.setattr(studio, "build_studio", lambda page: page)
-    monkeypatch.setattr(studio, "start", lambda page, **kw: served.append((page, kw)))
+    monkeypatch.setattr(studio, "start", lambda page, serving: served.append((page, serving)))
     monkeypatch.setenv("DRAGON_RUNS_DIR", str(tmp_path / "runs"))
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "home"))
     defs = user_project(tmp_path / "project")
@@ -276,9 +277,9 @@ def test_dragon_studio_serves_its_chat_pages_behind_its_own_login(monkeypatch, t
     args = ["studio", "--defs", str(defs), "--host", "0.0.0.0", "--password-env", "STUDIO_PW"]
     out = CliRunner().invoke(main, args, env={"STUDIO_PW": "s3cret"})
     assert out.exit_code == 0, out.output
-    [(page, options)] = served
-    assert (options["password"], options["host"]) == ("s3cret", "0.0.0.0") and "s3cret" not in out.output
-    assert (page.password, page.username, page.host) == ("s3cret", "dragon", "0.0.0.0")
+    [(page, serving)] = served
+    assert (serving.password, serving.host) == ("s3cret", "0.0.0.0") and "s3cret" not in out.output
+    assert (page.serving.password, page.serving.username, page.serving.host) == ("s3cret", "dragon", "0.0.0.0")
     assert page.defs_dir == defs.resolve()
 
     refused = CliRunner().invoke(main, ["studio", "--defs", str(tmp_path / "defs")])
@@ -400,7 +401,7 @@ def test_a_paraphrased_file_fixed_on_the_page_runs_from_dg_and_chats_with_its_pe
         loaded_defs_dir(project), runs, str(tiny_model), resources, dagster_url=f"http://127.0.0.1:{server.port}"
     )
     app = studio_page.build_studio(studio)
-    url = studio_page.start(app, port=free_port(), block=False, quiet=True)
+    url = studio_page.start(app, PageServing(port=free_port(), block=False, quiet=True))
     env = {**server.env, "COLUMNS": "200"}
     env.pop("VIRTUAL_ENV", None)
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import click
 
+from ..page_serving import CHAT_PORT, STUDIO_PORT, PageServing
 from .common import (
     console,
     ensure_dagster_home,
-    login_options,
-    password_from,
+    page_options,
     pipeline_argument,
     reach_feedback,
     reach_tracking,
@@ -73,6 +73,11 @@ def server_url(model: str | None, server: str | None) -> str | None:
     return server
 
 
+def login_note(serving: PageServing) -> str:
+    """What the console says of a page's login."""
+    return f"login {serving.username!r}" if serving.password else "no password"
+
+
 def say(text: str, warning: bool) -> None:
     """What the chat target tells people, on the console: warnings bold, notes dim."""
     console.print(text, style="bold yellow" if warning else "dim", soft_wrap=True, markup=False)
@@ -129,31 +134,20 @@ def chat(pipeline, model, server, server_model, system, context_turns):
     "current directory loads (the default); any other folder is refused with that one.",
 )
 @click.option("--model", default="smollm2-135m", show_default=True, help="The model the page starts with.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Anything but loopback needs --password-env.")
-@click.option("--port", default=7861, show_default=True)
 @click.option(
     "--dagster-url",
     default=None,
     help="The Dagster webserver to launch runs through (reloading its code locations first). Default: "
     "$DAGSTER_UI_URL, else where `make ui` serves it; where none answers, a run starts in a process of the studio.",
 )
-@login_options
-def studio(
-    defs_dir: Path | None,
-    model: str,
-    host: str,
-    port: int,
-    dagster_url: str | None,
-    password_env: str | None,
-    username: str,
-):
+@page_options(STUDIO_PORT)
+def studio(defs_dir: Path | None, model: str, dagster_url: str | None, serving: PageServing):
     """A web page from a data file to a trained model: map its columns, preview the rows, save the pipeline as
     defs/<name>/defs.yaml, run it (through the running Dagster webserver, else in-process) and follow it."""
     from ..resources.tracking import dagster_ui_url
     from ..studio import Studio, build_studio, start
     from ..studio.project import ProjectError, writable_defs_dir
 
-    password = password_from(password_env)
     ensure_dagster_home()
     try:
         defs_dir = writable_defs_dir(defs_dir)
@@ -161,47 +155,37 @@ def studio(
         raise click.ClickException(str(exc)) from None
     defs_dir.mkdir(parents=True, exist_ok=True)
     console.print(
-        f"studio on http://{host}:{port}  (pipelines written to {defs_dir}; runs in {runs_dir()}; "
-        f"{'login ' + repr(username) if password else 'no password'})",
+        f"studio on http://{serving.host}:{serving.port}  (pipelines written to {defs_dir}; runs in {runs_dir()}; "
+        f"{login_note(serving)})",
         soft_wrap=True,
         markup=False,
     )
-    page = Studio(defs_dir, runs_dir(), model, dagster_url=dagster_url or dagster_ui_url())
-    page.host, page.password, page.username = host, password, username  # the chat pages it opens: the same login
-    start(build_studio(page), host=host, port=port, password=password, username=username)
+    # the chat pages it opens are served on its host, behind its login
+    page = Studio(defs_dir, runs_dir(), model, dagster_url=dagster_url or dagster_ui_url(), serving=serving)
+    start(build_studio(page), serving)
 
 
 @main.command("chat-ui")
 @chat_options
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Interface to bind; anything but loopback needs --password-env (feedback is trained on).",
-)
-@click.option("--port", default=7860, show_default=True)
-@login_options
-def chat_ui(pipeline, model, server, server_model, system, context_turns, host, port, password_env, username):
+@page_options(CHAT_PORT)
+def chat_ui(pipeline, model, server, server_model, system, context_turns, serving: PageServing):
     """A web chat page (Gradio) with thumbs, edits, regenerate, undo and transcripts."""
     model = server_url(model, server)
-    password = password_from(password_env)
     reach_stores(pipeline, model)
     from ..chat_target import chat_target
     from ..chat_ui import exposure_warning, serve_target
 
-    target = chat_target(pipeline, model, server_model, system, user=username if password else None, say=say)
-    warning = exposure_warning(host, password)
+    user = serving.username if serving.password else None
+    target = chat_target(pipeline, model, server_model, system, user=user, say=say)
+    warning = exposure_warning(serving.host, serving.password)
     if warning:
         console.print(f"warning: {warning}", style="bold yellow", soft_wrap=True, markup=False)
-    login = f"login {username!r}, password from ${password_env}" if password else "no password"
     label, name = target.model.label, target.model.name
     described = name if label in name else f"{name} at {label}"
     console.print(
-        f"chat page on http://{host}:{port}  (model {described}; feedback to {target.store.where}; "
-        f"{target.system_note}; {login})",
+        f"chat page on http://{serving.host}:{serving.port}  (model {described}; feedback to {target.store.where}; "
+        f"{target.system_note}; {login_note(serving)})",
         soft_wrap=True,
         markup=False,
     )
-    serve_target(
-        target, host=host, port=port, context_turns=context_turns, password=password, username=username, warn=False
-    )
+    serve_target(target, serving, context_turns=context_turns, warn=False)

@@ -1,5 +1,5 @@
 """What the commands share: the console, the Dagster home, the runs folder, the targets people name, the pipeline
-argument and the login options of the web pages."""
+argument and the options that say how a web page is served."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import sys
 from pathlib import Path
 
 import click
+from pydantic import ValidationError
 from rich.console import Console
+
+from ..page_serving import USERNAME, PageServing
 
 # Wide enough that tables of paths and metrics are not cut when piped or captured.
 console = Console(width=None if sys.stdout.isatty() else 220)
@@ -95,15 +98,44 @@ def pipeline_argument(f):
     return click.argument("pipeline_argument", metavar="[PIPELINE]", required=False)(with_pipeline)
 
 
-def login_options(f):
-    """--password-env and --username: a web page behind a login."""
-    f = click.option("--username", default="dragon", show_default=True, help="The login name with --password-env.")(f)
-    return click.option(
-        "--password-env",
-        default=None,
-        metavar="NAME",
-        help="Require a login, with the password read from environment variable NAME.",
-    )(f)
+def page_options(port: int):
+    """--host, --port, --password-env and --username: how a web page (the chat page, the studio) is served, handed
+    to the command as one `serving` (page_serving.PageServing); `port` is the page's default."""
+
+    def decorate(f):
+        @functools.wraps(f)
+        def with_serving(*args, host, port, password_env, username, **kwargs):
+            try:
+                serving = PageServing(host=host, port=port, password=password_from(password_env), username=username)
+            except ValidationError as exc:
+                raise click.UsageError(f"how the page is served: {exc}") from None
+            return f(*args, serving=serving, **kwargs)
+
+        for option in reversed(
+            [
+                click.option(
+                    "--host",
+                    default="127.0.0.1",
+                    show_default=True,
+                    help="Interface to bind; anything beyond loopback needs --password-env (the page warns without "
+                    "one).",
+                ),
+                click.option("--port", type=click.IntRange(0, 65535), default=port, show_default=True),
+                click.option(
+                    "--password-env",
+                    default=None,
+                    metavar="NAME",
+                    help="Require a login, with the password read from environment variable NAME.",
+                ),
+                click.option(
+                    "--username", default=USERNAME, show_default=True, help="The login name with --password-env."
+                ),
+            ]
+        ):
+            with_serving = option(with_serving)
+        return with_serving
+
+    return decorate
 
 
 def password_from(password_env: str | None) -> str | None:

@@ -51,7 +51,8 @@ from ..engine.pipeline.draft import (  # noqa: E402
     write,
 )
 from ..engine.runs import latest_artifact  # noqa: E402
-from ..web import USERNAME, is_loopback, serve  # noqa: E402
+from ..page_serving import STUDIO_PORT, PageServing, exposed  # noqa: E402
+from ..web import serve  # noqa: E402
 from . import run_view  # noqa: E402
 from .launch import ENDED, Launched, LocalRun, WebserverRun, webserver_answers  # noqa: E402
 from .project import reload_code_locations  # noqa: E402
@@ -86,7 +87,7 @@ def overlap_line(figures: dict) -> str:
 
 
 def exposure_warning(host: str, password: str | None, share: bool = False) -> str | None:
-    if password or (is_loopback(host) and not share):
+    if not exposed(host, password, share):
         return None
     return (
         f"the studio is served on {host} without a password: anyone who reaches it can write pipelines into the "
@@ -109,8 +110,9 @@ class StudioRun:
 
 class Studio:
     """The page's handlers: the project's defs folder it writes into, the runs folder its runs write to, how a run is
-    made (resources and instance: the defaults of `dragon demo` unless given), and the Dagster webserver to launch
-    through when it answers (None: always in a process of the studio)."""
+    made (resources and instance: the defaults of `dragon demo` unless given), the Dagster webserver to launch
+    through when it answers (None: always in a process of the studio), and how the studio is served: the chat
+    pages it opens are served on its host, behind its login, each on a free port."""
 
     def __init__(
         self,
@@ -120,13 +122,13 @@ class Studio:
         resources: dict | None = None,
         instance=None,
         dagster_url: str | None = None,
+        serving: PageServing | None = None,
     ):
         self.defs_dir, self.runs_dir, self.model = Path(defs_dir), Path(runs_dir), model
         self.resources, self._instance, self.dagster_url = resources, instance, dagster_url
         self.runs: dict[str, StudioRun] = {}
         self.chats: dict[str, tuple[str, object, str]] = {}  # by pipeline: (model directory, the chat app, its URL)
-        # where the chat pages it opens are served, and behind which login: the studio's own (cli sets them)
-        self.host, self.password, self.username = "127.0.0.1", None, USERNAME
+        self.serving = serving or PageServing(port=STUDIO_PORT)
 
     @property
     def instance(self):
@@ -438,19 +440,20 @@ class Studio:
             store=resources.get("store"),
             tracking=resources.get("tracking"),
         )
-        port = free_port(self.host)
-        options = dict(block=False, host=self.host, port=port, quiet=True, warn=False)
+        # on the studio's host and behind its login; in the background, on a port of its own, on this machine only
+        port = free_port(self.serving.host)
+        serving = self.serving.model_copy(
+            update={"port": port, "block": False, "quiet": True, "share": False, "inbrowser": False}
+        )
         made: list = []
         # built in a thread of its own: inside this event Gradio's context names the studio's page, and a page
         # built here would attach its events to it (a thread starts with a fresh context)
-        builder = threading.Thread(
-            target=lambda: made.append(serve_target(target, password=self.password, username=self.username, **options))
-        )
+        builder = threading.Thread(target=lambda: made.append(serve_target(target, serving, warn=False)))
         builder.start()
         builder.join()
         if not made:
             return f"**Error:** the chat page on {artifact} did not start (the studio's terminal says why)"
-        app, url = made[0], f"http://{self.host}:{port}/"
+        app, url = made[0], f"http://{serving.host}:{serving.port}/"
         self.chats[name] = (str(artifact), app, url)
         dataset = pipeline.system_dataset()
         varies = target.system is None and dataset is not None and dataset.per_row_system(pipeline)
@@ -585,25 +588,8 @@ def build_studio(studio: Studio) -> gr.Blocks:
     return app
 
 
-def start(
-    app: gr.Blocks,
-    host: str = "127.0.0.1",
-    port: int = 7861,
-    block: bool = True,
-    quiet: bool = False,
-    password: str | None = None,
-    username: str = USERNAME,
-) -> str:
-    """Serve the studio (web.serve: the offline theme, the security headers, uploads up to MAX_BYTES)."""
-    return serve(
-        app,
-        CSS,
-        exposure_warning(host, password),
-        host=host,
-        port=port,
-        block=block,
-        quiet=quiet,
-        password=password,
-        username=username,
-        max_file_size=MAX_BYTES,
-    )
+def start(app: gr.Blocks, serving: PageServing) -> str:
+    """Serve the studio as `serving` says (web.serve: the offline theme, the security headers, uploads up to
+    MAX_BYTES)."""
+    warning = exposure_warning(serving.host, serving.password, serving.share)
+    return serve(app, CSS, warning, serving, max_file_size=MAX_BYTES)

@@ -17,12 +17,15 @@ the field, e.g. "row 3, messages[2]: unknown role 'bot'".
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal, get_args
 
 from .errors import DataError
 
 LAYOUTS = ("columns", "messages", "sharegpt", "alpaca")
-ROLES = ("system", "user", "assistant", "tool")
+# A chat message's role: the one definition every conversation in the engine (datasets, backends, the chat,
+# feedback records) checks against.
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = get_args(Role)
 CONVERSATION_COLUMNS = ("messages", "conversations")  # looked for, in order, when no column is named
 TOOLS_COLUMN = "tools"
 # ShareGPT's speakers as the datasets name them (FastChat, LLaMA-Factory, Glaive, OpenHermes)

@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .conversations import tool_call
+from .conversations import ROLES, tool_call
 from .errors import DataError
 
-ROLES = ("system", "user", "assistant", "tool")
 TOOL_KEYS = ("name", "tool_call_id")  # what a tool turn may carry besides its content
 
 

@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..infer.backends import Backend, as_backend
+from ..infer.backend import Backend
+from ..infer.backend_registry import as_backend
 from .judge_answers import parse_score, parse_winner
 
 DEFAULT_RUBRIC = (

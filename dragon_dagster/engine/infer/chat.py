@@ -40,18 +40,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..data.conversations import ROLES
 from ..data.feedback.records import MAX_MESSAGE_CHARS, too_long
 from ..data.feedback.store import FeedbackStore
 from ..data.feedback_turns import FeedbackError, clean_messages
 from ..data.tables import DataError, conversation_row
 from ..outages import StoreUnavailable
 from ..tools.declare import Toolset
-from .backends import Backend, as_backend
+from .backend import Backend
+from .backend_registry import as_backend
 from .chat_tools import HeldCalls, calls_to_run
 from .tool_loop import call_turn, run_call
 from .tracing import ChatTracer, TracingError
-
-ROLES = ("system", "user", "assistant", "tool")
 
 
 class ChatError(ValueError):

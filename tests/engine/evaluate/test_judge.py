@@ -11,7 +11,7 @@ import pytest
 
 from dragon_dagster.engine.evaluate.judge import Judge, PairwiseResult, Score, combine, score_summary
 from dragon_dagster.engine.evaluate.judge_answers import parse_json_answer, parse_score, parse_winner
-from dragon_dagster.engine.infer.backends import Backend
+from dragon_dagster.engine.infer.backend import Backend
 
 
 def between(tag: str, text: str) -> str:

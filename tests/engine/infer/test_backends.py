@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 
 from dragon_dagster.engine.artifacts.manifest import MergedManifest, MergeResult, write_manifest
-from dragon_dagster.engine.infer import backends
-from dragon_dagster.engine.infer.backends import (
-    BackendError,
-    LocalBackend,
-    ServerBackend,
-    as_backend,
-    backend_from_dict,
-    cache_stats,
-    clear_cache,
-)
+from dragon_dagster.engine.infer import backend, backend_registry, conversation, local_backend, server_backend
+from dragon_dagster.engine.infer.backend import BackendError
+from dragon_dagster.engine.infer.backend_registry import as_backend, backend_from_dict
+from dragon_dagster.engine.infer.local_backend import LocalBackend, cache_stats, clear_cache
+from dragon_dagster.engine.infer.server_backend import ServerBackend
 from tests.support import closed_port, completion
 
 
@@ -157,6 +152,66 @@ def test_chat_validates_conversations():
         backend.chat(["x"], max_new_tokens=0)
 
 
+def test_a_conversation_keeps_the_tool_keys_of_each_role_only():
+    call = [{"type": "function", "function": {"name": "add", "arguments": {"a": 1}}}]
+    turns = [
+        {"role": "user", "content": "add", "tool_calls": call, "name": "x", "mood": "curious"},
+        {"role": "assistant", "content": "", "tool_calls": call, "name": "x"},
+        {"role": "tool", "content": "1", "name": "add", "tool_call_id": "c1", "tool_calls": call},
+        {"role": "assistant", "content": None, "tool_calls": []},
+    ]
+    assert conversation.as_conversation(turns) == [
+        {"role": "user", "content": "add"},
+        {"role": "assistant", "content": "", "tool_calls": call},
+        {"role": "tool", "content": "1", "name": "add", "tool_call_id": "c1"},
+        {"role": "assistant", "content": None},
+    ]
+    assert conversation.as_conversation(turns, tool_keys=False)[1] == {"role": "assistant", "content": ""}
+    assert conversation.as_conversation("hi") == [{"role": "user", "content": "hi"}]
+    for bad in ([{"role": "user"}], [{"content": "x"}], ["hi"], [{"role": "bot", "content": "x"}]):
+        with pytest.raises(conversation.ConversationError, match="a role in .*'system'.*'tool'.* and a content"):
+            conversation.as_conversation(bad)
+    with pytest.raises(conversation.ConversationError, match="non-empty list"):
+        conversation.as_conversation([])
+
+
+def test_the_chat_roles_are_spelled_once():
+    """Role (data/conversations.py) is the one list of chat roles: no module of the package writes them out again."""
+    from dragon_dagster.engine.data.conversations import ROLES
+
+    assert ROLES == ("system", "user", "assistant", "tool")
+    package = Path(backend.__file__).parents[2]
+    spelled = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if '"system", "user", "assistant", "tool"' in path.read_text()
+    ]
+    assert spelled == ["engine/data/conversations.py"], spelled
+
+
+def test_backend_config_is_parsed_by_its_model(monkeypatch):
+    # numbers as YAML may give them (strings), read as numbers; a bad value names its setting
+    server = backend_from_dict({"base_url": "http://h:1", "model": "m", "concurrency": "2", "timeout": "1e1"})
+    assert (server.concurrency, server.timeout, server.retries) == (2, 10.0, 3)  # absent: the backend's default
+    with pytest.raises(BackendError, match="server backend: timeout: .*number"):
+        backend_from_dict({"base_url": "http://h:1", "model": "m", "timeout": "soon"})
+    with pytest.raises(BackendError, match="local backend needs model"):
+        backend_from_dict({"type": "local", "model": ""})
+    with pytest.raises(
+        BackendError, match=r"known: \['batch_size', 'device', 'dtype', 'keep_loaded', 'model', 'seed'\]"
+    ):
+        backend_from_dict({"type": "local", "model": "m", "url_": 1})
+    # the key comes from the environment, and a refused config never echoes it
+    monkeypatch.setenv("TEAM_KEY", "sekrit")
+    keyed = backend_from_dict({"base_url": "http://h:1", "model": "m", "api_key_env": "TEAM_KEY"})
+    assert keyed.api_key == "sekrit"
+    with pytest.raises(BackendError, match="TEAM_KEY_UNSET, which is not set"):
+        backend_from_dict({"base_url": "http://h:1", "model": "m", "api_key_env": "TEAM_KEY_UNSET"})
+    with pytest.raises(BackendError) as err:
+        backend_from_dict({"base_url": "http://h:1", "model": "m", "api_key": "sekrit", "retries": "many"})
+    assert "retries" in str(err.value) and "sekrit" not in str(err.value)
+
+
 # ------------------------------------------------------------------------------------------ local backend
 
 CONVERSATIONS = [
@@ -254,5 +309,6 @@ def test_judge_over_a_server_backend(stub, tmp_path):
 def test_module_is_framework_free():
     from dragon_dagster.engine.evaluate import judge
 
-    source = Path(backends.__file__).read_text() + Path(judge.__file__).read_text()
+    modules = (backend, backend_registry, conversation, local_backend, server_backend, judge)
+    source = "".join(Path(module.__file__).read_text() for module in modules)
     assert "import dagster" not in source and "from dagster" not in source

@@ -11,8 +11,9 @@ from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations
 from dragon_dagster.engine.data.feedback_turns import FeedbackError
 from dragon_dagster.engine.data.tables import read_jsonl
-from dragon_dagster.engine.infer.backends import Backend, BackendError, ServerBackend
+from dragon_dagster.engine.infer.backend import Backend, BackendError
 from dragon_dagster.engine.infer.chat import Chat, ChatError
+from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.terminal_chat import run_terminal
 from tests.support import completion
 

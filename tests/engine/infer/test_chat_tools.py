@@ -11,9 +11,10 @@ import pytest
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations
 from dragon_dagster.engine.data.tables import conversation_row
-from dragon_dagster.engine.infer.backends import Backend, ServerBackend
+from dragon_dagster.engine.infer.backend import Backend
 from dragon_dagster.engine.infer.chat import Chat, ChatError
 from dragon_dagster.engine.infer.chat_tools import HeldCalls
+from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.engine.tools.declare import Tools, Toolset
 from dragon_dagster.terminal_chat import run_terminal
 from tests.support import COUNTING_BUMP

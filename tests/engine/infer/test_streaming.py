@@ -14,8 +14,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
-from dragon_dagster.engine.infer.backends import Backend, BackendError, LocalBackend, ServerBackend
+from dragon_dagster.engine.infer.backend import Backend, BackendError
 from dragon_dagster.engine.infer.chat import Chat, ChatError
+from dragon_dagster.engine.infer.local_backend import LocalBackend
+from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.terminal_chat import run_terminal
 from tests.support import CHROMIUM_ARGS, WAIT_MS, closed_port, free_port
 

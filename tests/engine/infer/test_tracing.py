@@ -11,8 +11,9 @@ from mlflow import MlflowClient
 from mlflow.tracking._tracking_service import utils as tracking_utils
 
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
-from dragon_dagster.engine.infer.backends import LocalBackend, ServerBackend
 from dragon_dagster.engine.infer.chat import Chat
+from dragon_dagster.engine.infer.local_backend import LocalBackend
+from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.engine.infer.tracing import EDITED, THUMBS, ChatTracer
 from dragon_dagster.terminal_chat import run_terminal
 from tests.support import closed_port, completion

@@ -11,7 +11,7 @@ from dragon_dagster.engine.config.job import SynthesisInputs
 from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.config.results import TrainingSummary
 from dragon_dagster.engine.data import tables as data
-from dragon_dagster.engine.infer.backends import LocalBackend
+from dragon_dagster.engine.infer.local_backend import LocalBackend
 from dragon_dagster.engine.stages.preference_pairs.settings import PreferencePairs
 from dragon_dagster.engine.stages.preference_pairs.worker import PairsJob, synthesize_pairs
 from dragon_dagster.engine.stages.synthetic_dataset.settings import SyntheticDataset

@@ -290,8 +290,9 @@ def pairwise(
     """The merged model judged against the base and against the first stage, each prompt in both orders.
     rows_out: filled with each comparison's per-row verdicts ({"vs_base": [PairwiseRow, ...]})."""
     from ...evaluate.judge import Judge
-    from ...infer.backends import LocalBackend, as_backend
+    from ...infer.backend_registry import as_backend
     from ...infer.generation import generate
+    from ...infer.local_backend import LocalBackend
 
     inputs = job.inputs
     backend = (

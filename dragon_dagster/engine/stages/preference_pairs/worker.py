@@ -18,7 +18,8 @@ from ...config.job import Job, SynthesisInputs
 from ...config.reporter import Reporter
 from ...data.tables import read_jsonl, reply_text, split_rows, user_text, write_jsonl
 from ...evaluate.judge import Judge
-from ...infer.backends import LocalBackend, as_backend
+from ...infer.backend_registry import as_backend
+from ...infer.local_backend import LocalBackend
 from .settings import PreferencePairs
 
 PairsJob = Job[PreferencePairs, SynthesisInputs]

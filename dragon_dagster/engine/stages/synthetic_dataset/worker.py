@@ -13,7 +13,7 @@ from ...config.job import Job, SynthesisInputs
 from ...config.reporter import Reporter
 from ...data.tables import read_jsonl, reply_text, split_rows, user_text, write_jsonl
 from ...evaluate.judge import Judge
-from ...infer.backends import as_backend
+from ...infer.backend_registry import as_backend
 from .settings import SyntheticDataset
 
 SyntheticJob = Job[SyntheticDataset, SynthesisInputs]
