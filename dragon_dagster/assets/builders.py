@@ -186,7 +186,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                 DatasetManifest(
                     kind=stage.kind,
                     source=inputs.get("source") or settings.path,
-                    settings=settings.model_dump(),
+                    settings=settings,
                     train_rows=len(train),
                     eval_rows=len(held),
                     dropped=dropped,
@@ -326,7 +326,7 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
                     kind=stage.kind,
                     dataset=inputs["dataset"],
                     student=inputs.get("student"),
-                    settings=settings.model_dump(),
+                    settings=settings,
                     result=result,
                     dagster_run_id=context.op_execution_context.run_id,
                 ),
@@ -408,7 +408,7 @@ def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = N
                         upstream_mlflow_run_id=adapter_manifest.mlflow_run_id,
                         mlflow_run_id=run.id,
                         info=info,
-                        settings=settings.model_dump(),
+                        settings=settings,
                         dagster_run_id=context.op_execution_context.run_id,
                     ),
                 )

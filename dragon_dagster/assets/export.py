@@ -57,7 +57,7 @@ def run_export_stage(
             ExportManifest(
                 merged=merged,
                 report=report,
-                settings=stage.model_dump(),
+                settings=stage,
                 name=info.name,
                 architecture=info.architecture,
                 files=files,

@@ -235,7 +235,7 @@ def run_report_stage(
             ReportManifest(
                 merged=merged,
                 dataset=dataset,
-                settings=settings,
+                settings=stage,
                 mlflow_run_id=report_run,
                 base_mlflow_run_id=base_run,
                 dagster_run_id=context.op_execution_context.run_id,

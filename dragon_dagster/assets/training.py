@@ -366,7 +366,7 @@ class TrainingStageRun:
                 chain=[*checked.chain, str(final / "adapter")],
                 dataset=self.dataset,
                 previous=self.previous,
-                settings=job.settings.model_dump(),
+                settings=job.settings,
                 mlflow_run_id=run.id,
                 reward_files=reward_files(checked.rewards),
                 upstream_mlflow_run_id=checked.upstream_run,
