@@ -215,7 +215,9 @@ def main(argv=None) -> dict:
     from dragon_dagster.engine.artifacts import progress
     from dragon_dagster.engine.config.hardware import Hardware, Speed
     from dragon_dagster.engine.config.job import TrainingInputs
-    from dragon_dagster.engine.data.tables import PromptsMapping, map_prompts, read_table, split_rows, write_jsonl
+    from dragon_dagster.engine.data.holdout import split_rows
+    from dragon_dagster.engine.data.row_mapping import PromptsMapping, map_prompts
+    from dragon_dagster.engine.data.tables import read_table, write_jsonl
     from dragon_dagster.engine.stages.grpo.settings import GRPO
     from dragon_dagster.engine.stages.rloo.settings import RLOO
 

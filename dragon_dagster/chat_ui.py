@@ -62,7 +62,9 @@ from .engine.data.feedback.store import FeedbackStore  # noqa: E402
 from .engine.data.feedback_turns import FeedbackError  # noqa: E402
 from .engine.infer.backend import Backend, BackendError  # noqa: E402
 from .engine.infer.backend_registry import as_backend  # noqa: E402
-from .engine.infer.chat import Chat, ChatError, ReplyStream, is_answer  # noqa: E402
+from .engine.infer.chat import Chat  # noqa: E402
+from .engine.infer.chat_messages import ChatError, is_answer  # noqa: E402
+from .engine.infer.reply_stream import ReplyStream  # noqa: E402
 from .engine.infer.tracing import ChatTracer  # noqa: E402
 from .engine.tools.declare import Toolset  # noqa: E402
 from .page_serving import PageServing, exposed  # noqa: E402

@@ -17,7 +17,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 
-from .engine.infer.chat import Chat, ChatError, is_answer  # noqa: E402
+from .engine.infer.chat import Chat  # noqa: E402
+from .engine.infer.chat_messages import ChatError, is_answer  # noqa: E402
 from .engine.infer.tool_loop import turn_lines  # noqa: E402
 
 # What the page's Markdown renderer (marked, in Gradio's frontend) would turn into live HTML, each replaced by a

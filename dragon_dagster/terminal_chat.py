@@ -9,7 +9,9 @@ from typing import Any
 
 from .engine.data.feedback_turns import FeedbackError
 from .engine.infer.backend import BackendError
-from .engine.infer.chat import Chat, ChatError, ReplyStream
+from .engine.infer.chat import Chat
+from .engine.infer.chat_messages import ChatError
+from .engine.infer.reply_stream import ReplyStream
 from .engine.infer.tool_loop import turn_lines
 
 HELP = """commands:

@@ -337,15 +337,16 @@ def _alive(pid: int) -> bool:
 
 def ticket_files(tmp_path: Path, n: int | None = None) -> tuple[Path, Path]:
     """The bundled tickets as SFT rows, split, written as train.jsonl and eval.jsonl into tmp_path."""
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import holdout, row_mapping, tables
     from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
 
-    rows = data.map_rows(
-        data.read_table(EXAMPLE_DIR / "tickets.csv"), data.Mapping(prompt="{subject}\n\n{body}", response="reply")
+    rows = row_mapping.map_rows(
+        tables.read_table(EXAMPLE_DIR / "tickets.csv"),
+        row_mapping.Mapping(prompt="{subject}\n\n{body}", response="reply"),
     )[:n]
-    train, held = data.split_rows(rows)
-    data.write_jsonl(tmp_path / "train.jsonl", train)
-    data.write_jsonl(tmp_path / "eval.jsonl", held)
+    train, held = holdout.split_rows(rows)
+    tables.write_jsonl(tmp_path / "train.jsonl", train)
+    tables.write_jsonl(tmp_path / "eval.jsonl", held)
     return tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
 
 

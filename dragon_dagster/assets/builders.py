@@ -24,7 +24,7 @@ from ..engine.artifacts.manifest import (
 )
 from ..engine.config.job import ModelInputs, SynthesisInputs
 from ..engine.config.stage import Stage
-from ..engine.data import tables as data_lib
+from ..engine.data import errors, row_parts, tables
 from ..engine.data.prepare import prepare
 from ..engine.data.stage import DatasetStage
 from ..engine.pipeline import Pipeline
@@ -47,7 +47,7 @@ from .stage_inputs import asset_ins, by_role, declared_ins
 from .stage_runs import stage_run
 from .training import run_training_stage
 
-USER_ERRORS = (data_lib.DataError, models.ModelError, ValueError)
+USER_ERRORS = (errors.DataError, models.ModelError, ValueError)
 
 
 @contextmanager
@@ -97,7 +97,7 @@ def source_asset(pipeline: Pipeline, name: str, spec):
 
     def _snapshot(context, store: ArtifactStore) -> Output[str]:
         with named_failure(f"{pipeline.name}/{name}"):
-            df = data_lib.read_table(spec.path, spec.format)
+            df = tables.read_table(spec.path, spec.format)
         src = Path(spec.path)
         with store.new_artifact(pipeline.name, name, context.op_execution_context.run_id) as (tmp, final):
             target = tmp / ("data" if src.is_dir() else f"data{src.suffix}")
@@ -127,7 +127,7 @@ def source_asset(pipeline: Pipeline, name: str, spec):
 
 
 def preview_row(row: dict) -> dict:
-    out = {"prompt": data_lib.user_text(row)}
+    out = {"prompt": row_parts.user_text(row)}
     for column in ("completion", "chosen", "rejected"):
         if column in row:
             out[column] = row[column][-1]["content"]
@@ -141,9 +141,9 @@ def preview_row(row: dict) -> dict:
 def read_source(pipeline: Pipeline, stage: DatasetStage, source: str | None):
     """The stage's table: from its source asset's snapshot, or from its own path."""
     if source is None:
-        return data_lib.read_table(stage.path, stage.format)
+        return tables.read_table(stage.path, stage.format)
     manifest = read_manifest(source, SourceManifest)
-    return data_lib.read_table(Path(source) / manifest.file, stage.format or pipeline.datasets[stage.source].format)
+    return tables.read_table(Path(source) / manifest.file, stage.format or pipeline.datasets[stage.source].format)
 
 
 def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
@@ -177,8 +177,8 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
         lengths = [chat_tokens(tokenizer, r) for r in prepared.rows]
         prompt_uri = register_dataset_prompt(pipeline, stage.name, getattr(settings, "system", None), tracking)
         with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
-            data_lib.write_jsonl(tmp / "train.jsonl", train)
-            data_lib.write_jsonl(tmp / "eval.jsonl", held)
+            tables.write_jsonl(tmp / "train.jsonl", train)
+            tables.write_jsonl(tmp / "eval.jsonl", held)
             if not inputs:  # keep the file it was read from, so the artifact reproduces itself
                 shutil.copyfile(settings.path, tmp / f"source{Path(settings.path).suffix}")
             write_manifest(

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dagster import BetaWarning, DataVersion, Failure, MetadataValue, Output, asset, observable_source_asset
 
 from ..engine.artifacts.manifest import FeedbackDatasetManifest, write_manifest
-from ..engine.data import tables as data_lib
+from ..engine.data import row_parts, tables
 from ..engine.data.feedback.store import FeedbackSource
 from ..engine.data.feedback_rows import SKIP_REASONS, check_record
 from ..engine.pipeline import Pipeline
@@ -109,8 +109,8 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
         train, held = found.rows[objective.name]
         used = found.used[objective.name]
         with store.new_artifact(pipeline.name, name, context.op_execution_context.run_id) as (tmp, final):
-            data_lib.write_jsonl(tmp / "train.jsonl", train)
-            data_lib.write_jsonl(tmp / "eval.jsonl", held)
+            tables.write_jsonl(tmp / "train.jsonl", train)
+            tables.write_jsonl(tmp / "eval.jsonl", held)
             (tmp / "records.json").write_text(  # which records, and why any was skipped
                 json.dumps(
                     [{**{k: r.get(k) for k in PROVENANCE}, "skipped": check_record(r)} for r in found.records],
@@ -138,8 +138,8 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
             )
         preview = [
             {
-                "prompt": data_lib.user_text(r),
-                "reply": data_lib.reply_text(r),
+                "prompt": row_parts.user_text(r),
+                "reply": row_parts.reply_text(r),
                 **({"label": "liked" if r["label"] else "disliked"} if "label" in r else {}),
             }
             for r in train[:5]

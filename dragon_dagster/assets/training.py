@@ -12,7 +12,8 @@ from ..engine import catalog, models
 from ..engine.artifacts.directories import sha256
 from ..engine.artifacts.manifest import AdapterManifest, read_manifest, write_manifest
 from ..engine.config.job import ReferencedModel, RewardModelInput, StageArtifact, TrainingInputs
-from ..engine.data.tables import DataError, read_jsonl
+from ..engine.data.errors import DataError
+from ..engine.data.tables import read_jsonl
 from ..engine.models import ModelError
 from ..engine.pipeline import Pipeline, preflight
 from ..engine.release.model_registry import NotRegistered, RegistryError

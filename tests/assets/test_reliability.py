@@ -16,7 +16,8 @@ from dagster import DagsterInstance
 from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.engine.artifacts.directories import sha256
 from dragon_dagster.engine.artifacts.manifest import read_manifest
-from dragon_dagster.engine.data.tables import DataError, read_table
+from dragon_dagster.engine.data.errors import DataError
+from dragon_dagster.engine.data.tables import read_table
 from dragon_dagster.engine.pipeline import PipelineError, load
 from dragon_dagster.engine.rewards import RewardSet
 from tests.support import completion, component_yaml, user_project

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from ..artifacts.manifest import DatasetManifest, read_manifest
 from ..config.checks import CheckOutcome, CheckSpec
-from .tables import quality, read_jsonl
+from .row_parts import quality
+from .tables import read_jsonl
 
 MAX_DUPLICATE_SHARE = 0.2
 # Held-out rows whose prompt or answer also appears word for word in train measure recall, not generalization.

@@ -6,7 +6,7 @@
 - sharegpt: a column of [{"from": "human"|"gpt"|"system"|"tool"|"function_call"|..., "value": ...}]; a
   function_call turn's value is the call as JSON, {"name", "arguments"}, and becomes an assistant tool call;
 - alpaca: instruction, optional input, and output columns;
-- columns: prompt and response columns or templates (tables.map_rows renders those).
+- columns: prompt and response columns or templates (row_mapping.map_rows renders those).
 
 A conversation becomes {"prompt": [every turn before the final assistant turn], "completion": [that turn]}
 (conversation_row): tool-call turns and tool results stay in the prompt as context. A row's `tools` column (JSON

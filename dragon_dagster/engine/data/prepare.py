@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import tables
+from . import holdout, row_parts
 from .stage import DatasetStage
 
 
@@ -29,12 +29,12 @@ def prepare(settings: DatasetStage, df) -> Prepared:
     prompt: rows asking the same thing stay on one side) and measure the leak and the quality."""
     rows, dropped, kept = settings.map(df)
     if settings.group_by:  # read from the source table, carried along with the rows it maps to
-        values = tables.group_values(df, settings.group_by)
+        values = holdout.group_values(df, settings.group_by)
         groups = [values[i] for i in kept]
     else:
-        groups = [tables.user_text(r) for r in rows]
+        groups = [row_parts.user_text(r) for r in rows]
     duplicates = 0
     if settings.dedupe:
-        rows, groups, duplicates = tables.dedupe_rows(rows, groups)
-    train, held = tables.split_rows(rows, settings.eval_frac, settings.seed, groups)
-    return Prepared(train, held, dropped, duplicates, tables.overlap(train, held), tables.quality(rows))
+        rows, groups, duplicates = holdout.dedupe_rows(rows, groups)
+    train, held = holdout.split_rows(rows, settings.eval_frac, settings.seed, groups)
+    return Prepared(train, held, dropped, duplicates, holdout.overlap(train, held), row_parts.quality(rows))

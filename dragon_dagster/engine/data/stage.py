@@ -12,7 +12,9 @@ from pydantic import Field, model_validator
 from ..config.checks import CheckSpec
 from ..config.stage import Stage
 from .checks import leakage_check, quality_check
-from .tables import DataError, read_table, render, template_fields
+from .errors import DataError
+from .row_mapping import render, template_fields
+from .tables import read_table
 
 # Settings of a dataset stage that name a column or a {column} template (checked against the file's header).
 MAPPING_FIELDS = ("prompt", "response", "conversations", "chosen", "rejected", "reply", "label", "reference", "system")

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 from statistics import mean
 
-from ..data.tables import read_jsonl, unpaired, user_text
+from ..data.row_mapping import unpaired
+from ..data.row_parts import user_text
+from ..data.tables import read_jsonl
 
 
 def held_out_feedback(files: dict[str, str | None]) -> tuple[list[dict], list[dict]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from statistics import mean
 
-from ..data.tables import reply_text, user_text
+from ..data.row_parts import reply_text, user_text
 from ..infer.generation import generate
 from ..infer.logprobs import completion_loss
 from ..rewards import ACCURACY_TYPES

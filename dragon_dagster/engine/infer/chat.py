@@ -32,192 +32,22 @@ Framework-free: nothing here imports Dagster.
 from __future__ import annotations
 
 import json
-import re
-import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..data.conversations import ROLES
+from ..data.conversations import conversation_row
+from ..data.errors import DataError
 from ..data.feedback.records import MAX_MESSAGE_CHARS, too_long
 from ..data.feedback.store import FeedbackStore
-from ..data.feedback_turns import FeedbackError, clean_messages
-from ..data.tables import DataError, conversation_row
 from ..outages import StoreUnavailable
 from ..tools.declare import Toolset
 from .backend import Backend
 from .backend_registry import as_backend
-from .chat_tools import HeldCalls, calls_to_run
-from .tool_loop import call_turn, run_call
+from .chat_messages import ChatError, exchanges, is_answer, kept_marks, parse_messages, plain
+from .reply_stream import ReplyStream
 from .tracing import ChatTracer, TracingError
-
-
-class ChatError(ValueError):
-    """A chat operation that cannot be done (nothing to rate, undo or regenerate; a bad transcript)."""
-
-
-def _messages(items: Any, where: str = "transcript") -> list[dict]:
-    if not isinstance(items, list):
-        raise ChatError(f"{where}: expected a list of chat messages, got {type(items).__name__}")
-    for i, m in enumerate(items):
-        if not isinstance(m, dict) or m.get("role") not in ROLES or "content" not in m:
-            raise ChatError(f"{where}: message {i} must be a dict with a role in {ROLES} and a content, got {m!r:.200}")
-    if not items:
-        return []
-    try:  # tool calls in their one form, tool turns only after a call
-        return clean_messages(items)
-    except FeedbackError as exc:
-        raise ChatError(f"{where}: {exc}") from None
-
-
-# What Chat.messages keeps on a reply that is not part of the conversation: whether it was stopped, its MLflow
-# trace, and its rating ({"verdict": "up"|"down", "feedback_id": int|None}: shown on the page, and counted once).
-MARKS = ("stopped", "trace_id", "rating")
-TRACE_ID = re.compile(r"tr-[0-9a-f]{32}")  # an MLflow 3 trace id, as the tracer returns it
-
-
-def _kept_marks(item: dict) -> dict:
-    """The marks of a message that comes back from outside (the browser's storage, a transcript), those that are
-    well formed: a trace id of MLflow's form, a rating with an up/down verdict (anything else is dropped)."""
-    marks = {}
-    if item.get("stopped") is True:
-        marks["stopped"] = True
-    trace_id = item.get("trace_id")
-    if isinstance(trace_id, str) and TRACE_ID.fullmatch(trace_id):
-        marks["trace_id"] = trace_id
-    rating = item.get("rating")
-    if isinstance(rating, dict) and rating.get("verdict") in ("up", "down"):
-        feedback_id = rating.get("feedback_id")
-        ok = isinstance(feedback_id, int) and not isinstance(feedback_id, bool)
-        marks["rating"] = {"verdict": rating["verdict"], "feedback_id": feedback_id if ok else None}
-    return marks
-
-
-def _plain(message: dict) -> dict:
-    """A message as a chat message: role, content and its tool keys (a reply may carry a "stopped" mark and
-    its "trace_id" in Chat.messages, which are not part of the conversation)."""
-    return {k: v for k, v in message.items() if k not in MARKS}
-
-
-def is_answer(message: dict) -> bool:
-    """A reply that ends a turn: an assistant turn that calls no tool (those are the ones rated and edited)."""
-    return message["role"] == "assistant" and not message.get("tool_calls")
-
-
-def _exchanges(messages: list[dict]) -> list[list[dict]]:
-    """Messages grouped into exchanges: each user turn starts one (anything before the first stays with it)."""
-    groups: list[list[dict]] = []
-    for m in messages:
-        if m["role"] == "user" or not groups:
-            groups.append([])
-        groups[-1].append(m)
-    return groups
-
-
-class ReplyStream:
-    """A reply being generated: iterate it for text chunks as they arrive (joined: the reply). `stop()`, from
-    any thread, ends it early. When iteration ends the reply is in the chat's history: whole, or as far as it
-    got with `stopped` True and the message marked stopped. Stopped before any text, the history is left as it
-    was (a new turn's user message is taken back); a failed request leaves it as it was too and raises.
-    Closing the stream early (`close()`, or Ctrl-C in the reader) counts as a stop. Iterate it once.
-
-    With the chat's tools, a reply that calls them is not shown as text: the stream yields the assistant turn
-    with its tool_calls (a dict) before the calls run, then each tool turn (a dict) as its result comes, and the
-    next reply's chunks; `text` is the reply being generated now, `turns` the tool turns made so far. They join
-    the history with the answer (and are dropped with it when the turn ends without one)."""
-
-    def __init__(self, chat: Chat, regenerate: bool, user_text: str = ""):
-        self.chat, self.regenerate, self.user_text = chat, regenerate, user_text
-        self.text, self.stopped, self.done = "", False, False
-        self.turns: list[dict] = []  # tool-call turns and tool turns before the answer
-        self._stop = threading.Event()
-        self._started = time.time_ns()  # the trace's start: when the turn was asked for
-        self._chunks = self._run()
-
-    def __iter__(self) -> ReplyStream:
-        return self
-
-    def __next__(self) -> str | dict:
-        return next(self._chunks)
-
-    def stop(self) -> None:
-        """End the reply at the next token (safe from any thread; nothing happens once it is done)."""
-        self._stop.set()
-
-    def close(self) -> None:
-        """Stop and finish now: the text so far is kept as a stopped reply."""
-        self._stop.set()
-        self._chunks.close()
-
-    def _run(self) -> Iterator[str | dict]:
-        chat = self.chat
-        chat._begin(self)
-        self._started = time.time_ns()
-        sent, dropped = [], 0
-        try:
-            sent, dropped = chat._context(chat.messages[: chat.reply_start()] if self.regenerate else chat.messages)
-            made = 0  # tool calls run in this turn (the toolset's max_calls bounds them)
-            while True:
-                held = HeldCalls() if chat.toolset is not None else None
-                yield from self._reply(chat, sent + self.turns, held)
-                if held is None or self._stop.is_set():
-                    break
-                text, calls = calls_to_run(held.reply, chat.toolset, made)
-                if not calls:  # the answer: what was held back (a call past max_calls, a broken block) is its text
-                    rest = held.rest()
-                    if rest:
-                        self.text += rest
-                        yield rest
-                    break
-                made += len(calls)
-                self.text = ""  # what this reply said before its calls is the call turn's text
-                self.turns.append(call_turn(text, calls))
-                yield self.turns[-1]
-                for call in calls:
-                    self.turns.append(run_call(chat.toolset, call))
-                    yield self.turns[-1]
-        except (GeneratorExit, KeyboardInterrupt):  # the reader left or was interrupted: a stop
-            self._stop.set()
-            self._finish(chat, sent, dropped)
-            raise
-        except BaseException:
-            chat._abort(self)
-            raise
-        self._finish(chat, sent, dropped)
-
-    def _reply(self, chat: Chat, conversation: list[dict], held: HeldCalls | None) -> Iterator[str]:
-        """One reply to the conversation, streamed into self.text (what may be shown of it: see HeldCalls)."""
-        chunks = chat.backend.stream(
-            conversation,
-            max_new_tokens=chat.max_new_tokens,
-            temperature=chat.temperature,
-            top_p=chat.top_p,
-            system=chat.system,
-            stop=self._stop,
-            **chat._tools(),
-        )
-        try:
-            for chunk in chunks:
-                shown = held.add(chunk) if held is not None else chunk
-                if shown:
-                    self.text += shown
-                    yield shown
-        finally:
-            chunks.close()  # ends the generation (a no-op when it has finished)
-
-    def _finish(self, chat: Chat, sent: list[dict], dropped: int) -> None:
-        self.stopped, self.done = self._stop.is_set(), True
-        if not self.text:  # nothing to keep (tool turns without an answer included)
-            chat._abort(self)
-            return
-        reply = {"role": "assistant", "content": self.text, **({"stopped": True} if self.stopped else {})}
-        if chat.active is self:  # traced only when the reply joins the history (it is what gets rated)
-            trace_id = chat._trace(sent + self.turns, self.text, self._started, stopped=self.stopped)
-            if trace_id:
-                reply["trace_id"] = trace_id
-        chat._commit(self, [*self.turns, reply], sent, dropped)
 
 
 class Chat:
@@ -272,9 +102,9 @@ class Chat:
 
     def _context(self, messages: list[dict]) -> tuple[list[dict], int]:
         """What the backend gets for `messages` (the context window applied) and how many exchanges it drops."""
-        earlier = _exchanges(messages[:-1])
+        earlier = exchanges(messages[:-1])
         keep = len(earlier) if self.context_turns is None else min(self.context_turns, len(earlier))
-        sent = [_plain(m) for group in earlier[len(earlier) - keep :] for m in group] + [_plain(messages[-1])]
+        sent = [plain(m) for group in earlier[len(earlier) - keep :] for m in group] + [plain(messages[-1])]
         return sent, len(earlier) - keep
 
     def _tools(self) -> dict:
@@ -302,7 +132,7 @@ class Chat:
             return None
         ended = time.time_ns()
         conversation = [{"role": "system", "content": self.system}] if self.system else []
-        conversation += [_plain(m) for m in sent]
+        conversation += [plain(m) for m in sent]
         trace_id = self.tracer.turn(
             conversation_id=self.conversation_id,
             messages=conversation,
@@ -443,7 +273,7 @@ class Chat:
         starts = [i for i, m in enumerate(self.messages) if m["role"] == "user"]
         cut = starts[-1] if starts else 0
         removed, self.messages = self.messages[cut:], self.messages[:cut]
-        return [_plain(m) for m in removed]
+        return [plain(m) for m in removed]
 
     def reset(self) -> None:
         """Clear the history and start a new conversation (new conversation_id); a reply being streamed is
@@ -455,13 +285,13 @@ class Chat:
     def history(self) -> list[dict]:
         """The conversation as role/content messages, the system prompt first when there is one."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        return system + [_plain(m) for m in self.messages]
+        return system + [plain(m) for m in self.messages]
 
     def context_usage(self) -> dict:
         """Exchanges in the history, how many the last request sent and dropped, and the context_turns limit."""
         return {
-            "exchanges": len(_exchanges(self.messages)),
-            "sent": len(_exchanges(self.last_sent)),
+            "exchanges": len(exchanges(self.messages)),
+            "sent": len(exchanges(self.last_sent)),
             "dropped": self.last_dropped,
             "context_turns": self.context_turns,
         }
@@ -489,7 +319,7 @@ class Chat:
         rating or edit, in order, under the key it was first tried with, so a write whose acknowledgement was
         lost is found rather than stored twice."""
         system = [{"role": "system", "content": self.system}] if self.system else []
-        turns = system + [_plain(m) for m in self.messages[:position]]
+        turns = system + [plain(m) for m in self.messages[:position]]
         event = {
             "conversation_id": self.conversation_id,
             "turns": turns,
@@ -627,21 +457,21 @@ class Chat:
                 value = value[0]
         if isinstance(value, dict) and "messages" in value:
             value = value["messages"]
-        return _messages(value, where=str(path))
+        return parse_messages(value, where=str(path))
 
     @classmethod
     def load(cls, path: str | Path, backend: Backend | dict | str, **kwargs) -> Chat:
         """A Chat that continues a saved transcript; a leading system message becomes the system prompt
         unless `system` is given."""
-        return cls.from_messages(cls.read_transcript(path), backend, where=str(path), **kwargs)
+        return cls.fromparse_messages(cls.read_transcript(path), backend, where=str(path), **kwargs)
 
     @classmethod
-    def from_messages(cls, items: Any, backend: Backend | dict | str, where: str = "transcript", **kwargs) -> Chat:
+    def fromparse_messages(cls, items: Any, backend: Backend | dict | str, where: str = "transcript", **kwargs) -> Chat:
         """A Chat that continues `items` (role/content messages, checked: errors name `where`); a leading
         system message becomes the system prompt unless `system` is given."""
-        messages = _messages(items, where=where)
+        messages = parse_messages(items, where=where)
         # one clean message per item (clean_messages checks, never merges): each answer keeps its marks
-        messages = [{**m, **_kept_marks(item)} if is_answer(m) else m for m, item in zip(messages, items, strict=True)]
+        messages = [{**m, **kept_marks(item)} if is_answer(m) else m for m, item in zip(messages, items, strict=True)]
         if messages and messages[0]["role"] == "system":
             kwargs.setdefault("system", messages[0]["content"])
             messages = messages[1:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..data.tables import reply_text
+from ..data.row_parts import reply_text
 
 
 def encode_reply(tokenizer, row: dict, max_len: int) -> tuple[list[int], int]:

@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError
 
 from .. import catalog, models
 from ..config.settings import NAME_PATTERN, Settings
-from ..data import tables
+from ..data import errors, row_parts, tables
 from ..data.checks import leak_problem, quality_reason
 from ..data.prepare import prepare
 from ..rewards import REWARD_TYPES
@@ -193,7 +193,7 @@ def read_data(path: str | Path):
         raise DraftError(f"{path.name} is {size / 1e6:.1f} MB: the studio takes files up to {MAX_BYTES / 1e6:.0f} MB")
     try:
         return tables.read_table(path, data_format(path))
-    except tables.DataError as exc:  # in the file's own name: where it was uploaded to says nothing to the user
+    except errors.DataError as exc:  # in the file's own name: where it was uploaded to says nothing to the user
         raise DraftError(f"{path.name}: {str(exc).replace(str(path), path.name)}") from None
 
 
@@ -226,7 +226,7 @@ def draft(
     preview = [
         {
             "system": next((m["content"] for m in r["prompt"] if m["role"] == "system"), ""),
-            "prompt": tables.user_text(r),
+            "prompt": row_parts.user_text(r),
             "response": (r.get("completion") or r.get("chosen") or [{"content": r.get("reference") or ""}])[-1][
                 "content"
             ],
@@ -260,7 +260,7 @@ def _check(stage: dict, df):
         prepared = prepare(settings, df)
     except ValidationError as exc:
         raise DraftError(_first_error(exc, stage["kind"])) from None
-    except tables.DataError as exc:
+    except errors.DataError as exc:
         raise DraftError(str(exc)) from None
     q = prepared.quality
     if q["rows"] == 0 or q["empty_prompts"] or q["empty_replies"]:

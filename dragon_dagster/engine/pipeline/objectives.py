@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..data.conversations import conversation_row
 from ..data.feedback_rows import (
     feedback_prompts,
     objective_records,
@@ -23,7 +24,6 @@ from ..data.feedback_rows import (
     unpaired_ratings,
     usable_records,
 )
-from ..data.tables import conversation_row
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ import json
 import pandas as pd
 import pytest
 
-from dragon_dagster.engine.data import tables as data
-from dragon_dagster.engine.data.tables import DataError, Mapping
+from dragon_dagster.engine.data import holdout, row_mapping, row_parts, tables
+from dragon_dagster.engine.data.errors import DataError
+from dragon_dagster.engine.data.row_mapping import Mapping
 from dragon_dagster.engine.stages.chat_dataset.settings import ChatDataset
 
 WEATHER_TOOL = {
@@ -40,7 +41,7 @@ def tool_conversation(arguments='{"city": "Paris"}'):
 
 def error_of(df, mapping=None):
     with pytest.raises(DataError) as caught:
-        data.map_rows(df, mapping or Mapping())
+        row_mapping.map_rows(df, mapping or Mapping())
     return str(caught.value)
 
 
@@ -51,7 +52,7 @@ def test_openai_messages_keep_tool_calls_tool_turns_and_tools():
             "tools": [[WEATHER_TOOL], json.dumps([WEATHER_TOOL["function"]])],  # a bare schema is wrapped
         }
     )
-    first, second = data.map_rows(frame, Mapping(layout="messages"))
+    first, second = row_mapping.map_rows(frame, Mapping(layout="messages"))
     assert first == second  # arguments as JSON text or an object, tools as a list or JSON text: the same row
     call_turn, tool_turn = first["prompt"][4], first["prompt"][5]
     assert call_turn == {
@@ -66,16 +67,16 @@ def test_openai_messages_keep_tool_calls_tool_turns_and_tools():
     assert first["completion"] == [{"role": "assistant", "content": "It is 21 C in Paris."}]
     assert first["tools"] == [WEATHER_TOOL]
     # the engine's helpers read such rows: the last user turn, the reply, a key that counts the tools
-    assert data.user_text(first) == "Weather in Paris?" and data.reply_text(first) == "It is 21 C in Paris."
-    assert data.row_key(first) != data.row_key({k: v for k, v in first.items() if k != "tools"})
-    assert data.quality([first, second])["duplicate_share"] == 0.5
+    assert row_parts.user_text(first) == "Weather in Paris?" and row_parts.reply_text(first) == "It is 21 C in Paris."
+    assert holdout.row_key(first) != holdout.row_key({k: v for k, v in first.items() if k != "tools"})
+    assert row_parts.quality([first, second])["duplicate_share"] == 0.5
 
 
 def test_a_reply_that_only_calls_a_tool_is_a_reply_not_an_empty_one():
     conversation = tool_conversation()[:5]  # ends with the assistant's call
-    (row,) = data.map_rows(pd.DataFrame({"messages": [conversation]}), Mapping())
+    (row,) = row_mapping.map_rows(pd.DataFrame({"messages": [conversation]}), Mapping())
     assert row["completion"][0]["tool_calls"][0]["function"]["name"] == "get_weather"
-    assert data.quality([row])["empty_replies"] == 0
+    assert row_parts.quality([row])["empty_replies"] == 0
 
 
 def test_sharegpt_speakers_and_function_calls_become_messages():
@@ -90,7 +91,7 @@ def test_sharegpt_speakers_and_function_calls_become_messages():
         {"from": "user", "value": "Thanks"},
         {"from": "model", "value": "You are welcome."},
     ]
-    (row,) = data.map_rows(pd.DataFrame({"conversations": [turns], "tools": [[WEATHER_TOOL]]}), Mapping())
+    (row,) = row_mapping.map_rows(pd.DataFrame({"conversations": [turns], "tools": [[WEATHER_TOOL]]}), Mapping())
     roles = [m["role"] for m in row["prompt"]]
     assert roles == ["system", "user", "assistant", "tool", "tool", "assistant", "user"]
     calls = row["prompt"][2]["tool_calls"]  # consecutive function_call turns: one turn making both calls
@@ -100,14 +101,14 @@ def test_sharegpt_speakers_and_function_calls_become_messages():
     assert row["tools"] == [WEATHER_TOOL]
     # declared, a sharegpt column named otherwise reads the same
     frame = pd.DataFrame({"chat": [json.dumps(turns)]})
-    assert data.map_rows(frame, Mapping(conversations="chat", layout="sharegpt"))[0]["prompt"] == row["prompt"]
+    assert row_mapping.map_rows(frame, Mapping(conversations="chat", layout="sharegpt"))[0]["prompt"] == row["prompt"]
 
 
 def test_alpaca_instruction_and_input_make_the_user_turn():
     frame = pd.DataFrame(
         {"instruction": ["Add the numbers.", "Say hello."], "input": ["2 and 3", ""], "output": ["5", "Hello!"]}
     )
-    rows = data.map_rows(frame, Mapping(system="Be brief."))
+    rows = row_mapping.map_rows(frame, Mapping(system="Be brief."))
     assert rows[0] == {
         "prompt": [
             {"role": "system", "content": "Be brief."},
@@ -117,7 +118,7 @@ def test_alpaca_instruction_and_input_make_the_user_turn():
     }
     assert rows[1]["prompt"][1] == {"role": "user", "content": "Say hello."}
     no_input = frame.drop(columns="input")
-    assert data.map_rows(no_input, Mapping(layout="alpaca"))[0]["prompt"] == [
+    assert row_mapping.map_rows(no_input, Mapping(layout="alpaca"))[0]["prompt"] == [
         {"role": "user", "content": "Add the numbers."}
     ]
 
@@ -127,11 +128,11 @@ def test_auto_detection_picks_the_layout_from_settings_and_columns():
     sharegpt = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
     expected = {"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}
     both = pd.DataFrame({"p": ["q"], "r": ["a"], "messages": [[{"role": "user", "content": "other"}]]})
-    assert data.map_rows(both, Mapping(prompt="p", response="r")) == [expected]  # prompt/response win
-    assert data.map_rows(pd.DataFrame({"messages": [messages]}), Mapping()) == [expected]
-    assert data.map_rows(pd.DataFrame({"conversations": [messages]}), Mapping()) == [expected]  # role/content
-    assert data.map_rows(pd.DataFrame({"conversations": [sharegpt]}), Mapping()) == [expected]  # from/value
-    assert data.map_rows(pd.DataFrame({"instruction": ["q"], "output": ["a"]}), Mapping()) == [expected]
+    assert row_mapping.map_rows(both, Mapping(prompt="p", response="r")) == [expected]  # prompt/response win
+    assert row_mapping.map_rows(pd.DataFrame({"messages": [messages]}), Mapping()) == [expected]
+    assert row_mapping.map_rows(pd.DataFrame({"conversations": [messages]}), Mapping()) == [expected]  # role/content
+    assert row_mapping.map_rows(pd.DataFrame({"conversations": [sharegpt]}), Mapping()) == [expected]  # from/value
+    assert row_mapping.map_rows(pd.DataFrame({"instruction": ["q"], "output": ["a"]}), Mapping()) == [expected]
     message = error_of(pd.DataFrame({"question": ["q"], "answer": ["a"]}))
     assert "cannot tell the dataset's layout" in message and "'messages'" in message and "instruction" in message
     assert "['question', 'answer']" in message
@@ -149,9 +150,9 @@ def test_parquet_arrays_read_like_lists(tmp_path):
     conversation = tool_conversation()
     conversation[5] = {**conversation[5], "content": "21 C"}  # Arrow holds one type per field: text here
     pd.DataFrame({"messages": [conversation]}).to_parquet(tmp_path / "chats.parquet")
-    table = data.read_table(tmp_path / "chats.parquet")
+    table = tables.read_table(tmp_path / "chats.parquet")
     assert type(table["messages"][0]).__name__ == "ndarray"  # lists of structs, missing keys filled with None
-    (row,) = data.map_rows(table, Mapping())
+    (row,) = row_mapping.map_rows(table, Mapping())
     assert row["prompt"][4]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris"}
     assert row["prompt"][1] == {"role": "user", "content": "Hi"}  # no None-filled tool_calls or name kept
     assert row["prompt"][5] == {"role": "tool", "content": "21 C", "name": "get_weather", "tool_call_id": "call_1"}
@@ -215,5 +216,5 @@ def test_malformed_sharegpt_alpaca_and_tools_rows_name_their_row_and_field():
     plain = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     tools = pd.DataFrame({"messages": [plain, plain], "tools": ["[]", "{bad"]})
     assert "row 2, tools: not JSON" in error_of(tools)
-    (row,) = data.map_rows(tools.iloc[:1], Mapping())
+    (row,) = row_mapping.map_rows(tools.iloc[:1], Mapping())
     assert "tools" not in row  # an empty list is no tools

@@ -21,13 +21,13 @@ from typing import Any
 import psycopg
 import pytest
 
+from dragon_dagster.engine.data.conversations import conversation_row
 from dragon_dagster.engine.data.feedback.postgres import PostgresFeedbackStore
 from dragon_dagster.engine.data.feedback.records import MAX_MESSAGE_CHARS, SCHEMA_VERSION
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback.store import FeedbackStore
 from dragon_dagster.engine.data.feedback_rows import check_record, preference_pairs, sft_conversations, usable_records
 from dragon_dagster.engine.data.feedback_turns import FeedbackError
-from dragon_dagster.engine.data.tables import conversation_row
 from tests.engine.data.feedback_support import CALL, CRAFTED, TOOL_TURNS, acknowledged, record, spawn_writer, turns
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dragon_dagster.engine.data.conversations import conversation_row
 from dragon_dagster.engine.data.feedback_rows import (
     SKIP_REASONS,
     check_record,
@@ -19,7 +20,6 @@ from dragon_dagster.engine.data.feedback_rows import (
     usable_records,
 )
 from dragon_dagster.engine.data.feedback_turns import FeedbackError, check_turns
-from dragon_dagster.engine.data.tables import conversation_row
 from tests.engine.data.feedback_support import CRAFTED, P1, P2, P3, record, turns
 
 

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from dagster import DagsterInstance
 
-from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data import holdout, row_mapping, tables
 from dragon_dagster.engine.evaluate.replies import choose_metrics
 from dragon_dagster.engine.stages.sft.settings import SFT
 from tests.support import component_yaml
@@ -50,25 +50,25 @@ def test_group_by_keeps_each_group_on_one_side():
         for i in range(60)
     ]
     groups = [f"g{i % 12}" for i in range(60)]
-    train, held = data.split_rows(rows, 0.2, 42, groups)
+    train, held = holdout.split_rows(rows, 0.2, 42, groups)
     side = {}
     for row, group in zip(rows, groups):
         side.setdefault(group, set()).add(row in held)
     assert all(len(s) == 1 for s in side.values()), "no group is split"
     assert held and train and len(held) % 5 == 0 and abs(len(held) - 12) <= 5
-    assert data.split_rows(rows, 0.2, 42) == data.split_rows(rows, 0.2, 42, list(range(60)))  # per-row as before
+    assert holdout.split_rows(rows, 0.2, 42) == holdout.split_rows(rows, 0.2, 42, list(range(60)))  # per-row as before
 
 
 def test_duplicates_dropped_and_overlap_measured(tmp_path):
-    df = data.read_table(paraphrased_csv(tmp_path / "caps.csv"))
-    rows = data.map_rows(df, data.Mapping("question", "answer"))
-    kept, _, dropped = data.dedupe_rows(rows)
+    df = tables.read_table(paraphrased_csv(tmp_path / "caps.csv"))
+    rows = row_mapping.map_rows(df, row_mapping.Mapping("question", "answer"))
+    kept, _, dropped = holdout.dedupe_rows(rows)
     assert (len(rows), len(kept), dropped) == (35, 30, 5)
-    train, held = data.split_rows(kept, 0.2, 42)
-    leak = data.overlap(train, held)
+    train, held = holdout.split_rows(kept, 0.2, 42)
+    leak = holdout.overlap(train, held)
     assert leak["prompt_overlap"] == 0.0 and leak["answer_overlap"] > 0.5  # paraphrases share the answer
-    train, held = data.split_rows(kept, 0.2, 42, data.group_values(df, "{country}")[:30])
-    assert data.overlap(train, held) == {"prompt_overlap": 0.0, "answer_overlap": 0.0}
+    train, held = holdout.split_rows(kept, 0.2, 42, holdout.group_values(df, "{country}")[:30])
+    assert holdout.overlap(train, held) == {"prompt_overlap": 0.0, "answer_overlap": 0.0}
 
 
 def test_metric_defaults_follow_the_references_and_names_are_checked():

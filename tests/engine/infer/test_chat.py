@@ -12,7 +12,8 @@ from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conve
 from dragon_dagster.engine.data.feedback_turns import FeedbackError
 from dragon_dagster.engine.data.tables import read_jsonl
 from dragon_dagster.engine.infer.backend import Backend, BackendError
-from dragon_dagster.engine.infer.chat import Chat, ChatError
+from dragon_dagster.engine.infer.chat import Chat
+from dragon_dagster.engine.infer.chat_messages import ChatError
 from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.terminal_chat import run_terminal
 from tests.support import completion

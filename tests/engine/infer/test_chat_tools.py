@@ -8,11 +8,12 @@ import json
 
 import pytest
 
+from dragon_dagster.engine.data.conversations import conversation_row
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.data.feedback_rows import preference_pairs, sft_conversations
-from dragon_dagster.engine.data.tables import conversation_row
 from dragon_dagster.engine.infer.backend import Backend
-from dragon_dagster.engine.infer.chat import Chat, ChatError
+from dragon_dagster.engine.infer.chat import Chat
+from dragon_dagster.engine.infer.chat_messages import ChatError
 from dragon_dagster.engine.infer.chat_tools import HeldCalls
 from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.engine.tools.declare import Tools, Toolset

@@ -15,7 +15,8 @@ import pytest
 
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.infer.backend import Backend, BackendError
-from dragon_dagster.engine.infer.chat import Chat, ChatError
+from dragon_dagster.engine.infer.chat import Chat
+from dragon_dagster.engine.infer.chat_messages import ChatError
 from dragon_dagster.engine.infer.local_backend import LocalBackend
 from dragon_dagster.engine.infer.server_backend import ServerBackend
 from dragon_dagster.terminal_chat import run_terminal

@@ -198,7 +198,7 @@ def test_the_worker_passes_the_loss_to_dpo_config(tiny_model, tmp_path, monkeypa
     from dragon_dagster.engine.config.hardware import Hardware
     from dragon_dagster.engine.config.job import TrainingInputs
     from dragon_dagster.engine.config.reporter import Reporter
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import tables
     from dragon_dagster.engine.stages.dpo.worker import train_dpo
 
     pair = {
@@ -206,7 +206,7 @@ def test_the_worker_passes_the_loss_to_dpo_config(tiny_model, tmp_path, monkeypa
         "chosen": [{"role": "assistant", "content": "Hello!"}],
         "rejected": [{"role": "assistant", "content": "What."}],
     }
-    data.write_jsonl(tmp_path / "pairs.jsonl", [pair] * 2)
+    tables.write_jsonl(tmp_path / "pairs.jsonl", [pair] * 2)
     settings = stage(loss_type=["ipo", "sft"], loss_weights=[1.0, 0.3])
     job = catalog.get("dpo").job_model()(
         settings=settings,

@@ -373,10 +373,10 @@ def test_the_worker_passes_the_variant_to_grpo_config(tiny_model, tmp_path, monk
     from dragon_dagster.engine.config.hardware import Hardware
     from dragon_dagster.engine.config.job import TrainingInputs
     from dragon_dagster.engine.config.reporter import Reporter
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import tables
     from dragon_dagster.engine.stages.grpo.worker import train_grpo
 
-    data.write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": "1+1"}], "reference": "2"}])
+    tables.write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": [{"role": "user", "content": "1+1"}], "reference": "2"}])
     settings = stage(loss_type="cispo", epsilon_high=4.0, num_iterations=2, scale_rewards="none")
     job = catalog.get("grpo").job_model()(
         settings=settings,

@@ -14,7 +14,8 @@ from dagster import DagsterInstance
 from dragon_dagster.assets.launch import materialize_pipeline
 from dragon_dagster.engine.artifacts.manifest import AdapterManifest, DatasetManifest, read_manifest
 from dragon_dagster.engine.config.hardware import Hardware
-from dragon_dagster.engine.data.tables import DataError, RatedMapping, map_rated, parse_label, unpaired
+from dragon_dagster.engine.data.errors import DataError
+from dragon_dagster.engine.data.row_mapping import RatedMapping, map_rated, parse_label, unpaired
 from dragon_dagster.engine.pipeline import PipelineError, load, parse
 from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
 from dragon_dagster.engine.stages.kto.result import KTOResult

@@ -96,16 +96,16 @@ def test_a_dpo_stage_trains_with_disable_dropout_stated_and_no_lora_dropout(tiny
     from dragon_dagster.engine.config.hardware import Hardware, Speed
     from dragon_dagster.engine.config.job import TrainingInputs
     from dragon_dagster.engine.config.reporter import Reporter
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import tables
     from dragon_dagster.engine.stages.dpo import worker
     from tests.support import ticket_files
 
     train, _ = ticket_files(tmp_path, n=8)
     pairs = [
         {"prompt": r["prompt"], "chosen": r["completion"], "rejected": [{"role": "assistant", "content": "Wait."}]}
-        for r in data.read_jsonl(train)
+        for r in tables.read_jsonl(train)
     ]
-    data.write_jsonl(tmp_path / "pairs.jsonl", pairs)
+    tables.write_jsonl(tmp_path / "pairs.jsonl", pairs)
     args = {"max_steps": 1, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100}
     stage = DPO(name="dpo_adapter", kind="dpo", dataset="pairs", args={**args, "max_seq_len": 96}, n_samples=0)
     (tmp_path / "out").mkdir()

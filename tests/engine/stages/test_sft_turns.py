@@ -8,7 +8,7 @@ import pytest
 
 from dragon_dagster.engine import models
 from dragon_dagster.engine.config.reporter import Reporter
-from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data import row_mapping, tables
 from dragon_dagster.engine.stages.sft import turns
 from dragon_dagster.engine.stages.sft.trainer import resumable_trainer
 from dragon_dagster.engine.stages.sft.worker import train_sft
@@ -51,7 +51,9 @@ def tool_conversation(city="Paris", temp=21):
 def tool_rows(n=1):
     cities = ["Paris", "Rome", "Oslo", "Lima", "Cairo", "Quito", "Hanoi", "Dakar", "Perth", "Turin"]
     conversations = [tool_conversation(cities[i % len(cities)], 21 + i) for i in range(n)]
-    return data.map_rows(pd.DataFrame({"messages": conversations, "tools": [json.dumps(TOOLS)] * n}), data.Mapping())
+    return row_mapping.map_rows(
+        pd.DataFrame({"messages": conversations, "tools": [json.dumps(TOOLS)] * n}), row_mapping.Mapping()
+    )
 
 
 def trained_spans(tiny_model, tmp_path, rows, train_on):
@@ -103,7 +105,7 @@ def test_only_the_final_answer_is_trained_with_final_turn(tiny_model, tmp_path):
 
 def test_plain_conversations_render_as_the_models_own_template(tiny_model, tmp_path):
     messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": FIRST_ANSWER}]
-    rows = data.map_rows(pd.DataFrame({"messages": [messages]}), data.Mapping())
+    rows = row_mapping.map_rows(pd.DataFrame({"messages": [messages]}), row_mapping.Mapping())
     own = models.load_tokenizer(str(tiny_model))
     expected = own.apply_chat_template(messages, tokenize=False)
     tokenizer, rendering, trained, context = trained_spans(tiny_model, tmp_path, rows, "all_assistant_turns")
@@ -122,15 +124,15 @@ def test_a_template_that_cannot_mark_assistant_turns_fails_before_training(tiny_
     with pytest.raises(TemplateError, match="marks assistant turns"):
         turns.check_marks(tokenizer)
     tokenizer.chat_template = None
-    rows = data.map_rows(pd.DataFrame({"q": ["q"], "a": ["a"]}), data.Mapping(prompt="q", response="a"))
+    rows = row_mapping.map_rows(pd.DataFrame({"q": ["q"], "a": ["a"]}), row_mapping.Mapping(prompt="q", response="a"))
     with pytest.raises(TemplateError, match="no chat template"):
         turns.prepare_template(tokenizer, rows, "all_assistant_turns")
 
 
 def test_sft_trains_every_assistant_turn_of_tool_conversations(tiny_model, tmp_path):
     rows = tool_rows(10)
-    data.write_jsonl(tmp_path / "train.jsonl", rows[:8])
-    data.write_jsonl(tmp_path / "eval.jsonl", rows[8:])
+    tables.write_jsonl(tmp_path / "train.jsonl", rows[:8])
+    tables.write_jsonl(tmp_path / "eval.jsonl", rows[8:])
     job = sft_job(tmp_path, tiny_model, tmp_path / "train.jsonl", tmp_path / "eval.jsonl", max_steps=3, max_seq_len=512)
     job = job.model_copy(update={"settings": job.settings.model_copy(update={"train_on": "all_assistant_turns"})})
     result = train_sft(job, Reporter())
@@ -148,7 +150,7 @@ def test_each_rows_turns_and_tools_read_back_as_written():
     rows = tool_rows(2)
     rows[1]["prompt"][4]["tool_calls"][0]["function"]["arguments"] = {"town": "Rome", "days": 3}
     rows[1]["tools"] = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
-    plain = data.map_rows(pd.DataFrame({"q": ["q"], "a": ["a"]}), data.Mapping(prompt="q", response="a"))
+    plain = row_mapping.map_rows(pd.DataFrame({"q": ["q"], "a": ["a"]}), row_mapping.Mapping(prompt="q", response="a"))
     both = rows + plain
     # Arrow would give every call the keys of all of them (as nulls) and the row without tools a null
     by_turn = turns.training_dataset(both, "final_turn")

@@ -10,7 +10,7 @@ from dragon_dagster.engine.config.hardware import Hardware
 from dragon_dagster.engine.config.job import SynthesisInputs
 from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.config.results import TrainingSummary
-from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data import errors, row_mapping, row_parts, tables
 from dragon_dagster.engine.infer.local_backend import LocalBackend
 from dragon_dagster.engine.stages.preference_pairs.settings import PreferencePairs
 from dragon_dagster.engine.stages.preference_pairs.worker import PairsJob, synthesize_pairs
@@ -66,7 +66,7 @@ def adapter_artifact(tmp_path, model):
 
 
 def test_teacher_through_transformers_serve_writes_sft_rows(served, tmp_path):
-    data.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(6))
+    tables.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(6))
     (tmp_path / "out").mkdir()
     teacher = {"type": "server", "base_url": served["url"], "model": served["model"], "timeout": 60}
     settings = synthetic(teacher=teacher, max_new_tokens=6, temperature=0.0, dedupe=False)
@@ -78,16 +78,16 @@ def test_teacher_through_transformers_serve_writes_sft_rows(served, tmp_path):
         ),
         Reporter(),
     )
-    rows = data.read_jsonl(tmp_path / "out" / "train.jsonl") + data.read_jsonl(tmp_path / "out" / "eval.jsonl")
+    rows = tables.read_jsonl(tmp_path / "out" / "train.jsonl") + tables.read_jsonl(tmp_path / "out" / "eval.jsonl")
     assert result.kept == len(rows) == 6 - sum(result.dropped.values())
     local = LocalBackend(served["model"], device="cpu", batch_size=1).chat(
         [r["prompt"] for r in chat_rows(6)], max_new_tokens=6
     )
-    assert sorted(data.reply_text(r) for r in rows) == sorted(r for r in local if r)  # the server's answers
+    assert sorted(row_parts.reply_text(r) for r in rows) == sorted(r for r in local if r)  # the server's answers
 
 
 def test_a_judge_that_never_returns_json_drops_every_prompt_with_a_count(served, chatty_model, tmp_path):
-    data.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(3))
+    tables.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(3))
     (tmp_path / "out").mkdir()
     settings = pairs_settings(
         mode="judge",
@@ -115,7 +115,7 @@ def test_judge_mode_keeps_best_and_worst_and_drops_small_gaps(stub, chatty_model
         return 200, completion(json.dumps({"score": min(10, 1 + len(reply.group(1))), "reason": "length"}))
 
     judge = stub(by_length)
-    data.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(4))
+    tables.write_jsonl(tmp_path / "prompts.jsonl", chat_rows(4))
     (tmp_path / "out").mkdir()
     settings = pairs_settings(
         mode="judge",
@@ -136,7 +136,7 @@ def test_judge_mode_keeps_best_and_worst_and_drops_small_gaps(stub, chatty_model
         hardware=Hardware(device="cpu"),
     )
     result = synthesize_pairs(job, Reporter())
-    pairs = data.read_jsonl(tmp_path / "out" / "pairs.jsonl")
+    pairs = tables.read_jsonl(tmp_path / "out" / "pairs.jsonl")
     assert result.kept == len(pairs) and result.kept + sum(result.dropped.values()) == 4
     for pair in pairs:
         assert pair["chosen_score"] == min(10, 1 + len(pair["chosen"][0]["content"]))
@@ -151,7 +151,7 @@ def test_judge_mode_keeps_best_and_worst_and_drops_small_gaps(stub, chatty_model
 def test_teacher_mode_with_the_reference_reply(chatty_model, tmp_path):
     rows = chat_rows(4)
     rows[1]["completion"][0]["content"] = ""  # an empty reference is dropped, not trained on
-    data.write_jsonl(tmp_path / "prompts.jsonl", rows)
+    tables.write_jsonl(tmp_path / "prompts.jsonl", rows)
     (tmp_path / "out").mkdir()
     job = PairsJob(
         settings=pairs_settings(max_new_tokens=4),
@@ -164,10 +164,10 @@ def test_teacher_mode_with_the_reference_reply(chatty_model, tmp_path):
         hardware=Hardware(device="cpu"),
     )
     result = synthesize_pairs(job, Reporter())
-    pairs = data.read_jsonl(tmp_path / "out" / "pairs.jsonl")
+    pairs = tables.read_jsonl(tmp_path / "out" / "pairs.jsonl")
     assert result.dropped == {"empty_reply": 1} and len(pairs) == 3
-    references = {data.user_text(r): data.reply_text(r) for r in rows}
-    assert all(p["chosen"][0]["content"] == references[data.user_text(p)] for p in pairs)
+    references = {row_parts.user_text(r): row_parts.reply_text(r) for r in rows}
+    assert all(p["chosen"][0]["content"] == references[row_parts.user_text(p)] for p in pairs)
 
 
 def test_quality_pass_counts_each_reason():
@@ -193,7 +193,7 @@ def test_quality_pass_counts_each_reason():
         output_dir="-",
     )
     kept, dropped = quality_pass(rows, job)
-    assert [data.user_text(r) for r in kept] == ["a", "g"]
+    assert [row_parts.user_text(r) for r in kept] == ["a", "g"]
     assert dropped == {
         "too_short": 1,
         "garbled": 1,
@@ -208,9 +208,11 @@ def test_pairs_with_equal_replies_are_counted_and_missing_columns_named():
     import pandas as pd
 
     df = pd.DataFrame({"q": ["2+2?", "Capital?", "Hi"], "good": ["4", "Paris", "Hello"], "bad": ["5", "Paris", "Yo"]})
-    rows, dropped = data.map_pairs(df, data.PairsMapping(prompt="q", chosen="good", rejected="bad"))
+    rows, dropped = row_mapping.map_pairs(df, row_mapping.PairsMapping(prompt="q", chosen="good", rejected="bad"))
     assert len(rows) == 2 and dropped["chosen_equals_rejected"] == 1
-    with pytest.raises(data.DataError, match=r"rejected.*\['q', 'good', 'bad'\]"):
-        data.map_pairs(df, data.PairsMapping(prompt="q", chosen="good", rejected="worse"))
-    with pytest.raises(data.DataError, match="every row was dropped"):
-        data.map_pairs(df.assign(bad=df["good"]), data.PairsMapping(prompt="q", chosen="good", rejected="bad"))
+    with pytest.raises(errors.DataError, match=r"rejected.*\['q', 'good', 'bad'\]"):
+        row_mapping.map_pairs(df, row_mapping.PairsMapping(prompt="q", chosen="good", rejected="worse"))
+    with pytest.raises(errors.DataError, match="every row was dropped"):
+        row_mapping.map_pairs(
+            df.assign(bad=df["good"]), row_mapping.PairsMapping(prompt="q", chosen="good", rejected="bad")
+        )

@@ -12,7 +12,7 @@ from dragon_dagster.engine.artifacts.manifest import AdapterManifest, write_mani
 from dragon_dagster.engine.config.hardware import Hardware
 from dragon_dagster.engine.config.job import ModelInputs
 from dragon_dagster.engine.config.reporter import Reporter
-from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data import row_parts, tables
 from dragon_dagster.engine.stages.merge.settings import Merge
 from dragon_dagster.engine.stages.merge.worker import MergeJob, merge_chain
 from dragon_dagster.engine.stages.sft.result import SFTResult
@@ -46,7 +46,7 @@ def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
     from trl import SFTConfig, SFTTrainer
 
     train, _ = ticket_files(tmp_path, n=8)
-    rows = data.read_jsonl(train)
+    rows = tables.read_jsonl(train)
     tokenizer = models.load_tokenizer(str(tiny_model))
     trainer = SFTTrainer(
         model=str(tiny_model),
@@ -60,8 +60,8 @@ def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
     ids, labels = example["input_ids"], example["labels"]
     trained = tokenizer.decode([i for i, label in zip(ids, labels) if label != -100])
     context = tokenizer.decode([i for i, label in zip(ids, labels) if label == -100])
-    assert trained.startswith(data.reply_text(rows[0])) and trained.rstrip().endswith("<|im_end|>")
-    assert data.user_text(rows[0]) in context and data.reply_text(rows[0]) not in context
+    assert trained.startswith(row_parts.reply_text(rows[0])) and trained.rstrip().endswith("<|im_end|>")
+    assert row_parts.user_text(rows[0]) in context and row_parts.reply_text(rows[0]) not in context
 
 
 def test_sft_trains_saves_an_adapter_and_evaluates(tiny_model, tmp_path):

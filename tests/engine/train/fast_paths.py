@@ -76,16 +76,17 @@ def progress_rows(out: Path) -> list[dict]:
 
 
 def grpo_rows_logged(tmp_path, tiny_model, kernel: str) -> list[dict]:
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import row_mapping, tables
     from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
     from dragon_dagster.engine.stages.grpo.worker import train_grpo
 
     work = tmp_path / kernel
     (work / "out").mkdir(parents=True)
-    prompts = data.map_prompts(
-        data.read_table(EXAMPLE_DIR / "arithmetic.csv"), data.PromptsMapping(prompt="question", reference="answer")
+    prompts = row_mapping.map_prompts(
+        tables.read_table(EXAMPLE_DIR / "arithmetic.csv"),
+        row_mapping.PromptsMapping(prompt="question", reference="answer"),
     )[:16]
-    data.write_jsonl(work / "prompts.jsonl", prompts)
+    tables.write_jsonl(work / "prompts.jsonl", prompts)
     settings = GRPO(
         name="grpo_adapter",
         kind="grpo",

@@ -21,7 +21,7 @@ from dragon_dagster.engine import catalog
 from dragon_dagster.engine.artifacts.checkpoints import checkpoint_problem
 from dragon_dagster.engine.config.hardware import Hardware, Speed
 from dragon_dagster.engine.config.job import Parallel, TrainingInputs
-from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data import row_mapping, tables
 from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
 from dragon_dagster.engine.runtime.execution import EXIT_CANCELLED, JobError, load_job
 from dragon_dagster.engine.runtime.worker import PARENT_PID
@@ -133,11 +133,12 @@ def sft_stage(**args) -> SFT:
 
 @pytest.fixture(scope="module")
 def tickets(tmp_path_factory) -> Path:
-    rows = data.map_rows(
-        data.read_table(EXAMPLE_DIR / "tickets.csv"), data.Mapping(prompt="{subject}\n\n{body}", response="reply")
+    rows = row_mapping.map_rows(
+        tables.read_table(EXAMPLE_DIR / "tickets.csv"),
+        row_mapping.Mapping(prompt="{subject}\n\n{body}", response="reply"),
     )[:48]
     path = tmp_path_factory.mktemp("data") / "tickets.jsonl"
-    data.write_jsonl(path, rows)
+    tables.write_jsonl(path, rows)
     return path
 
 
@@ -209,10 +210,10 @@ def test_two_workers_train_dpo(tiny_model, tickets, tmp_path):
             "chosen": r["completion"],
             "rejected": [{"role": "assistant", "content": "Please wait."}],
         }
-        for r in data.read_jsonl(tickets)
+        for r in tables.read_jsonl(tickets)
     ]
-    data.write_jsonl(tmp_path / "pairs.jsonl", pairs[:16])
-    data.write_jsonl(tmp_path / "held.jsonl", pairs[16:20])  # the evaluation is sharded: every rank takes part
+    tables.write_jsonl(tmp_path / "pairs.jsonl", pairs[:16])
+    tables.write_jsonl(tmp_path / "held.jsonl", pairs[16:20])  # the evaluation is sharded: every rank takes part
     stage = DPO(name="dpo_adapter", kind="dpo", dataset="pairs", n_samples=1, max_new_tokens=4)
     stage = stage.model_copy(update={"args": stage.args.model_copy(update={**SFT_ARGS, "max_steps": 3})})
     job = write_job(
@@ -228,10 +229,11 @@ def test_two_workers_train_dpo(tiny_model, tickets, tmp_path):
 
 
 def test_two_workers_train_grpo_with_a_group_spanning_them(tiny_model, tmp_path):
-    prompts = data.map_prompts(
-        data.read_table(EXAMPLE_DIR / "arithmetic.csv"), data.PromptsMapping(prompt="question", reference="answer")
+    prompts = row_mapping.map_prompts(
+        tables.read_table(EXAMPLE_DIR / "arithmetic.csv"),
+        row_mapping.PromptsMapping(prompt="question", reference="answer"),
     )[:8]
-    data.write_jsonl(tmp_path / "prompts.jsonl", prompts)
+    tables.write_jsonl(tmp_path / "prompts.jsonl", prompts)
     # 1 prompt x 4 completions per step: each rank scores 2 of the group, TRL gathers the rewards
     stage = GRPO(
         name="grpo_adapter",

@@ -15,9 +15,9 @@ def train(tiny_model, tmp_path, rows: list[dict], stage: dict, **args):
     from dragon_dagster.engine.config.hardware import Hardware
     from dragon_dagster.engine.config.job import TrainingInputs
     from dragon_dagster.engine.config.reporter import Reporter
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import tables
 
-    data.write_jsonl(tmp_path / "prompts.jsonl", rows)
+    tables.write_jsonl(tmp_path / "prompts.jsonl", rows)
     (tmp_path / "out").mkdir()
     steps = {"max_steps": 3, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "save_steps": 100}
     settings = catalog.parse_stage(
@@ -58,12 +58,13 @@ def test_the_coefficient_follows_the_kl_against_its_target():
 
 
 def test_a_stage_moves_beta_to_its_kl_target_and_measures_pass_at_k(tiny_model, tmp_path):
-    from dragon_dagster.engine.data import tables as data
+    from dragon_dagster.engine.data import row_mapping, tables
     from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
     from dragon_dagster.engine.train.reinforce.kl_control import CLIP
 
-    prompts = data.map_prompts(
-        data.read_table(EXAMPLE_DIR / "arithmetic.csv"), data.PromptsMapping(prompt="question", reference="answer")
+    prompts = row_mapping.map_prompts(
+        tables.read_table(EXAMPLE_DIR / "arithmetic.csv"),
+        row_mapping.PromptsMapping(prompt="question", reference="answer"),
     )[:12]
     stage = {
         "kind": "rloo",

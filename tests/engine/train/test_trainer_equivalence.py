@@ -19,7 +19,7 @@ from dragon_dagster.engine import catalog
 from dragon_dagster.engine.config.hardware import Hardware, Speed
 from dragon_dagster.engine.config.job import TrainingInputs
 from dragon_dagster.engine.config.reporter import Reporter
-from dragon_dagster.engine.data import tables as data
+from dragon_dagster.engine.data import row_mapping, tables
 from dragon_dagster.engine.pipeline.definition import EXAMPLE_DIR
 
 STEPS = 4
@@ -38,15 +38,16 @@ PREFERENCE_ARGS = {
 @pytest.fixture(scope="module")
 def pairs_file(tmp_path_factory) -> Path:
     """16 ticket pairs: the real reply chosen, a useless one rejected (KTO unpairs them into rated replies)."""
-    rows = data.map_rows(
-        data.read_table(EXAMPLE_DIR / "tickets.csv"), data.Mapping(prompt="{subject}\n\n{body}", response="reply")
+    rows = row_mapping.map_rows(
+        tables.read_table(EXAMPLE_DIR / "tickets.csv"),
+        row_mapping.Mapping(prompt="{subject}\n\n{body}", response="reply"),
     )[:16]
     pairs = [
         {"prompt": r["prompt"], "chosen": r["completion"], "rejected": [{"role": "assistant", "content": "Wait."}]}
         for r in rows
     ]
     path = tmp_path_factory.mktemp("pairs") / "pairs.jsonl"
-    data.write_jsonl(path, pairs)
+    tables.write_jsonl(path, pairs)
     return path
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ...data import conversations, tables
+from ...data import conversations, errors, row_mapping
 from ...data.stage import DatasetStage
 
 
@@ -37,15 +37,15 @@ class ChatDataset(DatasetStage):
     def _mapping(self):
         try:
             self.mapping().validate()
-        except tables.DataError as exc:
+        except errors.DataError as exc:
             raise ValueError(f"chat_dataset {self.name!r}: {exc}") from None
         return self
 
-    def mapping(self) -> tables.Mapping:
-        return tables.Mapping(self.prompt, self.response, self.system, self.conversations, self.layout)
+    def mapping(self) -> row_mapping.Mapping:
+        return row_mapping.Mapping(self.prompt, self.response, self.system, self.conversations, self.layout)
 
     def map(self, df) -> tuple[list[dict], dict[str, int], list[int]]:
-        rows = tables.map_rows(df, self.mapping())
+        rows = row_mapping.map_rows(df, self.mapping())
         return rows, {}, list(range(len(rows)))
 
     def layout_problems(self, columns: list[str]) -> list[str]:
@@ -54,6 +54,6 @@ class ChatDataset(DatasetStage):
             return []  # the check of every named column reports it
         try:
             conversations.choose_layout(columns, self.layout, bool(self.prompt and self.response), self.conversations)
-        except tables.DataError as exc:
+        except errors.DataError as exc:
             return [f"{self.name}: {exc}"]
         return []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ...artifacts import progress
 from ...config.reporter import Reporter
-from ...data.tables import reply_text, user_text
+from ...data.row_parts import reply_text, user_text
 from ...evaluate import metrics as task_metrics
 from ...evaluate.plots import plot_loss
 from ...evaluate.replies import choose_metrics, has_replies, reference_texts

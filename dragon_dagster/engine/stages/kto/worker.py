@@ -5,7 +5,7 @@ KTO does not log."""
 from __future__ import annotations
 
 from ...config.reporter import Reporter
-from ...data.tables import unpaired
+from ...data.row_mapping import unpaired
 from ...infer.logprobs import reply_logprobs
 from ...train import distributed
 from ...train.preference import PreferenceMethod, PreferenceResult, train_preference, trainer_parts

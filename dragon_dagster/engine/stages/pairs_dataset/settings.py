@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ...data import tables
+from ...data import row_mapping
 from ...data.stage import DatasetStage
 
 
@@ -22,6 +22,6 @@ class PairsDataset(DatasetStage):
 
     def map(self, df) -> tuple[list[dict], dict[str, int], list[int]]:
         kept: list[int] = []
-        mapping = tables.PairsMapping(self.prompt, self.chosen, self.rejected, self.system)
-        rows, dropped = tables.map_pairs(df, mapping, kept)
+        mapping = row_mapping.PairsMapping(self.prompt, self.chosen, self.rejected, self.system)
+        rows, dropped = row_mapping.map_pairs(df, mapping, kept)
         return rows, dropped, kept

@@ -16,7 +16,9 @@ from pathlib import Path
 from ...artifacts.manifest import DataResult
 from ...config.job import Job, SynthesisInputs
 from ...config.reporter import Reporter
-from ...data.tables import read_jsonl, reply_text, split_rows, user_text, write_jsonl
+from ...data.holdout import split_rows
+from ...data.row_parts import reply_text, user_text
+from ...data.tables import read_jsonl, write_jsonl
 from ...evaluate.judge import Judge
 from ...infer.backend_registry import as_backend
 from ...infer.local_backend import LocalBackend

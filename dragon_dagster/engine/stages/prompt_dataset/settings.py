@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ...data import tables
+from ...data import row_mapping
 from ...data.stage import DatasetStage
 
 
@@ -22,5 +22,5 @@ class PromptDataset(DatasetStage):
     answers_are_text: ClassVar[bool] = False  # a reference (a number, a label) repeats across prompts by nature
 
     def map(self, df) -> tuple[list[dict], dict[str, int], list[int]]:
-        rows = tables.map_prompts(df, tables.PromptsMapping(self.prompt, self.reference, self.system))
+        rows = row_mapping.map_prompts(df, row_mapping.PromptsMapping(self.prompt, self.reference, self.system))
         return rows, {}, list(range(len(rows)))

@@ -6,7 +6,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from ...data import tables
+from ...data import row_mapping
 from ...data.stage import DatasetStage
 
 
@@ -25,6 +25,6 @@ class RatedDataset(DatasetStage):
 
     def map(self, df) -> tuple[list[dict], dict[str, int], list[int]]:
         kept: list[int] = []
-        mapping = tables.RatedMapping(self.prompt, self.reply, self.label, self.system)
-        rows, dropped = tables.map_rated(df, mapping, kept)
+        mapping = row_mapping.RatedMapping(self.prompt, self.reply, self.label, self.system)
+        rows, dropped = row_mapping.map_rated(df, mapping, kept)
         return rows, dropped, kept
