@@ -24,7 +24,7 @@ def test_every_module_is_on_the_map():
 
 def layout_entries() -> dict[str, str]:
     """The Layout picture's entries (a folder or a module at the start of a line, indented by its depth), each with
-    the text beside and under it, by path: `dragon_dagster/engine/data` -> "tables.py (tables read, rows written as JSONL), ..."."""
+    the text beside and under it, by path: `dragon_dagster/engine/data` -> "tables.py (tables read, ...), ..."."""
     picture = DOC.split("## Layout", 1)[1].split("```", 2)[1]
     entries: dict[str, str] = {}
     path: list[str] = []

@@ -14,7 +14,7 @@ from urllib.parse import urljoin
 
 import pytest
 
-from dragon_dagster import chat_ui, chat_view
+from dragon_dagster import chat_handlers, chat_ui, chat_view
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.infer.backend import Backend
 from dragon_dagster.engine.infer.chat import Chat
@@ -72,7 +72,7 @@ def test_handlers_turns_feedback_and_transcripts(tmp_path):
     import gradio as gr
 
     backend, store = Echo(), SQLiteFeedbackStore(tmp_path / "fb.db")
-    h = chat_ui.ChatHandlers(backend, store, "echo-model", stream_delay=0)
+    h = chat_handlers.ChatHandlers(backend, store, "echo-model", stream_delay=0)
     settings = ("Be brief.", 1, 0.7, 64)
 
     steps = [shown_as_list(step) for step in h.send("hi", None, *settings)]
@@ -154,7 +154,7 @@ def test_a_rating_shows_counts_once_and_survives_a_reload_and_an_edit(tmp_path):
     client = MlflowClient(uri)
     tracer = ChatTracer(uri, client.create_experiment("chat", artifact_location=str(tmp_path / "traces")), user="ana")
     store = SQLiteFeedbackStore(tmp_path / "fb.db")
-    h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0, tracer=tracer)
+    h = chat_handlers.ChatHandlers(Echo(), store, "echo", stream_delay=0, tracer=tracer)
     chat = drain(h.send("one", None, "", None, 0.7, 64))[2]
     chat = drain(h.send("two", chat, "", None, 0.7, 64))[2]
     first = chat.messages[1]["trace_id"]
@@ -211,7 +211,7 @@ def test_tool_calls_and_results_show_as_blocks_and_only_answers_are_rated(tmp_pa
     (tmp_path / "tools.py").write_text(ORDERS.format(counter=str(tmp_path / "calls.txt")))
     toolset = Toolset.from_settings(Tools(file=str(tmp_path / "tools.py")))
     store = SQLiteFeedbackStore(tmp_path / "fb.db")
-    h = chat_ui.ChatHandlers(Caller(), store, "caller", stream_delay=0, toolset=toolset)
+    h = chat_handlers.ChatHandlers(Caller(), store, "caller", stream_delay=0, toolset=toolset)
     _, shown, chat, status = drain(h.send("Where is A1042?", None, "", None, 0.0, 64))
     assert shown == [
         {"role": "user", "content": "Where is A1042?"},
@@ -258,11 +258,11 @@ def test_the_context_window_box_all_or_a_number():
     ):
         assert chat_view.window_turns(value) == turns, value
     for bad in (-1, "-1", "1.5", 1.5, "two", "nan", "1e3"):
-        with pytest.raises(chat_ui.ChatError, match="all or a whole number"):
+        with pytest.raises(chat_handlers.ChatError, match="all or a whole number"):
             chat_view.window_turns(bad)
 
     backend = Echo()
-    h = chat_ui.ChatHandlers(backend, None, "echo", stream_delay=0)
+    h = chat_handlers.ChatHandlers(backend, None, "echo", stream_delay=0)
     chat = drain(h.send("My name is Ada.", None, "", "all", 0.7, 64))[2]
     status = drain(h.send("What is my name?", chat, "", "all", 0.7, 64))[-1]
     assert (
@@ -292,7 +292,7 @@ def test_handlers_stream_chunks_and_stop_keeps_the_reply(tmp_path):
     import gradio as gr
 
     store = SQLiteFeedbackStore(tmp_path / "fb.db")
-    h = chat_ui.ChatHandlers(Words(), store, "words", stream_delay=0)
+    h = chat_handlers.ChatHandlers(Words(), store, "words", stream_delay=0)
     settings = ("", None, 0.7, 64)
     steps = [shown_as_list(step) for step in h.send("go", None, *settings)]
     growing = [shown[-1]["content"] for _, shown, _, status in steps if status == chat_view.ANSWERING]
@@ -357,7 +357,7 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
         def _chat(self, conversations, **kw):
             return [hostile for _ in conversations]
 
-    h = chat_ui.ChatHandlers(Hostile(), None, "m", stream_delay=0)
+    h = chat_handlers.ChatHandlers(Hostile(), None, "m", stream_delay=0)
     steps = [shown_as_list(step) for step in h.send("<b>me</b>", None, "", None, 0.7, 64)]
     assert all("<" not in m["content"].replace("< ", "") for _, shown, _, _ in steps for m in shown)
     chat = steps[-1][2]
@@ -383,7 +383,7 @@ def test_shown_keeps_markdown_and_makes_html_images_and_diagrams_inert():
 def test_the_status_line_counts_earlier_exchanges_in_words():
     """No "all 0 earlier exchange(s)": the first exchange says so, and one is one, not one(s)."""
     backend = Echo()
-    h = chat_ui.ChatHandlers(backend, None, "echo", stream_delay=0)
+    h = chat_handlers.ChatHandlers(backend, None, "echo", stream_delay=0)
     said = []
     chat = None
     for n in range(4):
@@ -414,7 +414,7 @@ def test_the_conversation_kept_in_the_browser_comes_back(tmp_path):
     import gradio as gr
 
     store = SQLiteFeedbackStore(tmp_path / "fb.db")
-    h = chat_ui.ChatHandlers(Echo(), store, "echo", stream_delay=0)
+    h = chat_handlers.ChatHandlers(Echo(), store, "echo", stream_delay=0)
     assert h.remember(None)["messages"] == []  # no conversation (a kept one that did not restore): an empty one
     chat = drain(h.send("hello", None, "Be brief.", None, 0.7, 64))[2]
     chat = drain(h.send("again", chat, "Be brief.", None, 0.7, 64))[2]

@@ -155,11 +155,13 @@ def test_an_untraced_chat_keeps_no_trace_id(stub, tmp_path):
 def test_the_chat_page_traces_its_turns_and_its_thumbs(stub, traced):
     import gradio as gr
 
-    from dragon_dagster import chat_ui
+    from dragon_dagster import chat_handlers
 
     tracer, client, store = traced
     server = stub(lambda n, body: (200, completion(f"reply {n}")))
-    h = chat_ui.ChatHandlers(ServerBackend(server.url, "stub"), store, "stub-model", stream_delay=0, tracer=tracer)
+    h = chat_handlers.ChatHandlers(
+        ServerBackend(server.url, "stub"), store, "stub-model", stream_delay=0, tracer=tracer
+    )
     *_, (_, shown, chat, _) = h.send("hi", None, "Be brief.", None, 0.7, 64)
     assert shown["value"][-1]["content"] == "reply 1"
     trace_id = chat.messages[-1]["trace_id"]
