@@ -15,14 +15,7 @@ settings serialize as plain JSON (`model_dump(mode="json")`: file, schemas, time
 job and are read back in the worker with `Tools.model_validate`; `Toolset.from_settings(tools, base_dir)` loads
 them there.
 
-How a call runs, and why: each Python tool call runs in a forked child process (multiprocessing's "fork"
-context; the child starts its own session and writes its result over a pipe, its stdout goes to /dev/null so
-prints cannot mix into the worker's protocol lines). On timeout the parent kills the child's whole process
-group. A thread cannot be killed and SIGALRM only interrupts the main thread between bytecodes, so only a process
-gives a real limit; "fork" rather than "spawn" because the child inherits the function loaded from the file (no
-pickling, no re-import) and starts in milliseconds. The child runs only the tool: it must not use CUDA or locks
-that other threads of the worker held at the fork. Where fork does not exist (Windows) a call runs in a daemon
-thread whose result is abandoned on timeout: that fallback cannot stop a tool that hangs or ends the process.
+How a call runs, and why: running.py (a forked child per Python call, killed at its time limit).
 
 A call never raises: a tool that raises answers "error: <ExceptionType>: <message>", a call past the timeout
 "error: timed out after <N>s", an unknown tool or arguments its schema refuses an "error: ..." too; each is
@@ -35,10 +28,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import multiprocessing
-import os
 import shutil
-import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,11 +39,11 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import Field, field_validator, model_validator
 
-from ..commands import run_command
 from ..config.job import ToolsInput
 from ..config.settings import Settings
 from ..source_files import run_file
 from .calls import validate_arguments
+from .running import run_function, run_tool_command
 
 TOOL_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
@@ -244,9 +234,9 @@ class Toolset:
         if problems:
             return self._error(name, "invalid arguments: " + "; ".join(problems))
         if tool.function is not None:
-            status, text = _run_function(tool.function, dict(arguments), self.timeout)
+            status, text = run_function(tool.function, dict(arguments), self.timeout)
         elif tool.command is not None:
-            status, text = _run_tool_command(tool.command, dict(arguments), self.timeout)
+            status, text = run_tool_command(tool.command, dict(arguments), self.timeout)
         else:
             return self._error(name, f"tool {name!r} is declared without a command, so it cannot run")
         if status == "timeout":
@@ -342,93 +332,6 @@ def _function_tool(function: Callable, where: str) -> _Tool:
             "'name: description' line per argument"
         ) from e
     return _Tool(name, schema, function=function)
-
-
-# -- running one call -----------------------------------------------------------------------------------------------
-
-
-def _run_function(function: Callable, arguments: dict[str, Any], timeout: float) -> tuple[str, str]:
-    """(status, text): run function(**arguments) in a forked child, killed after timeout seconds."""
-    if "fork" not in multiprocessing.get_all_start_methods():
-        return _run_in_thread(function, arguments, timeout)
-    context = multiprocessing.get_context("fork")
-    reader, writer = context.Pipe(duplex=False)
-    child = context.Process(target=_child, args=(function, arguments, writer), daemon=True)
-    child.start()
-    writer.close()
-    try:
-        if not reader.poll(timeout):
-            return "timeout", ""
-        try:
-            return reader.recv()
-        except (EOFError, OSError):
-            child.join(timeout=1)
-            return "error", f"the tool's process ended without an answer (exit code {child.exitcode})"
-    finally:
-        _kill(child.pid)
-        child.join()
-        reader.close()
-
-
-def _child(function: Callable, arguments: dict[str, Any], writer) -> None:
-    os.setsid()  # its own process group: a timeout also ends whatever the tool started
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)  # the result is the return value; prints must not reach the worker's stdout
-    try:
-        answer = ("ok", _as_text(function(**arguments)))
-    except BaseException as e:  # noqa: BLE001 - whatever the tool raises is its answer
-        answer = ("error", f"{type(e).__name__}: {e}")
-    writer.send(answer)
-    writer.close()
-
-
-def _kill(pid: int | None) -> None:
-    """End the child's process group, and the child itself in case it had not yet started its own group."""
-    if pid is None:
-        return
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except OSError:
-            pass  # already gone
-
-
-def _run_in_thread(function: Callable, arguments: dict[str, Any], timeout: float) -> tuple[str, str]:
-    answer: list[tuple[str, str]] = []
-
-    def run():
-        try:
-            answer.append(("ok", _as_text(function(**arguments))))
-        except BaseException as e:  # noqa: BLE001
-            answer.append(("error", f"{type(e).__name__}: {e}"))
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return answer[0] if answer else ("timeout", "")
-
-
-def _run_tool_command(argv: Sequence[str], arguments: dict[str, Any], timeout: float) -> tuple[str, str]:
-    try:
-        code, stdout = run_command(argv, json.dumps(arguments).encode("utf-8"), timeout)
-    except OSError as e:
-        return "error", f"{type(e).__name__}: cannot run {argv[0]!r}: {e}"
-    if code is None:
-        return "timeout", ""
-    stdout = stdout.rstrip()
-    if code != 0:
-        return "error", f"command exited with code {code}" + (f": {stdout[-500:]}" if stdout else "")
-    return "ok", stdout
-
-
-def _as_text(value: Any) -> str:
-    """A tool's return value as the model reads it: a string as is, JSON values as JSON, anything else str()."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 # -- YAML schemas as functions --------------------------------------------------------------------------------------
