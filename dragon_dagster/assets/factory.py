@@ -6,8 +6,10 @@ from __future__ import annotations
 from dagster import AssetSelection, MetadataValue, define_asset_job
 
 from ..engine.pipeline import Pipeline
-from .builders import BUILDERS, key, source_asset
+from .asset_wiring import key
+from .builders import BUILDERS
 from .checks import build_checks
+from .data_assets import source_asset
 from .mlflow_runs import PROFILE_TAG
 from .pool import POOL_EXECUTOR
 from .retraining import build_feedback_defs

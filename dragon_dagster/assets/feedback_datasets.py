@@ -21,8 +21,8 @@ from ..engine.data.feedback_rows import SKIP_REASONS, check_record
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.objectives import FeedbackRange, Objective
 from ..resources import ArtifactStore, MLflowTracking
+from .asset_wiring import key, retraining_group
 from .automation import RANGE_TAG, feedback_records
-from .builders import key, retraining_group
 from .feedback_taste import taste_rewards
 from .metadata import md_table
 

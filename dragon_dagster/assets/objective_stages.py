@@ -10,8 +10,8 @@ from ..engine.pipeline import Pipeline
 from ..engine.pipeline.objectives import Objective, Skipped
 from ..engine.train.stage import SCORER, TrainerStage
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
+from .asset_wiring import key, retraining_group
 from .automation import RANGE_TAG
-from .builders import key, retraining_group
 from .launchpad import effective, launchpad_config
 from .pool import POOL_TAGS, TRAINING_POOL
 from .promotion import deployed_model

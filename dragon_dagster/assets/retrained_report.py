@@ -14,7 +14,7 @@ from ..engine.pipeline.retraining import FeedbackEvaluate
 from ..engine.rewards import RewardSet
 from ..engine.train.stage import SCORER
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
-from .builders import key, retraining_group
+from .asset_wiring import key, retraining_group
 from .feedback_taste import taste_model_stages, taste_rewards
 from .launchpad import effective, launchpad_config
 from .pool import POOL_TAGS, TRAINING_POOL

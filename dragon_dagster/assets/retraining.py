@@ -10,8 +10,9 @@ from dagster import AssetSelection, define_asset_job
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.objectives import OBJECTIVES
 from ..engine.stages.merge.settings import Merge
+from .asset_wiring import key, retraining_group
 from .automation import PIPELINE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
-from .builders import key, merge_asset, retraining_group
+from .builders import merge_asset
 from .feedback_datasets import feedback_dataset, feedback_source
 from .live_gate import live_gate_sensor
 from .objective_stages import objective_stage
