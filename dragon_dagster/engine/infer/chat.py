@@ -463,10 +463,10 @@ class Chat:
     def load(cls, path: str | Path, backend: Backend | dict | str, **kwargs) -> Chat:
         """A Chat that continues a saved transcript; a leading system message becomes the system prompt
         unless `system` is given."""
-        return cls.fromparse_messages(cls.read_transcript(path), backend, where=str(path), **kwargs)
+        return cls.from_messages(cls.read_transcript(path), backend, where=str(path), **kwargs)
 
     @classmethod
-    def fromparse_messages(cls, items: Any, backend: Backend | dict | str, where: str = "transcript", **kwargs) -> Chat:
+    def from_messages(cls, items: Any, backend: Backend | dict | str, where: str = "transcript", **kwargs) -> Chat:
         """A Chat that continues `items` (role/content messages, checked: errors name `where`); a leading
         system message becomes the system prompt unless `system` is given."""
         messages = parse_messages(items, where=where)
