@@ -83,8 +83,13 @@ def serve(
     page's exposure warning, or None) goes to stderr first. login_name: the login name as the login page shows it
     (default: serving.username). max_file_size: the largest upload in bytes (Gradio refuses a larger one with the
     limit)."""
+    import anyio
     from starlette.middleware import Middleware
 
+    # anyio resolves open_file on first use by importing its module; starlette first asks for it while serving the
+    # page's first files, and an import racing another thread's there once failed a page load (a 500 on a script,
+    # a page without its inputs). Resolved here, before any request, it is a plain attribute.
+    anyio.open_file  # noqa: B018
     if warning:
         print(f"warning: {warning}", file=sys.stderr, flush=True)
     app.queue()  # streaming replies and progress need the queue

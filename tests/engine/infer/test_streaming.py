@@ -333,11 +333,12 @@ def test_chat_page_streams_a_reply_and_stop_keeps_it_in_a_real_browser(chromium,
     from transformers import AutoTokenizer
 
     from dragon_dagster import chat_ui
+    from dragon_dagster.page_serving import PageServing
 
     store = SQLiteFeedbackStore(tmp_path / "feedback.db")
     backend = LocalBackend(str(chatty_model), device="cpu")
     app = chat_ui.build_app(backend, store, "chatty", temperature=0.0, max_new_tokens=LONG)
-    url = chat_ui.start(app, port=free_port(), block=False, quiet=True)
+    url = chat_ui.start(app, PageServing(port=free_port(), block=False, quiet=True))
     # every 20 ms: how long the last message on the page is (what a person watching would see)
     record = (
         "window.__lens = []; setInterval(() => { const m = document.querySelectorAll("
