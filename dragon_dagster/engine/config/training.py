@@ -3,9 +3,20 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from .settings import Settings
+
+# transformers' optimizers that need nothing beyond torch (the 8-bit and paged ones need bitsandbytes and a CUDA
+# GPU, GaLore, APOLLO and the schedule-free ones packages of their own: none is installed with this project).
+Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adafactor", "sgd", "adagrad", "rmsprop"]
+# transformers' schedules that need no arguments beyond warmup (reduce_lr_on_plateau needs an evaluation metric
+# each step, the *_min_lr and warmup_stable_decay ones lr_scheduler_kwargs).
+Schedule = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
+]
 
 
 class Lora(Settings):
@@ -34,6 +45,22 @@ class TrainArgs(Settings):
     max_steps: int | None = Field(None, gt=0, description="Stop after this many updates (overrides epochs).")
     warmup_ratio: float = Field(0.03, ge=0, lt=1, description="Share of steps warming the learning rate up.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    optim: Optimizer = Field(
+        "adamw_torch_fused",
+        description="The optimizer (transformers' `optim`): adamw_torch_fused (transformers' default, fused on CPU "
+        "and GPU), adamw_torch, adafactor (less optimizer memory), sgd, adagrad or rmsprop.",
+    )
+    lr_scheduler_type: Schedule = Field(
+        "linear",
+        description="How the learning rate moves after warmup (transformers' schedules): linear decay to 0, cosine, "
+        "cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.",
+    )
+    max_grad_norm: float = Field(
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Clip the gradient's norm to this before each update; 0: no clipping.",
+    )
     logging_steps: int = Field(5, gt=0, description="Log metrics every this many steps.")
     save_steps: int = Field(100, gt=0, description="Save a resumable checkpoint every this many steps.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")

@@ -89,10 +89,10 @@ def test_to_trl_config_takes_the_kinds_model_not_a_mapping():
             assert hints["run"] is TrainerRun, name
 
 
-class NoisySFT(SFT):
+class SmoothedSFT(SFT):
     """A kind given one more TRL option: its field is the whole change."""
 
-    neftune_noise_alpha: float | None = Field(None, gt=0, description="NEFTune's noise on the embeddings.")
+    label_smoothing_factor: float = Field(0.0, ge=0, description="Label smoothing of the loss.")
 
 
 def run(tmp_path) -> TrainerRun:
@@ -100,9 +100,45 @@ def run(tmp_path) -> TrainerRun:
 
 
 def test_a_field_added_to_a_kind_reaches_trls_config(tmp_path):
-    settings = NoisySFT(name="s", kind="sft", dataset="rows", neftune_noise_alpha=5.0)
-    assert to_trl_config(settings, run(tmp_path)).neftune_noise_alpha == 5.0
-    assert to_trl_config(NoisySFT(name="s", kind="sft", dataset="rows"), run(tmp_path)).neftune_noise_alpha is None
+    settings = SmoothedSFT(name="s", kind="sft", dataset="rows", label_smoothing_factor=0.1)
+    assert to_trl_config(settings, run(tmp_path)).label_smoothing_factor == 0.1
+    assert to_trl_config(SmoothedSFT(name="s", kind="sft", dataset="rows"), run(tmp_path)).label_smoothing_factor == 0
+
+
+@pytest.mark.parametrize("kind_name", sorted(KIND_SETTING))
+def test_the_optimizer_schedule_and_clipping_reach_every_kinds_trl_config(kind_name, tmp_path):
+    kind = catalog.get(kind_name)
+    stage = catalog.parse_stage(yaml.safe_load(stage_yaml(kind_name)))
+    default = kind.load_trl_config()(stage, run(tmp_path))
+    # our defaults are transformers' own: a pipeline that sets none of them trains as before
+    assert (default.optim, default.lr_scheduler_type, default.max_grad_norm) == ("adamw_torch_fused", "linear", 1.0)
+    args = {**stage.args.model_dump(), "optim": "adafactor", "lr_scheduler_type": "cosine", "max_grad_norm": 0.5}
+    config = kind.load_trl_config()(stage.model_copy(update={"args": type(stage.args)(**args)}), run(tmp_path))
+    assert (config.optim, config.lr_scheduler_type, config.max_grad_norm) == ("adafactor", "cosine", 0.5)
+
+
+def test_every_optimizer_and_schedule_offered_is_one_transformers_knows():
+    from transformers.trainer_utils import SchedulerType
+    from transformers.training_args import OptimizerNames
+
+    from dragon_dagster.engine.config.training import Optimizer, Schedule
+
+    assert set(typing.get_args(Optimizer)) <= {o.value for o in OptimizerNames}
+    assert set(typing.get_args(Schedule)) <= {s.value for s in SchedulerType}
+    with pytest.raises(ValueError, match="adamw_8bit"):  # the error names the value and what is offered
+        catalog.parse_stage({"name": "s", "kind": "sft", "dataset": "rows", "args": {"optim": "adamw_8bit"}})
+
+
+def test_neftune_reaches_sfts_config_and_nothing_else_takes_it(tmp_path):
+    assert (
+        to_trl_config(
+            SFT(name="s", kind="sft", dataset="rows", neftune_noise_alpha=5), run(tmp_path)
+        ).neftune_noise_alpha
+        == 5
+    )
+    assert to_trl_config(SFT(name="s", kind="sft", dataset="rows"), run(tmp_path)).neftune_noise_alpha is None
+    with pytest.raises(ValueError, match="neftune_noise_alpha"):
+        catalog.parse_stage({"name": "d", "kind": "dpo", "dataset": "rows", "neftune_noise_alpha": 5})
 
 
 def test_a_field_trl_names_otherwise_reaches_it_through_one_line_of_the_mapping(tmp_path):

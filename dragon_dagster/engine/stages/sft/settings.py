@@ -23,3 +23,11 @@ class SFT(TrainerStage):
         "turn, for tool-use traces, where the tool calls are turns before the final answer (TRL's "
         "assistant_only_loss; needs a chat template with generation marks, which ChatML models get).",
     )
+    neftune_noise_alpha: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="NEFTune: uniform noise of this scale (divided by the square root of sequence length times "
+        "hidden size) added to the input embeddings while training, never at inference (transformers' "
+        "neftune_noise_alpha). The paper used 5 to 15; None: off.",
+    )
