@@ -18,9 +18,11 @@ from ..engine.pipeline.versions import stage_version
 from ..engine.stages.evaluate.settings import Evaluate
 from ..engine.stages.export.settings import Export
 from ..engine.stages.merge.settings import Merge
+from ..engine.stages.merge_adapters.settings import MergeAdapters
 from ..engine.train.stage import TrainerStage
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .asset_wiring import ins_for, key, local_inputs, named_failure, training_group
+from .combine import input_name, run_combine_stage
 from .data_assets import dataset_asset, synthesis_asset
 from .export import default_system, run_export_stage
 from .launchpad import RESUME, effective, launchpad_config
@@ -96,6 +98,42 @@ def training_asset(pipeline: Pipeline, stage: TrainerStage):
         )
 
     return _train
+
+
+def combine_asset(pipeline: Pipeline, stage: MergeAdapters):
+    """Adapters combined into one: an input (a lineage edge) from each adapter stage it names."""
+    combined = ", ".join(ref.label for ref in stage.adapters)
+
+    @asset(
+        key=key(pipeline, stage.name),
+        group_name=training_group(pipeline),
+        kinds={"pytorch", "mlflow"},
+        ins={input_name(name): AssetIn(key=key(pipeline, name)) for name in stage.stages()},
+        pool=TRAINING_POOL,
+        op_tags=POOL_TAGS,
+        description=f"LoRA adapter combined from {combined} by PEFT's add_weighted_adapter ({stage.combination}).",
+        code_version=stage_version(pipeline, stage),
+    )
+    def _combine(
+        context,
+        config: launchpad_config(stage),
+        store: ArtifactStore,
+        tracking: MLflowTracking,
+        training: TrainingResource,
+        **inputs,
+    ) -> Output[str]:
+        inputs = local_inputs(store, inputs)
+        settings = effective(stage, config)
+        return reuse_or_make(
+            context,
+            pipeline,
+            settings,
+            {**inputs, **{f"artifact_{i}": ref.artifact for i, ref in enumerate(settings.adapters) if ref.artifact}},
+            lambda: run_combine_stage(context, pipeline, settings, inputs, store, tracking, training),
+            tracking,
+        )
+
+    return _combine
 
 
 def merge_asset(pipeline: Pipeline, stage: Merge, upstream: list[str] | None = None, group: str | None = None):
@@ -275,6 +313,7 @@ BUILDERS = {
     "dataset": dataset_asset,
     "synthesis": synthesis_asset,
     "training": training_asset,
+    "merge_adapters": combine_asset,
     "merge": merge_asset,
     "evaluate": evaluate_asset,
     "export": export_asset,

@@ -140,6 +140,7 @@ BUILT_IN = [
     "grpo",
     "rloo",
     "distill",
+    "merge_adapters",
     "merge",
     "evaluate",
     "export",

@@ -5,7 +5,7 @@ no import of a kind's folder, no `isinstance` against a kind's settings model.
 Three named exceptions: the feedback retraining (its settings, objectives table and rows) is a fixed pipeline of its
 kinds, whose YAML names them as its objectives (`objectives: [sft, dpo, kto, rlhf]`, rlhf being a reward model and
 GRPO); the reward type `reward_model` (engine/rewards/learned.py), named after the kind whose model it
-loads, as the issue and the YAML call it; and the merge,
+loads, as the issue and the YAML call it; and the merge_adapters, merge,
 evaluate and export kinds share their names with their roles, which the Dagster layer builds assets by.
 """
 
@@ -16,7 +16,7 @@ import dragon_dagster
 from dragon_dagster.engine import catalog
 
 PACKAGE = Path(dragon_dagster.__file__).parent
-ROLE_NAMED = {name for name, kind in catalog.KINDS.items() if name == kind.role}  # merge, evaluate, export
+ROLE_NAMED = {name for name, kind in catalog.KINDS.items() if name == kind.role}  # merge, merge_adapters ...: roles
 RETRAINING = {"engine/pipeline/retraining.py", "engine/pipeline/objectives.py", "engine/data/feedback_rows.py"}
 RETRAINING_KINDS = {"sft", "dpo", "kto", "orpo", "reward_model", "grpo"}
 # a reward type named after the kind it loads, and the gate's taste that picks the rewards of that type

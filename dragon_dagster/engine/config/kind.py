@@ -23,9 +23,10 @@ from .stage import Stage
 
 # How a kind fits in a pipeline, which decides the asset the Dagster layer builds for it and what it reads:
 # dataset (rows mapped from a table, in the Dagster step), synthesis (rows made by models, in a worker),
-# training (an adapter, continuing the chain), merge (the chain folded into the base), evaluate (base against
-# merged), export (the merged model as files to run elsewhere).
-Role = Literal["dataset", "synthesis", "training", "merge", "evaluate", "export"]
+# training (an adapter, continuing the chain), merge_adapters (adapters it names combined into one adapter, which the
+# chain continues from), merge (the chain folded into the base), evaluate (base against merged), export (the
+# merged model as files to run elsewhere).
+Role = Literal["dataset", "synthesis", "training", "merge_adapters", "merge", "evaluate", "export"]
 
 
 def _no_checks(stage: Stage) -> list[CheckSpec]:

@@ -131,7 +131,7 @@ class Pipeline(Settings):
             if stage.continues_chain() and last_training is not None:
                 upstream = upstream + [last_training]
             self._previous[stage.name] = last_training if stage.continues_chain() else None
-            if role == "training" and stage.in_chain:
+            if role in ("training", "merge_adapters") and stage.in_chain:  # a combined adapter continues the chain
                 last_training = stage.name
             elif role == "merge":
                 if last_training is None:

@@ -40,6 +40,8 @@ stages:
   - {name: rm, kind: reward_model, dataset: pairs_file}
   - {name: rloo, kind: rloo, dataset: prompts, rewards: [{type: numeric, name: right}]}
   - {name: distill, kind: distill, dataset: prompts, teacher: {stage: sft}, student: base}
+  - {name: sft_beside, kind: sft, dataset: chat, start: base}
+  - {name: combined, kind: merge_adapters, adapters: [sft, sft_beside], combination: ties, density: 0.5}
 """
 # A bad value per kind: (what to replace in EVERY_KIND, its replacement, the field the error must name)
 BAD = {
@@ -76,6 +78,7 @@ BAD = {
     ),
     "rloo": ("name: right}]}", "name: right}], reward_clip_range: [3, 1]}", "stages[15]"),
     "distill": ("student: base}", "student: base, beta: 2}", "stages[16].beta"),
+    "merge_adapters": ("density: 0.5}", "density: 1.5}", "stages[18].density"),
 }
 
 

@@ -31,3 +31,12 @@ class SFT(TrainerStage):
         "hidden size) added to the input embeddings while training, never at inference (transformers' "
         "neftune_noise_alpha). The paper used 5 to 15; None: off.",
     )
+    start: Literal["chain", "base"] = Field(
+        "chain",
+        description="chain: continue from the training stage before it (earlier adapters folded in); base: a "
+        "fresh adapter on the pipeline's model, beside the chain (an adapter a merge_adapters stage combines "
+        "with others trained on the same model).",
+    )
+
+    def continues_chain(self) -> bool:
+        return self.start == "chain"
