@@ -81,4 +81,20 @@ def test_combined_adapters_materialize_with_lineage_and_merge(tiny_model, tmp_pa
     merged = json.loads((artifacts["merged_model"] / "manifest.json").read_text())
     assert merged["adapters"] == manifest["chain"]  # the merge folded the combined adapter
     assert [s["name"] for s in merged["info"]["card"]["stages"]] == ["combined"]
+    assert merged["info"]["card"]["datasets"] == []  # it trained on none; its inputs' manifests name theirs
     assert (artifacts["merged_model"] / "model" / "config.json").exists()
+
+
+def test_an_artifact_from_elsewhere_is_found_beside_the_pipeline(tiny_model, tmp_path):
+    """`{artifact: PATH}` names another pipeline's adapter artifact, relative to the pipeline's folder; a stage's
+    artifact comes from the asset's input of that stage."""
+    from dragon_dagster.assets.combine import input_artifacts, input_name
+    from dragon_dagster.engine.pipeline import load
+
+    path = write_pipeline(tmp_path / "defs" / "combine_tiny", tiny_model)
+    path.write_text(path.read_text().replace("[sft_a, sft_b]", "[sft_a, {artifact: ../other/sft-1}]"))
+    pipeline = load(path)
+    stage = pipeline.stage("combined")
+    assert stage.reads() == ["sft_a"]
+    found = input_artifacts(pipeline, stage, {input_name("sft_a"): "/runs/artifacts/combine_tiny/sft_a-1"})
+    assert found == ["/runs/artifacts/combine_tiny/sft_a-1", str(path.parent / "../other/sft-1")]

@@ -58,14 +58,14 @@ def card_facts(adapters: list[str], resolved_model: str) -> dict:
         {
             "name": m.stage,
             "method": m.method,
-            "dataset": Path(m.dataset).parent.name,
+            "dataset": Path(m.dataset).parent.name if m.dataset else "",
             "settings": shown_settings(m.settings),
             "result": flat_result(m.result),
         }
         for m in manifests
     ]
     datasets = []
-    for name in dict.fromkeys(s["dataset"] for s in stages):
+    for name in dict.fromkeys(s["dataset"] for s in stages if s["dataset"]):  # a combined adapter trained on none
         dataset_dir = next(Path(m.dataset) for m in manifests if Path(m.dataset).parent.name == name)
         datasets.append({"name": name, **dataset_facts(dataset_dir)})
     return {
