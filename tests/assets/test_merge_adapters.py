@@ -66,6 +66,8 @@ def test_combined_adapters_materialize_with_lineage_and_merge(tiny_model, tmp_pa
     assert outcome["success"], outcome["stages"]
     artifacts = {name: Path(outcome["artifacts"][name]) for name in ("sft_a", "sft_b", "combined", "merged_model")}
 
+    sft_b = json.loads((artifacts["sft_b"] / "manifest.json").read_text())
+    assert sft_b["chain"] == [str(artifacts["sft_b"] / "adapter")]  # trained on the base, sft_a not folded in
     manifest = json.loads((artifacts["combined"] / "manifest.json").read_text())
     assert manifest["kind"] == "adapter" and manifest["method"] == "merge_adapters"
     assert manifest["chain"] == [str(artifacts["combined"] / "adapter")]  # both inputs sit on the base alone

@@ -80,7 +80,8 @@ class MergeAdapters(Stage):
 
     adapters: list[Adapter] = Field(
         min_length=2,
-        description="The adapters to combine, two or more: earlier adapter stages of this pipeline by name, or "
+        description="The adapters to combine, two or more: earlier adapter stages of this pipeline by name (a "
+        "name alone, or `{stage: NAME}`), or "
         "`{artifact: PATH}` for an adapter artifact made elsewhere. All must be trained on the same base model "
         "with the same adapters folded in before them.",
     )
@@ -91,10 +92,11 @@ class MergeAdapters(Stage):
     )
     combination: Combination = Field(
         "svd",
-        description="PEFT's combination_type. svd (PEFT's default) and cat are exact (cat's rank is the sum of "
-        "the inputs'); linear mixes the A and B matrices (a rough approximation); ties, dare_ties, dare_linear "
-        "and magnitude_prune prune each adapter's update to `density` first (TIES, DARE); their _svd forms "
-        "combine the full updates and factor the result.",
+        description="PEFT's combination_type. cat is exact (its rank is the sum of the inputs'); svd (PEFT's "
+        "default) factors the weighted sum of the updates to `svd_rank` (exact when that is at least the sum of "
+        "the input ranks); linear mixes the A and B matrices (PEFT calls it a rough approximation); ties, "
+        "dare_ties, dare_linear and magnitude_prune prune each adapter's update to `density` first (TIES, DARE) "
+        "and need inputs of one rank; their _svd forms prune the full updates and factor the result.",
     )
     density: float | None = Field(
         None,

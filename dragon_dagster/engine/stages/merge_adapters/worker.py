@@ -46,7 +46,9 @@ def combine(model, adapters: list, settings: MergeAdapters, labels: list[str] | 
 
 def merge_adapter_set(job: MergeAdaptersJob, reporter: Reporter) -> MergeAdaptersResult:
     settings, inputs = job.settings, job.inputs
-    hardware = job.hardware.model_copy(update={"load_in_4bit": False})  # PEFT combines full-precision factors
+    # full precision: PEFT's svd forms factor the update with torch.linalg.svd, which takes no bfloat16, and
+    # pruning by magnitude wants the factors as trained (adapters are saved in float32)
+    hardware = job.hardware.model_copy(update={"load_in_4bit": False, "dtype": "float32"})
     reporter.log(
         f"combining {len(inputs.adapters)} adapters ({', '.join(inputs.labels)}) by {settings.combination} on "
         f"{inputs.model}" + (f" with {len(inputs.before)} adapter(s) folded in first" if inputs.before else "")
