@@ -85,6 +85,8 @@ def test_combined_adapters_materialize_with_lineage_and_merge(tiny_model, tmp_pa
     assert [s["name"] for s in merged["info"]["card"]["stages"]] == ["combined"]
     assert merged["info"]["card"]["datasets"] == []  # it trained on none; its inputs' manifests name theirs
     assert (artifacts["merged_model"] / "model" / "config.json").exists()
+    [version] = resources["tracking"].client().search_model_versions("name='combine_tiny'")  # registered as any
+    assert version.tags["upstream_mlflow_run_ids"] == manifest["mlflow_run_id"]
 
 
 def test_an_artifact_from_elsewhere_is_found_beside_the_pipeline(tiny_model, tmp_path):

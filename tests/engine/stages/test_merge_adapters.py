@@ -173,3 +173,36 @@ def test_an_adapter_is_a_stage_or_an_artifact():
     assert stage.effective_weights() == [0.5, 0.5]
     with pytest.raises(ValidationError, match="give exactly one"):
         MergeAdapters(name="c", kind="merge_adapters", adapters=["a", {"stage": "b", "artifact": "/x"}])
+
+
+def pipeline_of(*stages: dict):
+    from dragon_dagster.engine.pipeline.definition import Pipeline
+
+    chat = {"name": "chat", "kind": "chat_dataset", "source": "t", "prompt": "{subject}", "response": "reply"}
+    return Pipeline.model_validate(
+        {"name": "p", "model": "/m", "datasets": {"t": {"path": "example:tickets.csv"}}, "stages": [chat, *stages]}
+    )
+
+
+def test_the_chain_continues_from_a_combined_adapter():
+    """Stages after it continue from the combined adapter (a merge folds it, a DPO stage trains on it); an sft stage
+    with start: base trains beside the chain, so its adapter and the first share the base."""
+    a, b = (
+        {"name": "a", "kind": "sft", "dataset": "chat"},
+        {"name": "b", "kind": "sft", "dataset": "chat", "start": "base"},
+    )
+    combined = {"name": "c", "kind": "merge_adapters", "adapters": ["a", "b"], "combination": "cat"}
+    pairs = {"name": "pairs", "kind": "preference_pairs", "dataset": "chat"}
+    pipeline = pipeline_of(
+        a, b, combined, pairs, {"name": "dpo", "kind": "dpo", "dataset": "pairs"}, {"name": "m", "kind": "merge"}
+    )
+    assert pipeline.previous("b") is None and pipeline.upstream("c") == ["a", "b"] and pipeline.previous("c") is None
+    assert pipeline.previous("pairs") == "c" and pipeline.previous("dpo") == "c" and pipeline.upstream("m") == ["dpo"]
+
+
+def test_a_pipeline_that_combines_adapters_on_different_chains_is_refused():
+    a, b = {"name": "a", "kind": "sft", "dataset": "chat"}, {"name": "b", "kind": "sft", "dataset": "chat"}
+    with pytest.raises(ValidationError, match="a continues the base model; b continues a.*`start: base`"):
+        pipeline_of(a, b, {"name": "c", "kind": "merge_adapters", "adapters": ["a", "b"]})
+    with pytest.raises(ValidationError, match="'chat' \\(chat_dataset\\) makes no adapter"):
+        pipeline_of(a, {"name": "c", "kind": "merge_adapters", "adapters": ["a", "chat"]})
