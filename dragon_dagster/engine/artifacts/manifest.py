@@ -81,6 +81,18 @@ class SourceManifest(ArtifactManifest):
     sha256: str | None = None
 
 
+class MixShare(BaseModel):
+    """One source of a mixed dataset: the weight it was asked for (normalised), the rows drawn from it, the rows
+    it has in the dataset (duplicates dropped) and their share of the dataset."""
+
+    source: str
+    weight: float
+    drawn: int
+    rows: int
+    share: float
+    artifact: str | None = None  # its source snapshot's directory, or the file it was read from
+
+
 class DatasetManifest(ArtifactManifest):
     """A dataset stage's rows: train.jsonl and eval.jsonl. kind: the stage's kind (chat_dataset, ...)."""
 
@@ -96,6 +108,7 @@ class DatasetManifest(ArtifactManifest):
     answer_overlap: float = 0.0
     group_by: str | None = None
     system_prompt_uri: str | None = None  # the pipeline's system prompt in the Prompt Registry, if this is its dataset
+    mixture: list[MixShare] = Field(default_factory=list)  # a mixture's sources as realised (empty: one source)
 
 
 class DataResult(StageResult):

@@ -3,10 +3,12 @@ dataset asset writes and what the studio previews, computed once, the same way."
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any
 
-from . import holdout, row_parts
+from . import holdout, mixture, row_parts
+from .errors import DataError
 from .stage import DatasetStage
 
 
@@ -18,6 +20,7 @@ class Prepared:
     duplicates: int  # exact duplicates dropped before the split
     leakage: dict[str, float]  # prompt_overlap, answer_overlap
     quality: dict[str, Any]  # rows, empty prompts and replies, duplicate share (checks.quality_check)
+    mixture: list[dict[str, Any]] = field(default_factory=list)  # a mixture's proportions (mixture.proportions)
 
     @property
     def rows(self) -> list[dict]:
@@ -26,15 +29,59 @@ class Prepared:
 
 def prepare(settings: DatasetStage, df) -> Prepared:
     """Map the table, drop exact duplicates (when the stage dedupes), split by group (group_by, else the user
-    prompt: rows asking the same thing stay on one side) and measure the leak and the quality."""
-    rows, dropped, kept = settings.map(df)
+    prompt: rows asking the same thing stay on one side) and measure the leak and the quality.
+
+    df: the table; for a stage with `sources`, a mapping of each source's label to its table. A mixture's
+    sources are each mapped, then drawn together, and the rest runs on the whole mixture: a prompt that two
+    sources share lands on one side of the split, and a row two sources share is dropped once."""
+    if settings.sources:
+        rows, dropped, groups, origin = _mixed(settings, df)
+    else:
+        rows, dropped, kept = settings.map(df)
+        groups, origin = _groups(settings, df, rows, kept), [0] * len(rows)
+    duplicates, drawn = 0, origin
+    if settings.dedupe:  # each row's source goes along with its group, so the kept rows' sources are known
+        rows, tagged, duplicates = holdout.dedupe_rows(rows, list(zip(groups, origin, strict=True)))
+        groups, origin = [g for g, _ in tagged], [o for _, o in tagged]
+    train, held = holdout.split_rows(rows, settings.eval_frac, settings.seed, groups)
+    proportions = []
+    if settings.sources:
+        labels, weights = [s.label for s in settings.sources], [s.weight for s in settings.sources]
+        proportions = mixture.proportions(labels, weights, drawn, origin)
+    return Prepared(
+        train, held, dropped, duplicates, holdout.overlap(train, held), row_parts.quality(rows), proportions
+    )
+
+
+def _groups(settings: DatasetStage, df, rows: list[dict], kept: list[int]) -> list[str]:
+    """Each mapped row's group: its source row's group_by value, else its user prompt."""
     if settings.group_by:  # read from the source table, carried along with the rows it maps to
         values = holdout.group_values(df, settings.group_by)
-        groups = [values[i] for i in kept]
-    else:
-        groups = [row_parts.user_text(r) for r in rows]
-    duplicates = 0
-    if settings.dedupe:
-        rows, groups, duplicates = holdout.dedupe_rows(rows, groups)
-    train, held = holdout.split_rows(rows, settings.eval_frac, settings.seed, groups)
-    return Prepared(train, held, dropped, duplicates, holdout.overlap(train, held), row_parts.quality(rows))
+        return [values[i] for i in kept]
+    return [row_parts.user_text(r) for r in rows]
+
+
+def _mixed(settings: DatasetStage, tables: dict) -> tuple[list[dict], dict[str, int], list[str], list[int]]:
+    """A mixture's rows as drawn, the mapping's drops summed over the sources, each row's group and the index of
+    the source it came from. An error in one source's mapping names that source."""
+    mapped, dropped = [], Counter()
+    for source in settings.sources:
+        if source.label not in tables:
+            raise DataError(f"{settings.name}: no table for source {source.label!r}; tables: {sorted(tables)}")
+        try:
+            rows, drops, kept = settings.map(tables[source.label])
+            groups = _groups(settings, tables[source.label], rows, kept)
+        except DataError as exc:
+            raise DataError(f"source {source.label!r}: {exc}") from exc
+        mapped.append((rows, groups))
+        dropped.update(drops)
+    order = mixture.draw(
+        [len(rows) for rows, _ in mapped],
+        [s.weight for s in settings.sources],
+        settings.seed,
+        settings.stopping_strategy,
+        settings.mix_rows,
+    )
+    rows = [mapped[i][0][j] for i, j in order]
+    groups = [mapped[i][1][j] for i, j in order]
+    return rows, dict(dropped), groups, [i for i, _ in order]

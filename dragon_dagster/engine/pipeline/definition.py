@@ -334,16 +334,25 @@ class Pipeline(Settings):
         """This pipeline with its file paths resolved against the folder of the YAML that declared it."""
         base = Path(source_file).parent if source_file else None
         datasets = {n: d.model_copy(update={"path": str(resolve_path(d.path, base))}) for n, d in self.datasets.items()}
-        stages = [
-            st.model_copy(update={"path": str(resolve_path(st.path, base))}) if getattr(st, "path", None) else st
-            for st in self.stages
-        ]
+        stages = [located_stage(st, base) for st in self.stages]
         tools = self.tools
         if tools is not None and tools.file:
             tools = tools.model_copy(update={"file": str(resolve_path(tools.file, base))})
         out = self.model_copy(update={"datasets": datasets, "stages": stages, "tools": tools})
         out._source_file = str(source_file) if source_file else None
         return out
+
+
+def located_stage(stage: Stage, base: Path | None) -> Stage:
+    """A stage with the files it names (its `path`, a mixture's sources' paths) resolved against base."""
+    update = {}
+    if getattr(stage, "path", None):
+        update["path"] = str(resolve_path(stage.path, base))
+    if getattr(stage, "sources", None):
+        update["sources"] = [
+            s.model_copy(update={"path": str(resolve_path(s.path, base))}) if s.path else s for s in stage.sources
+        ]
+    return stage.model_copy(update=update) if update else stage
 
 
 def resolve_path(path: str, base: Path | None) -> Path:

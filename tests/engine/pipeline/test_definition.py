@@ -169,6 +169,8 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
         "dedupe": True,
         "allow_leakage": False,
         "layout": "auto",
+        "stopping_strategy": "first_exhausted",  # a mixture's (sources:), per run too
+        "mix_rows": None,
     }
     assert None not in (sft["n_samples"], sft["max_new_tokens"], grpo["temperature"])
 
