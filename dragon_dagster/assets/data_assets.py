@@ -11,6 +11,7 @@ from ..engine.artifacts.directories import sha256
 from ..engine.artifacts.manifest import (
     AdapterManifest,
     DatasetManifest,
+    MixShare,
     SourceManifest,
     SynthesisManifest,
     read_manifest,
@@ -98,15 +99,43 @@ def read_source(pipeline: Pipeline, stage: DatasetStage, source: str | None):
     return tables.read_table(Path(source) / manifest.file, stage.format or pipeline.datasets[stage.source].format)
 
 
+def source_inputs(stage: DatasetStage) -> list[str]:
+    """The asset's parameters for the `datasets:` sources it reads, in the order of stage.reads(): `source`
+    for its one source, `source_1`, `source_2`, ... for a mixture's (a dataset's name need not be an
+    identifier)."""
+    if not stage.sources:
+        return ["source"]
+    return [f"source_{i}" for i in range(1, len(stage.reads()) + 1)]
+
+
+def read_mixture(pipeline: Pipeline, stage: DatasetStage, inputs: dict) -> tuple[dict, dict[str, str]]:
+    """A mixture's tables by source label, and where each was read from (its snapshot, or its file)."""
+    snapshots = dict(zip(stage.reads(), (inputs[name] for name in source_inputs(stage)), strict=True))
+    frames, where = {}, {}
+    for origin in stage.sources:
+        if origin.source:
+            snapshot = snapshots[origin.source]
+            file = Path(snapshot) / read_manifest(snapshot, SourceManifest).file
+            fmt = origin.format or stage.format or pipeline.datasets[origin.source].format
+            frames[origin.label], where[origin.label] = tables.read_table(file, fmt), snapshot
+        else:
+            frames[origin.label] = tables.read_table(origin.path, origin.format or stage.format)
+            where[origin.label] = origin.path
+    return frames, where
+
+
 def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
     mapped = ", ".join(f"{k} {v!r}" for k, v in stage.mapped_columns().items() if k != "system")
+    origin = stage.source or stage.path
+    if stage.sources:
+        origin = "a mixture of " + ", ".join(f"{s.label} (weight {s.weight:g})" for s in stage.sources)
 
     @asset(
         key=key(pipeline, stage.name),
         group_name=training_group(pipeline),
         kinds={"dataset"},
-        ins=ins_for(pipeline, stage, "source"),
-        description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {stage.source or stage.path} "
+        ins=ins_for(pipeline, stage, *source_inputs(stage)),
+        description=f"{stage.kind.replace('_', ' ').capitalize()} mapped from {origin} "
         f"({mapped}), split into train and held-out files.",
         code_version=stage_version(pipeline, stage),
     )
@@ -121,7 +150,10 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
 
     def _map(context, settings, store: ArtifactStore, tracking: MLflowTracking, inputs: dict) -> Output[str]:
         with named_failure(f"{pipeline.name}/{stage.name}"):
-            df = read_source(pipeline, settings, inputs.get("source"))
+            if settings.sources:
+                df, where = read_mixture(pipeline, settings, inputs)
+            else:
+                df, where = read_source(pipeline, settings, inputs.get("source")), {}
             prepared = prepare(settings, df)
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         train, held, dropped, duplicates = prepared.train, prepared.held, prepared.dropped, prepared.duplicates
@@ -131,13 +163,15 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
         with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
             tables.write_jsonl(tmp / "train.jsonl", train)
             tables.write_jsonl(tmp / "eval.jsonl", held)
-            if not inputs:  # keep the file it was read from, so the artifact reproduces itself
-                shutil.copyfile(settings.path, tmp / f"source{Path(settings.path).suffix}")
+            # keep each file it read directly (not a source asset's snapshot), so the artifact reproduces itself
+            for i, file in enumerate(o.path for o in settings.origins() if o.path):
+                copy = shutil.copytree if Path(file).is_dir() else shutil.copyfile
+                copy(file, tmp / f"source{'' if settings.path else f'_{i + 1}'}{Path(file).suffix}")
             write_manifest(
                 tmp,
                 DatasetManifest(
                     kind=stage.kind,
-                    source=inputs.get("source") or settings.path,
+                    source=inputs.get("source") or settings.path or origin,
                     settings=settings,
                     train_rows=len(train),
                     eval_rows=len(held),
@@ -147,6 +181,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                     **leakage,
                     group_by=settings.group_by or "the user prompt",
                     system_prompt_uri=prompt_uri,
+                    mixture=[MixShare(**share, read_from=where[share["source"]]) for share in prepared.mixture],
                     dagster_run_id=context.op_execution_context.run_id,
                 ),
             )
@@ -163,6 +198,8 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                 "duplicate_share": quality["duplicate_share"],
                 **{f"dropped_{k}": v for k, v in dropped.items()},
                 **({"system_prompt": MetadataValue.text(prompt_uri)} if prompt_uri else {}),
+                **({"mixture": md_table(prepared.mixture)} if prepared.mixture else {}),
+                **{f"share_{m['source']}": m["share"] for m in prepared.mixture},  # plotted run over run
             },
         )
 

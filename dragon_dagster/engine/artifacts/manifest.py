@@ -90,7 +90,7 @@ class MixShare(BaseModel):
     drawn: int
     rows: int
     share: float
-    artifact: str | None = None  # its source snapshot's directory, or the file it was read from
+    read_from: str | None = None  # its source snapshot's directory, or the file it was read from
 
 
 class DatasetManifest(ArtifactManifest):

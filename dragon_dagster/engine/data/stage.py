@@ -60,7 +60,7 @@ class DatasetStage(Stage):
     )
     system: str | None = Field(None, description="System prompt: text or a template such as '{persona}'.")
     eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of rows held out for evaluation, in [0, 1).")
-    seed: int = Field(42, description="Seed of the held-out split.")
+    seed: int = Field(42, description="Seed of the held-out split (and of a mixture's draw).")
     dedupe: bool = Field(
         True,
         description="Drop exact duplicate rows (same prompt turns and same reply or answer) "
