@@ -2,18 +2,27 @@
 max_eval_rows, early_stopping and keep reach transformers' TrainingArguments and EarlyStoppingCallback for every
 training kind, and on a held-out loss made to rise training stops early and keeps the best evaluation's adapter."""
 
+import json
+
 import pytest
 import yaml
 from pydantic import ValidationError
+from safetensors.torch import load_file
 
 from dragon_dagster.engine import catalog
+from dragon_dagster.engine.artifacts import progress
 from dragon_dagster.engine.config.hardware import Hardware, Speed
 from dragon_dagster.engine.config.job import TrainingInputs
+from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.config.results import KeptAdapter
 from dragon_dagster.engine.config.training import TrainArgs
+from dragon_dagster.engine.data import tables
+from dragon_dagster.engine.stages.sft.worker import train_sft
 from dragon_dagster.engine.train import held_out
+from dragon_dagster.engine.train.stage import losses_check
 from dragon_dagster.engine.train.trl_config import TrainerRun
 from tests.engine.stages.test_trl_config import KIND_SETTING
+from tests.support import sft_job, ticket_files
 
 WATCHED = "args: {eval_every: 5, save_steps: 100, keep: best, early_stopping: {patience: 3, min_delta: 0.01%s}}"
 
@@ -103,3 +112,73 @@ def test_the_sentence_the_asset_page_shows():
     )
     ran = kept.model_copy(update={"keep": "last", "step": 400, "last_step": 400, "stopped_early": False})
     assert ran.sentence() == "ran 400 of 400 steps; kept the last step (400); the best held-out loss (1.234) at step 80"
+
+
+class Recording(Reporter):
+    def __init__(self):
+        super().__init__()
+        self.logged: list[tuple[int, dict]] = []
+
+    def metrics(self, step, values):
+        self.logged.append((step, values))
+
+
+def test_early_stopping_stops_on_a_rising_held_out_loss_and_keeps_the_best_adapter(tiny_model, tmp_path):
+    """Held-out replies that contradict training's (the same prompts, a made-up reply): as the adapter learns the
+    training replies at a high learning rate, their held-out loss turns up, and training stops."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+    from trl import SFTTrainer
+
+    from dragon_dagster.engine.models import load_tokenizer
+    from dragon_dagster.engine.stages.sft import turns
+    from dragon_dagster.engine.stages.sft.trl_config import to_trl_config
+
+    train, _ = ticket_files(tmp_path, n=24)
+    contradicting = [
+        {"prompt": r["prompt"], "completion": [{"role": "assistant", "content": "zebra quartz " * 6}]}
+        for r in tables.read_jsonl(train)[:8]
+    ]
+    tables.write_jsonl(tmp_path / "held.jsonl", contradicting)
+    args = dict(max_steps=12, eval_every=2, learning_rate=2e-2, keep="best", max_eval_rows=6)
+    job = sft_job(tmp_path, tiny_model, train, tmp_path / "held.jsonl", early_stopping={"patience": 2}, **args)
+    reporter = Recording()
+    result = train_sft(job, reporter)
+    out, kept = tmp_path / "out", result.kept
+
+    rows = progress.read(out)
+    curve = {r["step"]: r["eval_loss"] for r in rows if isinstance(r.get("eval_loss"), (int, float))}
+    best = min(curve, key=curve.get)
+    assert kept.stopped_early and kept.patience == 2  # the callback was in the trainer's callbacks, and fired
+    assert result.global_step == kept.last_step < 12 and kept.planned_steps == 12
+    assert sorted(curve) == list(range(2, kept.last_step + 1, 2)) and kept.evaluations == len(curve)
+    assert kept.step == kept.best_step == best < kept.last_step and kept.best_metric == pytest.approx(curve[best])
+    assert result.held_out_rows.scored == 6 and result.held_out_rows.total == 8
+    assert result.metadata()["adapter_step"].startswith(
+        f"stopped at step {kept.last_step} of 12 (held-out loss did not improve for 2 evaluations); kept step {best}"
+    )
+    assert json.loads((out / "metrics.json").read_text())["kept"]["step"] == best  # into the manifest's result
+
+    # the saved adapter is the best evaluation's checkpoint, not the last step's
+    saved = load_file(out / "adapter" / "adapter_model.safetensors")
+    for step, same in ((best, True), (kept.last_step, False)):
+        checkpoint = load_file(tmp_path / "ckpt" / f"checkpoint-{step}" / "adapter_model.safetensors")
+        assert all(saved[k].equal(checkpoint[k]) for k in saved) is same, step
+    # and scored afresh on the same held-out rows, its loss is that evaluation's
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model), out / "adapter")
+    scored = turns.training_dataset(held_out.sample_rows(contradicting, 6, job.settings.args.seed), "final_turn")
+    scorer = SFTTrainer(
+        model=model,
+        args=to_trl_config(job.settings, TrainerRun(Hardware(device="cpu"), str(tmp_path / "rescore"))),
+        train_dataset=scored,  # SFTTrainer wants one; only evaluate runs
+        eval_dataset=scored,
+        processing_class=load_tokenizer(str(tiny_model)),
+    )
+    assert scorer.evaluate()["eval_loss"] == pytest.approx(curve[best], rel=1e-4)
+
+    # the held-out curve is its own MLflow series on the training steps' axis; the training rows stay the loss's
+    evaluated = {step for step, values in reporter.logged if "train/eval_loss" in values}
+    trained = {step for step, values in reporter.logged if "train/loss" in values}
+    assert evaluated == set(curve) and evaluated <= trained
+    outcome = losses_check().judge(out)
+    assert outcome.metadata["logged_steps"] == len([r for r in rows if r.get("loss") is not None]) == kept.last_step
