@@ -182,3 +182,23 @@ def test_early_stopping_stops_on_a_rising_held_out_loss_and_keeps_the_best_adapt
     assert evaluated == set(curve) and evaluated <= trained
     outcome = losses_check().judge(out)
     assert outcome.metadata["logged_steps"] == len([r for r in rows if r.get("loss") is not None]) == kept.last_step
+
+
+def test_the_loss_plot_draws_the_held_out_curves_beside_the_training_ones(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from dragon_dagster.engine.evaluate.plots import plot_loss
+
+    shown, legend = [], matplotlib.axes.Axes.legend
+    monkeypatch.setattr(
+        matplotlib.axes.Axes,
+        "legend",
+        lambda self, handles, labels, **kw: (shown.extend(labels), legend(self, handles, labels, **kw))[1],
+    )
+    rows = [  # a GRPO stage's progress rows: training steps, then an evaluation's row (eval_* keys, no loss)
+        {"step": 1, "loss": 0.2, "reward": 0.1},
+        {"step": 2, "loss": 0.1, "reward": 0.3},
+        {"step": 2, "loss": None, "eval_loss": 0.15, "eval_reward": 0.25},
+    ]
+    assert plot_loss(rows, tmp_path / "loss.png", extra="reward").read_bytes().startswith(b"\x89PNG")
+    assert shown == ["train loss", "eval loss", "reward", "held-out reward"]
