@@ -57,7 +57,19 @@ def callbacks(args: TrainArgs) -> list:
 def eval_dataset(rows: list[dict], args: TrainArgs, build):
     """The trainer's eval_dataset: the held-out rows built as the kind builds its training rows (build), only
     when they are scored while training (TRL would otherwise prepare them for nothing)."""
-    return build(rows) if rows and args.eval_every is not None else None
+    check_rows(rows, args)
+    return build(rows) if args.eval_every is not None else None
+
+
+def check_rows(rows: list[dict], args: TrainArgs) -> None:
+    """Refuse eval_every without held-out rows before training (transformers would fail at the first evaluation,
+    steps into the run)."""
+    if args.eval_every is not None and not rows:
+        raise ValueError(
+            "args.eval_every scores the held-out rows while training, and this stage has none: give its dataset "
+            "a held-out split (eval_frac above 0; for grpo, rloo and distill also max_eval_prompts above 0), or "
+            "remove eval_every (and early_stopping, keep: best)"
+        )
 
 
 def kept_adapter(trainer, args: TrainArgs) -> KeptAdapter | None:

@@ -144,6 +144,7 @@ def trainer_parts(p, callback, train=None, evals=None) -> dict[str, Any]:
     evals given when the method reshapes them), the tokenizer, the LoRA adapter and the progress callback."""
     from datasets import Dataset
 
+    held_out.check_rows(p.eval_rows, p.args)
     if train is None:
         train = Dataset.from_list(p.train_rows)
         evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None

@@ -81,6 +81,14 @@ def test_early_stopping_and_keep_best_need_eval_every(asked):
         TrainArgs(eval_every=5, early_stopping={"patience": 0})
 
 
+def test_eval_every_without_held_out_rows_is_refused_before_training():
+    with pytest.raises(ValueError, match="this stage has none: give its dataset a held-out split"):
+        held_out.eval_dataset([], TrainArgs(eval_every=2), list)
+    assert held_out.eval_dataset([], TrainArgs(), list) is None
+    assert held_out.eval_dataset([{"i": 1}], TrainArgs(), list) is None  # not scored while training: not built
+    assert held_out.eval_dataset([{"i": 1}], TrainArgs(eval_every=2), list) == [{"i": 1}]
+
+
 def test_max_eval_rows_is_a_seeded_sample_in_the_splits_order():
     rows = [{"i": i} for i in range(1000)]
     first = held_out.sample_rows(rows, 200, seed=42)

@@ -102,7 +102,8 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
         teacher_model=teacher,
         args=config,
         train_dataset=prompts(p.train_rows),
-        eval_dataset=held_out.eval_dataset(p.eval_rows, p.args, prompts),  # the divergence to the teacher
+        # the divergence to the teacher on the prompts measured before and after (the student samples each)
+        eval_dataset=held_out.eval_dataset(p.eval_rows[: settings.max_eval_prompts], p.args, prompts),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
         callbacks=[callback, *held_out.callbacks(p.args)],
@@ -149,7 +150,7 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
         divergence_before=divergence_before,
         divergence_after=divergence_after,
         kept=held_out.kept_adapter(trainer, p.args),
-        held_out_rows=held_out.held_out_rows(len(p.eval_rows), p.eval_total),
+        held_out_rows=held_out.held_out_rows(len(p.eval_rows[: settings.max_eval_prompts]), p.eval_total),
     )
     with (out / "samples.jsonl").open("w") as f:
         for row, old, new in list(zip(held, replies_before, replies_after))[: max(settings.n_samples, 0)]:

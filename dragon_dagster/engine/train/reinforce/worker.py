@@ -278,7 +278,8 @@ def train_reinforce(
         reward_funcs=funcs,
         args=config,
         train_dataset=Dataset.from_list(p.train_rows),
-        eval_dataset=held_out.eval_dataset(p.eval_rows, p.args, Dataset.from_list),  # TRL logs eval_reward
+        # the prompts scored before and after (max_eval_prompts): each evaluation samples a group for each one
+        eval_dataset=held_out.eval_dataset(p.eval_rows[: job.settings.max_eval_prompts], p.args, Dataset.from_list),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
         # beta set before the step is logged
@@ -335,7 +336,7 @@ def train_reinforce(
         guard_kinds={r.name: r.type for r in guard or []} | {m: "metric" for m in metrics},
         difficulty=difficulty,
         kept=held_out.kept_adapter(trainer, p.args),
-        held_out_rows=held_out.held_out_rows(len(p.eval_rows), p.eval_total),
+        held_out_rows=held_out.held_out_rows(len(p.eval_rows[: job.settings.max_eval_prompts]), p.eval_total),
     )
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
