@@ -210,3 +210,51 @@ def test_the_loss_plot_draws_the_held_out_curves_beside_the_training_ones(tmp_pa
     ]
     assert plot_loss(rows, tmp_path / "loss.png", extra="reward").read_bytes().startswith(b"\x89PNG")
     assert shown == ["train loss", "eval loss", "reward", "held-out reward"]
+
+
+def test_a_dpo_stage_logs_its_held_out_reward_accuracy_while_training(tiny_model, tmp_path, monkeypatch):
+    """A preference kind's held-out curve is TRL's eval figures (reward accuracy and margins) every eval_every
+    steps, as MLflow series beside the training ones; early stopping watches the one it is told to."""
+    from dragon_dagster.engine.stages.dpo import worker
+
+    train, _ = ticket_files(tmp_path, n=8)
+    pairs = [
+        {"prompt": r["prompt"], "chosen": r["completion"], "rejected": [{"role": "assistant", "content": "Wait."}]}
+        for r in tables.read_jsonl(train)
+    ]
+    tables.write_jsonl(tmp_path / "pairs.jsonl", pairs[:4])
+    tables.write_jsonl(tmp_path / "held.jsonl", pairs[4:7])
+    args = {"max_steps": 2, "batch_size": 2, "grad_accum": 1, "logging_steps": 1, "max_seq_len": 96}
+    watched = {"patience": 5, "metric": "eval_rewards/accuracies"}
+    settings = {**args, "eval_every": 1, "max_eval_rows": 2, "early_stopping": watched}
+    stage = catalog.parse_stage({"name": "d", "kind": "dpo", "dataset": "pairs", "args": settings, "n_samples": 0})
+    (tmp_path / "out").mkdir()
+    job = catalog.get("dpo").job_model()(
+        settings=stage,
+        inputs=TrainingInputs(
+            model=str(tiny_model),
+            train_file=str(tmp_path / "pairs.jsonl"),
+            eval_file=str(tmp_path / "held.jsonl"),
+            checkpoint_dir=str(tmp_path / "ckpt"),
+        ),
+        output_dir=str(tmp_path / "out"),
+        hardware=Hardware(device="cpu"),
+        speed=Speed(),
+    )
+    built, trainer = [], worker.DPOMethod.trainer
+    monkeypatch.setattr(worker.DPOMethod, "trainer", lambda self, *a: built.append(trainer(self, *a)) or built[-1])
+    reporter = Recording()
+    result = worker.train_dpo(job, reporter)
+
+    (stopper,) = [c for c in built[0].callback_handler.callbacks if type(c).__name__ == "EarlyStoppingCallback"]
+    assert stopper.early_stopping_patience == 5 and built[0].args.metric_for_best_model == watched["metric"]
+    assert len(built[0].eval_dataset) == 2 and result.held_out_rows.model_dump() == {"scored": 2, "total": 3}
+    rows = progress.read(tmp_path / "out")
+    during = [r for r in rows if "eval_rewards/margins" in r and r["loss"] is None]
+    assert [r["step"] for r in during][:2] == [1, 2]  # then the final evaluation's, at the last step
+    logged = {step for step, values in reporter.logged if "train/eval_rewards/accuracies" in values}
+    assert {1, 2} <= logged
+    kept = result.kept
+    assert (kept.keep, kept.step, kept.evaluations, kept.greater_is_better) == ("last", 2, 2, True)
+    assert kept.best_metric == max(r["eval_rewards/accuracies"] for r in during[:2])
+    assert losses_check().judge(tmp_path / "out").metadata["logged_steps"] == 2
