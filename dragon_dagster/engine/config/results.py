@@ -96,6 +96,56 @@ class PassAtK(Contract):
         return "its start" if self.against == "start" else self.against
 
 
+class HeldOutRows(Contract):
+    """How many held-out rows were scored (while training and after it), out of the split's."""
+
+    scored: int
+    total: int
+
+    def sentence(self) -> str:
+        sampled = " (a seeded sample: args.max_eval_rows)" if self.scored < self.total else ""
+        return f"{self.scored} of {self.total}{sampled}"
+
+
+class KeptAdapter(Contract):
+    """Which step the adapter holds and why: the held-out metric scored every eval_every steps, the best
+    evaluation, whether early stopping ended training before its planned steps."""
+
+    keep: str = Field(description="'best' or 'last': the stage's args.keep.")
+    step: int = Field(description="The training step whose weights the adapter holds.")
+    metric: str = Field(description="The held-out figure that ranks the evaluations (eval_loss, ...).")
+    greater_is_better: bool = False
+    best_step: int | None = Field(None, description="The evaluation with the best metric.")
+    best_metric: float | None = None
+    evaluations: int = 0
+    eval_every: int
+    last_step: int = Field(description="Where training ended.")
+    planned_steps: int = Field(description="Where it would have ended without early stopping.")
+    stopped_early: bool = False
+    patience: int | None = Field(None, description="Early stopping's patience, in evaluations (None: no early stop).")
+
+    def label(self) -> str:
+        name = self.metric.removeprefix("eval_")
+        return f"held-out {name}"
+
+    def sentence(self) -> str:
+        """E.g. 'stopped at step 140 of 400 (held-out loss did not improve for 3 evaluations); kept step 80, the
+        best held-out loss (1.234)'."""
+        if self.stopped_early:
+            ran = (
+                f"stopped at step {self.last_step} of {self.planned_steps} ({self.label()} did not improve for "
+                f"{self.patience} evaluations)"
+            )
+        else:
+            ran = f"ran {self.last_step} of {self.planned_steps} steps"
+        best = f"the best {self.label()} ({fig(self.best_metric)}) at step {self.best_step}"
+        if self.keep == "best" and self.step == self.best_step:
+            kept = f"kept step {self.step}, {best}"
+        else:
+            kept = f"kept the last step ({self.step})" + (f"; {best}" if self.best_step is not None else "")
+        return f"{ran}; {kept}"
+
+
 class TrainingResult(StageResult):
     """What every training stage's result has. A kind fills `own_figures` (its held-out figures: the report's
     stage table, the model card, the asset page and the MLflow run's headline all show them)."""
@@ -117,6 +167,10 @@ class TrainingResult(StageResult):
         description="A sampling stage's pass@1 and pass@k on its held-out prompts, its model against its start.",
     )
     temperature: float | None = Field(None, description="The temperature a sampling stage sampled at.")
+    kept: KeptAdapter | None = Field(
+        None, description="Which step the adapter holds and why (with held-out evaluation while training)."
+    )
+    held_out_rows: HeldOutRows | None = Field(None, description="Held-out rows scored, out of the split's.")
 
     def own_figures(self) -> dict[str, Any]:
         return {}
@@ -128,6 +182,8 @@ class TrainingResult(StageResult):
             "first_loss": self.first_loss,
             "last_loss": self.last_loss,
             **self.figures,
+            **({"adapter_step": self.kept.sentence()} if self.kept else {}),
+            **({"held_out_rows": self.held_out_rows.sentence()} if self.held_out_rows else {}),
         }
 
     @model_validator(mode="after")

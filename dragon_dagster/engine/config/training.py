@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .settings import Settings
 
@@ -17,6 +17,11 @@ Optimizer = Literal["adamw_torch_fused", "adamw_torch", "adafactor", "sgd", "ada
 Schedule = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
 ]
+
+# Held-out rows scored at each evaluation and after training, by default. 200 rows put the standard error of a
+# mean held-out loss near 7% of the rows' spread (1/sqrt(200)), enough to see a turn in the curve, while an
+# evaluation stays a few seconds where the whole split of a large dataset took minutes (10,000 rows: 125 s).
+MAX_EVAL_ROWS = 200
 
 
 class Lora(Settings):
@@ -32,6 +37,24 @@ class Lora(Settings):
     def peft_target_modules(self) -> str | list[str]:
         # "auto" means every linear layer but the output head: what QLoRA found works best for small models.
         return "all-linear" if self.target_modules == "auto" else self.target_modules
+
+
+class EarlyStopping(Settings):
+    """Stop training when the held-out metric stops improving (transformers' EarlyStoppingCallback)."""
+
+    patience: int = Field(
+        gt=0, description="Stop after this many evaluations in a row without an improvement of the metric."
+    )
+    min_delta: float = Field(
+        0.0, ge=0, allow_inf_nan=False, description="An improvement smaller than this does not count."
+    )
+    metric: str = Field(
+        "eval_loss",
+        min_length=1,
+        description="The held-out figure watched, as the trainer logs it: eval_loss (lower is better; a name "
+        "ending in 'loss' always is), or e.g. eval_rewards/accuracies (DPO, ORPO, KTO) or eval_reward (GRPO, "
+        "RLOO), for which higher is better.",
+    )
 
 
 class TrainArgs(Settings):
@@ -65,3 +88,47 @@ class TrainArgs(Settings):
     save_steps: int = Field(100, gt=0, description="Save a resumable checkpoint every this many steps.")
     gradient_checkpointing: bool = Field(False, description="Trade compute for memory.")
     seed: int = Field(42, description="Training seed.")
+    eval_every: int | None = Field(
+        None,
+        gt=0,
+        description="Score the held-out rows every this many steps while training (the held-out curve beside "
+        "the training one); null: only after training.",
+    )
+    max_eval_rows: int | None = Field(
+        MAX_EVAL_ROWS,
+        gt=0,
+        description="Held-out rows scored, while training and after it: a sample of this many drawn with the "
+        "seed (the same rows each run), so a large held-out split does not make each evaluation take minutes. "
+        "null: every held-out row.",
+    )
+    early_stopping: EarlyStopping | None = Field(
+        None,
+        description="Stop when the held-out metric has not improved for `patience` evaluations, e.g. "
+        "{patience: 3}; needs eval_every.",
+    )
+    keep: Literal["best", "last"] = Field(
+        "last",
+        description="The adapter the stage keeps: 'last' (where training ended) or 'best' (the evaluation with "
+        "the best held-out metric: early_stopping's metric, else eval_loss, eval_reward for grpo and rloo); 'best' "
+        "needs eval_every and saves a checkpoint at each evaluation.",
+    )
+
+    @model_validator(mode="after")
+    def _evaluated_while_training(self):
+        asked = {"early_stopping": self.early_stopping is not None, "keep: best": self.keep == "best"}
+        wants = [name for name, wanted in asked.items() if wanted]
+        if wants and self.eval_every is None:
+            raise ValueError(
+                f"{' and '.join(wants)} read(s) the held-out metric while training, which is only scored with "
+                "eval_every: set args.eval_every (e.g. 20 steps), or remove "
+                f"{' and '.join(wants)}"
+            )
+        return self
+
+    def best_metric(self) -> str:
+        """The held-out figure that makes a step the best one: early_stopping's metric, else eval_loss."""
+        return self.early_stopping.metric if self.early_stopping else "eval_loss"
+
+    def greater_is_better(self) -> bool:
+        # transformers' own rule for metric_for_best_model, stated so that the early stop and `keep: best` agree
+        return not self.best_metric().endswith("loss")

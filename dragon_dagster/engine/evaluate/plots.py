@@ -29,9 +29,13 @@ def plot_loss(rows: list[dict], out: Path, title: str = "training loss", extra: 
     series = []
     if extra:
         series = [(r["step"], r[extra]) for r in rows if isinstance(r.get(extra), (int, float))]
+        # the held-out figure scored while training (eval_every), beside the training one: GRPO's eval_reward
+        held = [(r["step"], r[f"eval_{extra}"]) for r in rows if isinstance(r.get(f"eval_{extra}"), (int, float))]
         if series:
             ax2 = ax.twinx()
             ax2.plot(*zip(*series), color="tab:green", label=extra)
+            if held:
+                ax2.plot(*zip(*held), color="tab:olive", marker="s", linestyle="--", label=f"held-out {extra}")
             ax2.set_ylabel(extra)
     ax.set_title(title)
     _legend(ax, ax2 if series else None)

@@ -25,7 +25,7 @@ from ..config.stage import Continues
 from ..config.training import Lora, TrainArgs
 from ..evaluate.plots import plot_loss
 from ..infer.generation import generate
-from . import distributed
+from . import distributed, held_out
 from .stage import ROW_SHAPES, TrainerStage, check_trains_on
 from .trainer import TrainingError, TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
 from .trl_config import TrainerRun, trl_config
@@ -144,6 +144,7 @@ def trainer_parts(p, callback, train=None, evals=None) -> dict[str, Any]:
     evals given when the method reshapes them), the tokenizer, the LoRA adapter and the progress callback."""
     from datasets import Dataset
 
+    held_out.check_rows(p.eval_rows, p.args)
     if train is None:
         train = Dataset.from_list(p.train_rows)
         evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
@@ -152,7 +153,7 @@ def trainer_parts(p, callback, train=None, evals=None) -> dict[str, Any]:
         "eval_dataset": evals,
         "processing_class": p.tokenizer,
         "peft_config": lora_config(p.lora),
-        "callbacks": [callback],
+        "callbacks": [callback, *held_out.callbacks(p.args)],  # early stopping on the eval_dataset's figures
     }
 
 
@@ -198,6 +199,8 @@ def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMet
         "speed": speed,
         "train_loss": result.training_loss,
         "held_out": bool(p.eval_rows),
+        "kept": held_out.kept_adapter(trainer, p.args),
+        "held_out_rows": held_out.held_out_rows(len(p.eval_rows), p.eval_total),
         **method.train_figures(job, p),
     }
     logged = progress.read(out)

@@ -21,7 +21,7 @@ from ..config.reporter import Reporter, StepProgress
 from ..config.training import Lora, TrainArgs
 from ..data.tables import read_jsonl
 from ..models import load_model, load_tokenizer, pick_device
-from . import distributed
+from . import distributed, held_out
 from .stage import TrainerStage
 
 TrainingJob = Job[TrainerStage, TrainingInputs]  # what every training kind's worker receives (its own settings)
@@ -39,6 +39,7 @@ class Prepared:
     model: object
     workers: int = 1  # data-parallel ranks sharing args.batch_size (the global batch)
     rendering: str = "none"  # how the chat template renders the rows (tools/template.py): native, fallback, none
+    eval_total: int = 0  # the held-out split's rows, of which eval_rows is the seeded sample (args.max_eval_rows)
 
 
 def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | None = None) -> Prepared:
@@ -52,6 +53,8 @@ def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | No
     speed = (job.speed or Speed()).resolve(pick_device(hardware))
     train_rows = read_jsonl(inputs.train_file)
     eval_rows = read_jsonl(inputs.eval_file) if inputs.eval_file and Path(inputs.eval_file).exists() else []
+    eval_total = len(eval_rows)
+    eval_rows = held_out.sample_rows(eval_rows, args.max_eval_rows, args.seed)
     if not train_rows:
         raise TrainingError(f"no training rows in {inputs.train_file}")
     tokenizer = load_tokenizer(inputs.model)
@@ -59,7 +62,17 @@ def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | No
     distributed.bind_device()
     model = load_model(inputs.model, hardware, adapters=inputs.adapters, trainable=True)
     return Prepared(
-        lora, args, hardware, speed, train_rows, eval_rows, tokenizer, model, distributed.world_size(), rendering
+        lora,
+        args,
+        hardware,
+        speed,
+        train_rows,
+        eval_rows,
+        tokenizer,
+        model,
+        distributed.world_size(),
+        rendering,
+        eval_total,
     )
 
 
@@ -244,6 +257,8 @@ def progress_callback(reporter: Reporter, out_dir: Path, prefix: str = "train", 
             if not state.is_world_process_zero:  # rank 0 writes and reports for all
                 return
             progress.append(out_dir, progress_row(state.global_step, logs, columns, elapsed, eta))
+            # an evaluation's figures go as train/eval_loss, ...: the held-out curve beside train/loss, on the same
+            # step axis (heldout/ is the report's, by place in the chain; eval/ each kind's final figures)
             metrics = {f"{prefix}/{k}": v for k, v in logs.items() if isinstance(v, (int, float))}
             reporter.metrics(state.global_step, metrics)
             shown = ", ".join(f"{k} {v:.4g}" for k, v in logs.items() if isinstance(v, (int, float)) and k != "epoch")

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from ..config.hardware import Hardware, Speed
 from ..config.job import Job, TrainingInputs
 from ..models import pick_device, pick_dtype
-from . import distributed
+from . import distributed, held_out
 from .stage import TrainerStage
 
 # Our trainer arguments (config/training.py TrainArgs) that transformers names otherwise.
@@ -32,6 +32,11 @@ ARGS_NAMES: dict[str, str | None] = {
     # transformers 5 renamed it (the old name warns and is mirrored); our setting keeps the familiar name
     "args.gradient_checkpointing": "activation_checkpointing",
     "args.max_seq_len": None,  # a kind whose config truncates maps it (max_length); the others have no such option
+    # held-out evaluation while training: held_out.trainer_arguments turns these into the trainer's arguments
+    "args.eval_every": None,
+    "args.max_eval_rows": None,
+    "args.early_stopping": None,
+    "args.keep": None,
 }
 
 C = TypeVar("C")
@@ -128,7 +133,11 @@ def trl_config(
 ) -> C:
     """config_class built from the stage's settings (settings_arguments) and where it runs (run); given: what the
     kind sets from its data or its tools rather than from a setting, and over any of these."""
-    arguments = {**run.arguments(), **settings_arguments(settings, config_class, names)}
+    arguments = {
+        **run.arguments(),
+        **settings_arguments(settings, config_class, names),
+        **held_out.trainer_arguments(settings.args),
+    }
     arguments["max_steps"] = settings.args.max_steps or -1  # TrainingArguments' "no limit"
     if "per_device_train_batch_size" not in given:  # a kind whose batch counts something else sets its own
         arguments["per_device_train_batch_size"] = distributed.split_batch(settings.args.batch_size, run.workers)

@@ -21,7 +21,7 @@ from ...evaluate.replies import choose_metrics, has_replies, reference_texts
 from ...infer.generation import generate
 from ...infer.logprobs import completion_loss
 from ...models import load_artifact_model, load_model, load_tokenizer, tokenizer_mismatch
-from ...train import distributed
+from ...train import distributed, held_out
 from ...train.trainer import (
     TrainingError,
     TrainingJob,
@@ -81,7 +81,6 @@ def measure(model, tokenizer, rows: list[dict], settings, max_len: int) -> tuple
 
 
 def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
-    from datasets import Dataset
     from trl import DistillationTrainer
 
     settings = job.settings
@@ -102,10 +101,12 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
         model=p.model,
         teacher_model=teacher,
         args=config,
-        train_dataset=Dataset.from_list([{"prompt": r["prompt"]} for r in p.train_rows]),
+        train_dataset=prompts(p.train_rows),
+        # the divergence to the teacher on the prompts measured before and after (the student samples each)
+        eval_dataset=held_out.eval_dataset(p.eval_rows[: settings.max_eval_prompts], p.args, prompts),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
-        callbacks=[callback],
+        callbacks=[callback, *held_out.callbacks(p.args)],
     )
     speed = apply_speed(trainer, p.speed, False, reporter)
     held = (p.eval_rows or p.train_rows)[: settings.max_eval_prompts]
@@ -148,6 +149,8 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
         teacher_figures=teacher_figures,
         divergence_before=divergence_before,
         divergence_after=divergence_after,
+        kept=held_out.kept_adapter(trainer, p.args),
+        held_out_rows=held_out.held_out_rows(len(p.eval_rows[: settings.max_eval_prompts]), p.eval_total),
     )
     with (out / "samples.jsonl").open("w") as f:
         for row, old, new in list(zip(held, replies_before, replies_after))[: max(settings.n_samples, 0)]:
@@ -157,6 +160,13 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
     plot_loss(logged, out / "loss.png", title="Distillation loss (divergence to the teacher)")
     reporter.metrics(trainer.state.global_step, eval_figures(summary))
     return summary
+
+
+def prompts(rows: list[dict]):
+    """The rows as DistillationTrainer takes them: the prompts alone (the student samples the replies)."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": r["prompt"]} for r in rows])
 
 
 def divergence(student, teacher, tokenizer, rows: list[dict], replies: list[str], settings) -> float:

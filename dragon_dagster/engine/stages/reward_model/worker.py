@@ -13,7 +13,7 @@ from ...config.reporter import Reporter
 from ...evaluate.plots import plot_loss, plot_reward_scores
 from ...infer.reward_model import RewardScorer, load_scorer
 from ...models import load_tokenizer, pick_device, pick_dtype
-from ...train import distributed
+from ...train import distributed, held_out
 from ...train.preference import check_rows
 from ...train.trainer import TrainingError, TrainingJob, lora_config, progress_callback, run_trainer
 from ...train.trl_config import TrainerRun
@@ -65,6 +65,8 @@ def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResul
         raise TrainingError("a reward model starts from the base model: its job must carry no adapters")
     train_rows = read_jsonl(inputs.train_file)
     eval_rows = read_jsonl(inputs.eval_file) if inputs.eval_file and Path(inputs.eval_file).exists() else []
+    eval_total = len(eval_rows)
+    eval_rows = held_out.sample_rows(eval_rows, settings.args.max_eval_rows, settings.args.seed)
     if not train_rows:
         raise TrainingError(f"no training pairs in {inputs.train_file}")
     check_rows(settings, train_rows + eval_rows)
@@ -74,13 +76,18 @@ def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResul
     model = load_classifier(inputs.model, job.hardware)
     callback = progress_callback(reporter, out, columns=PROGRESS_COLUMNS)
     config = to_trl_config(settings, TrainerRun(job.hardware, inputs.checkpoint_dir, workers=distributed.world_size()))
+
+    def pairs(rows: list[dict]):
+        return Dataset.from_list([{k: r[k] for k in columns} for r in rows])
+
     trainer = RewardTrainer(
         model=model,
         args=config,
-        train_dataset=Dataset.from_list([{k: r[k] for k in columns} for r in train_rows]),
+        train_dataset=pairs(train_rows),
+        eval_dataset=held_out.eval_dataset(eval_rows, settings.args, pairs),  # eval_accuracy, eval_margin
         processing_class=tokenizer,
         peft_config=lora_config(settings.lora, "SEQ_CLS", modules_to_save=["score"]),
-        callbacks=[callback],
+        callbacks=[callback, *held_out.callbacks(settings.args)],
     )
     result = run_trainer(trainer, callback, job, reporter)
     if not distributed.is_main():
@@ -108,6 +115,8 @@ def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResul
         eval_pairs=len(eval_rows),
         train_pairs=len(train_rows),
         train_accuracy=accuracies[-1] if accuracies else None,
+        kept=held_out.kept_adapter(trainer, settings.args),
+        held_out_rows=held_out.held_out_rows(len(eval_rows), eval_total),
         **figures,
     )
     with (out / "samples.jsonl").open("w") as f:

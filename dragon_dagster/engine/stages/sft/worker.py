@@ -17,6 +17,7 @@ from ...evaluate.plots import plot_loss
 from ...evaluate.replies import eval_metrics, evaluate_rows
 from ...tools.declare import Toolset, with_tools
 from ...train import distributed, lm_head
+from ...train.held_out import callbacks, eval_dataset, held_out_rows, kept_adapter
 from ...train.trainer import TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
 from ...train.trl_config import TrainerRun
 from . import turns
@@ -43,9 +44,10 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
         model=p.model,
         args=config,
         train_dataset=turns.training_dataset(p.train_rows, train_on),
+        eval_dataset=eval_dataset(p.eval_rows, p.args, lambda rows: turns.training_dataset(rows, train_on)),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
-        callbacks=[callback],
+        callbacks=[callback, *callbacks(p.args)],
     )
     speed = apply_speed(trainer, p.speed, chunked, reporter)
     trainer.unpad = speed["unpad"]
@@ -56,11 +58,22 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     rows = p.eval_rows or p.train_rows[: job.settings.n_samples]
     speed = {"packing": p.speed.packing, "torch_compile": p.speed.torch_compile, **speed}
     out = Path(job.output_dir)
-    return summarize(trainer, result, p.tokenizer, rows, bool(p.eval_rows), job, speed, out, reporter, p.rendering)
+    held = bool(p.eval_rows)
+    return summarize(trainer, result, p.tokenizer, rows, held, job, speed, out, reporter, p.rendering, p.eval_total)
 
 
 def summarize(
-    trainer, result, tokenizer, rows, held_out: bool, job, speed: dict, out: Path, reporter, rendering: str = "none"
+    trainer,
+    result,
+    tokenizer,
+    rows,
+    held_out: bool,
+    job,
+    speed: dict,
+    out: Path,
+    reporter,
+    rendering: str = "none",
+    eval_total: int = 0,
 ) -> SFTResult:
     """Held-out loss, perplexity, samples and task metrics for the trained adapter; written into out."""
     reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
@@ -98,6 +111,8 @@ def summarize(
         metrics_chosen_by="pipeline" if job.settings.metrics else "references",
         train_on=job.settings.train_on,
         rendering=rendering,
+        kept=kept_adapter(trainer, job.settings.args),
+        held_out_rows=held_out_rows(len(rows), eval_total) if held_out else None,
     )
     with (out / "samples.jsonl").open("w") as f:
         for sample in evaluation["samples"]:

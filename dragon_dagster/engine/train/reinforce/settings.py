@@ -27,6 +27,20 @@ class ReinforceArgs(TrainArgs):
     grad_accum: int = Field(1, gt=0, description="Steps whose gradients add up to one update.")
     save_steps: int = Field(20, gt=0, description="Save a resumable checkpoint every this many steps.")
 
+    @model_validator(mode="after")
+    def _watch_the_reward(self):
+        if self.early_stopping is not None and self.early_stopping.metric.endswith("loss"):
+            raise ValueError(
+                f"early_stopping.metric {self.early_stopping.metric!r}: a policy-gradient loss is no measure of "
+                "progress (it sits near 0 whatever the rewards do); watch the held-out reward TRL logs on "
+                "evaluation: metric: eval_reward"
+            )
+        return self
+
+    def best_metric(self) -> str:
+        """The held-out reward (TRL's eval_reward on the sampled completions), not the loss."""
+        return self.early_stopping.metric if self.early_stopping else "eval_reward"
+
 
 class ReinforceStage(TrainerStage):
     """A policy trained on rewards of its own samples: each prompt answered group_size times, each completion's
@@ -228,6 +242,7 @@ def reinforce_config(config_class: type, settings: ReinforceStage, run: TrainerR
         run,
         REINFORCE_NAMES,
         per_device_train_batch_size=batch,
+        per_device_eval_batch_size=batch,  # whole groups, as TRL's evaluation samples them (eval_every)
         log_completions=False,
         **sampling,
         **given,

@@ -26,7 +26,7 @@ from ...rewards import RewardSet, trl_reward_funcs
 from ...text.matchers import MATCHERS
 from ...tools import template
 from ...tools.declare import Toolset
-from .. import distributed, lm_head
+from .. import distributed, held_out, lm_head
 from ..trainer import TrainingError, TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
 from ..trl_config import TrainerRun
 from .checks import mean_clipped_ratio, suggest_max_new_tokens
@@ -278,9 +278,12 @@ def train_reinforce(
         reward_funcs=funcs,
         args=config,
         train_dataset=Dataset.from_list(p.train_rows),
+        # the prompts scored before and after (max_eval_prompts): each evaluation samples a group for each one
+        eval_dataset=held_out.eval_dataset(p.eval_rows[: job.settings.max_eval_prompts], p.args, Dataset.from_list),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
-        callbacks=[kl_control, callback] if kl_control else [callback],  # beta set before the step is logged
+        # beta set before the step is logged
+        callbacks=[*([kl_control] if kl_control else []), callback, *held_out.callbacks(p.args)],
         **({"tools": toolset.callables()} if toolset else {}),
     )
     # with tools in the loop, TRL's own generation: the grouped sampler samples a group in lockstep from one
@@ -332,6 +335,8 @@ def train_reinforce(
         tools={"names": toolset.names, "rendering": rendering, **toolset.counts()} if toolset else None,
         guard_kinds={r.name: r.type for r in guard or []} | {m: "metric" for m in metrics},
         difficulty=difficulty,
+        kept=held_out.kept_adapter(trainer, p.args),
+        held_out_rows=held_out.held_out_rows(len(p.eval_rows[: job.settings.max_eval_prompts]), p.eval_total),
     )
     warning = truncation_warning(summary, job.settings.truncation_limit)
     if warning:
@@ -356,6 +361,8 @@ def summarize(
     tools: dict | None = None,
     guard_kinds: dict[str, str] | None = None,
     difficulty: dict | None = None,
+    kept=None,
+    held_out_rows=None,
 ) -> ReinforceResult:
     logged = progress.read(out)
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
@@ -399,6 +406,8 @@ def summarize(
         longest_reference_tokens=reference_tokens,
         suggested_max_new_tokens=suggest_max_new_tokens(job.settings.max_new_tokens, reference_tokens),
         tools=tools,
+        kept=kept,
+        held_out_rows=held_out_rows,
     )
     with (out / "samples.jsonl").open("w") as f:
         for i, row in enumerate(held[: max(job.settings.n_samples, 0)]):
