@@ -198,3 +198,37 @@ def test_loraplus_gives_the_b_matrices_ratio_times_the_learning_rate(tiny_model,
 
     # B starts at zero: Adam moves each weight by about its learning rate a step, so ratio times as far
     assert b_size(trainer.model) > 4 * b_size(plain.model)
+
+
+def test_fast_dropout_reaches_dora_as_any_dropout_does():
+    """DoRA's forward (PEFT's DoraLinearVariant) takes the LoRA input through the dropout module: with the fast
+    masks it gives what PEFT gives with those masks replayed by a module of its own."""
+    from dragon_dagster.engine.train import dropout
+    from dragon_dagster.engine.train.dropout import FastDropout, use_fast_dropout
+
+    model = peft_model(r=4, alpha=8, dropout=0.1, use_dora=True)
+    assert use_fast_dropout(model) == 14
+    masks = []
+    for module in model.modules():
+        if isinstance(module, FastDropout):
+            module.register_forward_hook(lambda m, inputs, out: masks.append(out / inputs[0]))
+    # 2,048 tokens: every adapter's input is large enough for the fast masks (dropout.SMALL)
+    ids = torch.randint(0, 300, (16, 128), generator=torch.Generator().manual_seed(2))
+    fast = model(input_ids=ids).logits
+
+    class Replay(torch.nn.Module):
+        def forward(self, x):
+            return x * replayed.pop(0)
+
+    replayed = list(masks)
+    for module in model.modules():
+        dropouts = getattr(module, "lora_dropout", None)
+        if isinstance(dropouts, torch.nn.ModuleDict):
+            for name in dropouts:
+                dropouts[name] = Replay()
+    fast_scale = dropout.LEVELS / (dropout.LEVELS - round(0.1 * dropout.LEVELS))  # torch's would be 1 / 0.9
+    assert len(masks) == 14
+    for mask in masks:  # some inputs dropped, the rest scaled as the fast masks scale them
+        kept = mask[mask != 0]
+        assert 0 < kept.numel() < mask.numel() and torch.allclose(kept, torch.full_like(kept, fast_scale), rtol=1e-4)
+    assert torch.allclose(model(input_ids=ids).logits, fast, atol=1e-5) and not replayed
