@@ -18,9 +18,12 @@ Schedule = Literal[
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt"
 ]
 
-# PiSSA's exact SVD of every adapted weight takes minutes on a CPU even for a small model; PEFT's randomized SVD
-# (torch.svd_lowrank) with a few subspace iterations finds the top-r singular vectors of a 135M model's
-# projections in seconds, and the PiSSA paper reports a handful of iterations reaching the full SVD's results.
+# PiSSA's exact SVD of every adapted weight is the slow part of its init on a CPU; PEFT's randomized SVD
+# (pissa_niter_N: torch.svd_lowrank, N subspace iterations) costs about N. Measured on SmolLM2-135M, r 16, all
+# linear layers, on the 2-core machine while shared: niter 4 took 87 s, niter 16 179 s, the exact SVD over 230 s
+# (stopped); niter 4's top 16 directions hold 91-95% of the exact ones' singular energy (niter 16: 99%). Whatever
+# N, the conversion at save is exact (W_res is W minus the adapter PEFT started from), so N trades only how
+# principal the starting directions are against the minutes before the first step.
 PISSA_NITER = 4
 # Inits that move the top of each base weight into the adapter: the adapter-off model is no longer the base.
 BASE_CHANGING_INITS = ("pissa", "olora", "loftq")
