@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..artifacts import progress
 from ..config.checks import CheckOutcome, CheckSpec
@@ -36,6 +36,23 @@ class TrainerStage(Stage):
     args: TrainArgs = Field(default_factory=TrainArgs, description="Trainer arguments (dragon_train_args).")
     n_samples: int = Field(10, ge=0, description="Held-out prompts answered after training (samples.jsonl).")
     max_new_tokens: int = Field(128, gt=0, description="Length limit of sample replies.")
+
+    @model_validator(mode="after")
+    def _init_keeps_the_start(self):
+        why = self.base_changing_init_problem()
+        if why and self.lora.changes_base():
+            raise ValueError(
+                f"stage {self.name!r} ({self.kind}): lora.init {self.lora.init} moves the top of each base weight "
+                f"into the adapter while training (the model with its adapter off is no longer the model the stage "
+                f"started from, and the adapter is saved converted to a plain LoRA on the untouched base), but "
+                f"{why}. Use lora.init gaussian for this stage"
+            )
+        return self
+
+    def base_changing_init_problem(self) -> str | None:
+        """Why this stage cannot train with a base-changing LoRA init (PiSSA, OLoRA, LoftQ): what in its training
+        takes the adapter-off model as its start. None when nothing does."""
+        return None
 
     def objective(self) -> str:
         """The training objective, as tagged in MLflow (`method`) and shown in the report."""

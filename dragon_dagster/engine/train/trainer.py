@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from ..data.tables import read_jsonl
 from ..models import load_model, load_tokenizer, pick_device
 from . import distributed, held_out
 from .stage import TrainerStage
+from .variants import save_adapter, save_initial, use_loraplus
 
 TrainingJob = Job[TrainerStage, TrainingInputs]  # what every training kind's worker receives (its own settings)
 
@@ -50,6 +52,7 @@ def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | No
     stage asks fails in seconds."""
     lora, args, inputs = job.settings.lora, job.settings.args, job.inputs
     hardware = job.hardware
+    check_lora_device(lora, pick_device(hardware))
     speed = (job.speed or Speed()).resolve(pick_device(hardware))
     train_rows = read_jsonl(inputs.train_file)
     eval_rows = read_jsonl(inputs.eval_file) if inputs.eval_file and Path(inputs.eval_file).exists() else []
@@ -85,17 +88,19 @@ def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dic
     from .dropout import use_fast_dropout
     from .lora_products import use_lora_products
 
+    # DoRA's layers run PEFT's own forward (its magnitude scales base and product together): no accumulated product
+    dora = any(getattr(c, "use_dora", False) for c in getattr(trainer.model, "peft_config", {}).values())
     used = {
         "loss_kernel": "chunked" if chunked else "trl",
         "unpad": speed.unpad == "on" and chunked,
         "dropout_mask": speed.dropout_mask,
-        "lora_product": speed.lora_product,
+        "lora_product": "peft (DoRA)" if dora and speed.lora_product == "accumulated" else speed.lora_product,
     }
     if used["unpad"]:
         unpadded.use(trainer.model)
     if speed.dropout_mask == "fast":
         used["fast_dropouts"] = use_fast_dropout(trainer.model)
-    if speed.lora_product == "accumulated":
+    if used["lora_product"] == "accumulated":
         used["accumulated_lora_layers"] = use_lora_products(trainer.model)
     reporter.log("speed: " + ", ".join(f"{k} {v}" for k, v in used.items()))
     return used
@@ -105,7 +110,18 @@ def run_trainer(trainer, callback, job: TrainingJob, reporter: Reporter):
     """Train (resuming when asked), stop cleanly on NaN or cancel, save the adapter; returns TrainOutput.
 
     With several workers every rank trains and stops alike; rank 0 alone writes the progress and the adapter.
+    The LoRA variants that act on the trainer rather than on the adapter's config are set here (variants.py):
+    LoRA+'s optimizer, and a PiSSA/OLoRA adapter saved converted to a plain one on the untouched base.
     """
+    lora = job.settings.lora
+    if use_loraplus(trainer, lora):
+        reporter.log(f"LoRA+: the B matrices learn at {lora.loraplus_lr_ratio} x the learning rate")
+    with tempfile.TemporaryDirectory(prefix="dragon-initial-adapter-") as scratch:
+        initial = save_initial(trainer.model, lora, Path(scratch)) if distributed.is_main() else None
+        return train_and_save(trainer, callback, job, reporter, initial)
+
+
+def train_and_save(trainer, callback, job: TrainingJob, reporter: Reporter, initial: str | None):
     quiet_progress_bar(trainer)
     resume_from = resume_point(job.inputs.resume_from, reporter)
     if resume_from:
@@ -122,7 +138,9 @@ def run_trainer(trainer, callback, job: TrainingJob, reporter: Reporter):
     if not distributed.is_main():
         return result
     adapter_dir = Path(job.output_dir) / "adapter"
-    trainer.model.save_pretrained(adapter_dir)
+    save_adapter(trainer.model, adapter_dir, initial)
+    if initial:
+        reporter.log(f"adapter ({job.settings.lora.init} init) saved as a plain LoRA on the untouched base")
     trainer.processing_class.save_pretrained(adapter_dir)
     return result
 
@@ -192,9 +210,9 @@ def carry_history(trainer, callback, checkpoint: str, out_dir: Path, reporter: R
 
 
 def lora_config(lora: Lora, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):
-    """The adapter's PEFT config. A reward model passes SEQ_CLS and its new `score` head, trained in full and saved
-    with the adapter (modules_to_save)."""
-    from peft import LoraConfig
+    """The adapter's PEFT config, its variant included (DoRA, rsLoRA, the init). A reward model passes SEQ_CLS and
+    its new `score` head, trained in full and saved with the adapter (modules_to_save)."""
+    from peft import LoftQConfig, LoraConfig
 
     return LoraConfig(
         r=lora.r,
@@ -203,7 +221,30 @@ def lora_config(lora: Lora, task_type: str = "CAUSAL_LM", modules_to_save: list[
         target_modules=lora.peft_target_modules(),
         task_type=task_type,
         modules_to_save=modules_to_save,
+        use_dora=lora.use_dora,
+        use_rslora=lora.use_rslora,
+        init_lora_weights=lora.peft_init(),
+        loftq_config=LoftQConfig(loftq_bits=4) if lora.init == "loftq" else {},
     )
+
+
+def check_lora_device(lora: Lora, device: str) -> None:
+    """Refuse, before the model loads, a LoRA init the device cannot run."""
+    if lora.init != "loftq":
+        return
+    if device != "cuda":
+        raise TrainingError(
+            f"lora.init loftq needs a CUDA GPU and this job runs on {device}: LoftQ quantizes each weight to 4 bits "
+            "with bitsandbytes on CUDA (peft.utils.loftq_utils) to start the adapter from the quantization error. "
+            "Use init pissa or olora on this device, or run the stage on a GPU"
+        )
+    from peft.import_utils import is_bnb_4bit_available
+
+    if not is_bnb_4bit_available():
+        raise TrainingError(
+            "lora.init loftq needs bitsandbytes (4-bit quantization), which is not installed here: install it, "
+            "or use init pissa or olora"
+        )
 
 
 def progress_row(

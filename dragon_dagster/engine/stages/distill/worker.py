@@ -32,6 +32,7 @@ from ...train.trainer import (
     run_trainer,
 )
 from ...train.trl_config import TrainerRun
+from ...train.variants import as_started
 from .divergence import mean_divergence
 from .result import DistillResult, ModelFigures
 from .settings import TEACHER
@@ -113,7 +114,7 @@ def train_distill(job: TrainingJob, reporter: Reporter) -> DistillResult | None:
     max_len = p.args.max_seq_len
     main = distributed.is_main()
     if main:
-        with trainer.model.disable_adapter():  # the model the student starts from
+        with as_started(trainer.model, p.lora):  # the model the student starts from
             before, replies_before = measure(trainer.model, p.tokenizer, held, settings, max_len)
             divergence_before = divergence(trainer.model, teacher, p.tokenizer, held, replies_before, settings)
         teacher_figures, _ = measure(teacher, p.tokenizer, held, settings, max_len)

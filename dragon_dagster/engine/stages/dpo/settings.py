@@ -42,6 +42,10 @@ class DPO(PreferenceStage):
 
     trl_config: ClassVar[str] = "trl.DPOConfig"
     kind: Literal["dpo"]
+
+    def base_changing_init_problem(self) -> str | None:
+        return "DPO's reference model is the policy with its adapter off (no reference copy is loaded)"
+
     loss_type: Annotated[list[DPOLoss], BeforeValidator(lambda v: [v] if isinstance(v, str) else v)] = Field(
         default_factory=lambda: ["sigmoid"],
         json_schema_extra=_one_or_list,

@@ -28,6 +28,9 @@ class KTO(PreferenceStage):
         None, gt=0, allow_inf_nan=False, description="Weight of the disliked replies' loss."
     )
 
+    def base_changing_init_problem(self) -> str | None:
+        return "KTO's reference model is the policy with its adapter off (no reference copy is loaded)"
+
     @model_validator(mode="after")
     def _batch_holds_others(self):
         if self.args.batch_size < 2:

@@ -53,6 +53,12 @@ class RewardModel(TrainerStage):
     )
     args: RewardModelArgs = Field(default_factory=RewardModelArgs, description="Trainer arguments.")
 
+    def base_changing_init_problem(self) -> str | None:
+        return (
+            "PEFT's conversion of such an adapter at save keeps only the LoRA matrices, and would drop the trained "
+            "score head (modules_to_save)"
+        )
+
     @model_validator(mode="after")
     def _no_lora_dropout(self):
         refuse_lora_dropout(self)

@@ -52,6 +52,7 @@ class ReinforceStage(TrainerStage):
         "{type: length, max_chars: 16, weight: 0.2}]; see the rewards reference for the types and their options.",
     )
     group_size: int = Field(4, ge=2, le=64, description="Completions per prompt, 2..64.")
+
     beta: float = Field(0.04, ge=0, le=10, description="KL penalty to the starting model, 0..10.")
     temperature: float = Field(1.0, ge=0.05, le=3, description="Sampling temperature, 0.05..3.")
     max_new_tokens: int = Field(
@@ -132,6 +133,14 @@ class ReinforceStage(TrainerStage):
 
     _known_reward_types = known_types("rewards", "rewards")
     _known_guard_types = known_types("guard", "guard")
+
+    def base_changing_init_problem(self) -> str | None:
+        if self.beta == 0:
+            return None  # no KL term: TRL takes no reference
+        return (
+            f"{self.kind}'s KL penalty (beta {self.beta}) is measured against the policy with its adapter off; "
+            "set beta 0 to train without it"
+        )
 
     def rewards_used(self) -> list[Reward]:
         """The trained rewards, then the guard's (one list: the step checks and copies them alike)."""

@@ -29,6 +29,7 @@ from ...tools.declare import Toolset
 from .. import distributed, held_out, lm_head
 from ..trainer import TrainingError, TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
 from ..trl_config import TrainerRun
+from ..variants import as_started
 from .checks import mean_clipped_ratio, suggest_max_new_tokens
 from .kl_control import AdaptiveKL, kl_control_callback
 from .result import ReinforceResult
@@ -303,7 +304,7 @@ def train_reinforce(
     main = distributed.is_main()  # rank 0 scores the held-out prompts and writes the artifact
     if main:
         trainer.model.eval()
-        with trainer.model.disable_adapter():  # the model this stage started from
+        with as_started(trainer.model, p.lora):  # the model this stage started from
             before = score_prompts(trainer.model, p.tokenizer, held, rewards, job.settings.max_new_tokens, toolset)
             before["pass"] = sampled(trainer.model, p.tokenizer, held, rewards, job.settings, toolset)
         before["guard"] = watched(held, before["completions"], guard, metrics)
