@@ -158,7 +158,16 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
     sft, grpo = defaults("sft_adapter"), defaults("grpo_adapter")
     assert sft["args"]["save_steps"] == 50 and sft["args"]["epochs"] == 3  # from the YAML
     assert sft["args"]["warmup_ratio"] == TrainArgs.model_fields["warmup_ratio"].default  # the kind's default
-    assert sft["lora"] == {"r": 16, "alpha": 32, "dropout": 0.05} and sft["resume"] is False
+    assert sft["lora"] == {
+        "r": 16,
+        "alpha": 32,
+        "dropout": 0.05,
+        "use_dora": False,
+        "use_rslora": False,
+        "init": "gaussian",
+        "loraplus_lr_ratio": None,
+    }
+    assert sft["resume"] is False
     assert grpo["group_size"] == 8 and grpo["kl_bound"] == GRPO.model_fields["kl_bound"].default
     assert grpo["args"]["learning_rate"] == 2e-4 and grpo["args"]["epochs"] == 1  # YAML; GRPO's own default
     dpo = defaults("dpo_adapter")  # the method is the stage's kind now (kind: dpo), not a per-run setting

@@ -38,9 +38,9 @@ def combine(model, adapters: list, settings: MergeAdapters, labels: list[str] | 
     peft.add_weighted_adapter(
         names, settings.effective_weights(), COMBINED, combination_type=settings.combination, **options
     )
+    peft.set_adapter(COMBINED)  # first: deleting the active adapter makes PEFT warn that it picked another
     for name in names:
         peft.delete_adapter(name)
-    peft.set_adapter(COMBINED)
     return peft
 
 
