@@ -496,40 +496,34 @@ def merge_table(records: list[dict], failed: list[str]) -> str:
 # --- the run --------------------------------------------------------------------------------------------------
 
 
+def schedule(a) -> list[tuple[str, int, str | None, str | None]]:
+    """The runs in order, seeds outermost (for seed: for variant: for task), so a drift of the machine's speed
+    over the run falls on every variant alike: ("train", seed, variant, task), and each seed's ("merge", seed, ...)
+    after its lora runs on both tasks (the merge's inputs, trained even when --variants or --tasks leave them out)."""
+    merging = MERGE in a.variants
+    trained = [v for v in a.variants if v != MERGE]
+    if merging and "lora" not in trained:
+        trained.insert(0, "lora")
+    plan = []
+    for seed in range(1, a.seeds + 1):
+        for variant in trained:
+            tasks = list(PIPELINES) if variant == "lora" and merging else a.tasks
+            plan += [("train", seed, variant, task) for task in tasks]
+        if merging:
+            plan.append(("merge", seed, None, None))
+    return plan
+
+
 def main(argv=None) -> dict:
     a = parse_args(argv)
     out = Path(a.out or tempfile.mkdtemp(prefix="craft_")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    merging = MERGE in a.variants
-    tasks = sorted(set(a.tasks) | ({"support", "orders"} if merging else set()), key=list(PIPELINES).index)
-    data = build_datasets(tasks, out)
-    trained = [v for v in a.variants if v != MERGE]
-    if merging and "lora" not in trained:
-        trained.insert(0, "lora")  # the merge's inputs
+    plan = schedule(a)
+    data = build_datasets(sorted({step[3] for step in plan if step[0] == "train"}, key=list(PIPELINES).index), out)
     records, failed, merges, merge_failed = [], {}, [], []
-    for seed in range(1, a.seeds + 1):
-        for variant in trained:
-            for task in tasks if variant == "lora" else a.tasks:
-                refused = refusal(stage_settings(task, variant, seed, a))
-                if refused:
-                    failed[(task, variant)] = f"refused: {refused}"
-                    log(f"{task} {variant} seed {seed}: refused ({refused})")
-                    continue
-                record = isolated(["train", task, variant, str(seed), data[task]], a, out)
-                if "failed" in record:
-                    failed[(task, variant)] = record["failed"]
-                    log(f"{task} {variant} seed {seed}: failed ({record['failed']})")
-                    continue
-                records.append(record)
-                with (out / "runs.jsonl").open("a") as f:
-                    f.write(json.dumps(record) + "\n")
-                log(
-                    f"{task} {variant} seed {seed}: loss {record.get('eval_loss')}, "
-                    + ", ".join(f"{k} {record.get(k)}" for k in SCORES[task])
-                    + f", {record['steps']} steps, {record['step_s'] or 0:.2f} s a step, {record['train_wall_s']} s"
-                )
-        if merging:
+    for what, seed, variant, task in plan:
+        if what == "merge":
             adapters = {r["task"]: r["adapter"] for r in records if r["variant"] == "lora" and r["seed"] == seed}
             if len(adapters) < 2:
                 merge_failed.append(f"seed {seed}: no lora adapter of {sorted({'support', 'orders'} - set(adapters))}")
@@ -542,19 +536,39 @@ def main(argv=None) -> dict:
             merges += done
             with (out / "runs.jsonl").open("a") as f:
                 f.writelines(json.dumps(r) + "\n" for r in done)
+            continue
+        refused = refusal(stage_settings(task, variant, seed, a))
+        if refused:
+            failed[(task, variant)] = f"refused: {refused}"
+            log(f"{task} {variant} seed {seed}: refused ({refused})")
+            continue
+        record = isolated(["train", task, variant, str(seed), data[task]], a, out)
+        if "failed" in record:
+            failed[(task, variant)] = record["failed"]
+            log(f"{task} {variant} seed {seed}: failed ({record['failed']})")
+            continue
+        records.append(record)
+        with (out / "runs.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        log(
+            f"{task} {variant} seed {seed}: loss {record.get('eval_loss')}, "
+            + ", ".join(f"{k} {record.get(k)}" for k in SCORES[task])
+            + f", {record['steps']} steps, {record['step_s'] or 0:.2f} s a step, {record['train_wall_s']} s"
+        )
     wall = round(time.time() - started, 1)
     sections = [
         f"SmolLM2-135M-Instruct, {a.steps} SFT steps of {a.batch_size} rows at lr {a.lr} on both tasks, seeds "
         f"1-{a.seeds} interleaved; medians [min, max]; task scores on {a.eval_rows} held-out rows, greedy, "
         f"{a.max_new_tokens} new tokens; whole run {wall / 60:.1f} min."
     ]
+    trained = list(dict.fromkeys(step[2] for step in plan if step[0] == "train"))
     plain = [v for v in trained if v in LABELS]
     for task in a.tasks:
         if plain:
             sections.append(variant_table(records, task, plain, failed))
         if {"early_stop", "to_max"} & set(trained):
             sections.append(stopping_table(records, task, a, failed))
-    if merging:
+    if MERGE in a.variants:
         sections.append(
             f"Merges of each seed's support and orders `lora` adapters (weights 1, 1, density {a.density}), "
             "scored on both tasks:\n\n" + merge_table(merges, merge_failed)
