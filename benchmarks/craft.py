@@ -221,8 +221,9 @@ def tool_cases(data: str, limit: int) -> tuple[list[dict], object]:
     return tool_use.tool_cases(rows)[:limit], toolset
 
 
-def task_score(task: str, model, data: str, a) -> dict:
-    """The task's held-out figures of a loaded model: what each pipeline's evaluation reports."""
+def task_score(task: str, model, data: str, a, loss: bool = True) -> dict:
+    """The task's held-out figures of a loaded model: what each pipeline's evaluation reports (loss False: the
+    orders replies alone, where the stage has measured the held-out loss already)."""
     from dragon_dagster.engine import models
     from dragon_dagster.engine.data.tables import read_jsonl
     from dragon_dagster.engine.evaluate import tool_use
@@ -241,11 +242,11 @@ def task_score(task: str, model, data: str, a) -> dict:
     cases, toolset = tool_cases(data, a.eval_rows)
     rows = read_jsonl(Path(data) / "eval.jsonl")
     with_tools(rows, toolset.schemas)
-    loss = evaluate_rows(model, tokenizer, rows, 0, 1, max_len=768)["eval_loss"]
+    held_out_loss = evaluate_rows(model, tokenizer, rows, 0, 1, max_len=768)["eval_loss"] if loss else None
     measured = tool_use.measure(model, tokenizer, cases, toolset, a.max_new_tokens)
     answers = [exact(s["answer"], c["answer"]) for s, c in zip(measured["samples"], cases)]
     return {
-        "eval_loss": loss,
+        "eval_loss": held_out_loss,
         "call_correct": measured["figures"]["call_correct"],
         "answer_exact": sum(answers) / max(1, len(answers)),
     }
@@ -300,7 +301,7 @@ def train_one(task: str, variant: str, seed: int, data: str, a, out: Path) -> di
         model = models.load_model(
             str(models.embedded_model_dir()), Hardware(device="cpu"), adapters=[record["adapter"]]
         )
-        record.update(task_score(task, model.eval(), data, a))
+        record.update(task_score(task, model.eval(), data, a, loss=False))
         record["eval_loss"] = result.get("eval_loss")
     return record
 
