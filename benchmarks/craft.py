@@ -222,8 +222,8 @@ def tool_cases(data: str, limit: int) -> tuple[list[dict], object]:
 
 
 def task_score(task: str, model, data: str, a, loss: bool = True) -> dict:
-    """The task's held-out figures of a loaded model: what each pipeline's evaluation reports (loss False: the
-    orders replies alone, where the stage has measured the held-out loss already)."""
+    """The task's figures of a loaded model on its first --eval-rows held-out rows: what each pipeline's evaluation
+    reports (loss False: the orders replies alone, where the stage has measured the held-out loss already)."""
     from dragon_dagster.engine import models
     from dragon_dagster.engine.data.tables import read_jsonl
     from dragon_dagster.engine.evaluate import tool_use
@@ -235,12 +235,12 @@ def task_score(task: str, model, data: str, a, loss: bool = True) -> dict:
     base = str(models.embedded_model_dir())
     tokenizer = models.load_tokenizer(base)
     if task == "support":
-        rows = read_jsonl(Path(data) / "eval.jsonl")
+        rows = read_jsonl(Path(data) / "eval.jsonl")[: a.eval_rows]
         figures = evaluate_rows(model, tokenizer, rows, a.eval_rows, a.max_new_tokens, max_len=256)
         return {"eval_loss": figures["eval_loss"], **{k: figures["metrics"].get(k) for k in ("exact", "token_f1")}}
     template.prepare(tokenizer, needed=True)
     cases, toolset = tool_cases(data, a.eval_rows)
-    rows = read_jsonl(Path(data) / "eval.jsonl")
+    rows = read_jsonl(Path(data) / "eval.jsonl")[: a.eval_rows]
     with_tools(rows, toolset.schemas)
     held_out_loss = evaluate_rows(model, tokenizer, rows, 0, 1, max_len=768)["eval_loss"] if loss else None
     measured = tool_use.measure(model, tokenizer, cases, toolset, a.max_new_tokens)
@@ -572,7 +572,8 @@ def main(argv=None) -> dict:
     if MERGE in a.variants:
         sections.append(
             f"Merges of each seed's support and orders `lora` adapters (weights 1, 1, density {a.density}), "
-            "scored on both tasks:\n\n" + merge_table(merges, merge_failed)
+            f"scored on both tasks (losses and scores on the same first {a.eval_rows} held-out rows of each):\n\n"
+            + merge_table(merges, merge_failed)
         )
     print("\n\n".join(sections), flush=True)
     summary = {
