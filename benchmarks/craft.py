@@ -92,6 +92,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, help="early_stop's eval_every in steps (default: --steps / 2)")
     p.add_argument("--patience", type=int, default=2, help="early_stop's early_stopping.patience (evaluations)")
     p.add_argument("--eval-rows", type=int, default=12, help="held-out rows whose replies are scored (task score)")
+    p.add_argument(
+        "--max-eval-rows",
+        type=int,
+        help="args.max_eval_rows of every run (issue 62: the stage scores a seeded sample of its held-out split); "
+        "default: the stage's own (every held-out row), as the pipelines run",
+    )
     p.add_argument("--max-new-tokens", type=int, default=48, help="reply budget of the task score")
     p.add_argument("--density", type=float, default=0.5, help="the merges' density (TIES / DARE keep this share)")
     p.add_argument("--merge-via", choices=("peft", "stage"), default="peft", help="see the module's docstring")
@@ -138,6 +144,7 @@ def stage_settings(task: str, variant: str, seed: int, a) -> dict:
         "logging_steps": 1,
         "save_steps": 10_000,
         "seed": seed,
+        **({"max_eval_rows": a.max_eval_rows} if a.max_eval_rows else {}),
     }
     # the task score is computed here on --eval-rows rows; the stage itself answers them too only for support,
     # whose stage metrics are the score (orders' first reply is a call: tool_use.py scores it below)
