@@ -22,8 +22,8 @@ them; orders: call_correct and answer_exact of engine/evaluate/tool_use.py, the 
 tool run), and its step time (the trainer's train_runtime / steps). Seeds are interleaved (for seed: for variant),
 each run in its own interpreter (torch's threads and TRL's seeding are process-wide), one at a time. A variant whose
 settings the stage does not accept yet (a field not built) is reported as refused, with the reason, and the rest go
-on. The merge runs through the `merge_adapters` stage kind where the catalog has it (--merge-via stage) and
-otherwise through PEFT's `add_weighted_adapter` directly (--merge-via peft, the default; labelled in the output).
+on. The merge runs through the `merge_adapters` stage kind (--merge-via stage, the default) or, as a fallback
+labelled in the output, through PEFT's `add_weighted_adapter` directly (--merge-via peft).
 
     .venv/bin/python benchmarks/craft.py                                   # every variant, 3 seeds
     .venv/bin/python benchmarks/craft.py --variants lora,dora --seeds 1 --steps 4 --tasks support
@@ -100,7 +100,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument("--max-new-tokens", type=int, default=48, help="reply budget of the task score")
     p.add_argument("--density", type=float, default=0.5, help="the merges' density (TIES / DARE keep this share)")
-    p.add_argument("--merge-via", choices=("peft", "stage"), default="peft", help="see the module's docstring")
+    p.add_argument("--merge-via", choices=("stage", "peft"), default="stage", help="see the module's docstring")
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads of each run")
     p.add_argument("--out", help="output directory (default: a temporary one)")
     a = p.parse_args(argv)
