@@ -553,11 +553,9 @@ def mlflow_server(tmp_path_factory):
     """A real `mlflow server` on loopback with its own sqlite store and proxied artifact store, shared by the
     tests that claim remote tracking (registry, tracing, assessments, prompts, evaluations)."""
     root = tmp_path_factory.mktemp("mlflow_server")
-    # without MLflow's job runner (its huey consumers: eight more processes importing MLflow, 91 -> 55 s to come
-    # up on a loaded 2-core machine, half the server's CPU): server-side jobs (scorers, prompt optimisation) are
-    # nothing these tests or the project use
-    jobs_off = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with running_mlflow_server(root, f"sqlite:///{root / 'server.db'}", str(root / "artifacts"), jobs_off) as url:
+    with running_mlflow_server(
+        root, f"sqlite:///{root / 'server.db'}", str(root / "artifacts"), support.MLFLOW_WITHOUT_JOBS
+    ) as url:
         yield {"url": url, "root": root}
 
 
