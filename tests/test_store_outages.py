@@ -282,10 +282,10 @@ def test_mlflow_up_its_database_down_and_the_chat_page_keeps_its_ratings(
     from dragon_dagster.resources import TrainingResource, tracking
     from dragon_dagster.resources.storage import ArtifactStore
     from dragon_dagster.resources.tracking import MLflowTracking
-    from tests.support import healthy, write_pipeline
+    from tests.support import MLFLOW_WITHOUT_JOBS, healthy, write_pipeline
     from tests.test_chat_ui import Echo, drain
 
-    server = start_mlflow_server(postgres.create_database(), str(tmp_path / "artifacts"))
+    server = start_mlflow_server(postgres.create_database(), str(tmp_path / "artifacts"), MLFLOW_WITHOUT_JOBS)
     # the server's first search is its slowest (lazy imports, first queries): more than the 5 s the chat's check
     # allows on a loaded 2-core machine, which would leave the first turn untraced for a server that is merely cold
     MlflowClient(server).search_experiments()

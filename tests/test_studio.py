@@ -19,7 +19,7 @@ from dragon_dagster import studio as studio_page
 from dragon_dagster.engine.pipeline import load
 from dragon_dagster.engine.pipeline.draft import MAX_BYTES
 from dragon_dagster.page_serving import PageServing
-from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port, user_project
+from tests.support import CHROMIUM_ARGS, WAIT_MS, free_port, seed_mlflow_store, user_project
 
 DOCS_IMAGES = Path(__file__).resolve().parents[1] / "docs" / "images"
 STEPS = 100  # enough for the curve to be drawn twice while it trains (a point every 5 steps)
@@ -49,6 +49,7 @@ def test_from_a_csv_to_a_trained_model_in_the_studio(chromium, tiny_model, resou
         f.truncate(MAX_BYTES + 1)
     defs, runs = tmp_path / "project" / "defs", tmp_path / "runs"
     defs.mkdir(parents=True)
+    seed_mlflow_store(runs / "mlflow.db")  # the run's process tracks into it: its tables made once
     (tmp_path / "home").mkdir()
     instance = DagsterInstance.from_config(str(tmp_path / "home"))  # the run's process opens it too
     studio = studio_page.Studio(defs, runs, str(tiny_model), resources=resources_for(runs), instance=instance)
@@ -229,6 +230,7 @@ def test_cancel_stops_a_studio_run_at_its_step_and_keeps_the_checkpoint(
 
     defs, runs = tmp_path / "defs", tmp_path / "runs"
     defs.mkdir()
+    seed_mlflow_store(runs / "mlflow.db")  # the run's process tracks into it: its tables made once
     (tmp_path / "home").mkdir()
     instance = DagsterInstance.from_config(str(tmp_path / "home"))
     studio = studio_page.Studio(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import user_project
+from tests.support import seed_mlflow_store, user_project
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +42,7 @@ def test_a_users_own_project_scaffolds_checks_lists_launches_and_demos_a_pipelin
         "PYTHONPATH": str(project),
     }
     (tmp_path / "home").mkdir()
+    seed_mlflow_store(tmp_path / "runs" / "mlflow.db")  # what `dg launch` and `dragon demo` track into, made once
 
     scaffolded = run(
         [str(BIN / "dg"), "scaffold", "defs", "dragon_dagster.PostTrainingPipeline", "my_pipeline"], project, env

@@ -14,7 +14,16 @@ import pytest
 import requests
 
 from dragon_dagster.cli import PROJECT_DAGSTER_YAML
-from tests.support import free_port, healthy, launcher_of, user_project, wait_until, workers, write_pipeline
+from tests.support import (
+    free_port,
+    healthy,
+    launcher_of,
+    seed_mlflow_store,
+    user_project,
+    wait_until,
+    workers,
+    write_pipeline,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +59,7 @@ class Webserver:
         program=("dagster-webserver",) starts the webserver alone (a daemon of its own then dequeues the runs). env:
         more environment variables for it."""
         self.port = free_port()
+        seed_mlflow_store(root / "runs" / "mlflow.db")  # its run processes' MLflow store, its tables made once
         self.home = home = root / "dagster_home"
         home.mkdir(exist_ok=True)
         (home / "dagster.yaml").write_text(dagster_yaml)

@@ -17,7 +17,15 @@ from dragon_dagster.engine.release.model_registry import RegistryError
 from dragon_dagster.engine.text.uris import without_password
 from dragon_dagster.resources import ArtifactStore, MLflowTracking, TrainingResource
 from dragon_dagster.resources.tracking_store import TrackingStoreError
-from tests.support import bucket_keys, closed_port, new_bucket, on_a_command_line, s3_env, write_pipeline
+from tests.support import (
+    MLFLOW_WITHOUT_JOBS,
+    bucket_keys,
+    closed_port,
+    new_bucket,
+    on_a_command_line,
+    s3_env,
+    write_pipeline,
+)
 
 WRONG = "not-the-Password-7x"  # distinctive, so finding it anywhere is meaningful
 
@@ -165,7 +173,9 @@ def test_a_pipeline_tracks_and_registers_on_a_server_backed_by_postgres_and_s3(
     database = store.rsplit("/", 1)[1]
     bucket = new_bucket(moto_endpoint)
     url = start_mlflow_server(
-        store, f"s3://{bucket}/mlflow", env={**s3_env(moto_endpoint), "MLFLOW_S3_ENDPOINT_URL": moto_endpoint}
+        store,
+        f"s3://{bucket}/mlflow",
+        env={**s3_env(moto_endpoint), "MLFLOW_S3_ENDPOINT_URL": moto_endpoint, **MLFLOW_WITHOUT_JOBS},
     )
 
     assert not on_a_command_line(postgres.password)

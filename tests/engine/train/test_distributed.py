@@ -143,18 +143,27 @@ def tickets(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sft_runs(tiny_model, tickets, tmp_path_factory) -> dict:
+def sft_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sft")
+
+
+@pytest.fixture(scope="module")
+def sft_two(tiny_model, tickets, sft_root) -> subprocess.CompletedProcess:
+    """The SFT stage on two workers (torchrun), once for the module: the Ray test compares with it alone, so the
+    slow suite, which runs only that test here, does not train the one-worker run too."""
+    two = write_job(sft_root / "two", tiny_model, sft_stage(), tickets, workers=2)
+    done = run(torchrun_command(two, 2), sft_root / "two")
+    assert done.returncode == 0, f"two:\n{(sft_root / 'two' / 'log.txt').read_text()[-4000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def sft_runs(tiny_model, tickets, sft_root, sft_two) -> dict:
     """The same SFT stage with one worker (the plain command) and two (torchrun), once for the module."""
-    root = tmp_path_factory.mktemp("sft")
-    one = write_job(root / "one", tiny_model, sft_stage(), tickets)
-    two = write_job(root / "two", tiny_model, sft_stage(), tickets, workers=2)
-    runs = {
-        "one": run([sys.executable, "-m", "dragon_dagster.engine.runtime.worker", str(one)], root / "one"),
-        "two": run(torchrun_command(two, 2), root / "two"),
-    }
-    for name, done in runs.items():
-        assert done.returncode == 0, f"{name}:\n{(root / name / 'log.txt').read_text()[-4000:]}"
-    return {"root": root, **runs}
+    one = write_job(sft_root / "one", tiny_model, sft_stage(), tickets)
+    done = run([sys.executable, "-m", "dragon_dagster.engine.runtime.worker", str(one)], sft_root / "one")
+    assert done.returncode == 0, f"one:\n{(sft_root / 'one' / 'log.txt').read_text()[-4000:]}"
+    return {"root": sft_root, "one": done, "two": sft_two}
 
 
 def assert_same_curve(rows: list[dict], expected: list[dict]) -> None:
@@ -357,7 +366,7 @@ def test_cancel_checkpoints_on_all_ranks_and_two_workers_resume(tiny_model, tick
 
 
 @pytest.mark.slow
-def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny_model, tickets, tmp_path):
+def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_two, sft_root, tiny_model, tickets, tmp_path):
     job = write_job(tmp_path, tiny_model, sft_stage(), tickets, workers=2, backend="ray")
     done = run(
         [sys.executable, "-m", "dragon_dagster.engine.runtime.worker", str(job)],
@@ -369,7 +378,7 @@ def test_ray_train_workers_learn_what_torchrun_ranks_do(ray_head, sft_runs, tiny
     assert done.returncode == 0, log[-6000:]
     assert status(tmp_path)["event"] == "result" and status(tmp_path)["result"]["global_step"] == 6
     assert (tmp_path / "out" / "adapter" / "adapter_model.safetensors").exists()
-    assert_same_curve(progress(tmp_path), progress(sft_runs["root"] / "two"))
+    assert_same_curve(progress(tmp_path), progress(sft_root / "two"))
     # rank 0's lines reached the driver through the channel; rank 1's only through Ray's own log forwarding
     assert "trainable weights identical on all 2 ranks" in done.stdout
     assert "starting 2 Ray Train workers" in done.stdout

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import wait_until, workers, write_pipeline
+from tests.support import seed_mlflow_store, wait_until, workers, write_pipeline
 
 pytestmark = pytest.mark.slow
 TRAIN = [["tiny", "tickets"], ["tiny", "sft_dataset"], ["tiny", "sft_adapter"]]
@@ -112,6 +112,7 @@ def test_terminating_the_run_stops_the_ray_job_at_a_checkpoint_and_resume_contin
     spec = write_pipeline(tmp_path / "defs", tiny_model, args=LONG_ARGS)
     runs, home, driver = tmp_path / "runs", tmp_path / "home", tmp_path / "driver.py"
     home.mkdir()
+    seed_mlflow_store(runs / "mlflow.db")  # the driver processes track into it: its tables made once
     driver.write_text(DRIVER)
     client = ray_head.client()
     before = {j.submission_id for j in client.list_jobs()}
