@@ -216,7 +216,7 @@ def sensor_tick(url: str, path: str, used: int) -> tuple[int, int]:
 def build(url: str, path: str, last_n: int) -> dict:
     """The retraining dataset's build for the newest `last_n` records, in a fresh process: seconds and peak MB."""
     code = (
-        "import json, resource, sys, time\n"
+        "import json, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'benchmarks')!r})\n"
         "from feedback_scale import build_here\n"
         f"print(json.dumps(build_here({url!r}, {path!r}, {last_n})))\n"
@@ -225,29 +225,30 @@ def build(url: str, path: str, last_n: int) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as status:
         for line in status:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
 
 def build_here(url: str, path: str, last_n: int) -> dict:
-    import resource
-
     from dragon_dagster.engine.pipeline.objectives import FeedbackRange
 
     store = open_feedback_store(url, NAME, path)
     newest = store.max_id()
     first = max(1, newest - last_n + 1)
-    before = _rss_mb()
+    # the peak from here: getrusage's ru_maxrss would carry the parent's peak over fork and exec (Linux), so the
+    # kernel's high-water mark is reset instead (clear_refs 5) and read back as VmHWM
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_mb("VmRSS")
     began = time.perf_counter()
     records = store.records(after_id=first - 1, up_to_id=newest)
     read_s = time.perf_counter() - began
     found = FeedbackRange.of(records, first, newest, 0.2)
     total_s = time.perf_counter() - began
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = _status_mb("VmHWM")
     return {
         "records": len(records),
         "read_s": read_s,
