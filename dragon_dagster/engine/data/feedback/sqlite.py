@@ -64,7 +64,7 @@ CREATE TABLE IF NOT EXISTS {name} (
 # Version 6. A COUNT over an id range (the retraining sensor's `count(after_id)` on every tick) walks every row it
 # counts; in the table those rows are B-tree leaves holding the texts (about half a kilobyte each), in an index on
 # the id alone about a dozen bytes. SQLite counts over this covering index (EXPLAIN QUERY PLAN: "USING COVERING
-# INDEX feedback_ids"): at a million records about a tenth of the time (benchmarks/feedback_scale.py).
+# INDEX feedback_ids"): with every record new, 0.1 s instead of 2.9 s at a million records (feedback_scale.py).
 IDS_INDEX = "CREATE INDEX IF NOT EXISTS feedback_ids ON feedback (id)"
 
 
