@@ -68,7 +68,7 @@ def test_duplicates_dropped_and_overlap_measured(tmp_path):
     leak = holdout.overlap(train, held)
     assert leak["prompt_overlap"] == 0.0 and leak["answer_overlap"] > 0.5  # paraphrases share the answer
     train, held = holdout.split_rows(kept, 0.2, 42, holdout.group_values(df, "{country}")[:30])
-    assert holdout.overlap(train, held) == {"prompt_overlap": 0.0, "answer_overlap": 0.0}
+    assert set(holdout.overlap(train, held).values()) == {0.0}
 
 
 def test_metric_defaults_follow_the_references_and_names_are_checked():
