@@ -25,6 +25,7 @@ BLOCK_SHINGLES = 4096
 # A candidate pair whose MinHash estimate is this far from the threshold is decided by it (3 standard deviations
 # at 128 permutations); nearer, its n-gram sets are compared exactly.
 SURE_MARGIN = 0.1
+CHUNK_ROWS = 20_000  # texts split into words and n-grams at once
 LSH_WEIGHTS = (0.1, 0.9)  # MinHashLSH's weights of false positives and false negatives
 BLOCK_PAIRS = 20_000  # pairs compared exactly at once (their n-grams sorted together: ~10 MB)
 EXAMPLES = 3  # clusters shown in the manifest and the asset's metadata, largest first
@@ -128,7 +129,7 @@ def word_ids(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     vocab = encoded.dictionary.to_pylist()
     word_hash = np.fromiter((zlib.crc32(w.encode()) for w in vocab), dtype=np.uint32, count=len(vocab))
     lengths = np.bincount(pc.filter(parents, keep).to_numpy(), minlength=len(texts))
-    return encoded.indices.to_numpy().astype(np.int64), word_hash, lengths
+    return encoded.indices.to_numpy(), word_hash, lengths
 
 
 def shingle_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -136,19 +137,23 @@ def shingle_hashes(texts: list[str], n: int) -> tuple[np.ndarray, np.ndarray]:
     An n-gram's hash combines its words' (FNV-style, in numpy), so no n-gram is ever a string; a text shorter
     than n words is one n-gram (of no words: the same for every empty text)."""
     ids, word_hash, lengths = word_ids(texts)
-    ids, word_hash = np.append(ids, 0), np.append(word_hash, np.uint32(0))  # a last index for texts of no words
-    word_starts = np.concatenate(([0], np.cumsum(lengths)))
+    # each word as its hash, and a last 0 for the n-gram of a text of no words (int32 indices: half the memory)
+    word = np.append(word_hash[ids], np.uint32(0))
+    del ids
+    word_starts = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     counts = np.maximum(lengths - n + 1, 1)
-    starts = np.concatenate(([0], np.cumsum(counts)))
-    text_of = np.repeat(np.arange(len(texts)), counts)
-    offset = np.arange(int(starts[-1])) - starts[text_of]  # the n-gram's first word within its text
+    starts = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+    text_of = np.repeat(np.arange(len(texts), dtype=np.int32), counts)
+    offset = (np.arange(int(starts[-1]), dtype=np.int64) - starts[text_of]).astype(np.int32)  # within its text
     first = word_starts[text_of] + offset
+    left = lengths[text_of].astype(np.int32) - offset  # words from the n-gram's first to its text's end
+    del text_of, offset
     hashed = np.full(len(first), 0x811C9DC5, dtype=np.uint32)
     with np.errstate(over="ignore"):
         for k in range(n):
-            inside = offset + k < lengths[text_of]  # a short text's one n-gram has fewer than n words
-            word = word_hash[ids[np.where(inside, first + k, len(ids) - 1)]]
-            hashed = np.where(inside, (hashed ^ word) * np.uint32(0x01000193), hashed)
+            inside = left > k  # a short text's one n-gram has fewer than n words
+            at = np.where(inside, first + k, len(word) - 1)
+            hashed = np.where(inside, (hashed ^ word[at]) * np.uint32(0x01000193), hashed)
     return hashed, starts
 
 
@@ -176,6 +181,18 @@ def signatures(hashed: np.ndarray, starts: np.ndarray, num_perm: int, seed: int 
             out[row:end] = np.minimum.reduceat(block, starts[row:end] - starts[row], axis=1).T
             row = end
     return out
+
+
+def _hashed(texts: list[str], settings: NearDuplicates) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """shingle_hashes and signatures of all the texts, made CHUNK_ROWS texts at a time: the words and the
+    n-grams' index arrays are transient, and at 100,000 rows they would take ~0.4 GB at once."""
+    parts = []
+    for at in range(0, len(texts), CHUNK_ROWS):
+        hashed, starts = shingle_hashes(texts[at : at + CHUNK_ROWS], settings.ngram)
+        parts.append((hashed, starts, signatures(hashed, starts, settings.num_perm)))
+    offsets = np.cumsum([0] + [len(h) for h, _, _ in parts])
+    starts = np.concatenate([[0]] + [st[1:] + off for (_, st, _), off in zip(parts, offsets, strict=False)])
+    return np.concatenate([h for h, _, _ in parts]), starts, np.concatenate([sig for _, _, sig in parts])
 
 
 def _band_keys(band: np.ndarray) -> np.ndarray:
@@ -214,8 +231,7 @@ def find(texts: list[str], settings: NearDuplicates | None = None) -> Found:
     n = len(texts)
     if n < 2:
         return Found(np.arange(n), np.empty((0, 2), dtype=np.int64), time.perf_counter() - started, settings)
-    hashed, starts = shingle_hashes(texts, settings.ngram)
-    sigs = signatures(hashed, starts, settings.num_perm)
+    hashed, starts, sigs = _hashed(texts, settings)
     # datasketch's bands and rows for the threshold, weighted to miss few near-copies (at 128 permutations and 0.8:
     # 14 bands of 9, which make a pair at the threshold a candidate 87% of the time, at 0.85 97%, against 40% and
     # 69% with equal weights); the extra candidates cost little, since each is checked
@@ -228,7 +244,10 @@ def find(texts: list[str], settings: NearDuplicates | None = None) -> Found:
     pairs = np.stack([codes // n, codes % n], axis=1)
     estimate = (
         np.concatenate(
-            [(sigs[p[:, 0]] == sigs[p[:, 1]]).mean(axis=1) for p in np.array_split(pairs, max(1, len(pairs) // 50_000))]
+            [
+                (sigs[p[:, 0]] == sigs[p[:, 1]]).mean(axis=1)
+                for p in np.array_split(pairs, max(1, len(pairs) // BLOCK_PAIRS))
+            ]
         )
         if len(pairs)
         else np.empty(0)
