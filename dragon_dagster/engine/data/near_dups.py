@@ -1,7 +1,8 @@
-"""Near-duplicate prompts: MinHash signatures of each prompt's word n-grams (datasketch's MinHash permutations,
-applied to every row at once) and LSH banding (datasketch's MinHashLSH choice of bands) find the candidate
-pairs; a pair whose estimated Jaccard similarity reaches the threshold is a near-copy, and the connected pairs
-are the clusters.
+"""Near-duplicate prompts: two prompts are near-copies when the Jaccard similarity of their word n-gram sets
+reaches the threshold; the connected near-copies are the clusters. Past EXACT_ROWS rows, MinHash signatures
+(datasketch's MinHash permutations, applied to every row at once) and LSH banding (datasketch's MinHashLSH
+choice of bands) find the candidate pairs, so the cost grows with the rows, not with their pairs; a candidate
+the signatures' estimate cannot decide is measured exactly.
 
 What is compared is the user prompt (the last user turn, row_parts.user_text): the held-out split keeps rows
 that ask the same thing on one side, and the leak check counts a held-out prompt that nearly repeats a training
@@ -25,6 +26,9 @@ BLOCK_SHINGLES = 4096
 # A candidate pair whose MinHash estimate is this far from the threshold is decided by it (3 standard deviations
 # at 128 permutations); nearer, its n-gram sets are compared exactly.
 SURE_MARGIN = 0.1
+# Up to this many rows every pair is measured exactly (125,000 pairs, well under a second): no signatures, and no
+# datasketch import (~1 s, its LSH module loads scipy.integrate) for a small dataset.
+EXACT_ROWS = 500
 CHUNK_ROWS = 20_000  # texts split into words and n-grams at once
 LSH_WEIGHTS = (0.1, 0.9)  # MinHashLSH's weights of false positives and false negatives
 BLOCK_PAIRS = 20_000  # pairs compared exactly at once (their n-grams sorted together: ~10 MB)
@@ -220,44 +224,48 @@ def _bucket_pairs(keys: np.ndarray) -> np.ndarray:
     return pairs[pairs[:, 0] != pairs[:, 1]]
 
 
-def find(texts: list[str], settings: NearDuplicates | None = None) -> Found:
-    """The near-copies among texts: rows sharing a band (MinHashLSH's bands and rows for the threshold) are
-    candidates; a candidate pair whose n-gram sets' Jaccard similarity is at or above the threshold is a
-    near-copy; clusters are the connected near-copies."""
-    from datasketch import MinHashLSH
-
+def find(texts: list[str], settings: NearDuplicates | None = None, exact_rows: int | None = None) -> Found:
+    """The near-copies among texts: pairs whose n-gram sets' Jaccard similarity is at or above the threshold;
+    clusters are the connected near-copies. Up to exact_rows texts (EXACT_ROWS by default), every pair is
+    measured exactly; past that, rows sharing a band of their MinHash signatures (MinHashLSH's bands and rows
+    for the threshold) are the candidates, and those the estimate cannot decide are measured exactly."""
     settings = settings or NearDuplicates()
     started = time.perf_counter()
     n = len(texts)
     if n < 2:
-        return Found(np.arange(n), np.empty((0, 2), dtype=np.int64), time.perf_counter() - started, settings)
+        pairs = np.empty((0, 2), dtype=np.int64)
+    elif n <= (EXACT_ROWS if exact_rows is None else exact_rows):
+        hashed, starts = shingle_hashes(texts, settings.ngram)
+        pairs = np.stack(np.triu_indices(n, 1), axis=1)
+        pairs = pairs[_jaccard(pairs, hashed, starts) >= settings.threshold]
+    else:
+        pairs = _lsh_pairs(texts, settings)
+    return Found(_components(n, pairs), pairs.astype(np.int64), time.perf_counter() - started, settings)
+
+
+def _lsh_pairs(texts: list[str], settings: NearDuplicates) -> np.ndarray:
+    from datasketch import MinHashLSH
+
+    n = len(texts)
     hashed, starts, sigs = _hashed(texts, settings)
     # datasketch's bands and rows for the threshold, weighted to miss few near-copies (at 128 permutations and 0.8:
     # 14 bands of 9, which make a pair at the threshold a candidate 87% of the time, at 0.85 97%, against 40% and
     # 69% with equal weights); the extra candidates cost little, since each is checked
     lsh = MinHashLSH(threshold=settings.threshold, num_perm=settings.num_perm, weights=LSH_WEIGHTS)
-    candidates = []
-    for start, end in lsh.hashranges:
-        candidates.append(_bucket_pairs(_band_keys(sigs[:, start:end])))
+    candidates = [_bucket_pairs(_band_keys(sigs[:, start:end])) for start, end in lsh.hashranges]
     pairs = np.sort(np.concatenate(candidates), axis=1)
     codes = _distinct(pairs[:, 0] * n + pairs[:, 1])
     pairs = np.stack([codes // n, codes % n], axis=1)
-    estimate = (
-        np.concatenate(
-            [
-                (sigs[p[:, 0]] == sigs[p[:, 1]]).mean(axis=1)
-                for p in np.array_split(pairs, max(1, len(pairs) // BLOCK_PAIRS))
-            ]
-        )
-        if len(pairs)
-        else np.empty(0)
+    if not len(pairs):
+        return pairs
+    estimate = np.concatenate(
+        [(sigs[p[:, 0]] == sigs[p[:, 1]]).mean(axis=1) for p in np.array_split(pairs, -(-len(pairs) // BLOCK_PAIRS))]
     )
     sure = estimate >= settings.threshold + SURE_MARGIN
     unsure = ~sure & (estimate >= settings.threshold - SURE_MARGIN)
     exact = np.zeros(len(pairs), dtype=bool)
     exact[unsure] = _jaccard(pairs[unsure], hashed, starts) >= settings.threshold
-    pairs = pairs[sure | exact]
-    return Found(_components(n, pairs), pairs.astype(np.int64), time.perf_counter() - started, settings)
+    return pairs[sure | exact]
 
 
 def _jaccard(pairs: np.ndarray, hashed: np.ndarray, starts: np.ndarray) -> np.ndarray:

@@ -79,8 +79,10 @@ def test_signatures_are_datasketch_minhashes_and_exact_jaccard_decides_near_the_
     assert [starts[k + 1] - starts[k] for k in range(3)] == [7, 1, 6]  # n-grams of words; an empty text is one
     # template prompts differing in their last word: Jaccard 0.75, under 0.8 however the estimate falls
     orders = [f"Could you look up my order? It's H{1000 + i}." for i in range(60)]
-    assert near_dups.find(orders).clusters() == []
-    assert len(near_dups.find(orders, near_dups.NearDuplicates(threshold=0.7)).clusters()) == 1
+    for exact_rows in (0, 500):  # signatures and LSH, or every pair measured
+        assert near_dups.find(orders, exact_rows=exact_rows).clusters() == []
+        loose = near_dups.NearDuplicates(threshold=0.7)
+        assert len(near_dups.find(orders, loose, exact_rows=exact_rows).clusters()) == 1
     assert zlib.crc32(b"x")  # the words' hash is deterministic across processes (no PYTHONHASHSEED)
 
 
@@ -104,6 +106,12 @@ def test_paraphrases_are_clusters_that_stay_on_one_side_and_leak_when_split():
     assert "near-copy" in leak_problem(*blocking_overlap(split.leakage))
     by_case = prepare(chat(group_by="case"), df)
     assert blocking_overlap(by_case.leakage) == (0.0, 0.0)
+
+
+def test_the_lsh_search_finds_what_comparing_every_pair_finds():
+    texts = list(tickets().ticket) + [f"Could you look up my order? It's H{1000 + i}." for i in range(60)]
+    exact, lsh = near_dups.find(texts, exact_rows=len(texts)), near_dups.find(texts, exact_rows=0)
+    assert len(exact.clusters()) == 30 and lsh.clusters() == exact.clusters()
 
 
 def test_dedupe_near_keeps_one_row_of_each_cluster():
