@@ -34,9 +34,10 @@ COUNTRIES = [
 
 
 def paraphrased_csv(path: Path) -> Path:
-    """Each country asked two ways with the same answer, and the first 5 rows repeated word for word."""
+    """Each country asked two ways with the same answer, and the first 5 rows repeated word for word. The answer is
+    long enough to identify its row (holdout.IDENTIFYING_ANSWER_WORDS): held out, it is a leak, not a coincidence."""
     rows = [
-        {"question": q.format(c), "answer": f"Capital of {c}", "country": c}
+        {"question": q.format(c), "answer": f"The capital of {c} is the seat of its government.", "country": c}
         for c in COUNTRIES
         for q in ("What is the capital of {}?", "Name the capital city of {}.")
     ]
