@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from ...config.settings import Backend
 from ...config.stage import METRICS_DOC, MetricNames, Stage, check_pass_k
+from ...evaluate.contamination import DEFAULT_N, MIN_WORDS
 from ...evaluate.general_skills import SUITE_TAG, local_tasks
 
 
@@ -48,6 +49,19 @@ class Evaluate(Stage):
     )
     skills_limit: int | None = Field(
         None, gt=0, description="At most this many items of each skills task (null: all of them)."
+    )
+    contamination_ngram: int = Field(
+        DEFAULT_N,
+        ge=MIN_WORDS,
+        le=64,
+        description="The contamination check (`<stage>_not_contaminated`, blocking, on the merged model): an "
+        "evaluation row (the held-out split of every dataset a stage trains on or this report measures, the "
+        "bundled skills items) is contaminated when any run of this many words of it (lower-cased, punctuation "
+        "removed) occurs in a training split of another dataset of the pipeline; a row shorter than that must occur "
+        f"whole, and one under {MIN_WORDS} words is not checked. 13 as GPT-3 and lm-eval decontaminate.",
+    )
+    allow_contamination: bool = Field(
+        False, description="Report contaminated evaluation rows as a warning instead of stopping the report."
     )
 
     @model_validator(mode="after")
