@@ -1,8 +1,11 @@
-"""Contamination: evaluation rows whose words a training set holds, found by n-gram overlap as GPT-3 and
-lm-evaluation-harness decontaminate (lower-cased, punctuation-stripped words; 13-grams by default). An evaluation
-row is contaminated when any of its n-grams occurs in any training row. An evaluation text of fewer than n words
-has no n-gram: it counts as one gram of its own length (its whole text must occur, word for word, in a training
-row), and one of fewer than MIN_WORDS words is too common to mean anything and is not checked (counted as such).
+"""Contamination: evaluation rows that a training set holds, found by n-gram overlap as GPT-3 and
+lm-evaluation-harness decontaminate (lower-cased, punctuation-stripped words; 13-grams by default). The runs of n
+words an evaluation row shares with training rows cover some share of its words; at DIRTY_SHARE or more (Llama 2's
+"dirty" sample) the row is contaminated. GPT-3 flagged a row on any shared run (share 0 here) and ignored runs found
+in many training documents; on templated data (support replies that open and sign off alike) any run flags nearly
+every row, while a row that was trained on is covered whole. An evaluation text of fewer than n words has no n-gram:
+it counts as one gram of its own length (its whole text must occur, word for word, in a training row), and one of
+fewer than MIN_WORDS words is too common to mean anything and is not checked (counted as such).
 
 The evaluation side is the small one (hundreds or thousands of rows), so its grams are the lookup table and the
 training rows stream past it in chunks: memory grows with the evaluation sets and one chunk, not with the training
@@ -25,6 +28,7 @@ import numpy as np
 
 DEFAULT_N = 13  # GPT-3's and lm-eval's decontamination
 MIN_WORDS = 4  # a shorter evaluation text ("yes", "42 EUR") occurs in training by coincidence, not by copying
+DIRTY_SHARE = 0.8  # of an evaluation row's words in runs shared with training: Llama 2's "dirty" sample
 CHUNK_WORDS = 1 << 21  # training words hashed at once: a chunk's arrays are some tens of MB
 SNIPPET = 160  # characters of a row shown in the check's description and metadata
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -75,7 +79,7 @@ class Match:
 @dataclass(frozen=True)
 class Contamination:
     """What the check found: the contaminated rows (one match each, the first found), each set's figures, the
-    rows too short to check, the gram length and the seconds it took."""
+    rows too short to check, the settings and the seconds it took."""
 
     matches: list[Match]
     checked: dict[str, int]  # evaluation set: rows checked
@@ -83,9 +87,11 @@ class Contamination:
     too_short: dict[str, int]  # evaluation set: rows under MIN_WORDS words, not checked
     training_rows: int
     n: int
+    dirty_share: float  # of a row's words covered by shared runs, from which it counts
     seconds: float
 
     def share(self, eval_set: str) -> float:
+        """Of an evaluation set's checked rows, the share contaminated."""
         return self.contaminated.get(eval_set, 0) / max(self.checked.get(eval_set, 0), 1)
 
     def metadata(self, shown: int = 20) -> dict[str, Any]:
@@ -95,6 +101,7 @@ class Contamination:
         ]
         return {
             "ngram": self.n,
+            "dirty_share": self.dirty_share,
             "contaminated_rows": len(self.matches),
             "evaluation_rows_checked": sum(self.checked.values()),
             "too_short_to_check": sum(self.too_short.values()),
@@ -133,10 +140,12 @@ def _gram_hashes(flat: np.ndarray, owner: np.ndarray, lengths: set[int]) -> Iter
 
 
 class _EvalGrams:
-    """The evaluation rows' grams by length: their hashes sorted (to search), and the row and start of each."""
+    """The evaluation rows' grams by length k: the distinct hashes sorted (to search), and for each gram of each row
+    its hash's place among them (inverse), its row and its start."""
 
     def __init__(self, rows: list[list[str]], n: int):
-        self.by_length: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}  # k: (hashes, rows, starts)
+        self.rows = rows
+        self.by_length: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         groups: dict[int, list[int]] = {}  # gram length: the rows checked with it (n, or a short row's own length)
         for index, tokens in enumerate(rows):
             if len(tokens) >= MIN_WORDS:
@@ -147,29 +156,34 @@ class _EvalGrams:
             owner = np.repeat(np.arange(len(members)), lengths)
             [(_, hashes)] = list(_gram_hashes(flat, owner, {k}))
             keep = np.flatnonzero(hashes)
+            table, inverse = np.unique(hashes[keep], return_inverse=True)
             row_starts = np.cumsum(np.concatenate([[0], lengths[:-1]]))
-            order = np.argsort(hashes[keep], kind="stable")
-            positions = keep[order]
-            self.by_length[k] = (
-                hashes[positions],
-                np.array(members)[owner[positions]],
-                positions - row_starts[owner[positions]],
-            )
+            self.by_length[k] = (table, inverse, np.array(members)[owner[keep]], keep - row_starts[owner[keep]])
 
     def lengths(self) -> set[int]:
         return set(self.by_length)
 
-    def hits(self, k: int, hashes: np.ndarray) -> np.ndarray:
-        """Positions whose k-gram hash is one of the evaluation grams' of that length."""
+    def hits(self, k: int, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The positions whose k-gram hash is an evaluation gram's, and that hash's place in the table."""
         table = self.by_length[k][0]
         at = np.minimum(np.searchsorted(table, hashes), len(table) - 1)
-        return np.flatnonzero((table[at] == hashes) & (hashes != 0))
+        positions = np.flatnonzero((table[at] == hashes) & (hashes != 0))
+        return positions, at[positions]
 
-    def sources(self, k: int, value: int) -> Iterator[tuple[int, int]]:
-        """The evaluation (row, start) of every gram of length k with this hash."""
-        table, rows, starts = self.by_length[k]
-        lo, hi = np.searchsorted(table, np.uint64(value), "left"), np.searchsorted(table, np.uint64(value), "right")
-        yield from zip(rows[lo:hi].tolist(), starts[lo:hi].tolist(), strict=True)
+    def words_of(self, k: int, entry: int) -> list[str]:
+        """The words of the evaluation gram with this place in the table (the first such gram's)."""
+        _, inverse, rows, starts = self.by_length[k]
+        first = int(np.argmax(inverse == entry))
+        return self.rows[int(rows[first])][int(starts[first]) : int(starts[first]) + k]
+
+
+@dataclass
+class _Seen:
+    """Of one training set: for each evaluation gram (by length, then place in the table), how many of its rows
+    hold it, and the first of them (row, text, the words, checked word for word)."""
+
+    rows: dict[int, np.ndarray]
+    first: dict[tuple[int, int], tuple[int, str, str]]
 
 
 def _chunks(rows: Iterable[tuple[int, list[str], str]]) -> Iterator[list[tuple[int, list[str], str]]]:
@@ -185,45 +199,80 @@ def _chunks(rows: Iterable[tuple[int, list[str], str]]) -> Iterator[list[tuple[i
         yield chunk
 
 
+def _scan(grams: _EvalGrams, rows: Iterable[dict]) -> tuple[_Seen, int]:
+    """One training set streamed past the evaluation grams; returns what it holds of them and its row count."""
+    seen = _Seen({k: np.zeros(len(table), dtype=np.int64) for k, (table, *_) in grams.by_length.items()}, {})
+    count = 0
+    for chunk in _chunks((index, words(text), text) for index, row in enumerate(rows) for text in [row_text(row)]):
+        count += len(chunk)
+        lengths = [len(t) for _, t, _ in chunk]
+        flat = _word_hashes([w for _, t, _ in chunk for w in t])
+        owner = np.repeat(np.arange(len(chunk)), lengths)
+        starts = np.cumsum([0, *lengths[:-1]])
+        for k, hashes in _gram_hashes(flat, owner, grams.lengths()):
+            positions, entries = grams.hits(k, hashes)
+            if not len(positions):
+                continue
+            # each training row counts once per gram, however often it repeats it
+            pairs = np.unique(entries * len(chunk) + owner[positions])
+            seen.rows[k] += np.bincount(pairs // len(chunk), minlength=len(seen.rows[k]))
+            for position, entry in zip(positions.tolist(), entries.tolist(), strict=True):
+                if (k, entry) in seen.first:
+                    continue
+                local = int(owner[position])
+                index, row_tokens, text = chunk[local]
+                gram = row_tokens[position - int(starts[local]) : position - int(starts[local]) + k]
+                if gram == grams.words_of(k, entry):  # else a hash collision: never reported
+                    seen.first[(k, entry)] = (index, text, " ".join(gram))
+    return seen, count
+
+
 def find_contamination(
     training: dict[str, Iterable[dict]],
     evaluation: dict[str, list[dict]],
     n: int = DEFAULT_N,
     exempt: dict[str, set[str]] | None = None,
+    share: float = DIRTY_SHARE,
 ) -> Contamination:
-    """Every evaluation row (by set) that shares an n-gram, or its whole text when shorter than n, with a row of a
-    training set. exempt: {evaluation set: training sets it is not checked against} (a dataset's own held-out split
-    against its own train is the leak check's business)."""
+    """Every evaluation row (by set) contaminated by a training set: the runs of n words it shares with training rows
+    (its whole text, when shorter than n) cover at least `share` of its words. 0 is GPT-3's rule (any shared run);
+    the default is Llama 2's "dirty" sample: a shared greeting or sign-off covers a small share of a row, a row
+    trained on covers all of it. exempt: {evaluation set: training sets it is not checked against} (a dataset's own
+    held-out split against its own train is the leak check's business)."""
     started = time.perf_counter()
     exempt = exempt or {}
     names = list(evaluation)
     eval_rows = [(name, i, row_text(row)) for name in names for i, row in enumerate(evaluation[name])]
     tokens = [words(text) for _, _, text in eval_rows]
     grams = _EvalGrams(tokens, n)
-    found: dict[int, Match] = {}
+    seen: dict[str, _Seen] = {}
     training_rows = 0
     for training_set, rows in training.items():
-        for chunk in _chunks((index, words(text), text) for index, row in enumerate(rows) for text in [row_text(row)]):
-            training_rows += len(chunk)
-            lengths = [len(t) for _, t, _ in chunk]
-            flat = _word_hashes([w for _, t, _ in chunk for w in t])
-            owner = np.repeat(np.arange(len(chunk)), lengths)
-            starts = np.cumsum([0, *lengths[:-1]])
-            for k, hashes in _gram_hashes(flat, owner, grams.lengths()):
-                for position in grams.hits(k, hashes).tolist():
-                    local = int(owner[position])
-                    index, row_tokens, text = chunk[local]
-                    offset = position - int(starts[local])
-                    gram = row_tokens[offset : offset + k]
-                    for eval_index, eval_start in grams.sources(k, int(hashes[position])):
-                        eval_set, eval_row, eval_text = eval_rows[eval_index]
-                        if eval_index in found or training_set in exempt.get(eval_set, set()):
-                            continue
-                        if tokens[eval_index][eval_start : eval_start + k] != gram:  # a hash collision
-                            continue
-                        found[eval_index] = Match(
-                            eval_set, eval_row, eval_text, training_set, index, text, " ".join(gram)
-                        )
+        seen[training_set], count = _scan(grams, rows)
+        training_rows += count
+    found: dict[int, Match] = {}
+    for k, (_, inverse, rows_of, starts) in grams.by_length.items():
+        for eval_index in np.unique(rows_of).tolist():
+            eval_set, eval_row, eval_text = eval_rows[eval_index]
+            against = [name for name in seen if name not in exempt.get(eval_set, set())]
+            mine = rows_of == eval_index
+            entries = inverse[mine]
+            held = sum((seen[name].rows[k][entries] for name in against), np.zeros(len(entries), dtype=np.int64))
+            if not held.any():
+                continue
+            covered = np.zeros(len(tokens[eval_index]) + 1, dtype=np.int64)  # +1 where a shared run starts, -1 after
+            np.add.at(covered, starts[mine][held >= 1], 1)
+            np.add.at(covered, starts[mine][held >= 1] + k, -1)
+            if (np.cumsum(covered[:-1]) > 0).mean() < share:
+                continue
+            for entry in entries[held >= 1].tolist():
+                first = next(
+                    (seen[name].first[(k, entry)] + (name,) for name in against if (k, entry) in seen[name].first), None
+                )
+                if first is not None:  # else every match was a hash collision
+                    index, text, shared, name = first
+                    found[eval_index] = Match(eval_set, eval_row, eval_text, name, index, text, shared)
+                    break
     checked = {name: 0 for name in names}
     too_short = {name: 0 for name in names}
     for (name, _, _), row_tokens in zip(eval_rows, tokens, strict=True):
@@ -238,6 +287,7 @@ def find_contamination(
         too_short=too_short,
         training_rows=training_rows,
         n=n,
+        dirty_share=share,
         seconds=time.perf_counter() - started,
     )
 

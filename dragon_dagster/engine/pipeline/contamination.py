@@ -50,7 +50,7 @@ def judge_contamination(pipeline: Pipeline, report: Evaluate, artifacts: dict[st
     skills, unreadable = skill_items(report.skills)
     evaluation.update(skills)
     exempt = {name: {name} for name in evaluation}  # a split against its own train: the leak check's
-    found = find_contamination(training, evaluation, report.contamination_ngram, exempt)
+    found = find_contamination(training, evaluation, report.contamination_ngram, exempt, report.contamination_share)
     missing = sorted(name for name, path in artifacts.items() if path is None)
     metadata = found.metadata() | {
         "allow_contamination": report.allow_contamination,
@@ -72,6 +72,6 @@ def problem(found: Contamination, report: Evaluate) -> str:
     shown = "; ".join(m.line() for m in found.matches[:SHOWN])
     more = f" (and {len(found.matches) - SHOWN} more in the metadata)" if len(found.matches) > SHOWN else ""
     return (
-        f"{len(found.matches)} evaluation rows share {found.n} words in a row with training data ({sets}): "
-        f"their figures would measure recall. {shown}{more}. {fix(report)}"
+        f"{len(found.matches)} evaluation rows are {found.dirty_share:.0%} or more made of runs of {found.n} words "
+        f"that training rows hold ({sets}): their figures would measure recall. {shown}{more}. {fix(report)}"
     )

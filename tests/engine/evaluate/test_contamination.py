@@ -21,15 +21,18 @@ def run_of(n: int, start: int = 2) -> str:
 
 
 def test_thirteen_words_in_a_row_are_found_and_twelve_are_not():
-    evaluation = {"held_out": [chat(WORDS), chat("Where is my parcel? It was due on Monday and nothing came yet.")]}
-    thirteen = {"train": [chat("Hello.", "Other text. " + run_of(13).upper() + "!")]}  # case and punctuation differ
+    held_out = run_of(15, start=0)  # 15 words: 13 of them are 87% of the row, over the default 80%
+    evaluation = {
+        "held_out": [chat(held_out, ""), chat("Where is my parcel? It was due on Monday and nothing came yet.")]
+    }
+    thirteen = {"train": [chat("Hello.", "Other text. " + run_of(13, start=1).upper() + "!")]}  # case, punctuation
     found = find_contamination(thirteen, evaluation)
     [match] = found.matches
     assert (match.eval_set, match.eval_row, match.training_set, match.training_row) == ("held_out", 0, "train", 0)
-    assert match.shared == " ".join(words(run_of(13)))
+    assert match.shared == " ".join(words(run_of(13, start=1)))
     assert found.checked == {"held_out": 2} and found.contaminated == {"held_out": 1} and found.n == 13
 
-    twelve = {"train": [chat("Hello.", run_of(12) + " and then " + run_of(12, start=5))]}  # broken runs of 12
+    twelve = {"train": [chat("Hello.", run_of(12, start=0) + " and then " + run_of(12, start=3))]}  # runs of 12
     assert find_contamination(twelve, evaluation).matches == []
     assert len(find_contamination(twelve, evaluation, n=12).matches) == 1  # the length is the setting's
 
@@ -65,3 +68,14 @@ def test_rows_are_found_whatever_the_chunks(monkeypatch, chunk):
     training = {"train": [chat(w) for w in WORDS.split()] + [chat("filler"), chat(WORDS)]}
     [match] = find_contamination(training, {"held_out": [chat(WORDS)]}).matches
     assert match.training_row == len(WORDS.split()) + 1
+
+
+def test_a_shared_sign_off_is_not_contamination_but_a_copied_row_is():
+    sign_off = "If that does not help, reply here and we will arrange a replacement for you."
+    held_out = chat("My doorbell camera lags by several seconds since the update.", "Lower the stream. " + sign_off)
+    training = {"train": [chat(f"Ticket {i} about the hub.", f"Restart hub {i}. " + sign_off) for i in range(3)]}
+    assert find_contamination(training, {"held_out": [held_out]}).matches == []  # 15 of 28 words: 54%
+    assert len(find_contamination(training, {"held_out": [held_out]}, share=0.5).matches) == 1
+    assert len(find_contamination(training, {"held_out": [held_out]}, share=0).matches) == 1  # GPT-3's: any run
+    [match] = find_contamination({"train": [*training["train"], held_out]}, {"held_out": [held_out]}).matches
+    assert match.training_row == 3
