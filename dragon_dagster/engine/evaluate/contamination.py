@@ -28,8 +28,9 @@ import numpy as np
 
 DEFAULT_N = 13  # GPT-3's and lm-eval's decontamination
 MIN_WORDS = 4  # a shorter evaluation text ("yes", "42 EUR") occurs in training by coincidence, not by copying
+BITMAP = 1 << 22  # bits of an evaluation gram length's prefilter (4 MB): few false candidates for 100,000 grams
 DIRTY_SHARE = 0.8  # of an evaluation row's words in runs shared with training: Llama 2's "dirty" sample
-CHUNK_WORDS = 1 << 21  # training words hashed at once: a chunk's arrays are some tens of MB
+CHUNK_WORDS = 1 << 18  # training words hashed at once: their Python strings are some tens of MB
 SNIPPET = 160  # characters of a row shown in the check's description and metadata
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _POSITION = np.random.default_rng(13).integers(1, 2**63, size=64, dtype=np.uint64) | np.uint64(1)  # odd constants
@@ -145,6 +146,7 @@ class _EvalGrams:
 
     def __init__(self, rows: list[list[str]], n: int):
         self.rows = rows
+        self.bitmaps: dict[int, np.ndarray] = {}
         self.by_length: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
         groups: dict[int, list[int]] = {}  # gram length: the rows checked with it (n, or a short row's own length)
         for index, tokens in enumerate(rows):
@@ -164,11 +166,16 @@ class _EvalGrams:
         return set(self.by_length)
 
     def hits(self, k: int, hashes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The positions whose k-gram hash is an evaluation gram's, and that hash's place in the table."""
+        """The positions whose k-gram hash is an evaluation gram's, and that hash's place in the table. A bitmap of
+        the table's low bits rules out nearly every position first (one lookup each), so only a few are searched."""
         table = self.by_length[k][0]
-        at = np.minimum(np.searchsorted(table, hashes), len(table) - 1)
-        positions = np.flatnonzero((table[at] == hashes) & (hashes != 0))
-        return positions, at[positions]
+        if k not in self.bitmaps:
+            self.bitmaps[k] = np.zeros(BITMAP, dtype=bool)
+            self.bitmaps[k][table & np.uint64(BITMAP - 1)] = True
+        candidates = np.flatnonzero(self.bitmaps[k][hashes & np.uint64(BITMAP - 1)])
+        at = np.minimum(np.searchsorted(table, hashes[candidates]), len(table) - 1)
+        found = (table[at] == hashes[candidates]) & (hashes[candidates] != 0)
+        return candidates[found], at[found]
 
     def words_of(self, k: int, entry: int) -> list[str]:
         """The words of the evaluation gram with this place in the table (the first such gram's)."""
@@ -251,27 +258,30 @@ def find_contamination(
         seen[training_set], count = _scan(grams, rows)
         training_rows += count
     found: dict[int, Match] = {}
-    for k, (_, inverse, rows_of, starts) in grams.by_length.items():
-        for eval_index in np.unique(rows_of).tolist():
-            eval_set, eval_row, eval_text = eval_rows[eval_index]
-            against = [name for name in seen if name not in exempt.get(eval_set, set())]
-            mine = rows_of == eval_index
-            entries = inverse[mine]
-            held = sum((seen[name].rows[k][entries] for name in against), np.zeros(len(entries), dtype=np.int64))
-            if not held.any():
-                continue
+    set_of_row = np.array([names.index(name) for name, _, _ in eval_rows], dtype=np.int64)
+    for k, (_, inverse, rows_of, starts) in grams.by_length.items():  # rows_of ascends: a row's grams are together
+        sets_of = set_of_row[rows_of]
+        held = np.zeros(len(inverse), dtype=np.int64)  # of each gram, the training rows that hold it (not exempt)
+        for name, of_set in seen.items():
+            counted = ~np.isin(sets_of, [names.index(e) for e in names if name in exempt.get(e, set())])
+            held += of_set.rows[k][inverse] * counted
+        for eval_index in np.unique(rows_of[held > 0]).tolist():
+            lo, hi = np.searchsorted(rows_of, eval_index, "left"), np.searchsorted(rows_of, eval_index, "right")
+            shared = starts[lo:hi][held[lo:hi] > 0]
             covered = np.zeros(len(tokens[eval_index]) + 1, dtype=np.int64)  # +1 where a shared run starts, -1 after
-            np.add.at(covered, starts[mine][held >= 1], 1)
-            np.add.at(covered, starts[mine][held >= 1] + k, -1)
+            np.add.at(covered, shared, 1)
+            np.add.at(covered, shared + k, -1)
             if (np.cumsum(covered[:-1]) > 0).mean() < share:
                 continue
-            for entry in entries[held >= 1].tolist():
+            eval_set, eval_row, eval_text = eval_rows[eval_index]
+            against = [name for name in seen if name not in exempt.get(eval_set, set())]
+            for entry in inverse[lo:hi][held[lo:hi] > 0].tolist():
                 first = next(
                     (seen[name].first[(k, entry)] + (name,) for name in against if (k, entry) in seen[name].first), None
                 )
                 if first is not None:  # else every match was a hash collision
-                    index, text, shared, name = first
-                    found[eval_index] = Match(eval_set, eval_row, eval_text, name, index, text, shared)
+                    index, text, shared_words, name = first
+                    found[eval_index] = Match(eval_set, eval_row, eval_text, name, index, text, shared_words)
                     break
     checked = {name: 0 for name in names}
     too_short = {name: 0 for name in names}
