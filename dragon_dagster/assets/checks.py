@@ -11,7 +11,7 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, asset_check
 from ..engine import catalog
 from ..engine.config.checks import CheckOutcome, CheckSpec
 from ..engine.pipeline import Pipeline
-from ..engine.pipeline.contamination import evaluation_datasets, judge_contamination, training_datasets
+from ..engine.pipeline.contamination import evaluation_datasets, judge_contamination
 from ..engine.stages.evaluate.settings import Evaluate
 from ..resources import MLflowTracking
 from .asset_wiring import key as stage_key
@@ -87,7 +87,7 @@ def contamination_check(pipeline: Pipeline, report: Evaluate):
     blocking check on the merged model the report measures: it runs once every dataset is made and every stage has
     trained (a synthesized dataset exists only then), and a failure stops the report. Its settings are the report
     stage's in this run (a profile's or the launchpad's values included)."""
-    datasets = list(dict.fromkeys([*training_datasets(pipeline), *evaluation_datasets(pipeline, report)]))
+    datasets = evaluation_datasets(pipeline, report)  # the training ones among them
     merged = pipeline.upstream(report.name)[0]
 
     @asset_check(

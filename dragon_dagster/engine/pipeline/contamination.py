@@ -1,8 +1,9 @@
 """Which of a pipeline's datasets are trained on and which are measured on, and the contamination check's verdict
-on them: an evaluation row that a training split holds (engine/evaluate/contamination.py). The evaluation sets are
-the held-out split of every dataset a training stage reads (its held-out figures: a GRPO stage's held-out prompts,
-a DPO stage's held-out pairs) or the report measures, and the bundled general-skills items the report runs; the
-training sets are the train split of every dataset a training stage reads. A dataset's held-out split is not
+on them: an evaluation row that a training split holds (engine/evaluate/contamination.py). For a report, the
+evaluation sets are the held-out split of every dataset a training stage of its model reads (their held-out
+figures: a GRPO stage's held-out prompts, a DPO stage's held-out pairs) or the report measures, and the bundled
+general-skills items the report runs; the training sets are the train split of every dataset a training stage of
+its model reads (the stages its merged model is made of). A dataset's held-out split is not
 checked against its own train split: that is its held_out_not_leaking check's business."""
 
 from __future__ import annotations
@@ -17,15 +18,32 @@ from .definition import Pipeline
 SHOWN = 5  # contaminated rows named in the check's description (the metadata lists more)
 
 
-def training_datasets(pipeline: Pipeline) -> list[str]:
-    """The dataset stages a training stage of the pipeline trains on, in pipeline order."""
-    names = {getattr(s, "dataset", None) for s in pipeline.stages if pipeline.role_of(s) == "training"}
+def upstream_of(pipeline: Pipeline, name: str) -> set[str]:
+    """Every stage the named one reads, directly or through others."""
+    found, todo = set(), [name]
+    while todo:
+        for upstream in pipeline.upstream(todo.pop()):
+            if upstream not in found and pipeline.stage_or_none(upstream) is not None:
+                found.add(upstream)
+                todo.append(upstream)
+    return found
+
+
+def training_datasets(pipeline: Pipeline, report: Evaluate) -> list[str]:
+    """The dataset stages that the training stages of the report's model (those its merged model is made of,
+    directly or through the chain) train on, in pipeline order. A stage trained beside that model is not its
+    business: its blocked dataset must not stop this report."""
+    made_of = upstream_of(pipeline, pipeline.upstream(report.name)[0])
+    names = {
+        getattr(s, "dataset", None) for s in pipeline.stages if s.name in made_of and pipeline.role_of(s) == "training"
+    }
     return [s.name for s in pipeline.stages if s.name in names]
 
 
 def evaluation_datasets(pipeline: Pipeline, report: Evaluate) -> list[str]:
-    """The dataset stages whose held-out split the pipeline scores: every training stage's and the report's."""
-    names = set(training_datasets(pipeline)) | {report.dataset}
+    """The dataset stages whose held-out split the report's model is scored on: its training stages' (their
+    held-out figures are in the report) and the report's own."""
+    names = set(training_datasets(pipeline, report)) | {report.dataset}
     return [s.name for s in pipeline.stages if s.name in names]
 
 
@@ -40,7 +58,9 @@ def fix(report: Evaluate) -> str:
 def judge_contamination(pipeline: Pipeline, report: Evaluate, artifacts: dict[str, Path | None]) -> CheckOutcome:
     """The check's verdict from the dataset artifacts by stage name (None: not materialized yet, so unchecked)."""
     training = {
-        name: read_rows(artifacts[name] / "train.jsonl") for name in training_datasets(pipeline) if artifacts.get(name)
+        name: read_rows(artifacts[name] / "train.jsonl")
+        for name in training_datasets(pipeline, report)
+        if artifacts.get(name)
     }
     evaluation = {
         name: list(read_rows(artifacts[name] / "eval.jsonl"))

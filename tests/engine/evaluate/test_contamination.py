@@ -79,3 +79,31 @@ def test_a_shared_sign_off_is_not_contamination_but_a_copied_row_is():
     assert len(find_contamination(training, {"held_out": [held_out]}, share=0).matches) == 1  # GPT-3's: any run
     [match] = find_contamination({"train": [*training["train"], held_out]}, {"held_out": [held_out]}).matches
     assert match.training_row == 3
+
+
+def test_a_report_checks_the_datasets_its_model_was_trained_on_and_not_a_stage_beside_it(tmp_path):
+    from pathlib import Path
+
+    from dragon_dagster.engine.pipeline import load
+    from dragon_dagster.engine.pipeline.contamination import evaluation_datasets, training_datasets
+    from tests.support import component_yaml
+
+    support = load(Path(__file__).parents[3] / "dragon_dagster" / "defs" / "support" / "defs.yaml")
+    report = support.stage("evaluation_report")
+    assert training_datasets(support, report) == ["sft_dataset", "preference_pairs", "arithmetic_prompts"]
+    path = tmp_path / "defs.yaml"
+    path.write_text(
+        component_yaml(
+            "name: beside\nmodel: smollm2-135m\nstages:\n"
+            "  - {name: a, kind: chat_dataset, path: 'example:tickets.csv', prompt: subject, response: reply}\n"
+            "  - {name: b, kind: chat_dataset, path: 'example:tickets.csv', prompt: body, response: reply}\n"
+            "  - {name: c, kind: chat_dataset, path: 'example:tickets.csv', prompt: product, response: reply}\n"
+            "  - {name: a_sft, kind: sft, dataset: a}\n"
+            "  - {name: merged, kind: merge}\n"
+            "  - {name: report, kind: evaluate, dataset: c}\n"
+            "  - {name: b_sft, kind: sft, dataset: b}\n"  # after the merge: not part of the report's model
+        )
+    )
+    beside = load(path)
+    assert training_datasets(beside, beside.stage("report")) == ["a"]
+    assert evaluation_datasets(beside, beside.stage("report")) == ["a", "c"]
