@@ -3,8 +3,8 @@ on them: an evaluation row that a training split holds (engine/evaluate/contamin
 evaluation sets are the held-out split of every dataset a training stage of its model reads (their held-out
 figures: a GRPO stage's held-out prompts, a DPO stage's held-out pairs) or the report measures, and the bundled
 general-skills items the report runs; the training sets are the train split of every dataset a training stage of
-its model reads (the stages its merged model is made of). A dataset's held-out split is not
-checked against its own train split: that is its held_out_not_leaking check's business."""
+its model reads (the stages its merged model is made of). A dataset's held-out split is not checked against its own
+train split: that is its held_out_not_leaking check's business."""
 
 from __future__ import annotations
 
