@@ -53,8 +53,10 @@ def chain_yaml(directory: Path, model: Path, extra_reward: str = "") -> None:
             max_new_tokens: 6
             max_eval_prompts: 6
           - {{name: merged_model, kind: merge}}
+          # preference_pairs makes its pairs from sft_dataset's train split, so the DPO stage's held-out pairs were
+          # trained on by SFT: the contamination check says so, as a warning here (the report is what this tests)
           - {{name: evaluation_report, kind: evaluate, dataset: sft_dataset, max_new_tokens: 4, n_samples: 2,
-              n_judge: 2}}
+              n_judge: 2, allow_contamination: true}}
         """)
     )
 
@@ -89,6 +91,13 @@ def test_every_stage_materializes_and_chains(chain):
     )
     checks = {c["name"] for c in outcome["checks"]}
     assert {"kl_within_bound", "groups_have_reward_variance", "format_not_rising_while_accuracy_falls"} <= checks
+
+
+def test_held_out_pairs_made_from_trained_rows_are_contaminated_and_allowed_they_warn(chain):
+    [check] = [c for c in chain["outcome"]["checks"] if c["name"] == "evaluation_report_not_contaminated"]
+    assert not check["passed"] and check["severity"] == "WARN" and check["asset"] == "chain/merged_model"
+    assert " rows of preference_pairs" in check["description"] and "training row" in check["description"]
+    assert chain["outcome"]["report"] is not None  # a warning does not block
 
 
 def test_preference_pairs_come_from_the_students_samples(chain):
