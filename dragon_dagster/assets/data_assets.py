@@ -256,6 +256,7 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
         student = read_manifest(inputs["student"], AdapterManifest) if "student" in inputs else None
         job_inputs = SynthesisInputs(
             prompts_file=str(Path(inputs["dataset"]) / "train.jsonl"),
+            held_out_file=str(Path(inputs["dataset"]) / "eval.jsonl"),
             model=student.resolved_model if student else None,
             adapters=student.chain if student else [],
         )
