@@ -76,7 +76,10 @@ def summarize(
     eval_total: int = 0,
 ) -> SFTResult:
     """Held-out loss, perplexity, samples and task metrics for the trained adapter; written into out."""
-    reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
+    counted = held_out_rows(len(rows), eval_total) if held_out else None
+    reporter.log(
+        f"evaluating on {counted.sentence() if counted else len(rows)} {'held-out' if held_out else 'training'} rows"
+    )
     model = trainer.model
     model.eval()
     evaluation = evaluate_rows(
@@ -112,7 +115,7 @@ def summarize(
         train_on=job.settings.train_on,
         rendering=rendering,
         kept=kept_adapter(trainer, job.settings.args),
-        held_out_rows=held_out_rows(len(rows), eval_total) if held_out else None,
+        held_out_rows=counted,
     )
     with (out / "samples.jsonl").open("w") as f:
         for sample in evaluation["samples"]:
