@@ -61,7 +61,7 @@ def test_timings_other_parts_record_in_the_manifest_become_columns():
     assert timings == {"near_duplicates.seconds": 1.5, "pii.scan_seconds": 0.25, "timings.split": 0.1}
     records = [
         {"part": "dataset", "rows": 1000, "source_s": 0.5, "stage_s": 10.0, "peak_mb": 600.0, "train_rows": 900,
-         "eval_rows": 100, "timings": timings},
+         "eval_rows": 100, "timings": timings, "checks_failed": ["held_out_not_leaking"]},
         {"part": "sft", "rows": 1000, "stage_s": 60.0, "peak_mb": 1200.0, "train_runtime_s": 4.0,
          "held_out_scored": 100, "held_out_total": 100},
         {"part": "dataset", "rows": 10000, "failed": "boom"},
@@ -70,3 +70,4 @@ def test_timings_other_parts_record_in_the_manifest_become_columns():
     assert "| rows | dataset s (source s) | dataset peak MB | train / eval rows | near_duplicates.seconds s |" in table
     assert "| 1,000 | 10.0 (0.5) | 600 | 900 / 100 | 1.50 | 0.25 | 0.10 | 60.0 | 4.0 | 1200 | 100 of 100 |" in table
     assert "| 10,000 | dataset failed: boom |" in table
+    assert "| 1,000 | dataset: checks that failed: held_out_not_leaking |" in table
