@@ -239,6 +239,7 @@ def run_report_stage(
                 mlflow_run_id=report_run,
                 base_mlflow_run_id=base_run,
                 dagster_run_id=context.op_execution_context.run_id,
+                held_out_rows=report.held_out_rows,
             ),
         )
     metadata = {

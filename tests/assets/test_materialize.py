@@ -89,6 +89,9 @@ def test_artifact_dirs_are_immutable_and_hold_what_reproduces_them(materialized)
     assert json.loads((art["sft_adapter"] / "job.json").read_text())["settings"]["args"]["learning_rate"] == 5e-3
     report = json.loads((art["evaluation_report"] / "report.json").read_text())
     assert report["rows"] == 13 and report["base"]["eval_loss"] > report["merged"]["eval_loss"]
+    # the rows the report scored, out of the split's (max_eval_rows 50: all 13 of them), in its manifest too
+    counted = {"scored": 13, "total": 13, "setting": "max_eval_rows"}
+    assert report["held_out_rows"] == manifest_of(art["evaluation_report"])["held_out_rows"] == counted
     # chosen from the references (support replies): no numeric or json_valid column that can only read 0
     assert set(report["merged"]["metrics"]) == {"exact", "contains", "token_f1", "length_ratio"}
     assert "| eval_loss |" in (art["evaluation_report"] / "report.md").read_text()

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Generic, Literal, TypeVar, get_args, get_orig
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SerializeAsAny, ValidationError
 
-from ..config.results import StageResult, TrainingSummary
+from ..config.results import HeldOutRows, StageResult, TrainingSummary
 from ..config.stage import Stage
 
 MANIFEST = "manifest.json"
@@ -219,6 +219,8 @@ class ReportManifest(ArtifactManifest):
     dataset: str
     settings: StageSettings
     base_mlflow_run_id: str | None = None
+    # the rows the report scored out of the split's (its settings' max_eval_rows, a seeded sample)
+    held_out_rows: HeldOutRows | None = None
 
 
 class ReplyAgreement(BaseModel):

@@ -101,9 +101,14 @@ class HeldOutRows(Contract):
 
     scored: int
     total: int
+    setting: str = "args.max_eval_rows"  # the setting that bounds them (an evaluate stage's is max_eval_rows)
+
+    @property
+    def sampled(self) -> bool:
+        return self.scored < self.total
 
     def sentence(self) -> str:
-        sampled = " (a seeded sample: args.max_eval_rows)" if self.scored < self.total else ""
+        sampled = f" (a seeded sample: {self.setting})" if self.sampled else ""
         return f"{self.scored} of {self.total}{sampled}"
 
 

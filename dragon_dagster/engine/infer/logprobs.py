@@ -42,14 +42,22 @@ def reply_logprobs(
             input_ids[i, : len(ids)] = torch.tensor(ids)
             attention[i, : len(ids)] = 1
             labels[i, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:], dtype=torch.long)
+        # the logits of the prompt turns score nothing: the head projects only the positions from the first that
+        # predicts a reply token (rows are right-padded, so one slice serves the batch)
+        start = max(0, min(n_prompt for _, n_prompt in encoded) - 1)
         with torch.no_grad():
-            logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float()
-        shift_logits, shift_labels = logits[:, :-1], labels[:, 1:].to(device)
-        nll = torch.nn.functional.cross_entropy(
-            shift_logits.transpose(1, 2), shift_labels, ignore_index=-100, reduction="none"
+            logits = model(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), logits_to_keep=width - start
+            ).logits
+        shift_labels = labels[:, start + 1 :].to(device)
+        scored = shift_labels != -100
+        # cross-entropy over the reply tokens alone, (tokens, vocabulary) contiguous: over the whole (batch,
+        # vocabulary, positions) it cost seconds a batch on a CPU, mostly in the transposed layout
+        nll = torch.zeros(scored.shape, device=device)
+        nll[scored] = torch.nn.functional.cross_entropy(
+            logits[:, :-1][scored].float(), shift_labels[scored], reduction="none"
         )
-        counts = (shift_labels != -100).sum(dim=1)
-        out += [(-float(total), int(n)) for total, n in zip(nll.sum(dim=1), counts)]
+        out += [(-float(total), int(n)) for total, n in zip(nll.sum(dim=1), scored.sum(dim=1))]
     return out
 
 

@@ -106,6 +106,7 @@ def kept_adapter(trainer, args: TrainArgs) -> KeptAdapter | None:
     )
 
 
-def held_out_rows(scored: int, total: int) -> HeldOutRows | None:
-    """How many held-out rows were scored, out of the split's (None: the stage had no held-out split)."""
-    return HeldOutRows(scored=scored, total=total) if total else None
+def held_out_rows(scored: int, total: int, setting: str = "args.max_eval_rows") -> HeldOutRows | None:
+    """How many held-out rows were scored, out of the split's (None: the stage had no held-out split); setting:
+    the one that bounds them, named in the sentence the log and the asset page show."""
+    return HeldOutRows(scored=scored, total=total, setting=setting) if total else None

@@ -207,7 +207,7 @@ def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMet
     losses = [r["loss"] for r in logged if isinstance(r.get("loss"), (int, float))]
     summary.update(first_loss=losses[0] if losses else None, last_loss=losses[-1] if losses else None)
     if p.eval_rows:  # every rank: the evaluation is sharded across them
-        reporter.log(f"evaluating on {len(p.eval_rows)} held-out {method.held_out}")
+        reporter.log(f"evaluating on {summary['held_out_rows'].sentence()} held-out {method.held_out}")
         figures = trainer.evaluate()
         summary.update(
             pref_accuracy=figures.get("eval_rewards/accuracies"),

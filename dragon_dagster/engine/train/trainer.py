@@ -79,6 +79,24 @@ def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | No
     )
 
 
+def rows_for_steps(rows: list[dict], args: TrainArgs, reporter: Reporter) -> list[dict]:
+    """The training rows max_steps reaches, for a kind whose update takes batch_size x grad_accum rows (the global
+    batch, however many workers share it): with max_steps set and more rows than max_steps x that, a sample of
+    that many drawn with the seed, in the split's order. The trainer's shuffled sampler would have drawn a
+    uniform subset of that size too; what changes is that TRL then prepares (tokenizes, truncates) only those
+    rows, not every row of a 100,000-row dataset for a few steps. Every row otherwise (epochs, a small dataset)."""
+    if args.max_steps is None:
+        return rows
+    needed = args.max_steps * args.batch_size * args.grad_accum
+    if len(rows) <= needed:
+        return rows
+    reporter.log(
+        f"max_steps {args.max_steps} x batch_size {args.batch_size} x grad_accum {args.grad_accum} reach "
+        f"{needed} of the {len(rows)} training rows: a sample of {needed} drawn with the seed is prepared and trained"
+    )
+    return held_out.sample_rows(rows, needed, args.seed)
+
+
 def apply_speed(trainer, speed: Speed, chunked: bool, reporter: Reporter) -> dict:
     """The speed choices that act on the trainer's (PEFT-wrapped) model; returns what was used, for the manifest.
 

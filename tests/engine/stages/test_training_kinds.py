@@ -64,12 +64,24 @@ def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
     assert row_parts.user_text(rows[0]) in context and row_parts.reply_text(rows[0]) not in context
 
 
+class Recorded(Reporter):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)
+
+
 def test_sft_trains_saves_an_adapter_and_evaluates(tiny_model, tmp_path):
     train, held = ticket_files(tmp_path)
-    result = train_sft(job(tmp_path, tiny_model, train, held), Reporter())
+    reporter = Recorded()
+    result = train_sft(job(tmp_path, tiny_model, train, held), reporter)
     out = tmp_path / "out"
     assert (out / "adapter" / "adapter_config.json").exists()
     assert result.global_step == 4 and result.held_out and result.eval_tokens > 0
+    # 4 steps of 2 rows reach 8 of the ~190 training rows: the trainer is given (and tokenizes) only those
+    assert any(line.startswith("training 8 rows for 4 steps") for line in reporter.lines), reporter.lines
     assert result.last_loss < result.first_loss
     assert len((out / "samples.jsonl").read_text().splitlines()) == 2
     assert (out / "loss.png").stat().st_size > 1000

@@ -36,6 +36,14 @@ def stage_change_markdown(changes: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def _rows(report: dict) -> str:
+    """How many rows the report scored: '50 of 10000 (a seeded sample: max_eval_rows)', or just the count."""
+    counted = report.get("held_out_rows")
+    if not counted or counted["scored"] >= counted["total"]:
+        return str(report["rows"])
+    return f"{counted['scored']} of {counted['total']} (a seeded sample: {counted.get('setting', 'max_eval_rows')})"
+
+
 def markdown(report: dict) -> str:
     base, merged = report["base"], report["merged"]
     if report.get("task") == "prompts":
@@ -45,7 +53,7 @@ def markdown(report: dict) -> str:
         lines = [
             "# Evaluation report",
             "",
-            f"{report['rows']} {'held-out' if report['held_out'] else 'training'} rows, base model against "
+            f"{_rows(report)} {'held-out' if report['held_out'] else 'training'} rows, base model against "
             "merged model.",
             "",
             "| metric | base | merged |",
@@ -195,7 +203,7 @@ def _prompts_markdown(report: dict) -> list[str]:
     lines = [
         "# Evaluation report",
         "",
-        f"{report['rows']} {split} prompts, base model against merged model, each answering greedily.",
+        f"{_rows(report)} {split} prompts, base model against merged model, each answering greedily.",
         "",
         f"- Rewards: {on['rewards']}.",
         f"- Task metrics: {on['metrics']}.",

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
 
-from ...config.results import Markdown, PassAtK, StageResult, finite
+from ...config.results import HeldOutRows, Markdown, PassAtK, StageResult, finite
 from ...evaluate.replies import eval_metrics
 from ...release.card import cell
 from . import skills
@@ -20,6 +20,8 @@ class ReportResult(StageResult):
     task: Literal["chat", "prompts"]
     held_out: bool
     rows: int
+    # the rows scored out of the split's (a seeded sample of max_eval_rows); absent from a report made before it
+    held_out_rows: HeldOutRows | None = None
     metrics: list[str] = Field(default_factory=list)
     metrics_chosen_by: str = "references"
     base: dict[str, Any]  # eval_loss, perplexity, eval_tokens, metrics; on prompts rewards, accuracy, reward
@@ -126,6 +128,8 @@ class ReportResult(StageResult):
 
     def metadata(self) -> dict[str, Any]:
         out: dict[str, Any] = {"merged_not_worse": self.merged_not_worse}
+        if self.held_out_rows:
+            out["held_out_rows"] = self.held_out_rows.sentence()
         if self.task == "prompts":  # no loss on prompts: each reward, base against merged
             out.update(
                 computed_on=self.computed_on,

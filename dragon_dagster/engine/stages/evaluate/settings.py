@@ -18,7 +18,14 @@ class Evaluate(Stage):
     kind: Literal["evaluate"]
     dataset: str = Field(description="The dataset whose held-out rows are measured.")
     n_samples: int = Field(5, ge=0, description="Sample replies shown side by side.")
-    max_eval_rows: int = Field(50, gt=0, description="Held-out rows measured (at most).")
+    max_eval_rows: int | None = Field(
+        50,
+        gt=0,
+        description="Held-out rows measured: a sample of this many drawn with `seed` (the same rows each run, in "
+        "the split's order), so a large held-out split does not make the report take an hour: every row costs a "
+        "loss pass and a greedy reply per model, and a loss pass per stage of the chain. null: every held-out row.",
+    )
+    seed: int = Field(42, description="The seed of the max_eval_rows sample.")
     max_new_tokens: int = Field(128, gt=0, description="Length limit of generated replies.")
     n_judge: int = Field(5, ge=0, description="Held-out prompts judged pairwise, both orders (0: none).")
     judge: Backend | None = Field(

@@ -10,6 +10,7 @@ from pathlib import Path
 from ...artifacts import progress
 from ...config.job import Job
 from ...config.reporter import Reporter
+from ...config.results import HeldOutRows
 from ...data.tables import read_jsonl
 from ...evaluate.feedback_gain import gain, held_out_feedback, model_figures
 from ...evaluate.pass_at_k import compare, right_counts
@@ -24,6 +25,7 @@ from ...rewards import ACCURACY_TYPES, Reward, RewardSet, parse_reward
 from ...tools import template
 from ...tools.declare import Toolset, with_tools
 from ...tools.template import uses_tools
+from ...train.held_out import sample_rows
 from . import skills
 from .inputs import ChainStage, ReportInputs
 from .markdown import markdown
@@ -33,15 +35,26 @@ from .settings import Evaluate
 ReportJob = Job[Evaluate, ReportInputs]
 
 
-def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
-    hardware, inputs = job.hardware, job.inputs
+def report_rows(job: ReportJob) -> tuple[list[dict], bool, HeldOutRows]:
+    """The rows the report scores: a sample of max_eval_rows drawn with the stage's seed from the held-out split
+    (from the training rows when the dataset holds none out), whether they are held out, and how many of how
+    many were scored. Every figure of the report (losses, replies, replies.jsonl, each stage's change, the judge's
+    prompts) is on these rows, so its cost stays bounded however large the split."""
+    inputs, settings = job.inputs, job.settings
     rows = read_jsonl(inputs.eval_file) if Path(inputs.eval_file).exists() else []
     held_out = bool(rows)
     if not rows and inputs.train_file:
-        rows = read_jsonl(inputs.train_file)[: job.settings.max_eval_rows]
+        rows = read_jsonl(inputs.train_file)
     if not rows:
         raise ValueError(f"no rows to evaluate on in {inputs.eval_file}")
-    rows = rows[: job.settings.max_eval_rows]
+    total = len(rows)
+    rows = sample_rows(rows, settings.max_eval_rows, settings.seed)
+    return rows, held_out, HeldOutRows(scored=len(rows), total=total, setting="max_eval_rows")
+
+
+def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
+    hardware, inputs = job.hardware, job.inputs
+    rows, held_out, counted = report_rows(job)
     prompts_only = not has_replies(rows)  # a prompt dataset: no reference replies, so no loss
     toolset = Toolset.from_input(inputs.tools)
     if toolset is not None and not prompts_only:
@@ -54,10 +67,12 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
     split = "held-out" if held_out else "training"
     results, feedback_raw, skill_scores, right = {}, {}, {}, {}
     temperature = pass_temperature(job)
-    rated, pairs, taste = held_out_feedback_of(job)
+    rated, pairs, taste, feedback_totals = held_out_feedback_of(job)
     tools_needed = toolset is not None or uses_tools(rows)
     for name, path in (("base", inputs.base_model), ("merged", inputs.merged_model)):
-        reporter.log(f"evaluating the {name} model on {len(rows)} {split} {'prompts' if prompts_only else 'rows'}")
+        reporter.log(
+            f"evaluating the {name} model on {counted.sentence()} {split} {'prompts' if prompts_only else 'rows'}"
+        )
         model, tokenizer = chain_model(path, [], hardware, tools_needed)
         if prompts_only:
             results[name] = score_prompt_rows(
@@ -98,7 +113,10 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
             tool_raw[name] = measure(model, tokenizer, cases, toolset, job.settings.max_new_tokens)
             results[name]["tools"] = tool_raw[name]["figures"]
         if inputs.feedback:
-            reporter.log(f"the {name} model on the held-out feedback: {len(rated)} rated replies, {len(pairs)} pairs")
+            reporter.log(
+                f"the {name} model on the held-out feedback: {len(rated)} of {feedback_totals['rated_replies']} "
+                f"rated replies, {len(pairs)} of {feedback_totals['pairs']} pairs (at most max_eval_rows of each)"
+            )
             feedback_raw[name] = model_figures(
                 model,
                 tokenizer,
@@ -125,6 +143,7 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         "task": "prompts" if prompts_only else "chat",
         "held_out": held_out,
         "rows": len(rows),
+        "held_out_rows": counted.model_dump(),
         "metrics": list(results["base"]["metrics"]),
         "metrics_chosen_by": "pipeline" if job.settings.metrics else "references",
     }
@@ -177,6 +196,8 @@ def evaluate_report(job: ReportJob, reporter: Reporter) -> ReportResult:
         }
     if inputs.feedback:
         report["feedback"] = gain(feedback_raw["base"], feedback_raw["merged"], rated, pairs, inputs.feedback.liked_at)
+        if feedback_totals != {"rated_replies": len(rated), "pairs": len(pairs)}:  # sampled: out of how many
+            report["feedback"]["held_out"]["sampled_from"] = feedback_totals
         report["objectives"] = inputs.feedback.objectives
         if "taste_samples" in feedback_raw["base"]:
             report["feedback"]["taste_samples"] = [
@@ -210,11 +231,17 @@ def pass_temperature(job: ReportJob) -> float:
 
 
 def held_out_feedback_of(job: ReportJob):
-    """(rated replies, pairs, taste RewardSet or None) a retraining's report measures; empty otherwise."""
+    """(rated replies, pairs, taste RewardSet or None, how many of each the held-out feedback has) a retraining's
+    report measures; empty otherwise. Replies and pairs each a sample of at most max_eval_rows drawn with the
+    stage's seed (the report's feedback.held_out.sampled_from says out of how many)."""
     feedback = job.inputs.feedback
     if feedback is None:
-        return [], [], None
+        return [], [], None, {}
     rated, pairs = held_out_feedback(feedback.held_out)  # the asset copied them into the report's directory
+    totals = {"rated_replies": len(rated), "pairs": len(pairs)}
+    # bounded as the held-out rows are: each costs a loss pass per model (and a fresh reply with a taste)
+    rated = sample_rows(rated, job.settings.max_eval_rows, job.settings.seed)
+    pairs = sample_rows(pairs, job.settings.max_eval_rows, job.settings.seed)
     # the taste's custom files were copied there too, their paths written relative to it
     taste = RewardSet(feedback.taste, base_dir=job.output_dir) if feedback.taste else None
     if taste is not None and feedback.reward_models:  # a learned taste: the reward model scores the fresh replies
@@ -223,7 +250,7 @@ def held_out_feedback_of(job: ReportJob):
         taste.bind_scorers(
             {m.stage: load_scorer(m.model, m.adapter, job.hardware).score for m in feedback.reward_models}
         )
-    return rated, pairs, taste
+    return rated, pairs, taste, totals
 
 
 def reward_set(stages: list[ChainStage]) -> tuple[RewardSet | None, list[dict]]:

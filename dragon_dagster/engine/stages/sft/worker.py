@@ -18,7 +18,15 @@ from ...evaluate.replies import eval_metrics, evaluate_rows
 from ...tools.declare import Toolset, with_tools
 from ...train import distributed, lm_head
 from ...train.held_out import callbacks, eval_dataset, held_out_rows, kept_adapter
-from ...train.trainer import TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
+from ...train.trainer import (
+    TrainingJob,
+    apply_speed,
+    lora_config,
+    prepare,
+    progress_callback,
+    rows_for_steps,
+    run_trainer,
+)
 from ...train.trl_config import TrainerRun
 from . import turns
 from .result import SFTResult
@@ -40,10 +48,12 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     config = to_trl_config(job.settings, TrainerRun.of(job, p.speed, compiled_here=chunked, workers=p.workers))
     callback = progress_callback(reporter, Path(job.output_dir))
+    # packed, a step takes as many rows as fill its sequences: no count to bound them by
+    reached = p.train_rows if p.speed.packing == "on" else rows_for_steps(p.train_rows, p.args, reporter)
     trainer = (chunked_loss_trainer() if chunked else resumable_trainer())(
         model=p.model,
         args=config,
-        train_dataset=turns.training_dataset(p.train_rows, train_on),
+        train_dataset=turns.training_dataset(reached, train_on),
         eval_dataset=eval_dataset(p.eval_rows, p.args, lambda rows: turns.training_dataset(rows, train_on)),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
@@ -76,7 +86,10 @@ def summarize(
     eval_total: int = 0,
 ) -> SFTResult:
     """Held-out loss, perplexity, samples and task metrics for the trained adapter; written into out."""
-    reporter.log(f"evaluating on {len(rows)} {'held-out' if held_out else 'training'} rows")
+    counted = held_out_rows(len(rows), eval_total) if held_out else None
+    reporter.log(
+        f"evaluating on {counted.sentence() if counted else len(rows)} {'held-out' if held_out else 'training'} rows"
+    )
     model = trainer.model
     model.eval()
     evaluation = evaluate_rows(
@@ -112,7 +125,7 @@ def summarize(
         train_on=job.settings.train_on,
         rendering=rendering,
         kept=kept_adapter(trainer, job.settings.args),
-        held_out_rows=held_out_rows(len(rows), eval_total) if held_out else None,
+        held_out_rows=counted,
     )
     with (out / "samples.jsonl").open("w") as f:
         for sample in evaluation["samples"]:
