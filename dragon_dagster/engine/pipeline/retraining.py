@@ -176,6 +176,13 @@ class FeedbackEvaluate(Evaluate):
         "", description="Held-out rows to compare on; default: the pipeline's first dataset of chat rows."
     )
     n_judge: int = Field(0, ge=0, description="Held-out prompts judged pairwise (0: none).")
+    max_eval_rows: int | None = Field(
+        200,
+        gt=0,
+        description="Held-out rows scored (a seeded sample; null: every row), and at most this many of the held-out "
+        "rated replies and of the pairs the promotion gate decides on: higher than a report's 50, since the gate's "
+        "paired test decides on these rows and loses power with fewer.",
+    )
     skills: list[str] = Field(
         default_factory=local_tasks,
         description="General-skill tasks (lm-evaluation-harness) run on the starting and the retrained model; the "

@@ -58,6 +58,10 @@ def test_the_report_scores_a_seeded_sample_of_max_eval_rows_not_the_first_rows(t
     every, _, counted = report_rows(job_of(tmp_path, max_eval_rows=None))
     assert len(every) == 30 and counted.sentence() == "30 of 30"
     assert Evaluate(name="e", kind="evaluate", dataset="d").max_eval_rows == 50
+    # the retrained report's sample also bounds the held-out feedback the promotion gate decides on: a larger one
+    from dragon_dagster.engine.pipeline.retraining import FeedbackEvaluate
+
+    assert FeedbackEvaluate().max_eval_rows == 200
 
 
 def test_without_a_held_out_split_the_sample_is_of_the_training_rows(tmp_path):
