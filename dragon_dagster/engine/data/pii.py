@@ -2,16 +2,17 @@
 presidio-analyzer's pattern recognisers, and each stage's answer to them (`pii: warn | redact | block`).
 
 The recognisers are presidio's own (EmailRecognizer, PhoneRecognizer over the phonenumbers library,
-CreditCardRecognizer with its Luhn checksum, IpRecognizer), run by an AnalyzerEngine over a no-op NLP engine: no
-spaCy model is installed (nor downloadable offline), so what needs one is not looked for, names and places above
-all (`NOT_DETECTED`, recorded in every report). The e-mail recogniser checks the domain with tldextract, here
+CreditCardRecognizer with its Luhn checksum, IpRecognizer), each called without an NLP engine: no spaCy model is
+installed (nor downloadable offline), so what needs one is not looked for, names and places above all
+(`NOT_DETECTED`, recorded in every report). The e-mail recogniser checks the domain with tldextract, here
 with its bundled suffix list: never a download of the public one.
 
 Speed: presidio runs each recogniser over every text it is given (phone numbers cost about 2 ms per candidate
 number: eight regions, each parsed by phonenumbers), so a text reaches a recogniser only when a cheap regex says
-it may hold that entity (`PREFILTERS`), each distinct text is scanned once, and presidio is imported only when a
+it may hold that entity (`PREFILTERS`), phonenumbers sees only the phone-shaped runs of a text with a few
+characters around them (`phone_windows`), each distinct text is scanned once, and presidio is imported only when a
 text needs it. The prefilters are necessary conditions of presidio's patterns, except the phone one, which asks
-for 7 digits (the shortest number of most of presidio's regions) outside ISO dates: shorter numbers are not
+for 7 digits (the shortest number of most of presidio's regions) not starting an ISO date: shorter numbers are not
 looked for.
 """
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -35,38 +37,67 @@ MIN_SCORE = 0.3  # presidio's own scores: below it only IpRecognizer's bare "::"
 MAX_FINDINGS = 20  # findings a report names (the counts cover all)
 CONTEXT = 20  # characters either side of a finding in its masked snippet
 
-_DATES = re.compile(r"\b(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b")
+_DATE = r"(?:19|20)\d\d-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b"  # ISO, the form tickets hold
 PREFILTERS = {
     "EMAIL_ADDRESS": re.compile(r"@\w"),  # the pattern's "@" then a domain
     "CREDIT_CARD": re.compile(r"\d{4}[- ]?\d{3}"),  # the pattern's first two groups of digits
     "IP_ADDRESS": re.compile(r"\d\.\d{1,3}\.\d|:[0-9A-Fa-f]{0,4}:"),  # IPv4's dots, IPv6's two colons
-    "PHONE_NUMBER": re.compile(r"\d(?:[\s().\-/]{0,2}\d){6}"),  # 7 digits with a phone's separators
+    # 7 digits or more with a phone's separators, not starting a date: the whole run, which its window holds
+    "PHONE_NUMBER": re.compile(r"(?<!\d)(?!" + _DATE + r")\d(?:[\s().\-/]{0,2}\d){6,}"),
 }
+# phone-shaped runs that are another entity, which phonenumbers would parse at length to no avail (an IPv4
+# address: valid to it in some regions, but the IP recogniser's, with a higher score; a card's four groups of four)
+_NOT_PHONE = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}|\d{4}([- ]?)\d{4}\1\d{4}\1\d{4}")
+WINDOW = 8  # characters either side of a phone-shaped run that phonenumbers sees (a leading +, a bracket)
 # keys whose values are never personal data (a turn's role, a tool call's name and id)
 _SKIP_KEYS = frozenset({"role", "type", "name", "id", "tool_call_id", "label"})
 
 
 def candidates(text: str) -> list[str]:
     """The entities a text may hold, by the prefilters (the scan asks presidio only for these)."""
-    found = [e for e in ("EMAIL_ADDRESS", "CREDIT_CARD", "IP_ADDRESS") if PREFILTERS[e].search(text)]
-    if PREFILTERS["PHONE_NUMBER"].search(_DATES.sub(" ", text)):
-        found.append("PHONE_NUMBER")
-    return found
+    return [e for e in ENTITIES if PREFILTERS[e].search(text)]
+
+
+def phone_windows(text: str) -> list[tuple[int, int]]:
+    """Where phone numbers may be: each phone-shaped run with WINDOW characters either side, overlaps merged.
+    phonenumbers parses every number-like run of what it is given, eight regions each (an order number, a date:
+    about 2 ms a run), so it is given these windows, not the whole text."""
+    windows: list[tuple[int, int]] = []
+    for m in PREFILTERS["PHONE_NUMBER"].finditer(text):
+        if _NOT_PHONE.fullmatch(m.group().strip()):
+            continue
+        lo, hi = max(0, m.start() - WINDOW), min(len(text), m.end() + WINDOW)
+        if windows and lo <= windows[-1][1]:
+            windows[-1] = (windows[-1][0], hi)
+        else:
+            windows.append((lo, hi))
+    return windows
 
 
 @functools.cache
-def analyzer():
-    """presidio's AnalyzerEngine with the pattern recognisers and a no-op NLP engine (imported on first use:
-    presidio's import pulls spaCy, a few seconds)."""
+def recognizers() -> dict:
+    """presidio's pattern recognisers by the entity each finds (imported on first use: presidio's import pulls
+    spaCy, about 2 CPU seconds). Each is called directly, with no NLP engine: an AnalyzerEngine over a no-op one adds
+    about 1 ms a call (an empty spaCy Doc, context enhancement that has no tokens to use) and nothing else here."""
     import tldextract
-    from presidio_analyzer import AnalyzerEngine, RecognizerRegistry
-    from presidio_analyzer.nlp_engine import NoOpNlpEngine
-    from presidio_analyzer.predefined_recognizers import (
-        CreditCardRecognizer,
-        EmailRecognizer,
-        IpRecognizer,
-        PhoneRecognizer,
-    )
+
+    # presidio's package imports its Hugging Face NER engine, which imports transformers' pipelines (and with them
+    # torch's compiler and distributed packages: 5 of presidio's 7 CPU seconds of import) for an NER path this scan
+    # never takes. It imports them under `except ImportError`, so for the length of its import they are missing
+    # (None in sys.modules is Python's "not importable"); a process that has them already keeps them.
+    missing = "transformers.pipelines" not in sys.modules
+    if missing:
+        sys.modules["transformers.pipelines"] = None
+    try:
+        from presidio_analyzer.predefined_recognizers import (
+            CreditCardRecognizer,
+            EmailRecognizer,
+            IpRecognizer,
+            PhoneRecognizer,
+        )
+    finally:
+        if missing and sys.modules.get("transformers.pipelines", 0) is None:
+            del sys.modules["transformers.pipelines"]
 
     # the default extractor fetches the public suffix list on first use: offline that waits for a timeout
     suffixes = tldextract.TLDExtract(cache_dir=None, suffix_list_urls=())
@@ -75,27 +106,29 @@ def analyzer():
         def validate_result(self, pattern_text: str) -> bool:
             return suffixes(pattern_text).fqdn != ""
 
-    registry = RecognizerRegistry(
-        recognizers=[OfflineEmailRecognizer(), PhoneRecognizer(), CreditCardRecognizer(), IpRecognizer()],
-        supported_languages=["en"],
-    )
-    nlp = NoOpNlpEngine(models=[{"lang_code": "en", "model_name": "none"}])
-    return AnalyzerEngine(registry=registry, nlp_engine=nlp, supported_languages=["en"])
+    found = [OfflineEmailRecognizer(), PhoneRecognizer(), CreditCardRecognizer(), IpRecognizer()]
+    return {r.supported_entities[0]: r for r in found}
 
 
 Span = tuple[int, int, str]  # start, end, entity type
 
 
 def find(text: str) -> list[Span]:
-    """The personal data in a text: non-overlapping spans in order (of two that overlap, the longer is kept)."""
+    """The personal data in a text: non-overlapping spans in order (of two that overlap, the longer is kept, then
+    the likelier: an IPv4 address is also a valid phone number to phonenumbers)."""
     wanted = candidates(text)
     if not wanted:
         return []
-    results = analyzer().analyze(text, language="en", entities=wanted, score_threshold=MIN_SCORE)
+    by_entity, found = recognizers(), []
+    for entity in wanted:
+        where = phone_windows(text) if entity == "PHONE_NUMBER" else [(0, len(text))]
+        for lo, hi in where:
+            results = by_entity[entity].analyze(text[lo:hi], [entity], None)
+            found += [(lo + r.start, lo + r.end, r.entity_type, r.score) for r in results if r.score >= MIN_SCORE]
     spans: list[Span] = []
-    for r in sorted(results, key=lambda r: (r.start, -(r.end - r.start), -r.score)):
-        if not spans or r.start >= spans[-1][1]:
-            spans.append((r.start, r.end, r.entity_type))
+    for start, end, entity, _ in sorted(found, key=lambda f: (f[0], f[0] - f[1], -f[3])):
+        if not spans or start >= spans[-1][1]:
+            spans.append((start, end, entity))
     return spans
 
 
