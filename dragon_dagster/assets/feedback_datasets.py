@@ -110,7 +110,7 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
         train, held = found.rows[objective.name]
         used = found.used[objective.name]
         log_pii(context, name, found.pii)
-        scrub = redactor(pipeline.feedback.pii)  # records.json keeps each reply: redacted as the rows are
+        scrub = redactor(pipeline.feedback.pii)  # records.json keeps replies and edits: redacted as the rows are
         with store.new_artifact(pipeline.name, name, context.op_execution_context.run_id) as (tmp, final):
             tables.write_jsonl(tmp / "train.jsonl", train)
             tables.write_jsonl(tmp / "eval.jsonl", held)
@@ -118,7 +118,7 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
                 json.dumps(
                     [
                         {
-                            **{k: scrub(r.get(k)) if k == "reply" else r.get(k) for k in PROVENANCE},
+                            **{k: scrub(r.get(k)) if k in ("reply", "edited") else r.get(k) for k in PROVENANCE},
                             "skipped": check_record(r),
                         }
                         for r in found.records

@@ -49,7 +49,8 @@ PREFILTERS = {
 # address: valid to it in some regions, but the IP recogniser's, with a higher score; a card's four groups of four)
 _NOT_PHONE = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}|\d{4}([- ]?)\d{4}\1\d{4}\1\d{4}")
 WINDOW = 8  # characters either side of a phone-shaped run that phonenumbers sees (a leading +, a bracket)
-# keys whose values are never personal data (a turn's role, a tool call's name and id)
+# keys of a row's structure whose values are never personal data (a turn's role, a tool call's name and id); a tool
+# call's arguments are the caller's own keys, all scanned
 _SKIP_KEYS = frozenset({"role", "type", "name", "id", "tool_call_id", "label"})
 
 
@@ -158,6 +159,9 @@ def snippet(text: str, spans: list[Span], i: int) -> str:
     return ("…" if lo else "") + "".join(out).replace("\n", " ") + ("…" if hi < len(text) else "")
 
 
+_NONE: list[Span] = []
+
+
 class Scan:
     """One scan: every distinct text analysed once, the counts and the first findings kept."""
 
@@ -171,7 +175,7 @@ class Scan:
 
     def spans(self, text: str) -> list[Span]:
         if text not in self.cache:
-            self.cache[text] = find(text)
+            self.cache[text] = find(text) or _NONE  # one empty list for the many clean texts
         return self.cache[text]
 
     def row(self, value: Any, row: int, source: str | None = None) -> Any:
@@ -180,7 +184,7 @@ class Scan:
         self.rows += 1
         hits = 0
 
-        def visit(item: Any, field: str) -> Any:
+        def visit(item: Any, field: str, arguments: bool = False) -> Any:
             nonlocal hits
             if isinstance(item, str):
                 spans = self.spans(item)
@@ -200,9 +204,12 @@ class Scan:
                 self.redacted += len(spans)
                 return redact(item, spans)
             if isinstance(item, dict):
-                return {k: v if k in _SKIP_KEYS else visit(v, field or k) for k, v in item.items()}
+                return {
+                    k: v if k in _SKIP_KEYS and not arguments else visit(v, field or k, arguments or k == "arguments")
+                    for k, v in item.items()
+                }
             if isinstance(item, list):
-                return [visit(v, field) for v in item]
+                return [visit(v, field, arguments) for v in item]
             return item
 
         out = visit(value, "")

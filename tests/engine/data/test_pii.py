@@ -66,7 +66,7 @@ def test_tool_call_arguments_and_every_turn_are_redacted():
         "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"I am {EMAIL}"}],
         "completion": [
             {"role": "assistant", "content": "", "tool_calls": [
-                {"type": "function", "function": {"name": "lookup", "arguments": {"email": EMAIL, "n": 3}}}
+                {"type": "function", "function": {"name": "lookup", "arguments": {"name": EMAIL, "n": 3}}}
             ]}
         ],
         "tools": [{"type": "function", "function": {"name": "lookup"}}],
@@ -74,9 +74,7 @@ def test_tool_call_arguments_and_every_turn_are_redacted():
     [out], report = pii.scan_rows([row], "redact")
     assert out["prompt"][1]["content"] == "I am <EMAIL_ADDRESS>" and out["prompt"][0] == row["prompt"][0]
     call = out["completion"][0]["tool_calls"][0]["function"]
-    assert (
-        call == {"name": "lookup", "arguments": {"email": "<EMAIL_ADDRESS>", "n": 3}} and out["tools"] == row["tools"]
-    )
+    assert call == {"name": "lookup", "arguments": {"name": "<EMAIL_ADDRESS>", "n": 3}} and out["tools"] == row["tools"]
     assert report.counts == {"EMAIL_ADDRESS": 2} and report.rows_with_pii == 1
 
 
