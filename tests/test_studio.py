@@ -198,7 +198,13 @@ def studio_values(path, prompt="{device}: {issue}", response="fix", recipe="supe
         ("{device}: {issue}", "answer", {}, "answer"),  # a missing column, named
         ("{device}: {isue}", "fix", {}, "names missing column(s) ['isue']"),  # a template naming an unknown column
         ("{device}: {issue}", "fix", {"fix": [""] * 40}, "empty reply"),  # an empty response column
-        ("{device}", "fix", {"fix": [f"Reset it {i % 3}." for i in range(40)]}, "held-out rows have a prompt"),
+        # long replies shared across devices identify a row: a leak (a short shared reply would be a coincidence)
+        (
+            "{device}",
+            "fix",
+            {"fix": [f"Hold the reset button on the back for {i % 3 + 5} seconds." for i in range(40)]},
+            "held-out rows have a prompt",
+        ),
     ],
 )
 def test_a_bad_mapping_is_shown_on_the_page_and_nothing_is_written(

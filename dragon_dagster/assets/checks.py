@@ -9,9 +9,13 @@ from pathlib import Path
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetKey, asset_check
 
 from ..engine import catalog
-from ..engine.config.checks import CheckSpec
+from ..engine.config.checks import CheckOutcome, CheckSpec
 from ..engine.pipeline import Pipeline
+from ..engine.pipeline.contamination import evaluation_datasets, judge_contamination
+from ..engine.stages.evaluate.settings import Evaluate
 from ..resources import MLflowTracking
+from .asset_wiring import key as stage_key
+from .launchpad import run_settings
 from .metadata import as_metadata
 from .promotion import promote_merged
 
@@ -61,12 +65,51 @@ def _result(context, key: AssetKey, spec: CheckSpec, tracking: MLflowTracking | 
                 only_over=(f"{key.path[0]}/{Path(merged).parent.name}",),
             )
         )
+    return _check_result(outcome, metadata)
+
+
+def _check_result(outcome: CheckOutcome, metadata: dict | None = None) -> AssetCheckResult:
     return AssetCheckResult(
         passed=outcome.passed,
         severity=SEVERITY[outcome.severity],
         description=outcome.description,
-        metadata=as_metadata(metadata),
+        metadata=as_metadata(outcome.metadata if metadata is None else metadata),
     )
+
+
+def latest_path_or_none(context, key: AssetKey) -> Path | None:
+    event = context.instance.get_latest_materialization_event(key)
+    return None if event is None else Path(event.asset_materialization.metadata["artifact_dir"].value)
+
+
+def contamination_check(pipeline: Pipeline, report: Evaluate):
+    """The report's evaluation rows against the pipeline's training splits (engine/pipeline/contamination.py), as a
+    blocking check on the merged model the report measures: it runs once every dataset is made and every stage has
+    trained (a synthesized dataset exists only then), and a failure stops the report. Its settings are the report
+    stage's in this run (a profile's or the launchpad's values included)."""
+    datasets = evaluation_datasets(pipeline, report)  # the training ones among them
+    merged = pipeline.upstream(report.name)[0]
+
+    @asset_check(
+        asset=stage_key(pipeline, merged),
+        name=f"{report.name}_not_contaminated",
+        blocking=True,
+        additional_deps=[stage_key(pipeline, name) for name in datasets],
+        description=f"No row {report.name} or a training stage scores on (held-out splits, skills items) shares "
+        f"{report.contamination_ngram} words in a row with a training split of another dataset; "
+        + ("allow_contamination: true makes it a warning." if report.allow_contamination else "blocks the report."),
+    )
+    def _not_contaminated(context) -> AssetCheckResult:
+        settings = run_settings(pipeline, context.run.run_config)[report.name]
+        artifacts = {name: latest_path_or_none(context, stage_key(pipeline, name)) for name in datasets}
+        outcome = judge_contamination(pipeline, settings, artifacts)
+        context.log.info(
+            f"contamination: {outcome.metadata['evaluation_rows_checked']} evaluation rows against "
+            f"{outcome.metadata['training_rows']} training rows in {outcome.metadata['contamination_seconds']} s"
+        )
+        return _check_result(outcome)
+
+    return _not_contaminated
 
 
 def build_checks(pipeline: Pipeline) -> list:
@@ -74,4 +117,6 @@ def build_checks(pipeline: Pipeline) -> list:
     checks = []
     for stage in pipeline.stages:
         checks += asset_checks(AssetKey([pipeline.name, stage.name]), catalog.kind_of(stage).checks(stage))
+        if isinstance(stage, Evaluate):
+            checks.append(contamination_check(pipeline, stage))
     return checks

@@ -12,6 +12,7 @@ from ..engine.artifacts.manifest import (
     AdapterManifest,
     DatasetManifest,
     MixShare,
+    NearDuplicateReport,
     SourceManifest,
     SynthesisManifest,
     read_manifest,
@@ -157,7 +158,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
             prepared = prepare(settings, df)
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         train, held, dropped, duplicates = prepared.train, prepared.held, prepared.dropped, prepared.duplicates
-        leakage, quality = prepared.leakage, prepared.quality
+        leakage, quality, near = prepared.leakage, prepared.quality, prepared.near_duplicates
         log_pii(context, stage.name, prepared.pii)
         lengths = [chat_tokens(tokenizer, r) for r in prepared.rows]
         prompt_uri = register_dataset_prompt(pipeline, stage.name, getattr(settings, "system", None), tracking)
@@ -183,6 +184,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                     group_by=settings.group_by or "the user prompt",
                     system_prompt_uri=prompt_uri,
                     mixture=[MixShare(**share, read_from=where[share["source"]]) for share in prepared.mixture],
+                    near_duplicates=NearDuplicateReport(**near) if near else None,
                     pii=prepared.pii,
                     dagster_run_id=context.op_execution_context.run_id,
                 ),
@@ -201,12 +203,26 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                 **{f"dropped_{k}": v for k, v in dropped.items()},
                 **({"system_prompt": MetadataValue.text(prompt_uri)} if prompt_uri else {}),
                 **({"mixture": md_table(prepared.mixture)} if prepared.mixture else {}),
+                **(near_duplicate_metadata(near) if near else {}),
                 **{f"share_{m['source']}": m["share"] for m in prepared.mixture},  # plotted run over run
                 **pii_metadata(prepared.pii),
             },
         )
 
     return _dataset
+
+
+def near_duplicate_metadata(near: dict) -> dict:
+    """The near-duplicate search on the asset page: its counts plotted run over run, a few clusters' prompts."""
+    return {
+        "near_duplicate_clusters": near["clusters"],
+        "near_duplicate_rows": near["rows_in_clusters"],
+        "near_duplicates_dropped": near["dropped"],
+        "near_duplicate_seconds": near["seconds"],
+        "near_duplicate_examples": md_table(
+            [{"cluster": k + 1, "prompt": text} for k, texts in enumerate(near["examples"]) for text in texts]
+        ),
+    }
 
 
 def synthesis_asset(pipeline: Pipeline, stage: Stage):
@@ -243,6 +259,7 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
         student = read_manifest(inputs["student"], AdapterManifest) if "student" in inputs else None
         job_inputs = SynthesisInputs(
             prompts_file=str(Path(inputs["dataset"]) / "train.jsonl"),
+            held_out_file=str(Path(inputs["dataset"]) / "eval.jsonl"),
             model=student.resolved_model if student else None,
             adapters=student.chain if student else [],
         )

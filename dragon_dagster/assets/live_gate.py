@@ -100,15 +100,17 @@ def live_gate_tick(
     live = pipeline.feedback.gate.live
     client = tracking.client()
     name = pipeline.name
-    records = ratings(pipeline, store, tracking)
-    newest = max((r["id"] for r in records), default=0)
-    rates = live_rates(records, name)
+    # the newest id first (a primary key's last entry): a look with nothing new reads no rating, however many the
+    # store holds (every rating at a million records: seconds, on every tick; benchmarks/feedback_scale.py)
+    newest = feedback_records(pipeline, store, tracking).max_id()
     champion = alias_version(client, name, CHAMPION)
     challenger = alias_version(client, name, CHALLENGER)
     tags = client.get_model_version(name, challenger).tags if challenger else {}
     seen = f"{newest}:{champion}:{challenger}:{tags.get(GATE_TAG)}"
     if cursor is not None and cursor.split("|", 1)[0] == seen:  # nothing new since the last look
         return cursor.split("|", 1)[1], cursor, []
+    records = [r for r in ratings(pipeline, store, tracking) if r["id"] <= newest]  # as of `newest`
+    rates = live_rates(records, name)
     publish_rates(client, name, rates, newest)
     decision: LiveDecision | None = None
     if challenger is None or tags.get(GATE_TAG) != WAITING:

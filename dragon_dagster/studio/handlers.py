@@ -21,6 +21,7 @@ import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from ..engine.artifacts import progress  # noqa: E402
+from ..engine.data.checks import blocking_overlap  # noqa: E402
 from ..engine.evaluate.plots import plot_stages  # noqa: E402
 from ..engine.pipeline import load  # noqa: E402
 from ..engine.pipeline.draft import Draft, DraftError, LeakError, Mapping, Recipe, draft, read_data, render, write  # noqa: E402
@@ -49,10 +50,8 @@ def said(exc: Exception, path: str | None) -> str:
 
 
 def overlap_line(figures: dict) -> str:
-    return (
-        f"held-out prompts also in train: **{figures['prompt_overlap']:.0%}**, answers: "
-        f"**{figures['answer_overlap']:.0%}**"
-    )
+    prompts, answers = blocking_overlap(figures)  # what the leak check judges: near-copies, identifying answers
+    return f"held-out prompts also in train: **{prompts:.0%}**, answers: **{answers:.0%}**"
 
 
 @dataclass
@@ -162,7 +161,7 @@ class Studio:
         except (DraftError, ValueError) as exc:
             return None, "", "", "", said(exc, values[0])
         figures = made.figures
-        leaking = figures["prompt_overlap"] or figures["answer_overlap"]
+        leaking = any(blocking_overlap(figures))
         allowed = " (allowed: 'Allow leakage' is ticked)" if leaking else ""
         lines = [
             f"**{figures['train_rows']}** training rows, **{figures['eval_rows']}** held out "

@@ -254,3 +254,26 @@ def test_a_50_50_split_rated_by_version_moves_the_liked_rates_and_the_live_gate(
         assert {server.answered_by(u)[1] for u in first_champion_users} == {f"tiny/{three}"}
     finally:
         server.stop()
+
+
+def test_a_look_with_no_new_rating_reads_none(tiny_model, tmp_path, monkeypatch):
+    """The live gate sensor asks the store for its newest id first: a tick with no new record and the same aliases
+    reads no rating at all (at a million records every rating is seconds, on every 30-second tick); a new record
+    makes the next tick read them and show the new counts."""
+    from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
+
+    live = Live(tiny_model, tmp_path)
+    live.load()
+    live.register()
+    store = live.store.feedback_store("tiny")
+    for verdict in ("up", "down", "up"):
+        store.record("c", [{"role": "user", "content": "q"}], "a", verdict, model="models:/tiny/1")
+    reads = []
+    read = SQLiteFeedbackStore.ratings
+    monkeypatch.setattr(SQLiteFeedbackStore, "ratings", lambda self, *a, **kw: reads.append(1) or read(self, *a, **kw))
+    first = live.tick()
+    assert len(reads) == 1 and len(first.asset_events) == 1
+    assert live.tick().asset_events == [] and len(reads) == 1  # nothing new: no rating read
+    store.record("c", [{"role": "user", "content": "q"}], "a", "up", model="models:/tiny/1")
+    assert len(live.tick().asset_events) == 1 and len(reads) == 2
+    assert live.tags("1")["live_rated"] == "4" and live.tags("1")["live_liked"] == "3"

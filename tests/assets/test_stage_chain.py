@@ -91,6 +91,20 @@ def test_every_stage_materializes_and_chains(chain):
     assert {"kl_within_bound", "groups_have_reward_variance", "format_not_rising_while_accuracy_falls"} <= checks
 
 
+def test_the_dpo_stage_scores_pairs_nothing_trained_on_and_the_contamination_check_passes(chain):
+    """preference_pairs holds out pairs made from sft_dataset's held-out tickets, not from those SFT trained on
+    (whose chosen reply is the SFT target), so the report's contamination check finds nothing."""
+    art = chain["outcome"]["artifacts"]
+    held_pairs = [json.loads(x) for x in (Path(art["preference_pairs"]) / "eval.jsonl").read_text().splitlines()]
+    sft_held = [json.loads(x) for x in (Path(art["sft_dataset"]) / "eval.jsonl").read_text().splitlines()]
+    assert held_pairs and {p["prompt"][-1]["content"] for p in held_pairs} <= {
+        r["prompt"][-1]["content"] for r in sft_held
+    }
+    [check] = [c for c in chain["outcome"]["checks"] if c["name"] == "evaluation_report_not_contaminated"]
+    assert check["passed"] and check["asset"] == "chain/merged_model", check["description"]
+    assert chain["outcome"]["report"] is not None
+
+
 def test_preference_pairs_come_from_the_students_samples(chain):
     art = Path(chain["outcome"]["artifacts"]["preference_pairs"])
     result = manifest_of(art)["result"]

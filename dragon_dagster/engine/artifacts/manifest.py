@@ -93,6 +93,22 @@ class MixShare(BaseModel):
     read_from: str | None = None  # its source snapshot's directory, or the file it was read from
 
 
+class NearDuplicateReport(BaseModel):
+    """The near-duplicate prompts a dataset stage found (engine/data/near_dups.py): clusters of two rows or more,
+    the rows in them, the largest's size, the rows dedupe: near dropped, a few clusters' prompts (largest first),
+    the search's seconds and its settings."""
+
+    clusters: int
+    rows_in_clusters: int
+    largest: int = 0
+    dropped: int = 0
+    examples: list[list[str]] = Field(default_factory=list)
+    seconds: float = 0.0
+    threshold: float | None = None
+    ngram: int | None = None
+    num_perm: int | None = None
+
+
 class PiiFinding(BaseModel):
     """One piece of personal data found: where (the table row, 0-based, or the feedback record's id; the source of
     a mixture; the row's field) and what, in a snippet with the data masked (letters x, digits 9), never in full."""
@@ -120,7 +136,13 @@ class PiiReport(BaseModel):
 
 
 class DatasetManifest(ArtifactManifest):
-    """A dataset stage's rows: train.jsonl and eval.jsonl. kind: the stage's kind (chat_dataset, ...)."""
+    """A dataset stage's rows: train.jsonl and eval.jsonl. kind: the stage's kind (chat_dataset, ...).
+
+    The leak between the sides, as shares of the held-out rows: prompt_overlap and answer_overlap count prompts
+    and answers repeated word for word in train (as they always have); near_prompt_overlap also counts prompts
+    that are near-copies of a training prompt, identifying_answer_overlap only the repeated answers that identify
+    a row (long enough to be memorised, or with a (near-)repeated prompt). Those two are None in a manifest written
+    before them, and the leak check then judges the word-for-word figures."""
 
     kind: str
     source: str
@@ -132,6 +154,9 @@ class DatasetManifest(ArtifactManifest):
     duplicates_dropped: int = 0
     prompt_overlap: float = 0.0
     answer_overlap: float = 0.0
+    near_prompt_overlap: float | None = None
+    identifying_answer_overlap: float | None = None
+    near_duplicates: NearDuplicateReport | None = None  # None: the search was off (or predates this field)
     group_by: str | None = None
     system_prompt_uri: str | None = None  # the pipeline's system prompt in the Prompt Registry, if this is its dataset
     mixture: list[MixShare] = Field(default_factory=list)  # a mixture's sources as realised (empty: one source)

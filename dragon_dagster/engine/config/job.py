@@ -128,6 +128,9 @@ class SynthesisInputs(ModelInputs):
     """Rows made by models: the prompts (and reference replies) to start from, and the student, if any."""
 
     prompts_file: JobPath
+    # the source's held-out rows: a stage that holds out rows of its own draws them from here, so what it scores on
+    # was not trained on by the stages before it (None: hold out from prompts_file's rows)
+    held_out_file: JobPath | None = None
 
 
 S = TypeVar("S", bound=BaseModel)

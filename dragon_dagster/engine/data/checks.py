@@ -8,12 +8,14 @@ from pathlib import Path
 
 from ..artifacts.manifest import DatasetManifest, PiiReport, read_manifest
 from ..config.checks import CheckOutcome, CheckSpec
+from .holdout import IDENTIFYING_ANSWER_WORDS
 from .row_parts import quality
 from .tables import read_jsonl
 
 MAX_DUPLICATE_SHARE = 0.2
-# Held-out rows whose prompt or answer also appears word for word in train measure recall, not generalization.
-# After exact duplicates are dropped any overlap is a leak, so the bound is 0.
+# Held-out rows whose prompt repeats a training prompt (word for word or nearly), or whose answer repeats one that
+# identifies a training row, measure recall, not generalization. Any such row is a leak, so the bound is 0. A short
+# answer two different rows happen to share is a coincidence: reported, never blocking (holdout.overlap).
 MAX_OVERLAP = 0.0
 
 
@@ -59,14 +61,26 @@ def quality_check() -> CheckSpec:
 LEAK_FIX = "Set group_by to a column that keeps related rows together, or allow_leakage: true."
 
 
+def blocking_overlap(leakage) -> tuple[float, float]:
+    """The shares the leak check judges, from holdout.overlap's figures or a manifest: held-out prompts that
+    repeat a training prompt word for word or nearly, and answers that identify a training row. Figures from
+    before near-duplicates (no such keys, or None) judge the word-for-word shares."""
+    get = leakage.get if isinstance(leakage, dict) else lambda key: getattr(leakage, key, None)
+    prompt, answer = get("near_prompt_overlap"), get("identifying_answer_overlap")
+    return (get("prompt_overlap") if prompt is None else prompt, get("answer_overlap") if answer is None else answer)
+
+
 def leak_problem(prompt: float, answer: float, answers_count: bool = True, fix: str = LEAK_FIX) -> str | None:
-    """What is wrong with a split whose held-out rows repeat train (shares of prompts and answers), and the fix
-    (in the words of where the settings are made: the YAML's keys by default); None when nothing leaks."""
+    """What is wrong with a split whose held-out rows repeat train (blocking_overlap's shares of prompts and
+    answers), and the fix (in the words of where the settings are made: the YAML's keys by default); None when
+    nothing leaks."""
     if not (prompt > MAX_OVERLAP or (answers_count and answer > MAX_OVERLAP)):
         return None
     return (
-        f"{prompt:.0%} of the held-out rows have a prompt and {answer:.0%} an answer that also "
-        f"appear in train: held-out figures would measure recall. {fix}"
+        f"{prompt:.0%} of the held-out rows have a prompt that also appears in train (word for word or as a "
+        f"near-copy) and {answer:.0%} an answer that identifies a training row (repeated word for word, "
+        f"{IDENTIFYING_ANSWER_WORDS} words or more or with a near-copy of its prompt): held-out figures would "
+        f"measure recall. {fix}"
     )
 
 
@@ -74,30 +88,38 @@ def leakage_check(allow_leakage: bool, answers_count: bool) -> CheckSpec:
     """Blocking: the held-out rows share no prompt (nor, where answers are text trained on, answer) with train. A
     prompt dataset's reference answers (a number, a label) repeat across different prompts by nature and are never
     trained on as text, so its answer overlap is reported but does not fail the check."""
-    figures = "prompt_overlap" + (" or answer_overlap" if answers_count else "")
+    figures = "prompt (word for word or a near-copy)" + (
+        " or identifying answer (repeated word for word: long, or with its prompt)" if answers_count else ""
+    )
 
     def judge(artifact: Path) -> CheckOutcome:
         manifest = read_manifest(artifact, DatasetManifest)
-        prompt, answer = manifest.prompt_overlap, manifest.answer_overlap
+        prompt, answer = blocking_overlap(manifest)
         description = leak_problem(prompt, answer, answers_count)
         leaking = description is not None
+        near = manifest.near_duplicates
         return CheckOutcome(
             passed=not leaking,
             description=description,
             severity="warn" if allow_leakage else "error",
             metadata={
-                "prompt_overlap": prompt,
-                "answer_overlap": answer,
+                "prompt_overlap": manifest.prompt_overlap,
+                "near_prompt_overlap": prompt,
+                "answer_overlap": manifest.answer_overlap,
+                "identifying_answer_overlap": answer,
+                # repeated short answers with unrelated prompts: shown, not judged
+                "coincidental_answer_overlap": round(max(0.0, manifest.answer_overlap - answer), 4),
                 "max_overlap": MAX_OVERLAP,
                 "answer_overlap_counts": answers_count,
                 "allow_leakage": allow_leakage,
                 "duplicates_dropped": manifest.duplicates_dropped,
+                **({"near_duplicate_clusters": near.clusters} if near else {}),
             },
         )
 
     return CheckSpec(
         "held_out_not_leaking",
-        f"No held-out row's {figures.replace('_overlap', '')} also appears in train (overlap above {MAX_OVERLAP}); "
+        f"No held-out row's {figures} also appears in train (overlap above {MAX_OVERLAP}); "
         + ("allow_leakage: true makes it a warning." if allow_leakage else "blocks the stages after it."),
         judge,
         blocking=True,

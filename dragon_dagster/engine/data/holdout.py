@@ -95,14 +95,33 @@ def group_values(df: pd.DataFrame, spec: str) -> list[str]:
     return [render(spec, record) for record in df.to_dict(orient="records")]
 
 
-def overlap(train: list[dict], held: list[dict]) -> dict[str, float]:
-    """Leakage between the sides: the share of held-out rows whose user prompt text appears word for word in
-    train (prompt_overlap), and the share whose reply or reference does (answer_overlap; empty answers never
-    count). 0.0 when nothing is held out."""
+# An answer of this many words or more, repeated word for word between the sides, identifies a row: a model can
+# have memorised it. A shorter one ("Shipping costs 22.50 EUR.") may be two different rows that happen to answer
+# alike, and leaks only when its prompt also (nearly) repeats a training prompt.
+IDENTIFYING_ANSWER_WORDS = 8
+
+
+def overlap(train: list[dict], held: list[dict], near_prompts: list[bool] | None = None) -> dict[str, float]:
+    """Leakage between the sides, as shares of the held-out rows (0.0 when nothing is held out):
+
+    - prompt_overlap: the user prompt appears word for word in train;
+    - near_prompt_overlap: it does, or it is a near-copy of a training prompt (near_prompts: one flag per held-out
+      row, from the near-duplicate search; without it, as prompt_overlap);
+    - answer_overlap: the reply or reference appears word for word in train (empty answers never count);
+    - identifying_answer_overlap: of those, the answers that identify a row: IDENTIFYING_ANSWER_WORDS words or
+      more, or with a prompt that (nearly) repeats a training one. The rest are coincidences.
+    """
+    keys = ("prompt_overlap", "near_prompt_overlap", "answer_overlap", "identifying_answer_overlap")
     if not held:
-        return {"prompt_overlap": 0.0, "answer_overlap": 0.0}
+        return dict.fromkeys(keys, 0.0)
     prompts = {user_text(r) for r in train}
     answers = {a for a in (answer_text(r) for r in train) if a.strip()}
-    prompt_hits = sum(user_text(r) in prompts for r in held)
-    answer_hits = sum(bool(answer_text(r).strip()) and answer_text(r) in answers for r in held)
-    return {"prompt_overlap": round(prompt_hits / len(held), 4), "answer_overlap": round(answer_hits / len(held), 4)}
+    exact = [user_text(r) in prompts for r in held]
+    near = [e or bool(n) for e, n in zip(exact, near_prompts or exact, strict=True)]
+    repeated = [bool(answer_text(r).strip()) and answer_text(r) in answers for r in held]
+    identifying = [
+        rep and (nr or len(answer_text(r).split()) >= IDENTIFYING_ANSWER_WORDS)
+        for r, rep, nr in zip(held, repeated, near, strict=True)
+    ]
+    counts = (sum(exact), sum(near), sum(repeated), sum(identifying))
+    return {key: round(count / len(held), 4) for key, count in zip(keys, counts, strict=True)}

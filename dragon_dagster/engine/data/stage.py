@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..config.checks import CheckSpec
 from ..config.stage import Stage
 from .checks import leakage_check, pii_check, quality_check
 from .errors import DataError
 from .mixture import MixSource, StoppingStrategy
+from .near_dups import NearDuplicates
 from .pii import PiiMode
 from .row_mapping import render, template_fields
 from .tables import read_table
@@ -62,10 +63,18 @@ class DatasetStage(Stage):
     system: str | None = Field(None, description="System prompt: text or a template such as '{persona}'.")
     eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of rows held out for evaluation, in [0, 1).")
     seed: int = Field(42, description="Seed of the held-out split (and of a mixture's draw).")
-    dedupe: bool = Field(
-        True,
-        description="Drop exact duplicate rows (same prompt turns and same reply or answer) "
-        "before the split; the count is in the asset's metadata.",
+    dedupe: Literal["exact", "near", "off"] = Field(
+        "exact",
+        description="Drop duplicate rows before the split. exact (or true), the default: rows with the same "
+        "prompt turns and the same reply or answer. near: those, then all but the first row of each cluster of "
+        "near-duplicate prompts (near_duplicates; rows asking nearly the same thing with other replies go too). "
+        "off (or false): keep every row. The counts are in the asset's metadata.",
+    )
+    near_duplicates: NearDuplicates = Field(
+        default_factory=NearDuplicates,
+        description="The search for near-duplicate user prompts (MinHash LSH over word n-grams): its clusters "
+        "are in the manifest and the asset's metadata; without group_by each stays on one side of the split; "
+        "the leak check counts held-out prompts that nearly repeat a training one.",
     )
     group_by: str | None = Field(
         None,
@@ -88,6 +97,28 @@ class DatasetStage(Stage):
         "before duplicates are dropped and rows held out, every row kept. block: the check fails as an ERROR "
         "naming the rows, which stops the stages after this one.",
     )
+
+    @field_validator("dedupe", mode="before")
+    @classmethod
+    def _dedupe_words(cls, value):
+        """true and false, as dedupe was a switch before near-duplicates: exact and off."""
+        if isinstance(value, bool):
+            return "exact" if value else "off"
+        if value not in ("exact", "near", "off"):
+            raise ValueError(
+                f"dedupe must be exact (or true: drop rows repeated word for word), near (near-duplicate prompts "
+                f"too) or off (or false), not {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _near_needs_the_search(self):
+        if self.dedupe == "near" and not self.near_duplicates.find:
+            raise ValueError(
+                f"dataset stage {self.name!r}: dedupe: near drops the near-duplicates the search finds, and "
+                "near_duplicates.find is false: set it true, or dedupe: exact"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_origin(self):

@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError
 from .. import catalog, models
 from ..config.settings import NAME_PATTERN, Settings
 from ..data import errors, row_parts, tables
-from ..data.checks import leak_problem, quality_reason
+from ..data.checks import blocking_overlap, leak_problem, quality_reason
 from ..data.prepare import prepare
 from ..rewards import REWARD_TYPES
 from .loading import load
@@ -265,8 +265,7 @@ def _check(stage: dict, df):
     q = prepared.quality
     if q["rows"] == 0 or q["empty_prompts"] or q["empty_replies"]:
         raise DraftError(f"{stage['name']}: {quality_reason(q)}")
-    overlap = prepared.leakage["prompt_overlap"], prepared.leakage["answer_overlap"]
-    leak = leak_problem(*overlap, answers_count=settings.answers_are_text, fix=PAGE_LEAK_FIX)
+    leak = leak_problem(*blocking_overlap(prepared.leakage), answers_count=settings.answers_are_text, fix=PAGE_LEAK_FIX)
     if leak and not settings.allow_leakage:
         raise LeakError(f"{stage['name']}: {leak}", _figures(prepared))
     return settings, prepared

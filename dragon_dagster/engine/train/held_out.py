@@ -81,7 +81,9 @@ def kept_adapter(trainer, args: TrainArgs) -> KeptAdapter | None:
     metric = args.best_metric()
     key = metric if metric.startswith("eval_") else f"eval_{metric}"
     evaluations = [e for e in state.log_history if key in e and "step" in e]
-    stopper = next((c for c in trainer.callback_handler.callbacks if type(c).__name__ == "EarlyStoppingCallback"), None)
+    from transformers import EarlyStoppingCallback
+
+    stopper = next((c for c in trainer.callback_handler.callbacks if isinstance(c, EarlyStoppingCallback)), None)
     stopped = bool(
         stopper
         and stopper.early_stopping_patience_counter >= stopper.early_stopping_patience

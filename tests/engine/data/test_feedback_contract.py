@@ -22,6 +22,7 @@ import psycopg
 import pytest
 
 from dragon_dagster.engine.data.conversations import conversation_row
+from dragon_dagster.engine.data.feedback import sql
 from dragon_dagster.engine.data.feedback.postgres import PostgresFeedbackStore
 from dragon_dagster.engine.data.feedback.records import MAX_MESSAGE_CHARS, SCHEMA_VERSION
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
@@ -211,6 +212,34 @@ def test_turns_are_stored_once_per_conversation(backend):
     assert rows[-1]["turns"] == history[:2] and rows[-1]["turns_id"] == rows[0]["turns_id"]
     assert [r["id"] for r in store.records(after_id=5, up_to_id=7)] == [6, 7]
     assert store.records(after_id=5, up_to_id=7)[1]["turns"] == rows[6]["turns"]
+
+
+def test_records_are_read_in_pages_each_once_and_in_order(backend, monkeypatch):
+    """Keyset pagination (id > the last id of the page before, ORDER BY id LIMIT size): across page boundaries,
+    with a range's bounds inside a page or on its edge, every record comes once, in id order, with turns whose
+    shared prefix was read by an earlier page; records() and ratings() read that way give what one read gives."""
+    store = backend.open()
+    history, ids = turns("opening"), []
+    for i in range(7):  # one conversation growing (each record's turns extend the one before) and another
+        ids.append(store.record(f"c{i % 2}", history, f"r{i}", "up" if i % 3 else "down"))
+        history = history + [{"role": "assistant", "content": f"r{i}"}, {"role": "user", "content": f"q{i}"}]
+    whole = store.records()
+    assert [r["id"] for r in whole] == ids and len(whole[-1]["turns"]) == 13
+    pages = list(store.pages(size=3))
+    assert [[r["id"] for r in page] for page in pages] == [ids[0:3], ids[3:6], ids[6:]]
+    assert [r for page in pages for r in page] == whole
+    in_range = list(store.pages(after_id=ids[1], up_to_id=ids[5], size=2))  # the last page ends on the bound
+    assert [[r["id"] for r in page] for page in in_range] == [ids[2:4], ids[4:6]]
+    assert [[r["id"] for r in page] for page in store.pages(after_id=ids[0], up_to_id=ids[4], size=3)] == [
+        ids[1:4],
+        ids[4:5],
+    ]
+    assert list(store.pages(after_id=ids[-1])) == []
+    monkeypatch.setattr(sql, "PAGE", 2)
+    monkeypatch.setattr(sql, "RATINGS_PAGE", 2)
+    assert store.records() == whole and store.records(after_id=ids[2], up_to_id=ids[5]) == whole[3:6]
+    assert [r["id"] for r in store.ratings(after_id=ids[0])] == ids[1:]
+    assert [r["verdict"] for r in store.ratings()] == [r["verdict"] for r in whole]
 
 
 def test_store_records_feed_the_datasets(backend):

@@ -4,6 +4,7 @@ and a wrong URL as one clear error. What both backends do is in test_feedback_co
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -11,6 +12,7 @@ import psycopg
 import pytest
 
 from dragon_dagster.engine.data.feedback.postgres import PostgresFeedbackStore, StoreUnreachable
+from dragon_dagster.engine.data.feedback.records import SCHEMA_VERSION
 from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 from dragon_dagster.engine.text.uris import without_password
 from dragon_dagster.resources import ArtifactStore
@@ -128,3 +130,72 @@ def test_a_chat_with_a_wrong_store_url_stops_before_it_starts(url, postgres, mon
         assert out.exit_code == 1, out.output
         assert "$DRAGON_FEEDBACK_URL" in out.output and "password authentication failed" in out.output
         assert "wrong-pw-77" not in out.output and "Traceback" not in out.output
+
+
+def test_a_version_5_store_opens_at_the_current_version_with_its_records(url):
+    """A store the code before version 6 made opens with its records and is marked with the current version (the
+    primary key already serves the reads by id range here: nothing else to build)."""
+    store = PostgresFeedbackStore(url, "support")
+    ids = [store.record(f"c{i}", turns("q", "a", f"q{i}"), f"r{i}", "up") for i in range(3)]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE feedback_support.schema_version SET version = 5")
+    reopened = PostgresFeedbackStore(url, "support")
+    assert reopened.count(after_id=ids[0]) == 2 and [r["id"] for r in reopened.records()] == ids
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT version FROM feedback_support.schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    assert SCHEMA_VERSION == 6
+
+
+def test_the_sensor_the_chat_and_a_page_read_use_an_index_not_a_sequential_scan(url):
+    """The statements the store runs for the retraining sensor's tick (count after the last retraining, the newest
+    id), a chat's write of a rating and a page of records(), as PostgreSQL plans them on a store of 20,000
+    records (bulk-inserted, then analyzed, so the planner prices them as a grown store): each reads `feedback`
+    and `messages` through an index condition (a primary key or unique range or lookup), never a scan of the
+    whole table or index, so none slows with the store's size. (A page's messages read by a recursive join were
+    planned as a hash join scanning all of `messages` at every level.)"""
+    seen: list[tuple] = []
+
+    class Traced(psycopg.Connection):
+        def execute(self, query, params=None, **kwargs):
+            if isinstance(query, str) and query.lstrip().upper().startswith(("SELECT", "WITH")):
+                seen.append((query, params))
+            return super().execute(query, params, **kwargs)
+
+    store = PostgresFeedbackStore(url, "support")
+    store.check()
+    with _search_path(psycopg.connect(url, autocommit=True)) as conn:  # conversations of four messages
+        conn.execute(
+            "INSERT INTO messages (id, parent, role, content, digest) SELECT g, CASE WHEN g % 4 = 1 THEN 0 ELSE "
+            "g - 1 END, CASE WHEN g % 2 = 1 THEN 'user' ELSE 'assistant' END, 'text ' || g, md5(g::text) "
+            "FROM generate_series(1, 40000) g"
+        )
+        conn.execute("SELECT setval(pg_get_serial_sequence('messages', 'id'), 40000)")
+        conn.execute(
+            "INSERT INTO feedback (id, conversation_id, turns_id, reply, verdict, model, created) SELECT g, "
+            "'c' || (g / 2), 2 * g - 1, 'reply ' || g, 'up', 'm', '2026-01-01' FROM generate_series(1, 20000) g"
+        )
+        conn.execute("VACUUM ANALYZE messages")
+        conn.execute("VACUUM ANALYZE feedback")
+    store._connect = lambda: _search_path(Traced.connect(url, autocommit=True))
+    store._drop_connection()
+    store.count(after_id=19_000)
+    store.max_id()
+    store.record("c0", turns("q", "a", "q9"), "r9", "down", key="k1", replace=True)
+    [page] = list(store.pages(after_id=18_000, up_to_id=19_000, size=1000))
+    assert len(page) == 1000 and page[0]["turns"] == turns("text 36001")
+    assert page[1]["turns"] == turns("text 36001", "text 36002", "text 36003")
+    queries = [(q, p) for q, p in seen if "pg_advisory" not in q]
+    assert len(queries) >= 6
+    with _search_path(psycopg.connect(url, autocommit=True)) as conn:
+        for query, params in queries:
+            plan = [row[0] for row in conn.execute(f"EXPLAIN {query}", params).fetchall()]
+            text = "\n".join(plan)
+            assert not re.search(r"Seq Scan on (feedback|messages)\b", text), f"{query}\n{text}"
+            for i, line in enumerate(plan):  # an index scan with no condition would read the whole index
+                if re.search(r"Index (Only )?Scan( Backward)? using \w+ on (feedback|messages)\b", line):
+                    assert any("Index Cond" in x for x in plan[i + 1 : i + 3]), f"{query}\n{text}"
+
+
+def _search_path(conn):
+    conn.execute("SET search_path TO feedback_support")
+    return conn

@@ -39,7 +39,7 @@ def test_the_file_is_wal_with_full_sync_and_the_current_layout(tmp_path, monkeyp
     with sqlite3.connect(store.path) as conn:
         columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
         message_columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
     assert columns == {
         "id",
@@ -182,5 +182,69 @@ def test_a_version_3_store_gets_the_trace_id_column_and_keeps_its_records(tmp_pa
     assert old["trace_id"] is None and old["reply"] == "r"
     new = store.record("c", turns("q"), "r2", "down", trace_id="tr-123")
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
     assert [(r["id"], r["trace_id"]) for r in store.records()] == [(old["id"], None), (new, "tr-123")]
+
+
+def test_a_version_5_store_gains_the_ids_index_and_keeps_its_records(tmp_path):
+    """A store the code before version 6 made (its layout exactly: no `feedback_ids`, user_version 5) opens, gains
+    the index the sensor's count runs on, and reads and writes as before."""
+    path = tmp_path / "f.sqlite"
+    store = SQLiteFeedbackStore(path)
+    first = [store.record(f"c{i}", turns("q", "a", f"q{i}"), f"r{i}", "up") for i in range(3)]
+    with sqlite3.connect(path) as conn:  # what version 5 left
+        conn.execute("DROP INDEX feedback_ids")
+        conn.execute("PRAGMA user_version = 5")
+    before = store.records()
+
+    def indexes():
+        with closing(sqlite3.connect(path)) as conn:
+            return {row[1] for row in conn.execute("PRAGMA index_list(feedback)")}
+
+    assert "feedback_ids" not in indexes()
+    reopened = SQLiteFeedbackStore(path)
+    assert reopened.count(after_id=first[0]) == 2  # the first use upgrades
+    assert "feedback_ids" in indexes() and "feedback_record_key" in indexes()
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 6
+    assert reopened.records() == before
+    assert reopened.record("c9", turns("q"), "r", "up") == first[-1] + 1
+
+
+def _traced(store: SQLiteFeedbackStore) -> list[str]:
+    """The statements the store runs from now on (as SQLite expands them, with their values)."""
+    seen: list[str] = []
+    connect = store._connect
+
+    def traced():
+        conn = connect()
+        conn.set_trace_callback(seen.append)
+        return conn
+
+    store._connect = traced
+    return seen
+
+
+def test_the_sensor_the_chat_and_a_page_read_search_indexes_and_never_scan_a_table(tmp_path):
+    """What the retraining sensor asks on every tick (count after the last retraining, the newest id), what the
+    chat's write of a rating asks (its key, its turns' prefix) and a page of records() each search an index, as
+    SQLite plans the very statements the store ran: none scans `feedback` or `messages`, so none slows with the
+    store's size. The count runs on the id index alone (a covering index, not the rows with their texts)."""
+    path = tmp_path / "f.sqlite"
+    store = SQLiteFeedbackStore(path)
+    for i in range(6):
+        store.record(f"c{i % 2}", turns("q", "a", f"q{i}"), f"r{i}", "up")
+    seen = _traced(store)
+    store.count(after_id=3)
+    store.max_id()
+    store.record("c0", turns("q", "a", "q9"), "r9", "down", key="k1", replace=True)
+    list(store.pages(after_id=1, up_to_id=5, size=2))
+    queries = [q for q in seen if q.lstrip().upper().startswith(("SELECT", "WITH"))]
+    assert len(queries) >= 6
+    with closing(sqlite3.connect(path)) as conn:
+        plans = {q: [row[-1] for row in conn.execute(f"EXPLAIN QUERY PLAN {q}")] for q in queries}
+    for query, plan in plans.items():
+        scans = [step for step in plan if step.startswith("SCAN") and step.split()[1] in ("feedback", "messages")]
+        assert not scans, f"{query} scans a table: {plan}"
+    [count] = [plan for q, plan in plans.items() if q.startswith("SELECT COUNT(*) FROM feedback")]
+    assert count == ["SEARCH feedback USING COVERING INDEX feedback_ids (id>?)"]

@@ -34,9 +34,10 @@ COUNTRIES = [
 
 
 def paraphrased_csv(path: Path) -> Path:
-    """Each country asked two ways with the same answer, and the first 5 rows repeated word for word."""
+    """Each country asked two ways with the same answer, and the first 5 rows repeated word for word. The answer is
+    long enough to identify its row (holdout.IDENTIFYING_ANSWER_WORDS): held out, it is a leak, not a coincidence."""
     rows = [
-        {"question": q.format(c), "answer": f"Capital of {c}", "country": c}
+        {"question": q.format(c), "answer": f"The capital of {c} is the seat of its government.", "country": c}
         for c in COUNTRIES
         for q in ("What is the capital of {}?", "Name the capital city of {}.")
     ]
@@ -68,7 +69,7 @@ def test_duplicates_dropped_and_overlap_measured(tmp_path):
     leak = holdout.overlap(train, held)
     assert leak["prompt_overlap"] == 0.0 and leak["answer_overlap"] > 0.5  # paraphrases share the answer
     train, held = holdout.split_rows(kept, 0.2, 42, holdout.group_values(df, "{country}")[:30])
-    assert holdout.overlap(train, held) == {"prompt_overlap": 0.0, "answer_overlap": 0.0}
+    assert set(holdout.overlap(train, held).values()) == {0.0}
 
 
 def test_metric_defaults_follow_the_references_and_names_are_checked():

@@ -175,7 +175,8 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
     assert defaults("sft_dataset") == {
         "eval_frac": 0.05,
         "seed": 42,
-        "dedupe": True,
+        "dedupe": "exact",
+        "near_duplicates": {"find": True, "threshold": 0.8, "ngram": 3, "num_perm": 128},  # nested, per run too
         "allow_leakage": False,
         "layout": "auto",
         "stopping_strategy": "first_exhausted",  # a mixture's (sources:), per run too

@@ -79,7 +79,13 @@ def test_a_csv_mapped_by_template_becomes_a_component_that_loads_and_checks(tmp_
         ("{device}: {issue}", "answer", table(), "answer"),  # a missing column, named
         ("{device}: {isue}", "fix", table(), "isue"),  # a template naming an unknown column
         ("{device}: {issue}", "fix", table(fix=[""] * 40), "empty reply"),  # an empty response column
-        ("{device}", "fix", table(fix=[f"Reset it {i % 3}." for i in range(40)]), "held-out rows have a prompt"),
+        # three long replies shared across devices: an answer that identifies a row leaks (a short one would not)
+        (
+            "{device}",
+            "fix",
+            table(fix=[f"Hold the reset button on the back for {i % 3 + 5} seconds." for i in range(40)]),
+            "held-out rows have a prompt",
+        ),
     ],
 )
 def test_a_bad_mapping_is_named_and_nothing_is_written(tmp_path, tiny_model, prompt, response, frame, problem):

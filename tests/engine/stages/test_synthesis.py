@@ -216,3 +216,43 @@ def test_pairs_with_equal_replies_are_counted_and_missing_columns_named():
         row_mapping.map_pairs(
             df.assign(bad=df["good"]), row_mapping.PairsMapping(prompt="q", chosen="good", rejected="bad")
         )
+
+
+def test_pairs_are_held_out_from_the_source_held_out_rows_never_from_rows_trained_on(chatty_model, tmp_path):
+    """A reference pair's chosen reply is the SFT target of its prompt: pairs held out from the SFT dataset's
+    training rows would score what the SFT stage trained on. With the source's held-out rows given, the held-out
+    pairs are made from them and the training pairs from the training rows only."""
+    trained, held = chat_rows(30), chat_rows(40)[30:]
+    tables.write_jsonl(tmp_path / "train.jsonl", trained)
+    tables.write_jsonl(tmp_path / "eval.jsonl", held)
+    (tmp_path / "out").mkdir()
+    job = PairsJob(
+        settings=pairs_settings(n=24, eval_frac=0.25, max_new_tokens=3, temperature=1.0),
+        inputs=SynthesisInputs(
+            model=str(chatty_model),
+            adapters=adapter_artifact(tmp_path, chatty_model),
+            prompts_file=str(tmp_path / "train.jsonl"),
+            held_out_file=str(tmp_path / "eval.jsonl"),
+        ),
+        output_dir=str(tmp_path / "out"),
+        hardware=Hardware(device="cpu"),
+    )
+    result = synthesize_pairs(job, Reporter())
+    prompts = {
+        side: [row_parts.user_text(p) for p in tables.read_jsonl(tmp_path / "out" / f"{side}.jsonl")]
+        for side in ("train", "eval")
+    }
+    held_prompts = {row_parts.user_text(r) for r in held}
+    trained_prompts = {row_parts.user_text(r) for r in trained}
+    assert result.eval_rows == len(prompts["eval"]) == 6 - result.dropped.get("chosen_equals_rejected", 0)
+    assert prompts["eval"] and set(prompts["eval"]) <= held_prompts
+    assert set(prompts["train"]) <= trained_prompts and len(prompts["train"]) + len(prompts["eval"]) == result.kept
+    assert not any("_held_out" in p for p in tables.read_jsonl(tmp_path / "out" / "pairs.jsonl"))
+
+    # without the source's held-out rows the pairs are split as before (what an older artifact's job gives)
+    (tmp_path / "out2").mkdir()
+    job = job.model_copy(
+        update={"inputs": job.inputs.model_copy(update={"held_out_file": None}), "output_dir": str(tmp_path / "out2")}
+    )
+    result = synthesize_pairs(job, Reporter())
+    assert {row_parts.user_text(p) for p in tables.read_jsonl(tmp_path / "out2" / "eval.jsonl")} <= trained_prompts

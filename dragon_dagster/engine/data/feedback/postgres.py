@@ -3,7 +3,8 @@ version, ids that only grow) in a database that chat servers on several machines
 
 Each pipeline's feedback is a schema of the database (`feedback_<pipeline>`) with the SQLite store's two tables,
 `messages` and `feedback`, and a `schema_version` row. Creating or upgrading it happens once, under an advisory
-lock, whichever process comes first. Version 4 is the first layout kept here: there is nothing older to migrate.
+lock, whichever process comes first. Version 4 is the first layout kept here; UPGRADES bring an older store to
+the current version.
 
 Why each write holds the store's advisory lock until it commits: retraining reads records by id range, up to the
 highest id it saw. With concurrent transactions a sequence hands out ids in the order writers ask, not the order
@@ -83,6 +84,9 @@ CREATE TABLE IF NOT EXISTS feedback (
 )
 """
 VERSION_TABLE = "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)"
+# Version 6 is SQLite's index for counting (sqlite.py IDS_INDEX); here the primary key already serves every read by
+# id range (a count is an index-only scan of it), so a version 5 store only takes the new number.
+UPGRADES: list[str] = []
 
 
 def schema_name(name: str) -> str:
@@ -206,10 +210,14 @@ class PostgresFeedbackStore(FeedbackTables):
                     raise FeedbackError(
                         f"{self.where} has feedback schema version {found}; this code reads up to {SCHEMA_VERSION}"
                     )
-                if found is None:  # new: the current layout (later versions add their upgrades here)
+                if found is None:  # new: the current layout
                     conn.execute(MESSAGES_TABLE)
                     conn.execute(FEEDBACK_TABLE)
                     conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (SCHEMA_VERSION,))
+                elif found < SCHEMA_VERSION:  # an older layout: its upgrades, then the version
+                    for statement in UPGRADES:
+                        conn.execute(statement)
+                    conn.execute("UPDATE schema_version SET version = %s", (SCHEMA_VERSION,))
 
         self._retry(init)
         self._ready = True

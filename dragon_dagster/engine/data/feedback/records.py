@@ -17,7 +17,7 @@ VERDICTS = ("up", "down", "edit")
 MAX_MESSAGE_CHARS = 32_000  # the longest single message (a turn, a reply, an edit) the store accepts
 # The stored layout's version, the same in both backends (sqlite.py, postgres.py say what each version added). A
 # store cannot be read by code older than its version.
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class FeedbackRecord(TypedDict):

@@ -1,5 +1,7 @@
 """The SQL both backends run on the same two tables (sqlite.py, postgres.py): a record's turns stored as a chain of
-messages, a revised rating, and the reads (count, max_id, ratings, records) in the driver's parameter mark.
+messages, a revised rating, and the reads (count, max_id, ratings, records and its pages) in the driver's
+parameter mark. Every read is a range or a lookup of a primary key or a unique index (a page of records: its id
+range, then its messages by id): none reads more as the store grows.
 
 The turns are stored once: every message is a row of `messages` pointing at the message before it (a tree of
 conversations, identical prefixes shared), and a feedback row names the last message before the reply
@@ -10,9 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 
 from ..feedback_turns import extras, with_extras
 from .records import MAX_MESSAGE_CHARS, CheckedRecord, FeedbackRecord, RatingRecord, checked_record
+
+PAGE = 1_000  # records per page of records() (keyset pagination): one page's rows and messages in memory at once
+LOOKUP = 1_000  # message ids per lookup (SQLite takes at most 32,766 parameters a statement)
+RATINGS_PAGE = 50_000  # ratings (four short columns) per page of ratings()
 
 # the feedback table's columns as records() reads them (then each record's turns are assembled from its chain)
 COLUMNS = (
@@ -97,6 +104,26 @@ def assemble(rows: list[tuple], nodes: list[tuple]) -> list[FeedbackRecord]:
     return out
 
 
+def chains(conn, ends: list[int | None], mark: str = "?") -> list[tuple]:
+    """The stored messages (id, parent, role, content, extra) of the chains ending at the message ids `ends`: a
+    level at a time, each message found by its primary key and its parent asked for next, so one page of records
+    reads its messages and nothing else. (A recursive join of `messages` to the chain would be shorter to write,
+    but PostgreSQL plans it as a hash join that scans the whole table at every level: 1.2 s for 1,000 records in a
+    store of 100,000, growing with the store; benchmarks/feedback_scale.py.)"""
+    found: dict[int, tuple] = {}
+    wanted = {int(i) for i in ends if i}
+    while wanted:
+        batch = sorted(wanted)
+        for start in range(0, len(batch), LOOKUP):
+            ids = batch[start : start + LOOKUP]
+            query = (
+                f"SELECT id, parent, role, content, extra FROM messages WHERE id IN ({', '.join([mark] * len(ids))})"
+            )
+            found.update((row[0], tuple(row)) for row in conn.execute(query, ids).fetchall())
+        wanted = {found[i][1] for i in batch if i in found and found[i][1] and found[i][1] not in found}
+    return list(found.values())
+
+
 class FeedbackTables:
     """What both backends share: record() (the same checks, then the backend's `_append` of one checked record),
     and the reads as the same SQL in the driver's parameter mark (MARK), each inside the backend's `_snapshot`
@@ -142,36 +169,57 @@ class FeedbackTables:
 
     def ratings(self, after_id: int = 0) -> list[RatingRecord]:
         """Records after after_id without their turns (id, model, verdict, created), in id order: what a count
-        by version needs (engine/evaluate/live_rates.py), read without assembling any conversation."""
+        by version needs (engine/evaluate/live_rates.py), read without assembling any conversation, a page at a
+        time (keyset: id > the page before's last id)."""
         self._ensure()
-        query = f"SELECT id, model, verdict, created FROM feedback WHERE id > {self.MARK} ORDER BY id"
-        rows = self._retry(lambda conn: conn.execute(query, (int(after_id),)).fetchall())
-        return [{"id": int(r[0]), "model": r[1], "verdict": r[2], "created": r[3]} for r in rows]
+        query = f"SELECT id, model, verdict, created FROM feedback WHERE id > {self.MARK} ORDER BY id LIMIT {self.MARK}"
+        out: list[RatingRecord] = []
+        while True:
+            last = out[-1]["id"] if out else int(after_id)
+            rows = self._retry(lambda conn, last=last: conn.execute(query, (last, RATINGS_PAGE)).fetchall())
+            out.extend({"id": int(r[0]), "model": r[1], "verdict": r[2], "created": r[3]} for r in rows)
+            if len(rows) < RATINGS_PAGE:
+                return out
 
     def records(self, after_id: int = 0, up_to_id: int | None = None) -> list[FeedbackRecord]:
         """Records with after_id < id <= up_to_id, in id order, with their turns as messages. Turns that could
         not be converted from the first layout come back as stored (parsed when they are JSON, else the
-        text), for `usable_records` to skip and count."""
-        self._ensure()
-        where, args = f"id > {self.MARK}", [int(after_id)]
-        if up_to_id is not None:
-            where += f" AND id <= {self.MARK}"
-            args.append(int(up_to_id))
+        text), for `usable_records` to skip and count. Read a page at a time (pages())."""
+        return [record for page in self.pages(after_id, up_to_id) for record in page]
 
-        def read(conn):
-            with self._snapshot(conn):  # the records and their messages as of one moment
+    def pages(
+        self, after_id: int = 0, up_to_id: int | None = None, size: int | None = None
+    ) -> Iterator[list[FeedbackRecord]]:
+        """records(after_id, up_to_id) as pages of at most `size` (default PAGE) records, in id order: keyset
+        pagination (each page is the records after the last id of the one before, ORDER BY id LIMIT size, a range
+        of the primary key), so no query reads more than one page of records and their messages, however many
+        there are. Each page is one consistent view; records below a watermark do not change between pages (ids
+        only grow), save a rater's revised verdict."""
+        self._ensure()
+        size = int(size or PAGE)
+        mark = self.MARK
+        bound = f" AND id <= {mark}" if up_to_id is not None else ""
+        tail = [int(up_to_id)] if up_to_id is not None else []
+
+        def read(conn, last: int):
+            with self._snapshot(conn):  # a page's records and their messages as of one moment
                 rows = conn.execute(
-                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE {where} ORDER BY id", args
+                    f"SELECT {', '.join(COLUMNS)} FROM feedback WHERE id > {mark}{bound} ORDER BY id LIMIT {mark}",
+                    [last, *tail, int(size)],
                 ).fetchall()
-                nodes = conn.execute(
-                    f"WITH RECURSIVE chain(id) AS (SELECT turns_id FROM feedback WHERE {where} AND turns_id IS NOT "
-                    f"NULL UNION SELECT m.parent FROM messages m JOIN chain c ON m.id = c.id WHERE m.parent != 0) "
-                    f"SELECT id, parent, role, content, extra FROM messages WHERE id IN (SELECT id FROM chain)",
-                    args,
-                ).fetchall()
+                if not rows:
+                    return rows, []
+                nodes = chains(conn, [r[COLUMNS.index("turns_id")] for r in rows], mark)
             return rows, nodes
 
-        return assemble(*self._retry(read))
+        last = int(after_id)
+        while True:
+            rows, nodes = self._retry(lambda conn, last=last: read(conn, last))
+            if rows:
+                yield assemble(rows, nodes)
+            if len(rows) < size:
+                return
+            last = int(rows[-1][0])
 
     # what each backend gives
     def _ensure(self) -> None:

@@ -16,6 +16,7 @@ turns go into `messages`, and turns that cannot be converted (not JSON, not a li
 kept verbatim in `legacy_turns`, so that the datasets skip and count them. Version 2 (messages without `extra`)
 gets the column on first use, its rows unchanged. Version 3 gets feedback's `trace_id` column (version 4: the
 MLflow trace of the rated reply, when the chat was traced), its rows without one. Version 5 adds `record_key`.
+Version 6 adds the index `feedback_ids` (see IDS_INDEX), built when a version 5 store is first opened.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ CREATE TABLE IF NOT EXISTS {name} (
     record_key TEXT UNIQUE                       -- the caller's key: a rating its rater may revise (version 5)
 )
 """
+
+# Version 6. A COUNT over an id range (the retraining sensor's `count(after_id)` on every tick) walks every row it
+# counts; in the table those rows are B-tree leaves holding the texts (about half a kilobyte each), in an index on
+# the id alone about a dozen bytes. SQLite counts over this covering index (EXPLAIN QUERY PLAN: "USING COVERING
+# INDEX feedback_ids"): with every record new, 0.1 s instead of 2.9 s at a million records (feedback_scale.py).
+IDS_INDEX = "CREATE INDEX IF NOT EXISTS feedback_ids ON feedback (id)"
 
 
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
@@ -206,6 +213,7 @@ class SQLiteFeedbackStore(FeedbackTables):
                     if "record_key" not in columns:  # version 4: no keys (SQLite adds no UNIQUE column: an index)
                         conn.execute("ALTER TABLE feedback ADD COLUMN record_key TEXT")
                     conn.execute("CREATE UNIQUE INDEX IF NOT EXISTS feedback_record_key ON feedback (record_key)")
+                    conn.execute(IDS_INDEX)  # version 5: built from the rows there (one pass, in this transaction)
                     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 conn.execute("COMMIT")
             except BaseException:

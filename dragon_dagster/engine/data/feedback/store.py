@@ -7,6 +7,7 @@ id seen, then after it" reads each record exactly once: a watermark is all an in
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Protocol
 
 from .records import FeedbackRecord, RatingRecord
@@ -58,6 +59,13 @@ class FeedbackStore(FeedbackSource, Protocol):
         is wrong with a record refused). `key`: the record's own key (a write retried after its acknowledgement
         was lost is stored once); `replace`: a record stored under `key` takes this one's verdict, edit, model
         and time."""
+        ...
+
+    def pages(
+        self, after_id: int = 0, up_to_id: int | None = None, size: int | None = None
+    ) -> Iterator[list[FeedbackRecord]]:
+        """records(after_id, up_to_id) a page of at most `size` records at a time (keyset pagination by id), for a
+        reader that need not hold every record at once."""
         ...
 
     def ratings(self, after_id: int = 0) -> list[RatingRecord]:

@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from ...config.settings import Backend
 from ...config.stage import METRICS_DOC, MetricNames, Stage, check_pass_k
+from ...evaluate.contamination import DEFAULT_N, DIRTY_SHARE, MIN_WORDS
 from ...evaluate.general_skills import SUITE_TAG, local_tasks
 
 
@@ -48,6 +49,29 @@ class Evaluate(Stage):
     )
     skills_limit: int | None = Field(
         None, gt=0, description="At most this many items of each skills task (null: all of them)."
+    )
+    contamination_ngram: int = Field(
+        DEFAULT_N,
+        ge=MIN_WORDS,
+        le=64,
+        description="The contamination check (`<stage>_not_contaminated`, blocking, on the merged model): an "
+        "evaluation row (the held-out split of every dataset a stage trains on or this report measures, the "
+        "bundled skills items) is contaminated when its runs of this many words (lower-cased, punctuation removed) "
+        "that a training split of another dataset of the pipeline holds cover contamination_share of it; a row "
+        f"shorter than that must occur whole, and one under {MIN_WORDS} words is not checked. 13 as GPT-3 and "
+        "lm-eval decontaminate.",
+    )
+    contamination_share: float = Field(
+        DIRTY_SHARE,
+        ge=0,
+        le=1,
+        description="The share of an evaluation row's words that runs of contamination_ngram words shared with "
+        'training must cover for the row to count as contaminated (0.8: Llama 2\'s "dirty" sample). A greeting '
+        "or sign-off every reply shares covers a small share; a row that was trained on, all of it. 0: any shared "
+        "run, as GPT-3 counted.",
+    )
+    allow_contamination: bool = Field(
+        False, description="Report contaminated evaluation rows as a warning instead of stopping the report."
     )
 
     @model_validator(mode="after")

@@ -35,7 +35,14 @@ class PreferencePairs(Stage):
     min_gap: float = Field(2.0, ge=0, description="Judge mode: least score gap between chosen and rejected.")
     temperature: float = Field(0.8, gt=0, le=3, description="Student sampling temperature, in (0, 3].")
     max_new_tokens: int = Field(256, gt=0, description="Length limit of sampled replies.")
-    eval_frac: float = Field(0.05, ge=0, lt=1, description="Share of pairs held out.")
+    eval_frac: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="Share of the n pairs held out. They are made from the source dataset's held-out rows (the "
+        "training rows were trained on by the stages before this one), none under 20 pairs; a source without "
+        "held-out rows has its pairs split instead.",
+    )
     seed: int = Field(42, description="Seed of the prompt order and the split.")
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ from ...infer.local_backend import LocalBackend
 from .settings import PreferencePairs
 
 PairsJob = Job[PreferencePairs, SynthesisInputs]
+HELD_OUT = "_held_out"  # a pair made from the source's held-out rows (dropped before the pairs are written)
 
 
 def student_backend(job: PairsJob) -> LocalBackend:
@@ -34,10 +35,32 @@ def student_backend(job: PairsJob) -> LocalBackend:
     return LocalBackend(str(Path(job.inputs.adapters[-1]).parent), device=job.hardware.device, dtype=job.hardware.dtype)
 
 
-def synthesize_pairs(job: PairsJob, reporter: Reporter) -> DataResult:
+def held_out_count(n: int, eval_frac: float) -> int:
+    """How many of n pairs are held out: split_rows' rule (none under 20, at least one otherwise)."""
+    return 0 if n < 20 or eval_frac == 0 else max(1, round(n * eval_frac))
+
+
+def pick_prompts(job: PairsJob) -> tuple[list[dict], list[dict]]:
+    """The rows pairs are made from: (to train on, to hold out). The held-out pairs come from the source's held-out
+    rows where it has them: its training rows were trained on by the stages before this one (the chosen reply of a
+    reference pair is the SFT target), so pairs held out from them would score recall (the report's contamination
+    check flags them). Without held-out rows in the source, the pairs are split as any dataset is."""
+    rng = random.Random(job.settings.seed)
     source = read_jsonl(job.inputs.prompts_file)
-    random.Random(job.settings.seed).shuffle(source)
-    rows = source[: job.settings.n]
+    rng.shuffle(source)
+    held_file = job.inputs.held_out_file
+    held_source = read_jsonl(held_file) if held_file and Path(held_file).exists() else []
+    if not held_source:
+        return source[: job.settings.n], []
+    rng.shuffle(held_source)
+    held = held_source[: held_out_count(job.settings.n, job.settings.eval_frac)]
+    return source[: job.settings.n - len(held)], held
+
+
+def synthesize_pairs(job: PairsJob, reporter: Reporter) -> DataResult:
+    train_rows, held_rows = pick_prompts(job)
+    rows = train_rows + held_rows
+    held_out = {id(r) for r in held_rows}
     student = student_backend(job)
     prompts = [r["prompt"] for r in rows]
     kept, dropped = [], Counter()
@@ -56,7 +79,7 @@ def synthesize_pairs(job: PairsJob, reporter: Reporter) -> DataResult:
             if reason:
                 dropped[reason] += 1
                 continue
-            kept.append(_pair(row, chosen, rejected))
+            kept.append(_pair(row, chosen, rejected, id(row) in held_out))
     else:
         judge = Judge(
             as_backend(job.settings.judge) if job.settings.judge else student_base(job),
@@ -84,7 +107,8 @@ def synthesize_pairs(job: PairsJob, reporter: Reporter) -> DataResult:
             elif best[0] - worst[0] < job.settings.min_gap:
                 dropped["gap_under_min_gap"] += 1
             else:
-                kept.append({**_pair(row, best[1], worst[1]), "chosen_score": best[0], "rejected_score": worst[0]})
+                pair = _pair(row, best[1], worst[1], id(row) in held_out)
+                kept.append({**pair, "chosen_score": best[0], "rejected_score": worst[0]})
     return write_pairs(job, kept, dict(dropped), reporter)
 
 
@@ -100,20 +124,28 @@ def _drop_reason(chosen: str, rejected: str) -> str | None:
     return None
 
 
-def _pair(row: dict, chosen: str, rejected: str) -> dict:
+def _pair(row: dict, chosen: str, rejected: str, held_out: bool = False) -> dict:
     return {
         "prompt": row["prompt"],
         "chosen": [{"role": "assistant", "content": chosen}],
         "rejected": [{"role": "assistant", "content": rejected}],
+        **({HELD_OUT: True} if held_out else {}),
     }
 
 
 def write_pairs(job: PairsJob, kept: list[dict], dropped: dict, reporter: Reporter) -> DataResult:
     out = Path(job.output_dir)
-    write_jsonl(out / "pairs.jsonl", kept)
     if not kept:
+        write_jsonl(out / "pairs.jsonl", kept)
         raise ValueError(f"no preference pairs were kept: dropped {dropped}")
-    train, held = split_rows(kept, job.settings.eval_frac, job.settings.seed)
+    if any(HELD_OUT in p for p in kept):
+        # held out by where the prompt came from (the source's held-out rows), not by a split of the pairs
+        train = [p for p in kept if HELD_OUT not in p]
+        held = [{k: v for k, v in p.items() if k != HELD_OUT} for p in kept if HELD_OUT in p]
+        kept = train + held
+    else:
+        train, held = split_rows(kept, job.settings.eval_frac, job.settings.seed)
+    write_jsonl(out / "pairs.jsonl", kept)
     write_jsonl(out / "train.jsonl", train)
     write_jsonl(out / "eval.jsonl", held)
     reporter.log(f"kept {len(kept)} pairs, dropped {sum(dropped.values())} ({dropped})")
