@@ -28,7 +28,7 @@ from ..engine.pipeline.versions import file_version, stage_version
 from ..resources import ArtifactStore, MLflowTracking, TrainingResource
 from .asset_wiring import ins_for, key, local_inputs, named_failure, training_group
 from .launchpad import effective, launchpad_config
-from .metadata import as_metadata, length_stats, md_table
+from .metadata import as_metadata, length_stats, log_pii, md_table, pii_metadata
 from .pool import POOL_TAGS, TRAINING_POOL
 from .prompts import register_dataset_prompt
 from .reuse import reuse_or_make
@@ -159,6 +159,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
             tokenizer = models.load_tokenizer(models.check_loadable(pipeline.model))
         train, held, dropped, duplicates = prepared.train, prepared.held, prepared.dropped, prepared.duplicates
         leakage, quality, near = prepared.leakage, prepared.quality, prepared.near_duplicates
+        log_pii(context, stage.name, prepared.pii)
         lengths = [chat_tokens(tokenizer, r) for r in prepared.rows]
         prompt_uri = register_dataset_prompt(pipeline, stage.name, getattr(settings, "system", None), tracking)
         with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
@@ -184,6 +185,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                     system_prompt_uri=prompt_uri,
                     mixture=[MixShare(**share, read_from=where[share["source"]]) for share in prepared.mixture],
                     near_duplicates=NearDuplicateReport(**near) if near else None,
+                    pii=prepared.pii,
                     dagster_run_id=context.op_execution_context.run_id,
                 ),
             )
@@ -203,6 +205,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
                 **({"mixture": md_table(prepared.mixture)} if prepared.mixture else {}),
                 **(near_duplicate_metadata(near) if near else {}),
                 **{f"share_{m['source']}": m["share"] for m in prepared.mixture},  # plotted run over run
+                **pii_metadata(prepared.pii),
             },
         )
 

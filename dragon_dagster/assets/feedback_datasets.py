@@ -18,13 +18,14 @@ from ..engine.artifacts.manifest import FeedbackDatasetManifest, write_manifest
 from ..engine.data import row_parts, tables
 from ..engine.data.feedback.store import FeedbackSource
 from ..engine.data.feedback_rows import SKIP_REASONS, check_record
+from ..engine.data.pii import redactor
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.objectives import FeedbackRange, Objective
 from ..resources import ArtifactStore, MLflowTracking
 from .asset_wiring import key, retraining_group
 from .automation import RANGE_TAG, feedback_records
 from .feedback_taste import taste_rewards
-from .metadata import md_table
+from .metadata import log_pii, md_table, pii_metadata
 
 # what records.json keeps of each record: which it is and how it was rated; its turns stay in the store (turns_id)
 PROVENANCE = ("id", "conversation_id", "turns_id", "verdict", "reply", "edited", "model", "created", "trace_id")
@@ -64,7 +65,7 @@ def feedback_range(
     feedback = feedback_records(pipeline, store, tracking)
     first, last = record_range(context, feedback)
     records = feedback.records(after_id=first - 1, up_to_id=last)
-    return FeedbackRange.of(records, first, last, pipeline.feedback.gate.held_out_frac)
+    return FeedbackRange.of(records, first, last, pipeline.feedback.gate.held_out_frac, pipeline.feedback.pii)
 
 
 def feedback_dataset(pipeline: Pipeline, objective: Objective):
@@ -108,12 +109,20 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
             )
         train, held = found.rows[objective.name]
         used = found.used[objective.name]
+        log_pii(context, name, found.pii)
+        scrub = redactor(pipeline.feedback.pii)  # records.json keeps replies and edits: redacted as the rows are
         with store.new_artifact(pipeline.name, name, context.op_execution_context.run_id) as (tmp, final):
             tables.write_jsonl(tmp / "train.jsonl", train)
             tables.write_jsonl(tmp / "eval.jsonl", held)
             (tmp / "records.json").write_text(  # which records, and why any was skipped
                 json.dumps(
-                    [{**{k: r.get(k) for k in PROVENANCE}, "skipped": check_record(r)} for r in found.records],
+                    [
+                        {
+                            **{k: scrub(r.get(k)) if k in ("reply", "edited") else r.get(k) for k in PROVENANCE},
+                            "skipped": check_record(r),
+                        }
+                        for r in found.records
+                    ],
                     indent=1,
                     default=str,
                 )
@@ -133,6 +142,7 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
                     held_out_records=found.held_out_records,
                     skipped_records=n_skipped,
                     skipped=found.skipped,
+                    pii=found.pii,
                     dagster_run_id=context.op_execution_context.run_id,
                 ),
             )
@@ -158,6 +168,7 @@ def feedback_dataset(pipeline: Pipeline, objective: Objective):
                 "feedback_up_to": last,
                 "feedback_range": f"{first}-{last}",
                 "preview": md_table(preview),
+                **pii_metadata(found.pii),
             },
         )
 

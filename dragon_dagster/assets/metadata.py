@@ -10,6 +10,7 @@ from typing import Any
 
 from dagster import MetadataValue
 
+from ..engine.artifacts.manifest import PiiReport
 from ..engine.config.results import Markdown, finite
 
 
@@ -25,6 +26,41 @@ def md_table(rows: list[dict], columns: list[str] | None = None, width: int = 16
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
     return MetadataValue.md("\n".join(lines))
+
+
+def pii_metadata(report: PiiReport | None) -> dict:
+    """The personal-data scan on the asset: counts by type (plotted run over run), masked examples."""
+    if report is None:
+        return {}
+    return {
+        "pii_rows": report.rows_with_pii,
+        **{f"pii_{entity.lower()}": n for entity, n in report.counts.items()},
+        **({"pii_redacted": report.redacted} if report.mode == "redact" else {}),
+        **(
+            {"pii_examples": md_table([f.model_dump(exclude_none=True) for f in report.findings[:5]])}
+            if report.findings
+            else {}
+        ),
+        "pii_not_detected": ", ".join(report.not_detected),
+        "pii_scan_seconds": report.seconds,
+    }
+
+
+def log_pii(context, name: str, report: PiiReport | None) -> None:
+    """One line in the run's log when personal data was found: how much, what the stage does, a masked example."""
+    if report is None or not report.rows_with_pii:
+        return
+    found = ", ".join(f"{n} {entity}" for entity, n in report.counts.items())
+    done = {
+        "warn": "kept as is (pii: warn)",
+        "redact": "replaced by placeholders (pii: redact)",
+        "block": "the no_personal_data check blocks the stages after it (pii: block)",
+    }[report.mode]
+    first = report.findings[0]
+    context.log.warning(
+        f"{name}: personal data in {report.rows_with_pii} of {report.rows_scanned} {report.unit}s ({found}), "
+        f"{done}; e.g. {report.unit} {first.row}: {first.entity} in {first.snippet!r}"
+    )
 
 
 def length_stats(lengths: list[int]) -> dict:

@@ -7,18 +7,26 @@ schedule that request it (automation.py). The objectives themselves are one tabl
 
 from dagster import AssetSelection, define_asset_job
 
+from ..engine.data.checks import pii_check
 from ..engine.pipeline import Pipeline
 from ..engine.pipeline.objectives import OBJECTIVES
 from ..engine.stages.merge.settings import Merge
 from .asset_wiring import key, retraining_group
 from .automation import PIPELINE_TAG, feedback_schedule, feedback_sensor, retrain_job_name
 from .builders import merge_asset
+from .checks import asset_checks
 from .feedback_datasets import feedback_dataset, feedback_source
 from .live_gate import live_gate_sensor
 from .objective_stages import objective_stage
 from .pool import POOL_EXECUTOR
 from .promotion_gate import promotion_check
 from .retrained_report import retrained_report
+
+# a feedback dataset's personal data is fixed in the settings of the `feedback:` section or in the store
+FEEDBACK_PII_FIX = (
+    "Set feedback.pii: redact (placeholders, records kept), delete those records from the feedback store, or "
+    "feedback.pii: warn."
+)
 
 
 def build_feedback_defs(pipeline: Pipeline) -> dict:
@@ -57,7 +65,14 @@ def build_feedback_defs(pipeline: Pipeline) -> dict:
     )
     return {
         "assets": assets,
-        "asset_checks": [promotion_check(pipeline, key(pipeline, settings.evaluate.name))],
+        "asset_checks": [
+            promotion_check(pipeline, key(pipeline, settings.evaluate.name)),
+            *(
+                check
+                for objective in OBJECTIVES
+                for check in asset_checks(key(pipeline, objective.dataset), [pii_check(settings.pii, FEEDBACK_PII_FIX)])
+            ),
+        ],
         "jobs": [job],
         "sensors": [
             feedback_sensor(pipeline, settings.min_new_records, job),

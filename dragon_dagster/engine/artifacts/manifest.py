@@ -109,6 +109,32 @@ class NearDuplicateReport(BaseModel):
     num_perm: int | None = None
 
 
+class PiiFinding(BaseModel):
+    """One piece of personal data found: where (the table row, 0-based, or the feedback record's id; the source of
+    a mixture; the row's field) and what, in a snippet with the data masked (letters x, digits 9), never in full."""
+
+    row: int
+    source: str | None = None
+    field: str
+    entity: str
+    snippet: str
+
+
+class PiiReport(BaseModel):
+    """What the personal-data scan of a dataset found (engine/data/pii.py) and what the stage did about it."""
+
+    mode: str  # warn, redact or block: the stage's `pii`
+    unit: str = "row"  # what rows_scanned counts and a finding's row is: a table's row, a feedback record
+    rows_scanned: int
+    rows_with_pii: int
+    counts: dict[str, int] = Field(default_factory=dict)  # pieces found, by entity type
+    redacted: int = 0  # pieces replaced by their placeholder (redact)
+    findings: list[PiiFinding] = Field(default_factory=list)  # the first few (the counts cover all)
+    detected: list[str] = Field(default_factory=list)  # what the scan looks for
+    not_detected: list[str] = Field(default_factory=list)  # what it cannot (names: no NER model offline)
+    seconds: float = 0.0
+
+
 class DatasetManifest(ArtifactManifest):
     """A dataset stage's rows: train.jsonl and eval.jsonl. kind: the stage's kind (chat_dataset, ...).
 
@@ -134,6 +160,7 @@ class DatasetManifest(ArtifactManifest):
     group_by: str | None = None
     system_prompt_uri: str | None = None  # the pipeline's system prompt in the Prompt Registry, if this is its dataset
     mixture: list[MixShare] = Field(default_factory=list)  # a mixture's sources as realised (empty: one source)
+    pii: PiiReport | None = None  # personal data found (None: made before the scan existed)
 
 
 class DataResult(StageResult):
@@ -279,6 +306,7 @@ class FeedbackDatasetManifest(ArtifactManifest):
     held_out_records: int
     skipped_records: int
     skipped: dict[str, int]
+    pii: PiiReport | None = None  # personal data found in the records (None: made before the scan existed)
 
 
 M = TypeVar("M", bound=Manifest)

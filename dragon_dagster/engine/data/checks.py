@@ -1,11 +1,12 @@
 """The checks every dataset artifact gets: usable rows (dataset_quality) and, for mapped datasets, held-out rows
-that do not repeat training rows (held_out_not_leaking). Judged from the artifact alone (config/checks.py)."""
+that do not repeat training rows (held_out_not_leaking) and no personal data (no_personal_data, also on the
+datasets retraining makes from feedback). Judged from the artifact alone (config/checks.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..artifacts.manifest import DatasetManifest, read_manifest
+from ..artifacts.manifest import DatasetManifest, PiiReport, read_manifest
 from ..config.checks import CheckOutcome, CheckSpec
 from .holdout import IDENTIFYING_ANSWER_WORDS
 from .row_parts import quality
@@ -120,6 +121,60 @@ def leakage_check(allow_leakage: bool, answers_count: bool) -> CheckSpec:
         "held_out_not_leaking",
         f"No held-out row's {figures} also appears in train (overlap above {MAX_OVERLAP}); "
         + ("allow_leakage: true makes it a warning." if allow_leakage else "blocks the stages after it."),
+        judge,
+        blocking=True,
+    )
+
+
+def pii_problem(report: PiiReport, fix: str) -> str:
+    """What the scan found, the first rows it names (masked) and the fix, in one description."""
+    found = ", ".join(f"{n} {entity}" for entity, n in report.counts.items())
+    named = "; ".join(
+        f"{report.unit} {f.row}{f' of {f.source}' if f.source else ''} ({f.field}): {f.entity} in {f.snippet!r}"
+        for f in report.findings[:5]
+    )
+    return f"personal data in {report.rows_with_pii} of {report.rows_scanned} {report.unit}s ({found}): {named}. {fix}"
+
+
+PII_FIX = "Set pii: redact (placeholders, rows kept), remove those rows from the source, or pii: warn."
+
+
+def pii_check(mode: str, fix: str = PII_FIX) -> CheckSpec:
+    """No personal data in the rows (engine/data/pii.py's scan, recorded in the manifest): block fails as an
+    ERROR that stops the stages after it, warn fails as a warning, redact passes (the pieces were replaced)."""
+
+    def judge(artifact: Path) -> CheckOutcome:
+        recorded = (read_manifest(artifact).model_extra or {}).get("pii")
+        if recorded is None:
+            return CheckOutcome(passed=True, metadata={"scanned": False})
+        report = PiiReport.model_validate(recorded)
+        metadata = {
+            "pii": report.mode,
+            "rows_scanned": report.rows_scanned,
+            "rows_with_pii": report.rows_with_pii,
+            **{f"pii_{entity.lower()}": n for entity, n in report.counts.items()},
+            "redacted": report.redacted,
+            "examples": [f.model_dump(exclude_none=True) for f in report.findings[:5]],
+            "not_detected": report.not_detected,
+            "scan_seconds": report.seconds,
+        }
+        if not report.rows_with_pii or report.mode == "redact":
+            return CheckOutcome(passed=True, metadata=metadata)
+        return CheckOutcome(
+            passed=False,
+            metadata=metadata,
+            description=pii_problem(report, fix),
+            severity="error" if report.mode == "block" else "warn",
+        )
+
+    return CheckSpec(
+        "no_personal_data",
+        "No e-mail address, phone number, card number or IP address in the rows (names are not looked for); "
+        + {
+            "warn": "a warning (pii: warn).",
+            "redact": "passes once they are replaced by placeholders (pii: redact).",
+            "block": "an ERROR that blocks the stages after it (pii: block).",
+        }[mode],
         judge,
         blocking=True,
     )

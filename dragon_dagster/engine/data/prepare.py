@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from . import holdout, mixture, near_dups, row_parts
+from ..artifacts.manifest import PiiReport
+from . import holdout, mixture, near_dups, pii, row_parts
 from .errors import DataError
 from .stage import DatasetStage
 
@@ -24,6 +25,7 @@ class Prepared:
     quality: dict[str, Any]  # rows, empty prompts and replies, duplicate share (checks.quality_check)
     mixture: list[dict[str, Any]] = field(default_factory=list)  # a mixture's proportions (mixture.proportions)
     near_duplicates: dict[str, Any] | None = None  # near_dups.Found.report; None when the search is off
+    pii: PiiReport | None = None  # personal data found (pii.scan_rows), redacted when the stage says so
 
     @property
     def rows(self) -> list[dict]:
@@ -37,12 +39,16 @@ def prepare(settings: DatasetStage, df) -> Prepared:
 
     df: the table; for a stage with `sources`, a mapping of each source's label to its table. A mixture's
     sources are each mapped, then drawn together, and the rest runs on the whole mixture: a prompt that two
-    sources share lands on one side of the split, and a row two sources share is dropped once."""
+    sources share lands on one side of the split, and a row two sources share is dropped once.
+
+    Personal data is looked for in the mapped rows (what trains), and redacted there before duplicates are
+    dropped (rows differing only in it are then duplicates) when the stage's `pii` says so."""
     if settings.sources:
-        rows, dropped, groups, origin = _mixed(settings, df)
+        rows, dropped, groups, origin, where = _mixed(settings, df)
     else:
         rows, dropped, kept = settings.map(df)
-        groups, origin = _groups(settings, df, rows, kept), [0] * len(rows)
+        groups, origin, where = _groups(settings, df, rows, kept), [0] * len(rows), [(None, i) for i in kept]
+    rows, scanned = pii.scan_rows(rows, settings.pii, where)
     duplicates, drawn = 0, origin
     if settings.dedupe != "off":  # each row's source goes along with its group, so the kept rows' sources are known
         rows, tagged, duplicates = holdout.dedupe_rows(rows, list(zip(groups, origin, strict=True)))
@@ -66,7 +72,7 @@ def prepare(settings: DatasetStage, df) -> Prepared:
         labels, weights = [s.label for s in settings.sources], [s.weight for s in settings.sources]
         proportions = mixture.proportions(labels, weights, drawn, origin)
     leakage = holdout.overlap(train, held, _near_prompts(rows, held, found))
-    return Prepared(train, held, dropped, duplicates, leakage, row_parts.quality(rows), proportions, report)
+    return Prepared(train, held, dropped, duplicates, leakage, row_parts.quality(rows), proportions, report, scanned)
 
 
 def _near_prompts(rows: list[dict], held: list[dict], found: near_dups.Found | None) -> list[bool] | None:
@@ -92,9 +98,10 @@ def _groups(settings: DatasetStage, df, rows: list[dict], kept: list[int]) -> li
     return [row_parts.user_text(r) for r in rows]
 
 
-def _mixed(settings: DatasetStage, tables: dict) -> tuple[list[dict], dict[str, int], list[str], list[int]]:
-    """A mixture's rows as drawn, the mapping's drops summed over the sources, each row's group and the index of
-    the source it came from. An error in one source's mapping names that source."""
+def _mixed(settings: DatasetStage, tables: dict) -> tuple[list[dict], dict[str, int], list[str], list[int], list]:
+    """A mixture's rows as drawn, the mapping's drops summed over the sources, each row's group, the index of
+    the source it came from and (its source's label, its row there). An error in one source's mapping names that
+    source."""
     mapped, dropped = [], Counter()
     for source in settings.sources:
         if source.label not in tables:
@@ -104,10 +111,10 @@ def _mixed(settings: DatasetStage, tables: dict) -> tuple[list[dict], dict[str, 
             groups = _groups(settings, tables[source.label], rows, kept)
         except DataError as exc:
             raise DataError(f"source {source.label!r}: {exc}") from exc
-        mapped.append((rows, groups))
+        mapped.append((rows, groups, [(source.label, k) for k in kept]))
         dropped.update(drops)
     order = mixture.draw(
-        [len(rows) for rows, _ in mapped],
+        [len(rows) for rows, *_ in mapped],
         [s.weight for s in settings.sources],
         settings.seed,
         settings.stopping_strategy,
@@ -115,4 +122,4 @@ def _mixed(settings: DatasetStage, tables: dict) -> tuple[list[dict], dict[str, 
     )
     rows = [mapped[i][0][j] for i, j in order]
     groups = [mapped[i][1][j] for i, j in order]
-    return rows, dict(dropped), groups, [i for i, _ in order]
+    return rows, dict(dropped), groups, [i for i, _ in order], [mapped[i][2][j] for i, j in order]

@@ -11,10 +11,11 @@ from pydantic import Field, field_validator, model_validator
 
 from ..config.checks import CheckSpec
 from ..config.stage import Stage
-from .checks import leakage_check, quality_check
+from .checks import leakage_check, pii_check, quality_check
 from .errors import DataError
 from .mixture import MixSource, StoppingStrategy
 from .near_dups import NearDuplicates
+from .pii import PiiMode
 from .row_mapping import render, template_fields
 from .tables import read_table
 
@@ -86,6 +87,15 @@ class DatasetStage(Stage):
         description="Let the stages after this one run even when held-out prompts "
         "or answers also appear in train (the held_out_not_leaking "
         "check then only warns).",
+    )
+    pii: PiiMode = Field(
+        "warn",
+        description="What to do with personal data found in the rows (e-mail addresses, phone numbers, card "
+        "numbers that pass the Luhn checksum, IP addresses; names are not detected: no offline NER model). warn, "
+        "the default: the counts and a few masked examples in the manifest and on the asset, and the "
+        "no_personal_data check warns. redact: each piece replaced by a placeholder such as <EMAIL_ADDRESS> "
+        "before duplicates are dropped and rows held out, every row kept. block: the check fails as an ERROR "
+        "naming the rows, which stops the stages after this one.",
     )
 
     @field_validator("dedupe", mode="before")
@@ -169,7 +179,11 @@ class DatasetStage(Stage):
         return {role: getattr(self, role) for role in MAPPING_FIELDS if getattr(self, role, None)}
 
     def checks(self) -> list[CheckSpec]:
-        return [quality_check(), leakage_check(self.allow_leakage, answers_count=self.answers_are_text)]
+        return [
+            quality_check(),
+            leakage_check(self.allow_leakage, answers_count=self.answers_are_text),
+            pii_check(self.pii),
+        ]
 
     def origins(self) -> list[MixSource]:
         """What it reads, as a mixture's sources (one, of weight 1, when it reads a single source or file)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..artifacts.manifest import PiiReport
 from ..data.conversations import conversation_row
 from ..data.feedback_rows import (
     feedback_prompts,
@@ -24,6 +25,7 @@ from ..data.feedback_rows import (
     unpaired_ratings,
     usable_records,
 )
+from ..data.pii import PiiMode, scan_records
 
 
 @dataclass(frozen=True)
@@ -120,10 +122,16 @@ class FeedbackRange:
     rows: dict[str, tuple[list[dict], list[dict]]]  # objective -> (train rows, held-out rows)
     used: dict[str, list[int]]  # objective -> the ids of the training records its rows come from
     held_out_records: int
+    pii: PiiReport | None = None  # personal data in the usable records (redacted in every row when it says so)
 
     @classmethod
-    def of(cls, records: list[dict], first: int, last: int, held_out_frac: float) -> FeedbackRange:
+    def of(
+        cls, records: list[dict], first: int, last: int, held_out_frac: float, pii: PiiMode = "warn"
+    ) -> FeedbackRange:
+        """The range's rows. pii: what to do with personal data in the usable records (feedback.pii), scanned
+        before any objective's rows are made from them, so a redaction reaches every row."""
         usable, skipped = usable_records(records)
+        usable, found = scan_records(usable, pii)
         train, held = split_by_conversation(usable, held_out_frac)
         return cls(
             first=first,
@@ -133,6 +141,7 @@ class FeedbackRange:
             rows={o.name: (o.rows(train), o.rows(held)) for o in OBJECTIVES},
             used=objective_records(train),
             held_out_records=len(held),
+            pii=found,
         )
 
     def nothing_to_train(self, objectives: Sequence[str]) -> Skipped | None:

@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from ..config.settings import Settings
 from ..config.training import TrainArgs
+from ..data.pii import PiiMode
 from ..evaluate.general_skills import local_tasks
 from ..rewards import REWARD_TYPES, RewardSpec, known_types
 from ..stages.dpo.settings import DPO
@@ -351,6 +352,15 @@ class Feedback(Settings):
         description="Where the records come from: the feedback store (default) or {mlflow_experiment: NAME}.",
     )
     min_new_records: int = Field(20, ge=1, description="The sensor requests retraining at this many new records.")
+    pii: PiiMode = Field(
+        "warn",
+        description="What to do with personal data people typed into the chat or the replies hold (e-mail "
+        "addresses, phone numbers, card numbers that pass the Luhn checksum, IP addresses; names are not "
+        "detected), looked for in every feedback record a retraining uses. warn, the default: counts and masked "
+        "examples on each feedback dataset, and its no_personal_data check warns. redact: each piece replaced by a "
+        "placeholder such as <EMAIL_ADDRESS> in every row made from the records. block: the check fails as an "
+        "ERROR naming the records, which stops the retraining.",
+    )
     cron: str = Field("0 2 * * *", description="The schedule retrains only when there is new feedback.")
     objectives: list[Literal[NAMES]] = Field(
         default_factory=lambda: list(DEFAULT),
