@@ -36,6 +36,7 @@ def test_chain_materializes_every_asset_and_passes_its_checks(materialized):
         "no_personal_data": True,  # the bundled tickets hold none
         "losses_finite_and_falling": True,
         "merged_not_worse_than_base": True,
+        "evaluation_report_not_contaminated": True,  # the report's held-out tickets were trained on by nothing
     }
     # each worker was forked by the warm worker (the default), and the step's log says so
     warm = worker_starts(materialized["instance"], outcome["run_id"], "warm start (forked by warm worker")

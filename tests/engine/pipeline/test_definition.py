@@ -181,6 +181,7 @@ def test_the_launchpad_shows_each_stage_s_effective_values_nested_as_in_the_yaml
         "layout": "auto",
         "stopping_strategy": "first_exhausted",  # a mixture's (sources:), per run too
         "mix_rows": None,
+        "pii": "warn",  # the personal-data scan's mode, per run too
     }
     assert None not in (sft["n_samples"], sft["max_new_tokens"], grpo["temperature"])
 

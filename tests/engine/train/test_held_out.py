@@ -248,7 +248,11 @@ def test_a_dpo_stage_logs_its_held_out_reward_accuracy_while_training(tiny_model
 
     (stopper,) = [c for c in built[0].callback_handler.callbacks if type(c).__name__ == "EarlyStoppingCallback"]
     assert stopper.early_stopping_patience == 5 and built[0].args.metric_for_best_model == watched["metric"]
-    assert len(built[0].eval_dataset) == 2 and result.held_out_rows.model_dump() == {"scored": 2, "total": 3}
+    assert len(built[0].eval_dataset) == 2 and result.held_out_rows.model_dump() == {
+        "scored": 2,
+        "total": 3,
+        "setting": "args.max_eval_rows",
+    }
     rows = progress.read(tmp_path / "out")
     during = [r for r in rows if "eval_rewards/margins" in r and r["loss"] is None]
     assert [r["step"] for r in during][:2] == [1, 2]  # then the final evaluation's, at the last step
