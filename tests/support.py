@@ -16,6 +16,8 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from dragon_dagster.engine.config.reporter import Reporter
+
 TINY_ARGS = (
     "{max_steps: 8, batch_size: 4, grad_accum: 1, logging_steps: 2, save_steps: 4, max_seq_len: 256, "
     "learning_rate: 5.0e-3}"
@@ -487,3 +489,14 @@ def small_lora_model(vocab: int = 300, seed: int = 0, dropout: float = 0.0, kind
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.1)
     return model
+
+
+class Recorded(Reporter):
+    """A reporter that keeps the lines a worker logs, for a test to read."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def log(self, message: str) -> None:
+        self.lines.append(message)

@@ -5,11 +5,11 @@ report.md and the per-row replies; a retraining's held-out feedback is bounded t
 import json
 
 from dragon_dagster.engine import catalog
-from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.data.tables import write_jsonl
 from dragon_dagster.engine.stages.evaluate.inputs import FeedbackInputs, ReportInputs
 from dragon_dagster.engine.stages.evaluate.settings import Evaluate
 from dragon_dagster.engine.stages.evaluate.worker import evaluate_report, report_rows
+from tests.support import Recorded
 
 
 def chat_rows(n: int, start: int = 0) -> list[dict]:
@@ -68,15 +68,6 @@ def test_without_a_held_out_split_the_sample_is_of_the_training_rows(tmp_path):
     rows, held_out, counted = report_rows(job_of(tmp_path, eval_rows=0, max_eval_rows=6))
     assert not held_out and counted.total == 40 and len(rows) == 6
     assert tickets(rows) != tickets(chat_rows(6, start=100))
-
-
-class Recorded(Reporter):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
 
 
 def test_the_report_its_replies_and_the_held_out_feedback_are_on_the_sample(tiny_model, tmp_path):

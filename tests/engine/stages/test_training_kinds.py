@@ -18,8 +18,8 @@ from dragon_dagster.engine.stages.merge.worker import MergeJob, merge_chain
 from dragon_dagster.engine.stages.sft.result import SFTResult
 from dragon_dagster.engine.stages.sft.worker import train_sft
 from dragon_dagster.engine.train.trainer import Cancelled, TrainingError
+from tests.support import Recorded, ticket_files
 from tests.support import sft_job as job
-from tests.support import ticket_files
 
 ENGINE_MODULES = (
     "dragon_dagster.engine.stages.sft.worker",
@@ -62,15 +62,6 @@ def test_loss_is_only_on_the_assistant_reply(tiny_model, tmp_path):
     context = tokenizer.decode([i for i, label in zip(ids, labels) if label == -100])
     assert trained.startswith(row_parts.reply_text(rows[0])) and trained.rstrip().endswith("<|im_end|>")
     assert row_parts.user_text(rows[0]) in context and row_parts.reply_text(rows[0]) not in context
-
-
-class Recorded(Reporter):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
 
 
 def test_sft_trains_saves_an_adapter_and_evaluates(tiny_model, tmp_path):

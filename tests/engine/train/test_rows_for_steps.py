@@ -5,15 +5,7 @@ sft stage's trainer receives them: tests/engine/stages/test_training_kinds.py (i
 from dragon_dagster.engine.config.reporter import Reporter
 from dragon_dagster.engine.config.training import TrainArgs
 from dragon_dagster.engine.train.trainer import rows_for_steps
-
-
-class Recorded(Reporter):
-    def __init__(self):
-        super().__init__()
-        self.lines: list[str] = []
-
-    def log(self, message: str) -> None:
-        self.lines.append(message)
+from tests.support import Recorded
 
 
 def test_max_steps_bounds_the_training_rows_to_a_seeded_sample_and_epochs_take_every_row():
