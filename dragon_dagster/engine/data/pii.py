@@ -48,6 +48,10 @@ PREFILTERS = {
 # phone-shaped runs that are another entity, which phonenumbers would parse at length to no avail (an IPv4
 # address: valid to it in some regions, but the IP recogniser's, with a higher score; a card's four groups of four)
 _NOT_PHONE = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}|\d{4}([- ]?)\d{4}\1\d{4}\1\d{4}")
+# an identifier's digits: a run of digits alone glued to a letter before it ("case C0001234", "ORD4155550123"), which
+# phonenumbers never takes for a number (at its VALID leniency, presidio's, a candidate after a Latin letter is
+# refused); with separators or a lead character ("A+1 415 555 0134") the run is still looked at
+_IDENTIFIER_DIGITS = re.compile(r"\d+")
 WINDOW = 8  # characters either side of a phone-shaped run that phonenumbers sees (a leading +, a bracket)
 # keys of a row's structure whose values are never personal data (a turn's role, a tool call's name and id); a tool
 # call's arguments are the caller's own keys, all scanned
@@ -65,7 +69,7 @@ def phone_windows(text: str) -> list[tuple[int, int]]:
     about 2 ms a run), so it is given these windows, not the whole text."""
     windows: list[tuple[int, int]] = []
     for m in PREFILTERS["PHONE_NUMBER"].finditer(text):
-        if _NOT_PHONE.fullmatch(m.group().strip()):
+        if _NOT_PHONE.fullmatch(m.group().strip()) or identifier_digits(text, m):
             continue
         lo, hi = max(0, m.start() - WINDOW), min(len(text), m.end() + WINDOW)
         if windows and lo <= windows[-1][1]:
@@ -73,6 +77,13 @@ def phone_windows(text: str) -> list[tuple[int, int]]:
         else:
             windows.append((lo, hi))
     return windows
+
+
+def identifier_digits(text: str, run: re.Match) -> bool:
+    """Whether a phone-shaped run is digits alone right after an ASCII letter: part of an identifier, not a number
+    phonenumbers would find (support tickets carry one in every reply: a case or order number)."""
+    before = text[run.start() - 1] if run.start() else ""
+    return bool(_IDENTIFIER_DIGITS.fullmatch(run.group())) and before.isascii() and before.isalpha()
 
 
 @functools.cache

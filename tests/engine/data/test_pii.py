@@ -143,3 +143,12 @@ def test_feedback_pii_block_names_the_records(tmp_path):
 def test_text_without_candidates_never_reaches_presidio():
     assert pii.candidates("The doorbell chimes twice, order 48213, on 2024-03-15.") == []
     assert pii.candidates(f"call {PHONE} or {EMAIL}") == ["EMAIL_ADDRESS", "PHONE_NUMBER"]
+
+
+def test_an_identifier_s_digits_are_not_parsed_as_a_phone_number_and_a_number_beside_one_still_is():
+    """phonenumbers refuses digits glued to a letter before them: the scan skips them (order numbers in every reply
+    cost it 19 s at 100k rows), and only them."""
+    assert pii.phone_windows("reply with case C0001234 and we will help") == []
+    assert pii.find("reply with case C0001234 and we will help") == []
+    text = f"case C0001234, call {PHONE}, ref A+14155550123"
+    assert [e for _, _, e in pii.find(text)] == ["PHONE_NUMBER", "PHONE_NUMBER"]
