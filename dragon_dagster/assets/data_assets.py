@@ -21,6 +21,7 @@ from ..engine.artifacts.manifest import (
 from ..engine.config.job import SynthesisInputs
 from ..engine.config.stage import Stage
 from ..engine.data import row_parts, tables
+from ..engine.data.lengths import chat_token_lengths
 from ..engine.data.prepare import prepare
 from ..engine.data.stage import DatasetStage
 from ..engine.pipeline import Pipeline
@@ -160,7 +161,7 @@ def dataset_asset(pipeline: Pipeline, stage: DatasetStage):
         train, held, dropped, duplicates = prepared.train, prepared.held, prepared.dropped, prepared.duplicates
         leakage, quality, near = prepared.leakage, prepared.quality, prepared.near_duplicates
         log_pii(context, stage.name, prepared.pii)
-        lengths = [chat_tokens(tokenizer, r) for r in prepared.rows]
+        lengths = chat_token_lengths(tokenizer, prepared.rows)
         prompt_uri = register_dataset_prompt(pipeline, stage.name, getattr(settings, "system", None), tracking)
         with store.new_artifact(pipeline.name, stage.name, context.op_execution_context.run_id) as (tmp, final):
             tables.write_jsonl(tmp / "train.jsonl", train)
@@ -282,9 +283,3 @@ def synthesis_asset(pipeline: Pipeline, stage: Stage):
         )
 
     return _synthesize
-
-
-def chat_tokens(tokenizer, row: dict) -> int:
-    reply = row.get("completion") or row.get("chosen") or []  # a bare prompt row has no reply
-    text = tokenizer.apply_chat_template(row["prompt"] + reply, tokenize=False, add_generation_prompt=not reply)
-    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
