@@ -22,8 +22,14 @@ Parts (--parts; each run in its own interpreter, one at a time, sizes interleave
               process: RUSAGE_CHILDREN of the Dagster process, the warm worker off so the worker is its child),
               training's own runtime, and the held-out rows it scored ("200 of 10000 ...")
 
-More parts (the feedback store, the contamination check) register in PARTS with a function of (size, a, out).
---dataset-only-sizes runs the dataset part alone at those sizes (the 1M row).
+    contamination
+              the contamination check (find_contamination, 13-grams) of that dataset's train split against the
+              general-skills suite and --contamination-eval-rows held-out rows: its time, the memory it adds, the
+              rows it found contaminated
+
+A part is a function of (size, args, output dir) in PARTS. The feedback store is measured by feedback_scale.py (its
+sizes are records, on SQLite and PostgreSQL). --dataset-only-sizes runs the dataset part alone at those sizes (the
+1M row).
 
     .venv/bin/python benchmarks/data_scale.py                                     # 1k, 10k, 100k; 1M dataset only
     .venv/bin/python benchmarks/data_scale.py --sizes 1000 --dataset-only-sizes "" --steps 1
@@ -76,12 +82,18 @@ PRODUCTS = {
     "Door Lock": [("battery drains in a week", "disable auto-lock polling and replace the batteries")],
 }
 NAMES = ["Priya", "Alex", "Sam", "Maria", "Tomasz", "Aiko", "Lena", "Omar", "Jules", "Ines", "Kofi", "Mei"]
+SURNAMES = ["Novak", "Okafor", "Silva", "Berg", "Tanaka", "Moreau", "Khan", "Weber", "Rossi", "Park", "Lund", "Diaz"]
 SINCE = ["for a week now", "since the last app update", "since yesterday", "after a power cut", "every evening"]
+ROOMS = ["kitchen", "hallway", "garage", "bedroom", "office", "porch", "attic", "living room", "basement", "nursery"]
+ROUTERS = ["Fritz!Box", "Netgear", "TP-Link", "Eero", "Asus", "Linksys", "mesh", "provider's"]
+# what makes two customers' tickets about the same fault differ, as real ones do: where the device is, how old it is,
+# the app and the network (without it, cases differing only by a serial number are near-copies of each other)
+DETAIL = "It is the one in the {room}, bought {months} months ago, app {version}, on a {router} router."
 # three ways to say one case: the paraphrases a near-duplicate check should find and group_by keeps together
 PARAPHRASES = [
-    "Hi team, my {product} {issue} {since}. Serial {serial}. What should I do?\n{name}",
-    "Hello support, the {product} (serial {serial}) {issue}, {since}. Can you help?\nThanks, {name}",
-    "{product} {serial}: it {issue} {since}. Any idea how to fix this?\n{name}",
+    "Hi team, my {product} {issue} {since}. Serial {serial}. {detail} What should I do?\n{name}",
+    "Hello support, the {product} (serial {serial}) {issue}, {since}. {detail} Can you help?\nThanks, {name}",
+    "{product} {serial}: it {issue} {since}. {detail} Any idea how to fix this?\n{name}",
 ]
 REPLY = (
     "Hi {name}, sorry about the trouble with your {product} (serial {serial}). Please {fix}. If that does not "
@@ -103,7 +115,13 @@ def ticket_rows(n: int, seed: int = 0):
             "issue": issue,
             "fix": fix,
             "since": rng.choice(SINCE),
-            "name": rng.choice(NAMES),
+            "name": f"{rng.choice(NAMES)} {rng.choice(SURNAMES)}",
+            "detail": DETAIL.format(
+                room=rng.choice(ROOMS),
+                months=rng.randrange(1, 37),
+                version=f"{rng.randrange(3, 6)}.{rng.randrange(20)}.{rng.randrange(10)}",
+                router=rng.choice(ROUTERS),
+            ),
             "serial": f"{rng.randrange(16**8):08X}",
             "case": f"C{case:07d}",
         }
@@ -269,8 +287,45 @@ def sft_part(size: int, a, out: Path) -> dict:
     }
 
 
+def latest_artifact(size: int, out: Path, stage: str) -> Path:
+    """The stage's newest artifact of this size's runs (the dataset part's)."""
+    found = sorted((size_dir(out, size) / "runs").glob(f"**/artifacts/{PIPELINE}/{stage}/*/manifest.json"))
+    if not found:
+        raise SystemExit(f"{size} rows: no {stage} artifact under {size_dir(out, size) / 'runs'}: run its dataset part")
+    return found[-1].parent
+
+
+def contamination_part(size: int, a, out: Path) -> dict:
+    """The contamination check's own work (find_contamination, as a report's blocking check calls it) on this
+    size's train split against the evaluation sets a report scores on: the bundled general-skills suite and a
+    second stage's held-out split of the same source (this dataset's eval.jsonl, its first --contamination-eval-rows,
+    checked against the train split as a stage drawing from it differently would be; group_by keeps the tickets'
+    paraphrases apart, so what it finds is the shared reply template, the check's share rule at work)."""
+    from dragon_dagster.engine.evaluate.contamination import find_contamination, read_rows, skill_items
+    from dragon_dagster.engine.evaluate.general_skills import SUITE_TAG
+
+    artifact = latest_artifact(size, out, DATASET_STAGE)
+    held = list(read_rows(artifact / "eval.jsonl"))[: a.contamination_eval_rows]
+    evaluation, _ = skill_items([SUITE_TAG])
+    evaluation["other_stage_held_out"] = held
+    before = peak_mb(resource.RUSAGE_SELF)
+    found = find_contamination({DATASET_STAGE: read_rows(artifact / "train.jsonl")}, evaluation)
+    return {
+        "stage_s": round(found.seconds, 2),
+        "peak_mb": peak_mb(resource.RUSAGE_SELF),
+        "added_mb": round(peak_mb(resource.RUSAGE_SELF) - before, 1),
+        "training_rows": found.training_rows,
+        "eval_rows": sum(len(rows) for rows in evaluation.values()),
+        "contaminated": sum(found.contaminated.values()),
+    }
+
+
 # a part: (size, args, output dir) -> its record; what it needs first (a part of the same size, run before it)
-PARTS = {"dataset": (dataset_part, None), "sft": (sft_part, "dataset")}
+PARTS = {
+    "dataset": (dataset_part, None),
+    "sft": (sft_part, "dataset"),
+    "contamination": (contamination_part, "dataset"),
+}
 
 
 def isolated(part: str, size: int, a, out: Path) -> dict:
@@ -313,7 +368,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1000,10000,100000", help="rows of the CSV, comma-separated")
     p.add_argument("--dataset-only-sizes", default="1000000", help="sizes run with the dataset part alone")
-    p.add_argument("--parts", default="dataset,sft", help=f"comma-separated, of {list(PARTS)}")
+    p.add_argument("--parts", default="dataset,sft,contamination", help=f"comma-separated, of {list(PARTS)}")
     p.add_argument("--repeats", type=int, default=1, help="runs of each part and size, interleaved")
     p.add_argument("--model", default="smollm2-135m", help="the SFT stage's model (a preset or a directory)")
     p.add_argument("--steps", type=int, default=3, help="SFT steps of 4 rows")
@@ -322,6 +377,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--max-eval-rows",
         default="200",
         help="the SFT stage's args.max_eval_rows; 'all' scores every held-out row (before issue 62: the symptom)",
+    )
+    p.add_argument(
+        "--contamination-eval-rows", type=int, default=1000, help="held-out rows the contamination part checks"
     )
     p.add_argument("--n-samples", type=int, default=3, help="held-out rows the SFT stage answers (task metrics)")
     p.add_argument("--seed", type=int, default=0, help="the CSV generator's seed")
@@ -368,6 +426,7 @@ def table(records: list[dict]) -> str:
     head = ["rows", "dataset s (source s)", "dataset peak MB", "train / eval rows"]
     head += [f"{name} s" for name in timing_names]
     head += ["SFT stage s", "SFT training s", "SFT peak MB", "held-out rows scored"]
+    head += ["contamination s (+MB)", "contaminated / checked"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def mid(part: str, size: int, key: str, inner: str | None = None):
@@ -379,6 +438,7 @@ def table(records: list[dict]) -> str:
     for size in sorted({r["rows"] for r in records}):
         data = [r for r in done if r["part"] == "dataset" and r["rows"] == size]
         sft = [r for r in done if r["part"] == "sft" and r["rows"] == size]
+        dirty = [r for r in done if r["part"] == "contamination" and r["rows"] == size]
         cells = [
             f"{size:,}",
             f"{fig(mid('dataset', size, 'stage_s'))} ({fig(mid('dataset', size, 'source_s'))})",
@@ -391,6 +451,8 @@ def table(records: list[dict]) -> str:
             fig(mid("sft", size, "train_runtime_s")),
             fig(mid("sft", size, "peak_mb"), 0),
             f"{sft[0]['held_out_scored']} of {sft[0]['held_out_total']}" if sft else "-",
+            f"{fig(mid('contamination', size, 'stage_s'))} (+{fig(mid('contamination', size, 'added_mb'), 0)})",
+            f"{dirty[0]['contaminated']} / {dirty[0]['eval_rows']:,}" if dirty else "-",
         ]
         lines.append("| " + " | ".join(cells) + " |")
     failed = [f"| {r['rows']:,} | {r['part']} failed: {r['failed']} |" for r in records if "failed" in r]

@@ -64,10 +64,37 @@ def test_timings_other_parts_record_in_the_manifest_become_columns():
          "eval_rows": 100, "timings": timings, "checks_failed": ["held_out_not_leaking"]},
         {"part": "sft", "rows": 1000, "stage_s": 60.0, "peak_mb": 1200.0, "train_runtime_s": 4.0,
          "held_out_scored": 100, "held_out_total": 100},
+        {"part": "contamination", "rows": 1000, "stage_s": 2.5, "added_mb": 40.0, "training_rows": 900,
+         "eval_rows": 1100, "contaminated": 3},
         {"part": "dataset", "rows": 10000, "failed": "boom"},
     ]  # fmt: skip
     table = d.table(records)
     assert "| rows | dataset s (source s) | dataset peak MB | train / eval rows | near_duplicates.seconds s |" in table
-    assert "| 1,000 | 10.0 (0.5) | 600 | 900 / 100 | 1.50 | 0.25 | 0.10 | 60.0 | 4.0 | 1200 | 100 of 100 |" in table
+    assert (
+        "| 1,000 | 10.0 (0.5) | 600 | 900 / 100 | 1.50 | 0.25 | 0.10 | 60.0 | 4.0 | 1200 | 100 of 100 | 2.5 (+40) "
+        "| 3 / 1,100 |"
+    ) in table
     assert "| 10,000 | dataset failed: boom |" in table
     assert "| 1,000 | dataset: checks that failed: held_out_not_leaking |" in table
+
+
+def test_the_contamination_part_checks_the_dataset_s_train_split_and_finds_a_copied_row(tmp_path):
+    """The part runs the check itself on the newest dataset artifact of its size: a held-out row that the train
+    split holds word for word is found; the general-skills suite is checked beside it."""
+    import json
+
+    d = data_scale()
+    artifact = tmp_path / "rows-5" / "runs" / "artifacts" / d.PIPELINE / d.DATASET_STAGE / "20261207-000000-a"
+    artifact.mkdir(parents=True)
+    (artifact / "manifest.json").write_text("{}")
+
+    def row(i):
+        text = f"ticket {i}: " + " ".join(f"word{i}x{j}" for j in range(20))
+        return {"prompt": [{"role": "user", "content": text}], "completion": [{"role": "assistant", "content": "ok"}]}
+
+    (artifact / "train.jsonl").write_text("".join(json.dumps(row(i)) + "\n" for i in range(5)))
+    (artifact / "eval.jsonl").write_text("".join(json.dumps(row(i)) + "\n" for i in (3, 7)))  # 3 is in train
+    a = d.parse_args(["--contamination-eval-rows", "2"])
+    record = d.contamination_part(5, a, tmp_path)
+    assert record["training_rows"] == 5 and record["contaminated"] == 1
+    assert record["eval_rows"] > 2, "the skills suite's items are checked too"
