@@ -27,7 +27,16 @@ from ..evaluate.plots import plot_loss
 from ..infer.generation import generate
 from . import distributed, held_out
 from .stage import ROW_SHAPES, TrainerStage, check_trains_on
-from .trainer import TrainingError, TrainingJob, apply_speed, lora_config, prepare, progress_callback, run_trainer
+from .trainer import (
+    TrainingError,
+    TrainingJob,
+    apply_speed,
+    lora_config,
+    prepare,
+    progress_callback,
+    rows_for_steps,
+    run_trainer,
+)
 from .trl_config import TrainerRun, trl_config
 
 
@@ -140,13 +149,14 @@ def check_rows(stage: PreferenceStage, rows: list[dict]) -> None:
 
 
 def trainer_parts(p, callback, train=None, evals=None) -> dict[str, Any]:
-    """What every preference trainer is built with besides its model and config: the rows as datasets (train and
-    evals given when the method reshapes them), the tokenizer, the LoRA adapter and the progress callback."""
+    """What every preference trainer is built with besides its model and config: the rows as datasets (the rows
+    its steps reach, p.trained_rows; train and evals given when the method reshapes them), the tokenizer, the LoRA
+    adapter and the progress callback."""
     from datasets import Dataset
 
     held_out.check_rows(p.eval_rows, p.args)
     if train is None:
-        train = Dataset.from_list(p.train_rows)
+        train = Dataset.from_list(p.trained_rows)
         evals = Dataset.from_list(p.eval_rows) if p.eval_rows else None
     return {
         "train_dataset": train,
@@ -186,6 +196,7 @@ def train_preference(job: TrainingJob, reporter: Reporter, method: PreferenceMet
     chunked = lm_head.use_chunked(p.speed, p.model, p.lora.peft_target_modules(), reporter)
     run = TrainerRun.of(job, p.speed, compiled_here=chunked, workers=p.workers)
     check_rows(settings, p.train_rows)
+    p.reached_rows = rows_for_steps(p.train_rows, p.args, reporter)  # the trainer tokenizes only these
     trainer = method.trainer(job, p, run, callback, chunked)
     speed = apply_speed(trainer, p.speed, chunked, reporter)
     if chunked:

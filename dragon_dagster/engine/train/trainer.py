@@ -42,6 +42,13 @@ class Prepared:
     workers: int = 1  # data-parallel ranks sharing args.batch_size (the global batch)
     rendering: str = "none"  # how the chat template renders the rows (tools/template.py): native, fallback, none
     eval_total: int = 0  # the held-out split's rows, of which eval_rows is the seeded sample (args.max_eval_rows)
+    # the training rows the trainer is given, where a kind sets them (rows_for_steps: those max_steps reaches);
+    # train_rows stays the whole split, which the result's figures describe
+    reached_rows: list[dict] | None = None
+
+    @property
+    def trained_rows(self) -> list[dict]:
+        return self.train_rows if self.reached_rows is None else self.reached_rows
 
 
 def prepare(job: TrainingJob, template: Callable[[object, list[dict]], str] | None = None) -> Prepared:

@@ -33,9 +33,10 @@ class KTOMethod(PreferenceMethod):
             )
         # shuffled: KTO reads batches in order (its KL term pairs each reply with another prompt of the same batch),
         # and rated files, unpaired pairs and feedback come grouped by label or prompt
-        train = Dataset.from_list(unpaired(p.train_rows)).shuffle(seed=p.args.seed)
+        train = Dataset.from_list(unpaired(p.trained_rows)).shuffle(seed=p.args.seed)
         evals = Dataset.from_list(unpaired(p.eval_rows)) if p.eval_rows else None
-        config = to_trl_config(job.settings, run, labels=[bool(r["label"]) for r in train])
+        # the classes' weights balance the split, not the sample of it that max_steps reaches (a few rows' draw)
+        config = to_trl_config(job.settings, run, labels=[bool(r["label"]) for r in unpaired(p.train_rows)])
         parts = trainer_parts(p, callback, train, evals)
         trainer_class = shared_prompt_trainer() if chunked else KTOTrainer
         return trainer_class(model=p.model, ref_model=None, args=config, **parts)

@@ -15,7 +15,7 @@ from ...infer.reward_model import RewardScorer, load_scorer
 from ...models import load_tokenizer, pick_device, pick_dtype
 from ...train import distributed, held_out
 from ...train.preference import check_rows
-from ...train.trainer import TrainingError, TrainingJob, lora_config, progress_callback, run_trainer
+from ...train.trainer import TrainingError, TrainingJob, lora_config, progress_callback, rows_for_steps, run_trainer
 from ...train.trl_config import TrainerRun
 from .result import RewardModelResult
 from .trl_config import to_trl_config
@@ -83,7 +83,7 @@ def train_reward_model(job: TrainingJob, reporter: Reporter) -> RewardModelResul
     trainer = RewardTrainer(
         model=model,
         args=config,
-        train_dataset=pairs(train_rows),
+        train_dataset=pairs(rows_for_steps(train_rows, settings.args, reporter)),  # those max_steps reaches
         eval_dataset=held_out.eval_dataset(eval_rows, settings.args, pairs),  # eval_accuracy, eval_margin
         processing_class=tokenizer,
         peft_config=lora_config(settings.lora, "SEQ_CLS", modules_to_save=["score"]),
