@@ -12,7 +12,9 @@ turns), so stored prefixes are shared as they are in a real store. At each size 
 
 - the sensor's tick: opening the store, `count(after_id=used)` and `max_id()`, as `feedback_sensor` calls them,
   with the last retraining 1,000 records ago and with none yet (every record new: the worst case); median of 5;
-- every rating without its turns (`ratings()`), what the live gate sensor reads to count each version's;
+- the live gate sensor's look on a tick with new ratings: every version's counts (the store's GROUP BY,
+  `verdict_counts`) and each version's first 200 ratings since the challenger began waiting (1,000 records ago,
+  `first_ratings`); beside it, reading every rating without its turns (`ratings()`), which it read before;
 - SQLite: opening a store of schema version 5 (before the id index), which builds the index;
 - the retraining dataset's build for the records since the last retraining (the last 1,000 and 10,000): reading
   them (`records()`) and making every objective's rows (`FeedbackRange.of`), its time and the process's peak
@@ -107,7 +109,7 @@ class Filler:
         created = "2026-12-07T00:00:00.000000+00:00"
         for n, (last, reply, verdict, edited) in enumerate(records):
             self.feedback.append(
-                (next_record + n, cid, ids[last], reply, verdict, edited, "scale-v1", created, None, None)
+                (next_record + n, cid, ids[last], reply, verdict, edited, version(i), created, None, None)
             )
         return len(records)
 
@@ -207,6 +209,22 @@ def upgrade_s(path: str) -> float:
     return time.perf_counter() - began
 
 
+def version(i: int) -> str:
+    """The registered version that answered conversation i, as `dragon serve` records it: champion and challenger
+    sharing the traffic 4 to 1."""
+    return f"models:/{NAME}/{2 if i % 5 == 0 else 1}"
+
+
+def live_look(url: str, path: str, waiting_since: int) -> dict:
+    """What the live gate sensor reads on a tick that has new ratings (assets/live_gate.py): every version's counts
+    up to the newest record, then each version's first 200 ratings since the challenger began waiting."""
+    from dragon_dagster.engine.evaluate.live_rates import Ratings
+
+    store = open_feedback_store(url, NAME, path)
+    ratings = Ratings(store, NAME, store.max_id())
+    return {"rates": ratings.rates(), "first": len(ratings.first(["1", "2"], waiting_since, 200))}
+
+
 def sensor_tick(url: str, path: str, used: int) -> tuple[int, int]:
     """What feedback_sensor asks the store on a tick (assets/automation.py), on a store opened as it opens one."""
     store = open_feedback_store(url, NAME, path)
@@ -280,7 +298,7 @@ def writes(url: str, path: str, n: int = WRITES) -> float:
                 {"role": "system", "content": SYSTEMS[0]},
                 {"role": "user", "content": f"new question {newest}-{k}"},
             ]
-        store.record(f"w{newest}-{k}", turns, "a reply " * 30, "up" if k % 3 else "down", model="scale-v1")
+        store.record(f"w{newest}-{k}", turns, "a reply " * 30, "up" if k % 3 else "down", model=version(newest + k))
     return n / (time.perf_counter() - began)
 
 
@@ -295,6 +313,7 @@ def measure(url: str, path: str, size: int) -> dict:
         "upgrade_from_5_s": upgrade,
         "sensor_tick_s": _median_s(lambda: sensor_tick(url, path, recent)),
         "sensor_tick_none_used_s": _median_s(lambda: sensor_tick(url, path, 0)),
+        "live_look_s": _median_s(lambda: live_look(url, path, recent), times=3),
         "ratings_all_s": _median_s(lambda: open_feedback_store(url, NAME, path).ratings(), times=3),
         "build_1k": build(url, path, 1000),
         "build_10k": build(url, path, 10_000) if newest >= 10_000 else None,
@@ -332,7 +351,8 @@ def main() -> None:
         if server is not None:
             server.remove()
     print(
-        "| store | records | fill s | upgrade from v5 s | sensor tick ms (used 1k ago / none used) | all ratings s | "
+        "| store | records | fill s | upgrade from v5 s | sensor tick ms (used 1k ago / none used) | live gate look s "
+        "(every rating read s) | "
         "build last 1k: s (read s), MB | build last 10k: s (read s), MB | record() writes/s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -342,7 +362,7 @@ def main() -> None:
             upgrade = "-" if r["upgrade_from_5_s"] is None else f"{r['upgrade_from_5_s']:.2f}"
             print(
                 f"| {backend} | {r['records']:,} | {r['fill_s']:.1f} | {upgrade} | {1000 * r['sensor_tick_s']:.1f} / "
-                f"{1000 * r['sensor_tick_none_used_s']:.1f} | {r['ratings_all_s']:.2f} | "
+                f"{1000 * r['sensor_tick_none_used_s']:.1f} | {r['live_look_s']:.2f} ({r['ratings_all_s']:.2f}) | "
                 f"{b1['build_s']:.2f} ({b1['read_s']:.2f}), {b1['peak_mb_above_start']:.0f} | "
                 + (f"{b10['build_s']:.2f} ({b10['read_s']:.2f}), {b10['peak_mb_above_start']:.0f}" if b10 else "-")
                 + f" | {r['writes_per_s']:.0f} |"

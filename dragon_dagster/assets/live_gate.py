@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dagster import AssetKey, AssetObservation, DefaultSensorStatus, MetadataValue, SensorResult, SkipReason, sensor
 
-from ..engine.evaluate.live_rates import LiveDecision, live_decision, live_rates, rate
+from ..engine.evaluate.live_rates import LiveDecision, Ratings, live_decision, rate
 from ..engine.pipeline import Pipeline
 from ..engine.release.model_registry import CHALLENGER, CHAMPION, alias_version, version_for
 from ..resources import ArtifactStore, MLflowTracking
@@ -35,12 +35,6 @@ FROM_TAG = "live_from"  # the newest feedback record id when the challenger star
 AGAINST_TAG = "live_against"  # the champion's version then
 DECISION_TAG = "live_decision"  # the decision in words
 WAITING = "waiting"
-
-
-def ratings(pipeline: Pipeline, store: ArtifactStore, tracking: MLflowTracking | None = None) -> list[dict]:
-    """The pipeline's feedback records as (id, model, verdict): without turns where the source can."""
-    source = feedback_records(pipeline, store, tracking)
-    return source.ratings() if hasattr(source, "ratings") else source.records()
 
 
 def await_live(context, pipeline: Pipeline, tracking: MLflowTracking, store: ArtifactStore, merged_dir, reason: str):
@@ -101,16 +95,17 @@ def live_gate_tick(
     client = tracking.client()
     name = pipeline.name
     # the newest id first (a primary key's last entry): a look with nothing new reads no rating, however many the
-    # store holds (every rating at a million records: seconds, on every tick; benchmarks/feedback_scale.py)
-    newest = feedback_records(pipeline, store, tracking).max_id()
+    # store holds; one with new ratings has the store count them (benchmarks/feedback_scale.py)
+    source = feedback_records(pipeline, store, tracking)
+    newest = source.max_id()
     champion = alias_version(client, name, CHAMPION)
     challenger = alias_version(client, name, CHALLENGER)
     tags = client.get_model_version(name, challenger).tags if challenger else {}
     seen = f"{newest}:{champion}:{challenger}:{tags.get(GATE_TAG)}"
     if cursor is not None and cursor.split("|", 1)[0] == seen:  # nothing new since the last look
         return cursor.split("|", 1)[1], cursor, []
-    records = [r for r in ratings(pipeline, store, tracking) if r["id"] <= newest]  # as of `newest`
-    rates = live_rates(records, name)
+    ratings = Ratings(source, name, newest)  # as of `newest`
+    rates = ratings.rates()
     publish_rates(client, name, rates, newest)
     decision: LiveDecision | None = None
     if challenger is None or tags.get(GATE_TAG) != WAITING:
@@ -124,9 +119,9 @@ def live_gate_tick(
         client.set_model_version_tag(name, challenger, GATE_TAG, "superseded")
         seen = f"{newest}:{champion}:{challenger}:superseded"
     else:
-        decision = live_decision(
-            records, name, challenger, champion, live.min_ratings, live.alpha, after_id=int(tags.get(FROM_TAG, 0))
-        )
+        after_id = int(tags.get(FROM_TAG, 0))
+        records = ratings.first([challenger, champion], after_id, live.min_ratings)
+        decision = live_decision(records, name, challenger, champion, live.min_ratings, live.alpha, after_id=after_id)
         said = decision.reason
         if decision.promote is None and decision.challenger[1] == 0:
             said += "; none for the challenger yet: is `dragon serve --challenger-share` set?"

@@ -10,6 +10,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import pytest
 import requests
 from dagster import (
     AssetKey,
@@ -258,8 +259,8 @@ def test_a_50_50_split_rated_by_version_moves_the_liked_rates_and_the_live_gate(
 
 def test_a_look_with_no_new_rating_reads_none(tiny_model, tmp_path, monkeypatch):
     """The live gate sensor asks the store for its newest id first: a tick with no new record and the same aliases
-    reads no rating at all (at a million records every rating is seconds, on every 30-second tick); a new record
-    makes the next tick read them and show the new counts."""
+    counts nothing at all; a new record makes the next tick have the store count them (verdict_counts, a GROUP BY:
+    never every rating read, seconds at a million records) and show the new counts."""
     from dragon_dagster.engine.data.feedback.sqlite import SQLiteFeedbackStore
 
     live = Live(tiny_model, tmp_path)
@@ -269,8 +270,11 @@ def test_a_look_with_no_new_rating_reads_none(tiny_model, tmp_path, monkeypatch)
     for verdict in ("up", "down", "up"):
         store.record("c", [{"role": "user", "content": "q"}], "a", verdict, model="models:/tiny/1")
     reads = []
-    read = SQLiteFeedbackStore.ratings
-    monkeypatch.setattr(SQLiteFeedbackStore, "ratings", lambda self, *a, **kw: reads.append(1) or read(self, *a, **kw))
+    read = SQLiteFeedbackStore.verdict_counts
+    monkeypatch.setattr(
+        SQLiteFeedbackStore, "verdict_counts", lambda self, *a, **kw: reads.append(1) or read(self, *a, **kw)
+    )
+    monkeypatch.setattr(SQLiteFeedbackStore, "ratings", lambda *a, **kw: pytest.fail("every rating read"))
     first = live.tick()
     assert len(reads) == 1 and len(first.asset_events) == 1
     assert live.tick().asset_events == [] and len(reads) == 1  # nothing new: no rating read

@@ -47,6 +47,46 @@ def live_rates(records: Iterable[dict], name: str, after_id: int = 0, first: int
     return {v: (c[0], c[1]) for v, c in sorted(counts.items(), key=lambda kv: int(kv[0]))}
 
 
+def version_counts(by_model: dict[str, Counts], name: str) -> dict[str, Counts]:
+    """live_rates from per-model counts ({model: (liked, rated)}, as a store's verdict_counts gives them): the
+    same {version: (liked, rated)}, every record counted."""
+    counts: dict[str, list[int]] = {}
+    for model, (liked, rated) in by_model.items():
+        version = record_version(model, name)
+        if version is not None:
+            total = counts.setdefault(version, [0, 0])
+            total[0], total[1] = total[0] + liked, total[1] + rated
+    return {v: (c[0], c[1]) for v, c in sorted(counts.items(), key=lambda kv: int(kv[0]))}
+
+
+class Ratings:
+    """A feedback source's ratings as the live gate reads them, as of a record id: each version's counts, and the
+    versions' first ratings after a record. A store counts and seeks in SQL (verdict_counts, first_ratings: no
+    look reads the whole store); another source (MLflow traces) is read once, whole, and counted here."""
+
+    def __init__(self, source, name: str, up_to_id: int):
+        self.source, self.name, self.up_to_id = source, name, up_to_id
+        self.counted = hasattr(source, "verdict_counts") and hasattr(source, "first_ratings")
+        if self.counted:
+            self.by_model = source.verdict_counts(up_to_id)
+        else:
+            read = source.ratings() if hasattr(source, "ratings") else source.records()
+            self.records = [r for r in read if r["id"] <= up_to_id]
+
+    def rates(self) -> dict[str, Counts]:
+        """{version: (liked, rated)} of every rating up to up_to_id."""
+        return version_counts(self.by_model, self.name) if self.counted else live_rates(self.records, self.name)
+
+    def first(self, versions: Iterable[str], after_id: int, limit: int) -> list[dict]:
+        """The versions' first `limit` ratings each after after_id (up to up_to_id): what the gate tests."""
+        if not self.counted:
+            return self.records
+        wanted = set(versions)
+        models = [m for m in self.by_model if record_version(m, self.name) in wanted]
+        found = [r for m in models for r in self.source.first_ratings(m, after_id, limit) if r["id"] <= self.up_to_id]
+        return sorted(found, key=lambda r: r["id"])
+
+
 def rate(counts: Counts) -> float | None:
     liked, rated = counts
     return liked / rated if rated else None

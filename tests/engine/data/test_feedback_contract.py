@@ -103,6 +103,28 @@ def test_records_round_trip_with_their_ids_and_ranges(backend):
     assert backend.open().records() == rows
 
 
+def test_the_live_gate_s_counts_and_first_ratings_come_from_the_database_as_from_every_rating(backend):
+    """verdict_counts (a GROUP BY) and first_ratings (a seek from an id) give the live gate what reading every
+    rating gave it: each version's (liked, rated) up to a record, and a version's first ratings after one."""
+    from dragon_dagster.engine.evaluate.live_rates import Ratings, live_rates
+
+    store = backend.open()
+    plan = [("1", "up"), ("2", "down"), ("1", "edit"), ("2", "up"), ("1", "up"), ("2", "up"), ("1", "down")]
+    ids = [store.record(f"c{i}", turns("hi"), "hello", v, edited="better" if v == "edit" else None,
+                        model=f"models:/support/{m}") for i, (m, v) in enumerate(plan)]  # fmt: skip
+    store.record("x", turns("hi"), "hello", "up", model="models:/other/1")
+    assert store.verdict_counts(ids[-1]) == {"models:/support/1": (2, 4), "models:/support/2": (2, 3)}
+    assert store.verdict_counts(ids[2]) == {"models:/support/1": (1, 2), "models:/support/2": (0, 1)}
+    assert [r["id"] for r in store.first_ratings("models:/support/2", ids[1], 2)] == [ids[3], ids[5]]
+    assert store.first_ratings("models:/support/2", ids[1], 2)[0]["verdict"] == "up"
+    every = store.ratings()
+    for newest in (ids[2], ids[-1]):
+        counted = Ratings(store, "support", newest)
+        assert counted.counted and counted.rates() == live_rates([r for r in every if r["id"] <= newest], "support")
+    first = Ratings(store, "support", ids[-1]).first(["1", "2"], ids[0], 2)
+    assert [r["id"] for r in first] == [ids[1], ids[2], ids[3], ids[4]]
+
+
 # Each refused record, and the words of its refusal: what a chat shows the person whose rating it was
 REFUSED = [
     ({"verdict": "meh"}, "verdict must be one of ('up', 'down', 'edit'), got 'meh'"),

@@ -71,3 +71,11 @@ class FeedbackStore(FeedbackSource, Protocol):
     def ratings(self, after_id: int = 0) -> list[RatingRecord]:
         """Records after after_id without their turns, in id order (engine/evaluate/live_rates.py)."""
         ...
+
+    def verdict_counts(self, up_to_id: int) -> dict[str, tuple[int, int]]:
+        """{model: (liked, rated)} of the records up to up_to_id, counted by the database."""
+        ...
+
+    def first_ratings(self, model: str, after_id: int, limit: int) -> list[RatingRecord]:
+        """The first `limit` ratings of one model after after_id, in id order."""
+        ...
