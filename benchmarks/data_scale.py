@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import random
 import resource
@@ -305,7 +306,7 @@ def contamination_part(size: int, a, out: Path) -> dict:
     from dragon_dagster.engine.evaluate.general_skills import SUITE_TAG
 
     artifact = latest_artifact(size, out, DATASET_STAGE)
-    held = list(read_rows(artifact / "eval.jsonl"))[: a.contamination_eval_rows]
+    held = list(itertools.islice(read_rows(artifact / "eval.jsonl"), a.contamination_eval_rows))
     evaluation, _ = skill_items([SUITE_TAG])
     evaluation["other_stage_held_out"] = held
     before = peak_mb(resource.RUSAGE_SELF)

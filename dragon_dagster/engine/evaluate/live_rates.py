@@ -70,8 +70,7 @@ class Ratings:
         if self.counted:
             self.by_model = source.verdict_counts(up_to_id)
         else:
-            read = source.ratings() if hasattr(source, "ratings") else source.records()
-            self.records = [r for r in read if r["id"] <= up_to_id]
+            self.records = source.records(up_to_id=up_to_id)
 
     def rates(self) -> dict[str, Counts]:
         """{version: (liked, rated)} of every rating up to up_to_id."""
@@ -79,9 +78,11 @@ class Ratings:
 
     def first(self, versions: Iterable[str], after_id: int, limit: int) -> list[dict]:
         """The versions' first `limit` ratings each after after_id (up to up_to_id): what the gate tests."""
+        wanted = set(versions) - {None}  # no champion: nothing to ask for it
         if not self.counted:
-            return self.records
-        wanted = set(versions)
+            return [
+                r for r in self.records if r["id"] > after_id and record_version(r.get("model"), self.name) in wanted
+            ]
         models = [m for m in self.by_model if record_version(m, self.name) in wanted]
         found = [r for m in models for r in self.source.first_ratings(m, after_id, limit) if r["id"] <= self.up_to_id]
         return sorted(found, key=lambda r: r["id"])

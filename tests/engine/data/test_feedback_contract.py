@@ -106,7 +106,7 @@ def test_records_round_trip_with_their_ids_and_ranges(backend):
 def test_the_live_gate_s_counts_and_first_ratings_come_from_the_database_as_from_every_rating(backend):
     """verdict_counts (a GROUP BY) and first_ratings (a seek from an id) give the live gate what reading every
     rating gave it: each version's (liked, rated) up to a record, and a version's first ratings after one."""
-    from dragon_dagster.engine.evaluate.live_rates import Ratings, live_rates
+    from dragon_dagster.engine.evaluate.live_rates import Ratings, live_decision, live_rates
 
     store = backend.open()
     plan = [("1", "up"), ("2", "down"), ("1", "edit"), ("2", "up"), ("1", "up"), ("2", "up"), ("1", "down")]
@@ -123,6 +123,23 @@ def test_the_live_gate_s_counts_and_first_ratings_come_from_the_database_as_from
         assert counted.counted and counted.rates() == live_rates([r for r in every if r["id"] <= newest], "support")
     first = Ratings(store, "support", ids[-1]).first(["1", "2"], ids[0], 2)
     assert [r["id"] for r in first] == [ids[1], ids[2], ids[3], ids[4]]
+    # a model written with stray spaces is the same version; a look as of an earlier record ignores later ones
+    late = store.record("y", turns("hi"), "hello", "down", model=" models:/support/2 ")
+    every = store.ratings()
+
+    class TracesOnly:  # a source with the reading interface alone (MLflow traces' feedback): read whole
+        def records(self, after_id=0, up_to_id=None):
+            return [r for r in every if after_id < r["id"] <= (up_to_id or late)]
+
+    for newest in (ids[4], late):
+        whole = [r for r in every if r["id"] <= newest]
+        for source in (store, TracesOnly()):
+            ratings = Ratings(source, "support", newest)
+            assert ratings.counted == (source is store) and ratings.rates() == live_rates(whole, "support")
+            for after, need in ((ids[0], 2), (ids[1], 3), (0, 1)):
+                decided = live_decision(ratings.first(["2", "1"], after, need), "support", "2", "1", need, 0.05, after)
+                assert decided == live_decision(whole, "support", "2", "1", need, 0.05, after_id=after)
+    assert Ratings(store, "support", late).rates()["2"] == (2, 4)
 
 
 # Each refused record, and the words of its refusal: what a chat shows the person whose rating it was

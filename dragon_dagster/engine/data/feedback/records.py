@@ -38,7 +38,7 @@ class FeedbackRecord(TypedDict):
 
 
 class RatingRecord(TypedDict):
-    """A record without its turns, as ratings() returns it: what a count by model version needs."""
+    """A record without its turns, as ratings() and first_ratings() return it: what a count by version needs."""
 
     id: int
     model: str

@@ -169,7 +169,8 @@ class FeedbackTables:
 
     def verdict_counts(self, up_to_id: int) -> dict[str, tuple[int, int]]:
         """{model: (liked, rated)} of the records with id <= up_to_id: counted by the database (one GROUP BY
-        pass), not read a rating at a time (every rating at a million records: about 10 s of Python per look)."""
+        pass), not read a rating at a time (every rating at a million records: 1.3-1.5 s a look;
+        benchmarks/feedback_scale.py)."""
         self._ensure()
         query = (
             "SELECT model, SUM(CASE WHEN verdict = 'up' THEN 1 ELSE 0 END), COUNT(*) FROM feedback "
@@ -190,9 +191,9 @@ class FeedbackTables:
         return [{"id": int(r[0]), "model": r[1], "verdict": r[2], "created": r[3]} for r in rows]
 
     def ratings(self, after_id: int = 0) -> list[RatingRecord]:
-        """Records after after_id without their turns (id, model, verdict, created), in id order: what a count
-        by version needs (engine/evaluate/live_rates.py), read without assembling any conversation, a page at a
-        time (keyset: id > the page before's last id)."""
+        """Records after after_id without their turns (id, model, verdict, created), in id order, read without
+        assembling any conversation, a page at a time (keyset: id > the page before's last id). The live gate counts
+        with verdict_counts and first_ratings instead; this is the whole read they are measured against."""
         self._ensure()
         query = f"SELECT id, model, verdict, created FROM feedback WHERE id > {self.MARK} ORDER BY id LIMIT {self.MARK}"
         out: list[RatingRecord] = []

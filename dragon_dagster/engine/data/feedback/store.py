@@ -69,7 +69,7 @@ class FeedbackStore(FeedbackSource, Protocol):
         ...
 
     def ratings(self, after_id: int = 0) -> list[RatingRecord]:
-        """Records after after_id without their turns, in id order (engine/evaluate/live_rates.py)."""
+        """Records after after_id without their turns, in id order."""
         ...
 
     def verdict_counts(self, up_to_id: int) -> dict[str, tuple[int, int]]:
