@@ -49,11 +49,12 @@ def train_sft(job: TrainingJob, reporter: Reporter) -> SFTResult | None:
     config = to_trl_config(job.settings, TrainerRun.of(job, p.speed, compiled_here=chunked, workers=p.workers))
     callback = progress_callback(reporter, Path(job.output_dir))
     # packed, a step takes as many rows as fill its sequences: no count to bound them by
-    reached = p.train_rows if p.speed.packing == "on" else rows_for_steps(p.train_rows, p.args, reporter)
+    if p.speed.packing != "on":
+        p.reached_rows = rows_for_steps(p.train_rows, p.args, reporter)
     trainer = (chunked_loss_trainer() if chunked else resumable_trainer())(
         model=p.model,
         args=config,
-        train_dataset=turns.training_dataset(reached, train_on),
+        train_dataset=turns.training_dataset(p.trained_rows, train_on),
         eval_dataset=eval_dataset(p.eval_rows, p.args, lambda rows: turns.training_dataset(rows, train_on)),
         processing_class=p.tokenizer,
         peft_config=lora_config(p.lora),
